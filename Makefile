@@ -1,0 +1,35 @@
+# The two Quickstart commands, plus the steps they are made of.
+#   make demo   install what is missing, configure, build, run `stowage plan` on its default
+#   make test   install what is missing, configure, build, run every test (GPU tests skip cleanly)
+# PRESET picks a CMakePresets.json preset (dev, dev-nocuda, release, asan).
+PRESET ?= dev
+BUILD_DIR := build/$(PRESET)
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps configure build demo test format tidy clean
+
+all: build
+
+deps:
+	@tools/setup-deps
+
+configure: deps
+	@cmake --preset $(PRESET) >/dev/null
+
+build: configure
+	@cmake --build --preset $(PRESET) -j $(JOBS)
+
+demo: build
+	$(BUILD_DIR)/tools/stowage plan
+
+test: build
+	ctest --preset $(PRESET) -j $(JOBS)
+
+format:
+	@git ls-files '*.h' '*.cc' '*.cu' | xargs clang-format -i
+
+tidy: configure
+	@git ls-files '*.cc' | xargs clang-tidy -p $(BUILD_DIR) --quiet
+
+clean:
+	rm -rf build

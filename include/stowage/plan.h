@@ -1,0 +1,109 @@
+// The plan: the one contract between the planner (which writes it) and the runtime (which carries
+// it out every step). Serialized as versioned JSON; the README's "Plan format" section documents
+// every field. Readers accept any plan whose schema_version they know and ignore unknown fields,
+// so the planner may add fields without breaking deployed runtimes.
+#ifndef STOWAGE_PLAN_H_
+#define STOWAGE_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace stowage {
+
+inline constexpr int kPlanSchemaVersion = 1;
+
+// What happens to one layer's activations between its forward and its backward.
+enum class LayerPolicy {
+  kKeep,                // every tensor saved for backward stays on the GPU
+  kRecompute,           // only the layer input stays on the GPU; forward is rerun in backward
+  kSelectiveRecompute,  // the modules in `recompute_modules` are rerun, the rest is kept
+  kOffloadInput,        // the layer input goes to pinned host memory; full recompute in backward
+  kOffloadSaved,        // every saved tensor goes to pinned host memory; no recompute
+};
+
+// Plan-file spelling of a policy: "keep", "recompute", "selective_recompute", "offload_input",
+// "offload_saved". The CLI, metrics and docs use the same words.
+std::string_view LayerPolicyName(LayerPolicy policy);
+absl::StatusOr<LayerPolicy> ParseLayerPolicy(std::string_view name);
+
+// True for the policies that move bytes to the host (and so need the runtime).
+bool PolicyOffloads(LayerPolicy policy);
+
+// One device->host->device copy the runtime performs for a layer each step.
+struct PlannedTransfer {
+  std::string name;     // e.g. "input", "attn.q", "moe.act"
+  uint64_t bytes = 0;   // exact size on this rank
+};
+
+struct LayerPlan {
+  int index = 0;
+  std::string type;                     // e.g. "kda+dense_ffn", "dsa+moe", "attention+swiglu"
+  LayerPolicy policy = LayerPolicy::kKeep;
+  std::vector<std::string> recompute_modules;  // for kSelectiveRecompute
+  int moe_chunks = 1;                   // MoE/FFN chunk count (1 = unchunked)
+  uint64_t device_saved_bytes = 0;      // bytes this layer holds on the GPU from forward to backward
+  uint64_t host_bytes = 0;              // bytes this layer holds in pinned host memory
+  std::vector<PlannedTransfer> transfers;  // sums to host_bytes
+  // Backward prefetch: this layer's H2D is issued when the backward of layer
+  // `prefetch_after_layer` starts (index + prefetch distance, clamped to the last layer); -1 when
+  // nothing is offloaded.
+  int prefetch_after_layer = -1;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double recompute_seconds = 0;
+  double d2h_seconds = 0;
+  double h2d_seconds = 0;
+};
+
+struct PlanPrediction {
+  uint64_t peak_device_bytes = 0;
+  uint64_t fixed_device_bytes = 0;      // weights, gradients, optimizer state, comm buffers
+  uint64_t host_bytes_per_gpu = 0;
+  uint64_t host_bytes_per_numa_node = 0;
+  double step_seconds = 0;
+  double exposed_copy_seconds = 0;      // compute stalled waiting on copies
+  double baseline_step_seconds = 0;     // keep-everything if it fits, else full recompute
+  std::string baseline;                 // "keep" or "recompute"
+};
+
+// What the runtime needs to set itself up before step 0.
+struct RuntimeSettings {
+  int prefetch_distance = 1;            // layers ahead in backward
+  uint64_t host_arena_bytes = 0;        // pinned bytes to reserve per GPU (sum of host_bytes)
+  uint64_t copy_chunk_bytes = 16ull << 20;  // copies are split into chunks of this size
+  int gpus_per_numa_node = 1;
+};
+
+struct Plan {
+  int schema_version = kPlanSchemaVersion;
+  std::string generator;                // "stowage <version>"
+  std::string model;                    // preset name or config path
+  std::string hardware;                 // preset name or profile path
+  // Run settings the plan was made for (echoed so a plan file explains itself).
+  uint64_t seq_len = 0;
+  int micro_batch = 1;
+  int tp = 1, cp = 1, ep = 1;
+  uint64_t gpu_budget_bytes = 0;
+  uint64_t host_budget_bytes = 0;
+  PlanPrediction predicted;
+  RuntimeSettings runtime;
+  std::vector<LayerPlan> layers;
+};
+
+// Serialization. PlanToJson is pretty-printed and stable (same plan, same bytes).
+std::string PlanToJson(const Plan& plan);
+// Errors name the offending field, its value and what is allowed.
+absl::StatusOr<Plan> ParsePlanJson(std::string_view json);
+absl::StatusOr<Plan> ReadPlanFile(const std::string& path);
+
+// Checks the invariants the runtime relies on (indices 0..n-1 in order, transfers summing to
+// host_bytes, arena large enough for every offloaded layer, ...).
+absl::Status ValidatePlan(const Plan& plan);
+
+}  // namespace stowage
+
+#endif  // STOWAGE_PLAN_H_

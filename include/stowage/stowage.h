@@ -1,0 +1,147 @@
+/* stowage runtime — stable C ABI.
+ *
+ * A trainer creates one runtime per GPU (per rank) from a plan, then every training step:
+ *
+ *   stowage_begin_step(rt);
+ *   forward:  for each offloaded tensor  stowage_save(rt, layer, dev_ptr, bytes, stream, &id);
+ *             before reusing dev_ptr      stowage_save_wait_stream(rt, id, stream)  (or poll)
+ *   backward: ahead of the layer          stowage_prefetch(rt, id, dst, stream);
+ *             before the layer uses dst   stowage_restore(rt, id, dst, stream);
+ *   stowage_end_step(rt);   -- releases everything the step held, always
+ *
+ * Streams. A `stream` argument is a cudaStream_t passed as void* (NULL: the legacy default
+ * stream). With the host backend streams are ignored and "device" pointers are ordinary host
+ * memory. The runtime copies on its own non-blocking D2H and H2D streams:
+ *   - stowage_save orders its D2H after all work enqueued on `stream` so far (the producer);
+ *   - the device block passed to stowage_save may be reused once the save completed: poll
+ *     stowage_save_query, block in stowage_save_wait, or make a stream wait with
+ *     stowage_save_wait_stream (a device-side wait, no host sync);
+ *   - stowage_prefetch orders its H2D after work enqueued on `stream` so far (so a buffer the
+ *     caller just allocated on that stream is safe to overwrite) and returns at once;
+ *   - stowage_restore makes `stream` wait (device-side) until the bytes are in `dst`; it issues
+ *     the H2D itself if no prefetch was made.
+ *
+ * Thread-safety. All calls on one runtime are safe from several threads (saves from several
+ * threads at once are supported). begin/end step and destroy must not race with other calls on
+ * the same runtime. stowage_last_error() is per thread.
+ *
+ * Errors. Every call returns a stowage_status; on failure stowage_last_error() describes it. A
+ * failed call changes nothing, except where documented.
+ */
+#ifndef STOWAGE_STOWAGE_H_
+#define STOWAGE_STOWAGE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define STOWAGE_API
+#else
+#define STOWAGE_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STOWAGE_ABI_VERSION 1
+
+typedef enum stowage_status {
+  STOWAGE_OK = 0,
+  STOWAGE_ERROR_INVALID_ARGUMENT = 1,    /* bad pointer, size, plan field, option */
+  STOWAGE_ERROR_NOT_FOUND = 2,           /* unknown tensor id, or one from an earlier step */
+  STOWAGE_ERROR_FAILED_PRECONDITION = 3, /* wrong state: restore twice, save outside a step... */
+  STOWAGE_ERROR_RESOURCE_EXHAUSTED = 4,  /* more than the plan reserved; host memory admission */
+  STOWAGE_ERROR_UNAVAILABLE = 5,         /* no GPU / backend not built */
+  STOWAGE_ERROR_DATA_LOSS = 6,           /* checksum mismatch on restore (verify mode) */
+  STOWAGE_ERROR_INTERNAL = 7,            /* CUDA or OS call failed */
+} stowage_status;
+
+typedef enum stowage_backend {
+  STOWAGE_BACKEND_AUTO = 0, /* CUDA when built and a GPU is present, else host */
+  STOWAGE_BACKEND_HOST = 1, /* "device" memory is host memory; copies on worker threads */
+  STOWAGE_BACKEND_CUDA = 2,
+} stowage_backend;
+
+typedef struct stowage_runtime stowage_runtime; /* opaque */
+typedef uint64_t stowage_tensor_id;             /* names one saved tensor within one step */
+
+typedef struct stowage_options {
+  uint32_t struct_size;     /* sizeof(stowage_options); set by stowage_options_init */
+  stowage_backend backend;
+  int32_t device;           /* CUDA device ordinal (default 0) */
+  int32_t numa_node;        /* -1 (default): the GPU's own node from topology */
+  int32_t verify_checksums; /* non-zero: checksum every save, verify on restore */
+  uint64_t copy_chunk_bytes;/* 0: the plan's value */
+  int32_t copy_threads;     /* host backend / arena touch threads; 0: the node's CPUs */
+  /* Prometheus endpoint, "host:port". NULL: read STOWAGE_METRICS_ADDR; empty or unset: no
+   * endpoint. Bound to the address given (127.0.0.1 unless asked otherwise). */
+  const char* metrics_address;
+} stowage_options;
+
+typedef struct stowage_stats {
+  uint64_t steps_completed;
+  uint64_t arena_capacity_bytes;  /* pinned host bytes reserved */
+  uint64_t arena_used_bytes;      /* in use by the current step */
+  uint64_t arena_peak_bytes;      /* most ever in use within one step */
+  uint64_t saves_total;
+  uint64_t restores_total;
+  uint64_t d2h_bytes_total;
+  uint64_t h2d_bytes_total;
+  double d2h_seconds_total;       /* copy-engine busy time */
+  double h2d_seconds_total;
+  double stall_seconds_total;     /* consumer waited on a restore that had not landed */
+  double last_step_seconds;
+  uint64_t copies_in_flight;
+  uint64_t errors_total;
+  int32_t numa_node;              /* node the arena is bound to; -1 unknown */
+  int32_t backend;                /* stowage_backend actually in use */
+} stowage_stats;
+
+STOWAGE_API const char* stowage_version(void);
+STOWAGE_API const char* stowage_status_string(stowage_status status);
+/* Message of the last failed call on this thread ("" if none). Valid until the next call. */
+STOWAGE_API const char* stowage_last_error(void);
+
+STOWAGE_API stowage_status stowage_options_init(stowage_options* options);
+
+/* Creates a runtime from a plan (JSON text, see the README's "Plan format"). Checks host memory
+ * admission, then maps, binds, touches and pins the arena the plan asks for. */
+STOWAGE_API stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
+                                          const stowage_options* options, stowage_runtime** out);
+/* Fails with FAILED_PRECONDITION (and destroys nothing) inside a step: end the step first. */
+STOWAGE_API stowage_status stowage_destroy(stowage_runtime* rt);
+
+STOWAGE_API stowage_status stowage_begin_step(stowage_runtime* rt);
+/* Releases everything the step held, always. If copies were still in flight they are drained
+ * first and FAILED_PRECONDITION is returned; if saved tensors were never restored the step is
+ * still ended and OK is returned (stats count them). */
+STOWAGE_API stowage_status stowage_end_step(stowage_runtime* rt);
+
+/* Copies `bytes` at device pointer `src` to the host region the plan reserved for `layer`.
+ * RESOURCE_EXHAUSTED if the layer would exceed its reservation. */
+STOWAGE_API stowage_status stowage_save(stowage_runtime* rt, int32_t layer, const void* src,
+                                        size_t bytes, void* stream, stowage_tensor_id* out_id);
+STOWAGE_API stowage_status stowage_save_query(stowage_runtime* rt, stowage_tensor_id id,
+                                              int32_t* done);
+STOWAGE_API stowage_status stowage_save_wait(stowage_runtime* rt, stowage_tensor_id id);
+STOWAGE_API stowage_status stowage_save_wait_stream(stowage_runtime* rt, stowage_tensor_id id,
+                                                    void* stream);
+
+STOWAGE_API stowage_status stowage_prefetch(stowage_runtime* rt, stowage_tensor_id id, void* dst,
+                                            void* stream);
+/* Consumes the id: a second restore fails with FAILED_PRECONDITION. With verify_checksums,
+ * DATA_LOSS if the host copy no longer matches what was saved. */
+STOWAGE_API stowage_status stowage_restore(stowage_runtime* rt, stowage_tensor_id id, void* dst,
+                                           void* stream);
+
+STOWAGE_API stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats* out);
+/* The trainer reports its measured device peak (e.g. torch.cuda.max_memory_allocated) so it is
+ * exported next to the plan's prediction. */
+STOWAGE_API stowage_status stowage_report_device_peak(stowage_runtime* rt, uint64_t bytes);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* STOWAGE_STOWAGE_H_ */
