@@ -15,8 +15,8 @@ namespace stowage::offload {
 // `what` names the call and its arguments that matter (device, bytes, node).
 inline absl::Status CudaStatus(cudaError_t error, const std::string& what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message = absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
-                                           cudaGetErrorString(error), ")");
+  const std::string message =
+      absl::StrCat(what, ": ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
   switch (error) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
@@ -33,10 +33,10 @@ inline absl::Status CudaStatus(cudaError_t error, const std::string& what) {
 
 }  // namespace stowage::offload
 
-#define STOWAGE_CUDA_RETURN_IF_ERROR(call, what)                                   \
-  do {                                                                             \
+#define STOWAGE_CUDA_RETURN_IF_ERROR(call, what)                                        \
+  do {                                                                                  \
     absl::Status stowage_cuda_status_ = ::stowage::offload::CudaStatus((call), (what)); \
-    if (!stowage_cuda_status_.ok()) return stowage_cuda_status_;                   \
+    if (!stowage_cuda_status_.ok()) return stowage_cuda_status_;                        \
   } while (0)
 
 #endif  // STOWAGE_OFFLOAD_CUDA_STATUS_H_

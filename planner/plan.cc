@@ -31,8 +31,8 @@ absl::Status Get(const ordered_json& object, const std::string& path, const char
   try {
     out = it->template get<T>();
   } catch (const nlohmann::json::exception&) {
-    return absl::InvalidArgumentError(absl::StrCat("plan: field '", path, key, "' has value ",
-                                                   it->dump(), " of the wrong type"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field '", path, key, "' has value ", it->dump(), " of the wrong type"));
   }
   return absl::OkStatus();
 }
@@ -88,9 +88,12 @@ std::string PlanToJson(const Plan& plan) {
   j["generator"] = plan.generator;
   j["model"] = plan.model;
   j["hardware"] = plan.hardware;
-  j["run"] = {{"seq_len", plan.seq_len},         {"micro_batch", plan.micro_batch},
-              {"tp", plan.tp},                   {"cp", plan.cp},
-              {"ep", plan.ep},                   {"gpu_budget_bytes", plan.gpu_budget_bytes},
+  j["run"] = {{"seq_len", plan.seq_len},
+              {"micro_batch", plan.micro_batch},
+              {"tp", plan.tp},
+              {"cp", plan.cp},
+              {"ep", plan.ep},
+              {"gpu_budget_bytes", plan.gpu_budget_bytes},
               {"host_budget_bytes", plan.host_budget_bytes}};
   const PlanPrediction& p = plan.predicted;
   j["predicted"] = {{"peak_device_bytes", p.peak_device_bytes},
@@ -164,11 +167,13 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     const ordered_json& p = **predicted;
     PlanPrediction& out = plan.predicted;
     STOWAGE_PLAN_RETURN_IF_ERROR(Get(p, "predicted.", "peak_device_bytes", out.peak_device_bytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(Get(p, "predicted.", "host_bytes_per_gpu", out.host_bytes_per_gpu));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        Get(p, "predicted.", "host_bytes_per_gpu", out.host_bytes_per_gpu));
     STOWAGE_PLAN_RETURN_IF_ERROR(Get(p, "predicted.", "step_seconds", out.step_seconds));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         Get(p, "predicted.", "exposed_copy_seconds", out.exposed_copy_seconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(p, "predicted.", "fixed_device_bytes", out.fixed_device_bytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        GetOr(p, "predicted.", "fixed_device_bytes", out.fixed_device_bytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         GetOr(p, "predicted.", "host_bytes_per_numa_node", out.host_bytes_per_numa_node));
     STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(p, "predicted.", "baseline", out.baseline));
@@ -211,7 +216,8 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     STOWAGE_PLAN_RETURN_IF_ERROR(Get(l, path, "host_bytes", layer.host_bytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "recompute_modules", layer.recompute_modules));
     STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "moe_chunks", layer.moe_chunks));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "prefetch_after_layer", layer.prefetch_after_layer));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        GetOr(l, path, "prefetch_after_layer", layer.prefetch_after_layer));
     STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "forward_seconds", layer.forward_seconds));
     STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "backward_seconds", layer.backward_seconds));
     STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "recompute_seconds", layer.recompute_seconds));
@@ -261,14 +267,15 @@ absl::Status ValidatePlan(const Plan& plan) {
     uint64_t transfer_sum = 0;
     for (const PlannedTransfer& t : l.transfers) transfer_sum += t.bytes;
     if (transfer_sum != l.host_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("plan: layers[", i, "].transfers sum to ", transfer_sum,
-                       " bytes but host_bytes is ", l.host_bytes));
+      return absl::InvalidArgumentError(absl::StrCat("plan: layers[", i, "].transfers sum to ",
+                                                     transfer_sum, " bytes but host_bytes is ",
+                                                     l.host_bytes));
     }
     if (!PolicyOffloads(l.policy) && l.host_bytes != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan: layers[", i, "].host_bytes is ", l.host_bytes, " but policy '",
-          std::string(LayerPolicyName(l.policy)), "' offloads nothing; only offload_input and offload_saved may"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: layers[", i, "].host_bytes is ", l.host_bytes, " but policy '",
+                       std::string(LayerPolicyName(l.policy)),
+                       "' offloads nothing; only offload_input and offload_saved may"));
     }
     if (l.moe_chunks < 1) {
       return absl::InvalidArgumentError(absl::StrCat("plan: layers[", i, "].moe_chunks is ",

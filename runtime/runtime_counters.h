@@ -22,32 +22,32 @@ inline double Seconds(const std::atomic<uint64_t>& nanos) {
   return static_cast<double>(nanos.load(std::memory_order_relaxed)) * 1e-9;
 }
 
-struct CopyCounters {              // one per direction: "d2h", "h2d"
+struct CopyCounters {  // one per direction: "d2h", "h2d"
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> copies{0};
   std::atomic<uint64_t> busy_nanos{0};  // time the copy engine spent on these copies
 };
 
-struct LayerTypeCounters {         // one per distinct layer type in the plan (bounded label)
+struct LayerTypeCounters {  // one per distinct layer type in the plan (bounded label)
   std::string layer_type;
   std::atomic<uint64_t> offloaded_bytes{0};  // D2H bytes saved for layers of this type
   std::atomic<uint64_t> restored_bytes{0};
 };
 
 // Fixed buckets for step duration, in seconds (upper bounds; +Inf implied).
-inline constexpr std::array<double, 12> kStepSecondsBuckets = {
-    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60};
+inline constexpr std::array<double, 12> kStepSecondsBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                               1,    2.5,   5,    10,  25,   60};
 
 struct RuntimeCounters {
   // Set once at creation.
   int device = 0;
   int numa_node = -1;
-  std::string backend;                                  // "host" or "cuda"
-  uint64_t predicted_peak_device_bytes = 0;             // from the plan
+  std::string backend;                       // "host" or "cuda"
+  uint64_t predicted_peak_device_bytes = 0;  // from the plan
   uint64_t predicted_host_bytes = 0;
   double predicted_step_seconds = 0;
   uint64_t gpu_budget_bytes = 0;
-  double link_ceiling_bytes_per_second = 0;             // per direction; 0 unknown
+  double link_ceiling_bytes_per_second = 0;  // per direction; 0 unknown
 
   // Pinned host arena.
   std::atomic<uint64_t> arena_capacity_bytes{0};
@@ -63,12 +63,13 @@ struct RuntimeCounters {
   std::atomic<uint64_t> copies_in_flight{0};
   std::atomic<uint64_t> saves_total{0};
   std::atomic<uint64_t> restores_total{0};
-  std::atomic<uint64_t> stall_nanos{0};                 // consumer waited on an unfinished H2D
+  std::atomic<uint64_t> stall_nanos{0};  // consumer waited on an unfinished H2D
 
   std::atomic<uint64_t> steps_total{0};
   std::atomic<uint64_t> last_step_nanos{0};
   std::atomic<uint64_t> step_nanos_sum{0};
-  std::array<std::atomic<uint64_t>, kStepSecondsBuckets.size()> step_seconds_bucket{};  // non-cumulative
+  std::array<std::atomic<uint64_t>, kStepSecondsBuckets.size()>
+      step_seconds_bucket{};  // non-cumulative
 
   // Failed calls by stowage_status code (index = code; 0 unused).
   std::array<std::atomic<uint64_t>, 8> errors_by_status{};
@@ -81,7 +82,8 @@ struct RuntimeCounters {
     AddSeconds(step_nanos_sum, seconds);
     size_t i = 0;
     while (i < kStepSecondsBuckets.size() && seconds > kStepSecondsBuckets[i]) ++i;
-    if (i < kStepSecondsBuckets.size()) step_seconds_bucket[i].fetch_add(1, std::memory_order_relaxed);
+    if (i < kStepSecondsBuckets.size())
+      step_seconds_bucket[i].fetch_add(1, std::memory_order_relaxed);
   }
   void RecordArenaUse(uint64_t used) {
     arena_used_bytes.store(used, std::memory_order_relaxed);

@@ -24,8 +24,8 @@ inline bool GpuAvailable() {
 }  // namespace stowage::testing
 
 // First statement of every test labelled `gpu`.
-#define STOWAGE_REQUIRE_GPU()                                              \
-  do {                                                                     \
+#define STOWAGE_REQUIRE_GPU()                                               \
+  do {                                                                      \
     if (!::stowage::testing::GpuAvailable()) GTEST_SKIP() << "no CUDA GPU"; \
   } while (0)
 

@@ -33,8 +33,8 @@ absl::Status FlagParser::Parse(int argc, char** argv, int first) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    auto flag = std::find_if(flags_.begin(), flags_.end(),
-                             [&](const Flag& f) { return f.name == name; });
+    auto flag =
+        std::find_if(flags_.begin(), flags_.end(), [&](const Flag& f) { return f.name == name; });
     if (flag == flags_.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown flag '--", name, "' (see --help for the flags of ", usage_, ")"));
@@ -78,8 +78,8 @@ absl::StatusOr<int64_t> FlagParser::GetInt(const std::string& name, int64_t fall
   if (!v) return fallback;
   int64_t out = 0;
   if (!absl::SimpleAtoi(*v, &out) || out < min || out > max) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, "=", *v,
-                                                   ": expected an integer from ", min, " to ", max));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "=", *v, ": expected an integer from ", min, " to ", max));
   }
   return out;
 }
@@ -107,10 +107,17 @@ absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& 
   uint64_t multiplier = 1;
   if (!digits.empty()) {
     switch (std::toupper(static_cast<unsigned char>(digits.back()))) {
-      case 'K': multiplier = 1ull << 10; break;
-      case 'M': multiplier = 1ull << 20; break;
-      case 'G': multiplier = 1ull << 30; break;
-      default: break;
+      case 'K':
+        multiplier = 1ull << 10;
+        break;
+      case 'M':
+        multiplier = 1ull << 20;
+        break;
+      case 'G':
+        multiplier = 1ull << 30;
+        break;
+      default:
+        break;
     }
     if (multiplier != 1) digits.pop_back();
   }

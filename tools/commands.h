@@ -12,10 +12,10 @@ inline constexpr int kExitUsage = 2;
 inline constexpr int kExitUnavailable = 3;
 
 // argv[0] is the subcommand name; flags follow.
-int RunPlanCommand(int argc, char** argv);          // plan_command.cc
-int RunCalibrateCommand(int argc, char** argv);     // calibrate_command.cc
-int RunBenchCommand(int argc, char** argv);         // bench_command.cc
-int RunDemoRuntimeCommand(int argc, char** argv);   // demo_runtime_command.cc
+int RunPlanCommand(int argc, char** argv);         // plan_command.cc
+int RunCalibrateCommand(int argc, char** argv);    // calibrate_command.cc
+int RunBenchCommand(int argc, char** argv);        // bench_command.cc
+int RunDemoRuntimeCommand(int argc, char** argv);  // demo_runtime_command.cc
 
 }  // namespace stowage::tools
 

@@ -35,18 +35,18 @@ bool PolicyOffloads(LayerPolicy policy);
 
 // One device->host->device copy the runtime performs for a layer each step.
 struct PlannedTransfer {
-  std::string name;     // e.g. "input", "attn.q", "moe.act"
-  uint64_t bytes = 0;   // exact size on this rank
+  std::string name;    // e.g. "input", "attn.q", "moe.act"
+  uint64_t bytes = 0;  // exact size on this rank
 };
 
 struct LayerPlan {
   int index = 0;
-  std::string type;                     // e.g. "kda+dense_ffn", "dsa+moe", "attention+swiglu"
+  std::string type;  // e.g. "kda+dense_ffn", "dsa+moe", "attention+swiglu"
   LayerPolicy policy = LayerPolicy::kKeep;
   std::vector<std::string> recompute_modules;  // for kSelectiveRecompute
-  int moe_chunks = 1;                   // MoE/FFN chunk count (1 = unchunked)
-  uint64_t device_saved_bytes = 0;      // bytes this layer holds on the GPU from forward to backward
-  uint64_t host_bytes = 0;              // bytes this layer holds in pinned host memory
+  int moe_chunks = 1;                          // MoE/FFN chunk count (1 = unchunked)
+  uint64_t device_saved_bytes = 0;  // bytes this layer holds on the GPU from forward to backward
+  uint64_t host_bytes = 0;          // bytes this layer holds in pinned host memory
   std::vector<PlannedTransfer> transfers;  // sums to host_bytes
   // Backward prefetch: this layer's H2D is issued when the backward of layer
   // `prefetch_after_layer` starts (index + prefetch distance, clamped to the last layer); -1 when
@@ -61,28 +61,28 @@ struct LayerPlan {
 
 struct PlanPrediction {
   uint64_t peak_device_bytes = 0;
-  uint64_t fixed_device_bytes = 0;      // weights, gradients, optimizer state, comm buffers
+  uint64_t fixed_device_bytes = 0;  // weights, gradients, optimizer state, comm buffers
   uint64_t host_bytes_per_gpu = 0;
   uint64_t host_bytes_per_numa_node = 0;
   double step_seconds = 0;
-  double exposed_copy_seconds = 0;      // compute stalled waiting on copies
-  double baseline_step_seconds = 0;     // keep-everything if it fits, else full recompute
-  std::string baseline;                 // "keep" or "recompute"
+  double exposed_copy_seconds = 0;   // compute stalled waiting on copies
+  double baseline_step_seconds = 0;  // keep-everything if it fits, else full recompute
+  std::string baseline;              // "keep" or "recompute"
 };
 
 // What the runtime needs to set itself up before step 0.
 struct RuntimeSettings {
-  int prefetch_distance = 1;            // layers ahead in backward
-  uint64_t host_arena_bytes = 0;        // pinned bytes to reserve per GPU (sum of host_bytes)
+  int prefetch_distance = 1;                // layers ahead in backward
+  uint64_t host_arena_bytes = 0;            // pinned bytes to reserve per GPU (sum of host_bytes)
   uint64_t copy_chunk_bytes = 16ull << 20;  // copies are split into chunks of this size
   int gpus_per_numa_node = 1;
 };
 
 struct Plan {
   int schema_version = kPlanSchemaVersion;
-  std::string generator;                // "stowage <version>"
-  std::string model;                    // preset name or config path
-  std::string hardware;                 // preset name or profile path
+  std::string generator;  // "stowage <version>"
+  std::string model;      // preset name or config path
+  std::string hardware;   // preset name or profile path
   // Run settings the plan was made for (echoed so a plan file explains itself).
   uint64_t seq_len = 0;
   int micro_batch = 1;

@@ -67,13 +67,13 @@ typedef struct stowage_runtime stowage_runtime; /* opaque */
 typedef uint64_t stowage_tensor_id;             /* names one saved tensor within one step */
 
 typedef struct stowage_options {
-  uint32_t struct_size;     /* sizeof(stowage_options); set by stowage_options_init */
+  uint32_t struct_size; /* sizeof(stowage_options); set by stowage_options_init */
   stowage_backend backend;
-  int32_t device;           /* CUDA device ordinal (default 0) */
-  int32_t numa_node;        /* -1 (default): the GPU's own node from topology */
-  int32_t verify_checksums; /* non-zero: checksum every save, verify on restore */
-  uint64_t copy_chunk_bytes;/* 0: the plan's value */
-  int32_t copy_threads;     /* host backend / arena touch threads; 0: the node's CPUs */
+  int32_t device;            /* CUDA device ordinal (default 0) */
+  int32_t numa_node;         /* -1 (default): the GPU's own node from topology */
+  int32_t verify_checksums;  /* non-zero: checksum every save, verify on restore */
+  uint64_t copy_chunk_bytes; /* 0: the plan's value */
+  int32_t copy_threads;      /* host backend / arena touch threads; 0: the node's CPUs */
   /* Prometheus endpoint, "host:port". NULL: read STOWAGE_METRICS_ADDR; empty or unset: no
    * endpoint. Bound to the address given (127.0.0.1 unless asked otherwise). */
   const char* metrics_address;
@@ -81,21 +81,21 @@ typedef struct stowage_options {
 
 typedef struct stowage_stats {
   uint64_t steps_completed;
-  uint64_t arena_capacity_bytes;  /* pinned host bytes reserved */
-  uint64_t arena_used_bytes;      /* in use by the current step */
-  uint64_t arena_peak_bytes;      /* most ever in use within one step */
+  uint64_t arena_capacity_bytes; /* pinned host bytes reserved */
+  uint64_t arena_used_bytes;     /* in use by the current step */
+  uint64_t arena_peak_bytes;     /* most ever in use within one step */
   uint64_t saves_total;
   uint64_t restores_total;
   uint64_t d2h_bytes_total;
   uint64_t h2d_bytes_total;
-  double d2h_seconds_total;       /* copy-engine busy time */
+  double d2h_seconds_total; /* copy-engine busy time */
   double h2d_seconds_total;
-  double stall_seconds_total;     /* consumer waited on a restore that had not landed */
+  double stall_seconds_total; /* consumer waited on a restore that had not landed */
   double last_step_seconds;
   uint64_t copies_in_flight;
   uint64_t errors_total;
-  int32_t numa_node;              /* node the arena is bound to; -1 unknown */
-  int32_t backend;                /* stowage_backend actually in use */
+  int32_t numa_node; /* node the arena is bound to; -1 unknown */
+  int32_t backend;   /* stowage_backend actually in use */
 } stowage_stats;
 
 STOWAGE_API const char* stowage_version(void);
@@ -141,7 +141,7 @@ STOWAGE_API stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats*
 STOWAGE_API stowage_status stowage_report_device_peak(stowage_runtime* rt, uint64_t bytes);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
 #endif /* STOWAGE_STOWAGE_H_ */

@@ -48,9 +48,10 @@ TEST(PlanJson, RoundTripIsExactAndStable) {
 
 TEST(PlanJson, ContractFieldsArePresent) {
   const std::string json = PlanToJson(TwoLayerPlan());
-  for (const char* field : {"\"schema_version\"", "\"peak_device_bytes\"", "\"host_bytes_per_gpu\"",
-                            "\"step_seconds\"", "\"exposed_copy_seconds\"", "\"device_saved_bytes\"",
-                            "\"host_bytes\"", "\"policy\": \"offload_input\"", "\"prefetch_distance\""}) {
+  for (const char* field :
+       {"\"schema_version\"", "\"peak_device_bytes\"", "\"host_bytes_per_gpu\"", "\"step_seconds\"",
+        "\"exposed_copy_seconds\"", "\"device_saved_bytes\"", "\"host_bytes\"",
+        "\"policy\": \"offload_input\"", "\"prefetch_distance\""}) {
     EXPECT_THAT(json, HasSubstr(field));
   }
 }
@@ -95,8 +96,9 @@ TEST(PlanValidation, RejectsInconsistentPlans) {
 }
 
 TEST(LayerPolicy, NamesRoundTrip) {
-  for (LayerPolicy p : {LayerPolicy::kKeep, LayerPolicy::kRecompute, LayerPolicy::kSelectiveRecompute,
-                        LayerPolicy::kOffloadInput, LayerPolicy::kOffloadSaved}) {
+  for (LayerPolicy p :
+       {LayerPolicy::kKeep, LayerPolicy::kRecompute, LayerPolicy::kSelectiveRecompute,
+        LayerPolicy::kOffloadInput, LayerPolicy::kOffloadSaved}) {
     auto parsed = ParseLayerPolicy(LayerPolicyName(p));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, p);

@@ -1,8 +1,8 @@
-#include "stowage/stowage.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
+
+#include "stowage/stowage.h"
 
 namespace {
 
