@@ -1,0 +1,70 @@
+// Hardware profiles: what the planner needs to know about one GPU and the host it hangs off.
+// Presets for H200 (measured, see DESIGN.md), B200 and GB200 (datasheet values), or a JSON
+// profile file — the format `stowage calibrate` writes with HardwareProfileToJson.
+#ifndef STOWAGE_PLANNER_HARDWARE_H_
+#define STOWAGE_PLANNER_HARDWARE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace stowage::planner {
+
+// Host-link bandwidth measured at one copy size (pinned memory). Small chunks run slower; the
+// copy engine's chunk size is picked from this table.
+struct ChunkBandwidth {
+  uint64_t chunk_bytes = 0;
+  double d2h_bytes_per_second = 0;
+  double h2d_bytes_per_second = 0;
+};
+
+struct HardwareProfile {
+  std::string name;                  // e.g. "h200"
+  std::string source = "datasheet";  // "measured" (probe or `stowage calibrate`) or "datasheet"
+  uint64_t hbm_bytes = 0;            // device memory the driver reports
+  double usable_fraction = 0.92;     // share of hbm_bytes a training process can plan with
+  double hbm_bytes_per_second = 0;
+  double dense_bf16_flops = 0;  // peak dense bf16 tensor-core rate, FLOP/s
+  // Share of dense_bf16_flops that training kernels reach (the PyTorch anchor on H200 reaches
+  // 607 of 989 TFLOP/s in an MLP stack).
+  double matmul_efficiency = 0.6;
+  // Pinned host link, large chunks, one direction at a time.
+  double d2h_bytes_per_second = 0;
+  double h2d_bytes_per_second = 0;
+  // Per direction when both directions run at once.
+  double bidir_d2h_bytes_per_second = 0;
+  double bidir_h2d_bytes_per_second = 0;
+  std::vector<ChunkBandwidth> chunk_bandwidth;  // optional, ascending chunk_bytes
+  double pin_seconds_per_gib = 0;               // cudaHostRegister of pre-touched memory
+  uint64_t host_bytes_per_numa_node = 0;
+  int gpus_per_numa_node = 1;
+
+  // hbm_bytes * usable_fraction: the default GPU memory budget.
+  uint64_t UsableBytes() const;
+  // Host RAM one GPU may use when the GPUs of a NUMA node share it evenly.
+  uint64_t HostBytesPerGpu() const;
+  // Sustained dense rate the cost model uses (dense_bf16_flops * matmul_efficiency).
+  double EffectiveFlops() const;
+};
+
+// Names accepted by HardwarePreset, in the order --help lists them.
+std::vector<std::string> HardwarePresetNames();
+// "h200", "b200", "gb200" (case-insensitive). Unknown names list the allowed ones.
+absl::StatusOr<HardwareProfile> HardwarePreset(std::string name);
+
+// Checks ranges (positive rates, fraction in (0, 1], ...); errors name the field and the value.
+absl::Status ValidateHardwareProfile(const HardwareProfile& profile);
+
+// Pretty-printed JSON, stable field order; ParseHardwareProfileJson reads it back exactly.
+std::string HardwareProfileToJson(const HardwareProfile& profile);
+// Required: hbm_bytes, hbm_bytes_per_second, dense_bf16_flops, d2h_bytes_per_second,
+// h2d_bytes_per_second. The bidirectional rates default to the one-way rates, the rest to the
+// defaults above. Errors name the field, its value and what is allowed.
+absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& json);
+absl::StatusOr<HardwareProfile> ReadHardwareProfileFile(const std::string& path);
+
+}  // namespace stowage::planner
+
+#endif  // STOWAGE_PLANNER_HARDWARE_H_
