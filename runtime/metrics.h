@@ -1,5 +1,17 @@
 // Prometheus endpoint of the runtime. The exporter reads RuntimeCounters at scrape time (a
 // prometheus::Collectable), so the engine's hot paths only ever touch atomics.
+//
+// Note [Metrics read at scrape time]
+// Every metric is a view of one RuntimeCounters field: the families (names, help, types, label
+// sets) are built once in Start(), and a scrape copies them and fills in the values it reads
+// from the atomics. Nothing is registered per step or per tensor, so the label sets stay
+// bounded: `device`, `numa_node`, `direction` (d2h, h2d), `layer_type` (the plan's distinct
+// layer types), `kind` (the stowage_status names, lower case). The README section "Metrics and
+// dashboards" lists every metric; dashboards/stowage.json queries them.
+//
+// The fields of RuntimeCounters marked "set once at creation" (device, numa_node, backend, the
+// plan's predictions, layer_types) must be final before Start() is called: they become labels
+// and are read without synchronisation at scrape time.
 #ifndef STOWAGE_RUNTIME_METRICS_H_
 #define STOWAGE_RUNTIME_METRICS_H_
 
@@ -15,7 +27,10 @@ class MetricsExporter {
  public:
   // Serves GET /metrics on `address` ("host:port"; port 0 picks a free port). Binds exactly the
   // host given: "127.0.0.1:9464" listens on loopback only; all interfaces only if asked
-  // ("0.0.0.0:9464"). Errors name the address.
+  // ("0.0.0.0:9464"). The host must be a literal IPv4 address, a bracketed IPv6 literal, or
+  // "localhost" (127.0.0.1); a bare port means 127.0.0.1. INVALID_ARGUMENT for a malformed
+  // address, UNAVAILABLE when it cannot be bound; errors name the address. Thread-safe: scrapes
+  // are served on the exporter's own threads; destroying it stops serving before it returns.
   static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(
       const std::string& address, std::shared_ptr<const RuntimeCounters> counters);
   virtual ~MetricsExporter() = default;

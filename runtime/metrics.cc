@@ -1,0 +1,365 @@
+// Prometheus endpoint of the runtime. See Note [Metrics read at scrape time] in metrics.h.
+#include "runtime/metrics.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/metric_type.h"
+
+namespace stowage::runtime {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// stowage_status codes (index into RuntimeCounters::errors_by_status) as `kind` label values:
+// the status names of include/stowage/stowage.h in Prometheus's lower-case label style.
+constexpr const char* kErrorKinds[] = {
+    nullptr,  // STOWAGE_OK is not an error
+    "invalid_argument",
+    "not_found",
+    "failed_precondition",
+    "resource_exhausted",
+    "unavailable",
+    "data_loss",
+    "internal",
+};
+static_assert(std::size(kErrorKinds) ==
+              std::tuple_size_v<decltype(RuntimeCounters::errors_by_status)>);
+
+double Load(const std::atomic<uint64_t>& value) {
+  return static_cast<double>(value.load(std::memory_order_relaxed));
+}
+
+// Exports one RuntimeCounters. The families, their help, types and label sets are built once,
+// in the constructor; a scrape copies them and fills in the values read from the atomics.
+class RuntimeCollector final : public prometheus::Collectable {
+ public:
+  explicit RuntimeCollector(std::shared_ptr<const RuntimeCounters> counters);
+
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> families = families_;
+    for (const Reader& reader : readers_) {
+      reader.read(*counters_, families[reader.family].metric[reader.index]);
+    }
+    return families;
+  }
+
+ private:
+  using Labels = std::vector<ClientMetric::Label>;
+  using ReadFn = std::function<void(const RuntimeCounters&, ClientMetric&)>;
+  struct Reader {
+    size_t family;
+    size_t index;
+    ReadFn read;
+  };
+
+  size_t Family(std::string name, std::string help, MetricType type) {
+    MetricFamily family;
+    family.name = std::move(name);
+    family.help = std::move(help);
+    family.type = type;
+    families_.push_back(std::move(family));
+    return families_.size() - 1;
+  }
+  void Series(size_t family, Labels labels, ReadFn read) {
+    ClientMetric metric;
+    metric.label = std::move(labels);
+    families_[family].metric.push_back(std::move(metric));
+    readers_.push_back({family, families_[family].metric.size() - 1, std::move(read)});
+  }
+  void Gauge(const std::string& name, const std::string& help, Labels labels,
+             std::function<double(const RuntimeCounters&)> value) {
+    Series(Family(name, help, MetricType::Gauge), std::move(labels),
+           [value = std::move(value)](const RuntimeCounters& c, ClientMetric& m) {
+             m.gauge.value = value(c);
+           });
+  }
+  void Counter(const std::string& name, const std::string& help, Labels labels,
+               std::function<double(const RuntimeCounters&)> value) {
+    Series(Family(name, help, MetricType::Counter), std::move(labels),
+           [value = std::move(value)](const RuntimeCounters& c, ClientMetric& m) {
+             m.counter.value = value(c);
+           });
+  }
+
+  std::shared_ptr<const RuntimeCounters> counters_;
+  std::vector<MetricFamily> families_;
+  std::vector<Reader> readers_;
+};
+
+RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counters)
+    : counters_(std::move(counters)) {
+  const RuntimeCounters& c = *counters_;
+  const std::string device = absl::StrCat(c.device);
+  const std::string node = c.numa_node >= 0 ? absl::StrCat(c.numa_node) : "unknown";
+  const Labels on_device = {{"device", device}};
+  const Labels on_node = {{"device", device}, {"numa_node", node}};
+  auto with = [](Labels labels, std::string name, std::string value) {
+    labels.push_back({std::move(name), std::move(value)});
+    std::sort(labels.begin(), labels.end());
+    return labels;
+  };
+
+  // Identity: a constant 1 carrying the labels dashboards build their variables from.
+  Gauge("stowage_runtime_info", "Runtime identity (value 1): device, NUMA node, backend.",
+        with(on_node, "backend", c.backend), [](const RuntimeCounters&) { return 1.0; });
+
+  // The plan's predictions and budgets, exported next to what is observed.
+  Gauge("stowage_plan_peak_device_bytes", "Peak device memory the plan predicts for one step.",
+        on_device, [](const RuntimeCounters& r) {
+          return static_cast<double>(r.predicted_peak_device_bytes);
+        });
+  Gauge("stowage_plan_device_budget_bytes", "GPU memory budget the plan was made for.", on_device,
+        [](const RuntimeCounters& r) { return static_cast<double>(r.gpu_budget_bytes); });
+  Gauge("stowage_plan_host_bytes", "Pinned host memory the plan needs on this GPU's NUMA node.",
+        on_node,
+        [](const RuntimeCounters& r) { return static_cast<double>(r.predicted_host_bytes); });
+  Gauge("stowage_plan_step_seconds", "Step time the plan predicts.", on_device,
+        [](const RuntimeCounters& r) { return r.predicted_step_seconds; });
+
+  // Device memory.
+  Gauge("stowage_device_observed_peak_bytes",
+        "Peak device memory the trainer last reported (stowage_report_device_peak); 0 until it "
+        "reports.",
+        on_device, [](const RuntimeCounters& r) { return Load(r.observed_peak_device_bytes); });
+  Gauge("stowage_device_offloaded_bytes",
+        "Bytes of the current step that live only in pinned host memory (their D2H copy landed): "
+        "device memory the offload saved.",
+        on_device, [](const RuntimeCounters& r) {
+          // Two independent atomics: clamp so a scrape between the updates never underflows.
+          const uint64_t used = r.arena_used_bytes.load(std::memory_order_relaxed);
+          const uint64_t pending = r.device_pending_bytes.load(std::memory_order_relaxed);
+          return static_cast<double>(used > pending ? used - pending : 0);
+        });
+  Gauge("stowage_device_offload_pending_bytes",
+        "Bytes handed to save() that are still held on the device until their D2H copy lands.",
+        on_device, [](const RuntimeCounters& r) { return Load(r.device_pending_bytes); });
+
+  // Pinned host arena.
+  Gauge("stowage_host_pinned_reserved_bytes", "Pinned host bytes reserved by the arena.", on_node,
+        [](const RuntimeCounters& r) { return Load(r.arena_capacity_bytes); });
+  Gauge("stowage_host_pinned_used_bytes", "Pinned host bytes in use by the current step.", on_node,
+        [](const RuntimeCounters& r) { return Load(r.arena_used_bytes); });
+  Gauge("stowage_host_pinned_peak_bytes", "Most pinned host bytes ever in use within one step.",
+        on_node, [](const RuntimeCounters& r) { return Load(r.arena_peak_bytes); });
+
+  // Copies, per direction.
+  const std::pair<const char*, const CopyCounters RuntimeCounters::*> directions[] = {
+      {"d2h", &RuntimeCounters::d2h}, {"h2d", &RuntimeCounters::h2d}};
+  const size_t copy_bytes =
+      Family("stowage_copy_bytes_total", "Bytes copied, by direction.", MetricType::Counter);
+  const size_t copy_seconds =
+      Family("stowage_copy_seconds_total", "Time the copy engine was busy, by direction.",
+             MetricType::Counter);
+  const size_t copies = Family("stowage_copy_operations_total", "Copies completed, by direction.",
+                               MetricType::Counter);
+  const size_t bandwidth = Family(
+      "stowage_copy_achieved_bandwidth_bytes_per_second",
+      "Bytes copied per second of copy-engine busy time since start, by direction (0 before the "
+      "first copy). For a windowed figure use rate(stowage_copy_bytes_total) / "
+      "rate(stowage_copy_seconds_total).",
+      MetricType::Gauge);
+  for (const auto& [direction, member] : directions) {
+    const Labels labels = with(on_device, "direction", direction);
+    Series(copy_bytes, labels, [member](const RuntimeCounters& r, ClientMetric& m) {
+      m.counter.value = Load((r.*member).bytes);
+    });
+    Series(copy_seconds, labels, [member](const RuntimeCounters& r, ClientMetric& m) {
+      m.counter.value = Seconds((r.*member).busy_nanos);
+    });
+    Series(copies, labels, [member](const RuntimeCounters& r, ClientMetric& m) {
+      m.counter.value = Load((r.*member).copies);
+    });
+    Series(bandwidth, labels, [member](const RuntimeCounters& r, ClientMetric& m) {
+      const double seconds = Seconds((r.*member).busy_nanos);
+      m.gauge.value = seconds > 0 ? Load((r.*member).bytes) / seconds : 0;
+    });
+  }
+  Gauge("stowage_copy_link_ceiling_bytes_per_second",
+        "Measured host<->device link bandwidth per direction (0: unknown); the ceiling "
+        "stowage_copy_achieved_bandwidth_bytes_per_second is compared against.",
+        on_device, [](const RuntimeCounters& r) { return r.link_ceiling_bytes_per_second; });
+  Gauge("stowage_copy_in_flight", "Copies issued and not yet completed.", on_device,
+        [](const RuntimeCounters& r) { return Load(r.copies_in_flight); });
+
+  // Offload traffic by layer type, and save/restore calls.
+  const size_t saved = Family("stowage_offload_saved_bytes_total",
+                              "Bytes saved to the host (D2H), by layer type.", MetricType::Counter);
+  const size_t restored =
+      Family("stowage_offload_restored_bytes_total",
+             "Bytes restored to the device (H2D), by layer type.", MetricType::Counter);
+  for (size_t i = 0; i < c.layer_types.size(); ++i) {
+    const Labels labels = with(on_device, "layer_type", c.layer_types[i]->layer_type);
+    Series(saved, labels, [i](const RuntimeCounters& r, ClientMetric& m) {
+      m.counter.value = Load(r.layer_types[i]->offloaded_bytes);
+    });
+    Series(restored, labels, [i](const RuntimeCounters& r, ClientMetric& m) {
+      m.counter.value = Load(r.layer_types[i]->restored_bytes);
+    });
+  }
+  Counter("stowage_offload_saves_total", "Tensors handed to save().", on_device,
+          [](const RuntimeCounters& r) { return Load(r.saves_total); });
+  Counter("stowage_offload_restores_total", "Tensors restored to the device.", on_device,
+          [](const RuntimeCounters& r) { return Load(r.restores_total); });
+
+  // Compute stalls.
+  Counter("stowage_compute_stall_seconds_total",
+          "Time the compute stream waited for a restore (prefetch not landed in time).", on_device,
+          [](const RuntimeCounters& r) { return Seconds(r.stall_nanos); });
+
+  // Steps.
+  Counter("stowage_steps_total", "Training steps completed.", on_device,
+          [](const RuntimeCounters& r) { return Load(r.steps_total); });
+  Gauge("stowage_step_last_duration_seconds", "Duration of the last completed step.", on_device,
+        [](const RuntimeCounters& r) { return Seconds(r.last_step_nanos); });
+  Series(Family("stowage_step_duration_seconds", "Step duration, begin_step to end_step.",
+                MetricType::Histogram),
+         on_device, [](const RuntimeCounters& r, ClientMetric& m) {
+           // Buckets are read before the count: RecordStep counts the step first, so a step
+           // recorded concurrently can never leave the count below the last bucket.
+           m.histogram.bucket.clear();
+           uint64_t cumulative = 0;
+           for (size_t i = 0; i < kStepSecondsBuckets.size(); ++i) {
+             cumulative += r.step_seconds_bucket[i].load(std::memory_order_relaxed);
+             m.histogram.bucket.push_back({cumulative, kStepSecondsBuckets[i]});
+           }
+           const uint64_t count =
+               std::max(cumulative, r.steps_total.load(std::memory_order_relaxed));
+           m.histogram.bucket.push_back({count, std::numeric_limits<double>::infinity()});
+           m.histogram.sample_count = count;
+           m.histogram.sample_sum = Seconds(r.step_nanos_sum);
+         });
+
+  // Errors: every kind exported from the start, so rate() and increase() see the first error.
+  const size_t errors =
+      Family("stowage_errors_total", "Failed runtime calls, by status kind.", MetricType::Counter);
+  for (size_t code = 1; code < std::size(kErrorKinds); ++code) {
+    Series(errors, with(on_device, "kind", kErrorKinds[code]),
+           [code](const RuntimeCounters& r, ClientMetric& m) {
+             m.counter.value = Load(r.errors_by_status[code]);
+           });
+  }
+}
+
+// Splits "host:port" / "[v6]:port" / "port" and checks both halves, so that nothing but one
+// literal address reaches civetweb (whose listening_ports syntax would otherwise read a bare
+// port as "all interfaces", and accepts lists and suffixes).
+absl::StatusOr<std::pair<std::string, int>> ParseAddress(const std::string& address) {
+  std::string host = "127.0.0.1";
+  std::string port_text = address;
+  if (!address.empty() && address.front() == '[') {
+    const size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics address '", address, "': expected [ipv6]:port"));
+    }
+    host = address.substr(0, close + 1);
+    port_text = address.substr(close + 2);
+    const bool ipv6_literal =
+        host.size() > 2 && std::all_of(host.begin() + 1, host.end() - 1, [](char ch) {
+          return absl::ascii_isxdigit(ch) || ch == ':' || ch == '.';
+        });
+    if (!ipv6_literal) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics address '", address, "': not an IPv6 literal"));
+    }
+  } else if (const size_t colon = address.rfind(':'); colon != std::string::npos) {
+    host = address.substr(0, colon);
+    port_text = address.substr(colon + 1);
+    if (host.empty()) host = "127.0.0.1";
+    if (host == "localhost") host = "127.0.0.1";
+    const bool ipv4_literal =
+        std::all_of(host.begin(), host.end(),
+                    [](char ch) { return absl::ascii_isdigit(ch) || ch == '.'; }) &&
+        std::count(host.begin(), host.end(), '.') == 3;
+    if (!ipv4_literal) {
+      return absl::InvalidArgumentError(absl::StrCat("metrics address '", address,
+                                                     "': the host must be an IPv4 literal, [IPv6] "
+                                                     "literal or localhost (e.g. 127.0.0.1:9464)"));
+    }
+  }
+  int port = 0;
+  if (port_text.empty() || !std::all_of(port_text.begin(), port_text.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port_text, &port) || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address, "': port must be 0..65535"));
+  }
+  return std::make_pair(host, port);
+}
+
+class CivetMetricsExporter final : public MetricsExporter {
+ public:
+  CivetMetricsExporter(std::string host, std::unique_ptr<prometheus::Exposer> exposer,
+                       std::shared_ptr<RuntimeCollector> collector)
+      : host_(std::move(host)), exposer_(std::move(exposer)), collector_(std::move(collector)) {
+    exposer_->RegisterCollectable(collector_);
+  }
+  ~CivetMetricsExporter() override { exposer_->RemoveCollectable(collector_); }
+
+  std::string bound_address() const override {
+    const std::vector<int> ports = exposer_->GetListeningPorts();
+    return absl::StrCat(host_, ":", ports.empty() ? 0 : ports.front());
+  }
+
+ private:
+  std::string host_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<RuntimeCollector> collector_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
+    const std::string& address, std::shared_ptr<const RuntimeCounters> counters) {
+  if (counters == nullptr) return absl::InvalidArgumentError("metrics exporter: counters is null");
+  absl::StatusOr<std::pair<std::string, int>> parsed = ParseAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  const auto& [host, port] = *parsed;
+  auto collector = std::make_shared<RuntimeCollector>(std::move(counters));
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    // Two threads: a scrape is one short request; a second serves a concurrent scraper.
+    exposer = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port), 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint: cannot listen on ", host, ":", port, ": ", e.what()));
+  }
+  return std::make_unique<CivetMetricsExporter>(host, std::move(exposer), std::move(collector));
+}
+
+std::string ResolveMetricsAddress(const char* option) {
+  std::string address;
+  if (option != nullptr) {
+    address = option;
+  } else if (const char* env = std::getenv("STOWAGE_METRICS_ADDR"); env != nullptr) {
+    address = env;
+  }
+  address = std::string(absl::StripAsciiWhitespace(address));
+  if (!address.empty() && std::all_of(address.begin(), address.end(),
+                                      [](char ch) { return absl::ascii_isdigit(ch); })) {
+    return absl::StrCat("127.0.0.1:", address);
+  }
+  return address;
+}
+
+}  // namespace stowage::runtime
