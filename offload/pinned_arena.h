@@ -83,7 +83,7 @@ class PinnedArena {
   void Reset();
 
   uint64_t used() const;
-  uint64_t peak() const;  // the most ever in use between two Resets
+  uint64_t peak() const;  // the most ever in use at once, over every step (Reset keeps it)
 
   int numa_node() const { return numa_node_; }  // the node it is bound to; -1: not bound
   bool cuda_registered() const { return !registered_pieces_.empty(); }

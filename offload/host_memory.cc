@@ -1,0 +1,322 @@
+#include "offload/host_memory.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "offload/topology.h"
+
+namespace stowage::offload {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kCapIpcLock = 14;  // linux/capability.h
+// cgroup v1 reports "no limit" as a page-rounded LONG_MAX; anything this large is no limit.
+constexpr uint64_t kUnlimitedThreshold = uint64_t{1} << 62;
+
+std::optional<uint64_t> ReadU64(const fs::path& path) {
+  absl::StatusOr<std::string> text = ReadSmallFile(path.string());
+  if (!text.ok()) return std::nullopt;
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &value)) return std::nullopt;
+  return value;
+}
+
+// "key value" lines (memory.stat).
+std::optional<uint64_t> StatField(const std::string& text, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    uint64_t value = 0;
+    if (words.size() == 2 && words[0] == key && absl::SimpleAtoi(words[1], &value)) return value;
+  }
+  return std::nullopt;
+}
+
+// One cgroup directory's limit, usage and inactive file pages.
+struct CgroupLevel {
+  std::optional<uint64_t> limit;
+  uint64_t usage = 0;
+  uint64_t inactive_file = 0;
+};
+
+CgroupLevel ReadCgroupLevel(const fs::path& dir, int version) {
+  CgroupLevel level;
+  if (version == 2) {
+    if (absl::StatusOr<std::string> max = ReadSmallFile((dir / "memory.max").string()); max.ok()) {
+      uint64_t value = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(*max), &value)) level.limit = value;
+    }
+    level.usage = ReadU64(dir / "memory.current").value_or(0);
+    if (absl::StatusOr<std::string> stat = ReadSmallFile((dir / "memory.stat").string());
+        stat.ok()) {
+      level.inactive_file = StatField(*stat, "inactive_file").value_or(0);
+    }
+  } else {
+    std::optional<uint64_t> limit = ReadU64(dir / "memory.limit_in_bytes");
+    if (limit.has_value() && *limit < kUnlimitedThreshold) level.limit = limit;
+    level.usage = ReadU64(dir / "memory.usage_in_bytes").value_or(0);
+    if (absl::StatusOr<std::string> stat = ReadSmallFile((dir / "memory.stat").string());
+        stat.ok()) {
+      level.inactive_file = StatField(*stat, "total_inactive_file")
+                                .value_or(StatField(*stat, "inactive_file").value_or(0));
+    }
+  }
+  return level;
+}
+
+uint64_t HeadroomOf(const CgroupLevel& level) {
+  const uint64_t working_set =
+      level.usage > level.inactive_file ? level.usage - level.inactive_file : 0;
+  return *level.limit > working_set ? *level.limit - working_set : 0;
+}
+
+CgroupMemory ReadCgroup(const HostRoots& roots) {
+  CgroupMemory cgroup;
+  absl::StatusOr<std::string> self = ReadSmallFile(roots.proc + "/self/cgroup");
+  if (!self.ok()) return cgroup;
+  // "4:memory:/path" (v1) wins over "0::/path" (v2) when both are present (hybrid hierarchies
+  // keep the memory controller on v1).
+  fs::path base;
+  for (absl::string_view line : absl::StrSplit(*self, '\n')) {
+    std::vector<std::string> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    std::vector<std::string> controllers = absl::StrSplit(fields[1], ',');
+    if (std::find(controllers.begin(), controllers.end(), "memory") != controllers.end()) {
+      cgroup.version = 1;
+      cgroup.path = fields[2];
+      base = fs::path(roots.cgroup) / "memory";
+      break;
+    }
+    if (fields[0] == "0" && fields[1].empty() &&
+        fs::exists(fs::path(roots.cgroup) / "cgroup.controllers")) {
+      cgroup.version = 2;
+      cgroup.path = fields[2];
+      base = fs::path(roots.cgroup);
+    }
+  }
+  if (cgroup.version == 0) return cgroup;
+  // In a cgroup namespace (containers) the path may not exist under the mount: the mount's root
+  // is then the process's own cgroup.
+  std::string path = cgroup.path.empty() ? "/" : cgroup.path;
+  if (path != "/" && !fs::exists(base / path.substr(1))) path = "/";
+  // Walk from the leaf to the root; the tightest headroom binds.
+  std::optional<uint64_t> best;
+  std::string current = path;
+  CgroupLevel leaf;
+  bool first = true;
+  while (true) {
+    const std::string relative = current == "/" ? "" : current.substr(1);
+    const CgroupLevel level =
+        ReadCgroupLevel(relative.empty() ? base : base / relative, cgroup.version);
+    if (first) leaf = level;
+    first = false;
+    if (level.limit.has_value()) {
+      const uint64_t headroom = HeadroomOf(level);
+      if (!best.has_value() || headroom < *best) {
+        best = headroom;
+        cgroup.limit_bytes = level.limit;
+        cgroup.limiting_path = current;
+        cgroup.usage_bytes = level.usage;
+        cgroup.reclaimable_bytes = level.inactive_file;
+      }
+    }
+    if (current == "/" || current.empty()) break;
+    const size_t slash = current.find_last_of('/');
+    current = slash == 0 ? "/" : current.substr(0, slash);
+  }
+  if (!cgroup.limit_bytes.has_value()) {
+    cgroup.usage_bytes = leaf.usage;
+    cgroup.reclaimable_bytes = leaf.inactive_file;
+    cgroup.limiting_path = path;
+  }
+  return cgroup;
+}
+
+std::string Limit(const std::optional<uint64_t>& bytes) {
+  return bytes.has_value() ? FormatBytes(*bytes) : std::string("unlimited");
+}
+
+}  // namespace
+
+std::optional<uint64_t> CgroupMemory::headroom_bytes() const {
+  if (!limit_bytes.has_value()) return std::nullopt;
+  CgroupLevel level;
+  level.limit = limit_bytes;
+  level.usage = usage_bytes;
+  level.inactive_file = reclaimable_bytes;
+  return HeadroomOf(level);
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (uint64_t{1} << 30))
+    return absl::StrFormat("%.2f GiB (%d bytes)", b / (1 << 30), bytes);
+  if (bytes >= (uint64_t{1} << 20))
+    return absl::StrFormat("%.2f MiB (%d bytes)", b / (1 << 20), bytes);
+  return absl::StrFormat("%d bytes", bytes);
+}
+
+absl::StatusOr<HostMemorySnapshot> ReadHostMemory(int numa_node, const HostRoots& roots) {
+  HostMemorySnapshot snapshot;
+  absl::StatusOr<std::string> meminfo = ReadSmallFile(roots.proc + "/meminfo");
+  if (!meminfo.ok()) return meminfo.status();
+  snapshot.mem_total_bytes = MeminfoField(*meminfo, "MemTotal").value_or(0);
+  // Kernels before 3.14 lack MemAvailable: MemFree is the conservative stand-in.
+  snapshot.mem_available_bytes = MeminfoField(*meminfo, "MemAvailable")
+                                     .value_or(MeminfoField(*meminfo, "MemFree").value_or(0));
+
+  snapshot.cgroup = ReadCgroup(roots);
+
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    snapshot.memlock_limit_bytes = static_cast<uint64_t>(limit.rlim_cur);
+  }
+  if (absl::StatusOr<std::string> status = ReadSmallFile(roots.proc + "/self/status");
+      status.ok()) {
+    snapshot.memlock_used_bytes = MeminfoField(*status, "VmLck").value_or(0);
+    for (absl::string_view line : absl::StrSplit(*status, '\n')) {
+      if (!absl::ConsumePrefix(&line, "CapEff:")) continue;
+      uint64_t caps = 0;
+      if (absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line), &caps)) {
+        snapshot.cap_ipc_lock = (caps >> kCapIpcLock) & 1;
+      }
+    }
+  }
+
+  const MachineNodes machine = ReadSysfsNodes(roots.sys);
+  snapshot.online_nodes = static_cast<int>(machine.nodes.size());
+  snapshot.node = numa_node;
+  if (numa_node >= 0) {
+    absl::StatusOr<std::string> node_meminfo =
+        ReadSmallFile(absl::StrCat(roots.sys, "/devices/system/node/node", numa_node, "/meminfo"));
+    if (node_meminfo.ok()) {
+      snapshot.node_total_bytes = MeminfoField(*node_meminfo, "MemTotal");
+      const std::optional<uint64_t> free = MeminfoField(*node_meminfo, "MemFree");
+      if (free.has_value()) {
+        snapshot.node_available_bytes = *free +
+                                        MeminfoField(*node_meminfo, "Inactive(file)").value_or(0) +
+                                        MeminfoField(*node_meminfo, "KReclaimable").value_or(0);
+      }
+    }
+  }
+  return snapshot;
+}
+
+std::string DescribeHostMemory(const HostMemorySnapshot& s) {
+  std::string out = absl::StrCat("MemAvailable ", FormatBytes(s.mem_available_bytes), " of ",
+                                 FormatBytes(s.mem_total_bytes));
+  if (s.cgroup.version == 0) {
+    absl::StrAppend(&out, "; no memory cgroup");
+  } else if (!s.cgroup.limit_bytes.has_value()) {
+    absl::StrAppend(&out, "; cgroup v", s.cgroup.version, " ", s.cgroup.path, " unlimited");
+  } else {
+    absl::StrAppend(&out, "; cgroup v", s.cgroup.version, " ", s.cgroup.limiting_path, " limit ",
+                    FormatBytes(*s.cgroup.limit_bytes), ", usage ",
+                    FormatBytes(s.cgroup.usage_bytes), " of which reclaimable ",
+                    FormatBytes(s.cgroup.reclaimable_bytes), ", headroom ",
+                    FormatBytes(*s.cgroup.headroom_bytes()));
+  }
+  absl::StrAppend(&out, "; RLIMIT_MEMLOCK ", Limit(s.memlock_limit_bytes), " (locked ",
+                  FormatBytes(s.memlock_used_bytes), s.cap_ipc_lock ? ", CAP_IPC_LOCK" : "", ")");
+  if (s.node >= 0) {
+    absl::StrAppend(&out, "; node ", s.node, " of ", s.online_nodes, " available ",
+                    Limit(s.node_available_bytes), " of ", Limit(s.node_total_bytes));
+  } else {
+    absl::StrAppend(&out, "; not bound to a node (", s.online_nodes, " nodes)");
+  }
+  return out;
+}
+
+absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest& request) {
+  const std::string where =
+      request.numa_node >= 0 ? absl::StrCat(" on NUMA node ", request.numa_node) : "";
+  if (request.numa_node >= 0 && s.online_nodes > 0 && !s.node_total_bytes.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.what, " of ", FormatBytes(request.bytes), where, ": the machine has no node ",
+        request.numa_node, " (", s.online_nodes, " nodes)"));
+  }
+  std::vector<std::string> binding;
+  if (request.bytes > s.mem_available_bytes) {
+    binding.push_back(absl::StrCat("MemAvailable is ", FormatBytes(s.mem_available_bytes)));
+  }
+  if (const std::optional<uint64_t> headroom = s.cgroup.headroom_bytes();
+      headroom.has_value() && request.bytes > *headroom) {
+    binding.push_back(absl::StrCat("cgroup ", s.cgroup.limiting_path, " limit ",
+                                   FormatBytes(*s.cgroup.limit_bytes), " leaves ",
+                                   FormatBytes(*headroom)));
+  }
+  if (request.numa_node >= 0 && s.online_nodes > 1 && s.node_available_bytes.has_value() &&
+      request.bytes > *s.node_available_bytes) {
+    binding.push_back(absl::StrCat("node ", request.numa_node, " has ",
+                                   FormatBytes(*s.node_available_bytes), " available"));
+  }
+  if (request.memlock == MemlockUse::kLocked && !s.cap_ipc_lock &&
+      s.memlock_limit_bytes.has_value()) {
+    const uint64_t left = *s.memlock_limit_bytes > s.memlock_used_bytes
+                              ? *s.memlock_limit_bytes - s.memlock_used_bytes
+                              : 0;
+    if (request.bytes > left) {
+      binding.push_back(absl::StrCat("RLIMIT_MEMLOCK ", FormatBytes(*s.memlock_limit_bytes),
+                                     " leaves ", FormatBytes(left),
+                                     " (raise `ulimit -l` or grant CAP_IPC_LOCK)"));
+    }
+  }
+  if (binding.empty()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      request.what, " of ", FormatBytes(request.bytes), where,
+      " does not fit: ", absl::StrJoin(binding, "; "), ". Host memory: ", DescribeHostMemory(s)));
+}
+
+absl::Status AdmitHostMemory(const AdmissionRequest& request, const HostRoots& roots) {
+  absl::StatusOr<HostMemorySnapshot> snapshot = ReadHostMemory(request.numa_node, roots);
+  if (!snapshot.ok()) return snapshot.status();
+  return CheckAdmission(*snapshot, request);
+}
+
+absl::StatusOr<uint64_t> ResidentBytesOfMapping(const void* begin, uint64_t bytes,
+                                                const HostRoots& roots) {
+  absl::StatusOr<std::string> smaps = ReadSmallFile(roots.proc + "/self/smaps");
+  if (!smaps.ok()) return smaps.status();
+  const uint64_t lo = reinterpret_cast<uintptr_t>(begin);
+  const uint64_t hi = lo + bytes;
+  uint64_t resident = 0;
+  bool inside = false;
+  bool any = false;
+  for (absl::string_view line : absl::StrSplit(*smaps, '\n')) {
+    // A mapping header starts with "start-end " in hex; field lines start with "Name:".
+    const size_t dash = line.find('-');
+    const size_t space = line.find(' ');
+    uint64_t start = 0;
+    uint64_t end = 0;
+    if (dash != absl::string_view::npos && space != absl::string_view::npos && dash < space &&
+        absl::SimpleHexAtoi(line.substr(0, dash), &start) &&
+        absl::SimpleHexAtoi(line.substr(dash + 1, space - dash - 1), &end)) {
+      inside = start < hi && end > lo;
+      any = any || inside;
+      continue;
+    }
+    if (inside && absl::ConsumePrefix(&line, "Rss:")) {
+      std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      uint64_t kib = 0;
+      if (!words.empty() && absl::SimpleAtoi(words[0], &kib)) resident += kib * 1024;
+    }
+  }
+  if (!any) {
+    return absl::NotFoundError(absl::StrFormat("no mapping overlaps [%p, +%d) in %s/self/smaps",
+                                               begin, bytes, roots.proc));
+  }
+  return resident;
+}
+
+}  // namespace stowage::offload

@@ -1,0 +1,101 @@
+// Host-memory admission: before the arena maps a byte, check that the machine, the process's
+// cgroup, its locked-memory limit and the target NUMA node can all hold what the plan asks for,
+// and fail with one message that names every number when they cannot.
+//
+// Note [What admission checks, and why].
+//  - cgroup memory limit (v2 memory.max / v1 memory.limit_in_bytes, the tightest on the path from
+//    the process's cgroup to the root) minus the cgroup's working set (usage less inactive file
+//    pages, which the kernel reclaims before it OOM-kills). Exceeding it kills the trainer
+//    mid-touch with no message; that is the failure this check exists for.
+//  - MemAvailable (/proc/meminfo): the kernel's estimate of what can be allocated without
+//    swapping.
+//  - the node's free memory (MemFree + Inactive(file) + KReclaimable from the node's meminfo),
+//    because MPOL_BIND makes the node, not the machine, the limit. Enforced only when the machine
+//    has more than one node: with one node the node is the machine and MemAvailable governs (in
+//    VMs with hot-plugged memory the single node's meminfo can report less than the machine has).
+//  - RLIMIT_MEMLOCK. cudaHostRegister pins through the NVIDIA driver, which does not charge the
+//    pages to the process's locked_vm, so the limit does not bind it (root or not). It does bind
+//    mlock() and RDMA registration of the same buffers (ibv_reg_mr, e.g. by NCCL's network
+//    transport) for a process without CAP_IPC_LOCK. So it is always read and reported, and
+//    enforced only when the request says the pages will be locked that way (MemlockUse::kLocked).
+#ifndef STOWAGE_OFFLOAD_HOST_MEMORY_H_
+#define STOWAGE_OFFLOAD_HOST_MEMORY_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace stowage::offload {
+
+// Where the readers look. Tests point these at fabricated trees (tests/offload/data/).
+struct HostRoots {
+  std::string proc = "/proc";
+  std::string sys = "/sys";
+  std::string cgroup = "/sys/fs/cgroup";
+};
+
+struct CgroupMemory {
+  int version = 0;   // 0: no memory controller found; 1 or 2
+  std::string path;  // the process's cgroup, as /proc/self/cgroup names it
+  // The tightest limit on the path to the root, and the cgroup that sets it. nullopt: unlimited.
+  std::optional<uint64_t> limit_bytes;
+  std::string limiting_path;
+  uint64_t usage_bytes = 0;        // of the limiting cgroup (or the leaf when unlimited)
+  uint64_t reclaimable_bytes = 0;  // its inactive file pages
+  // limit - (usage - reclaimable); nullopt when unlimited.
+  std::optional<uint64_t> headroom_bytes() const;
+};
+
+struct HostMemorySnapshot {
+  uint64_t mem_total_bytes = 0;
+  uint64_t mem_available_bytes = 0;
+  CgroupMemory cgroup;
+  std::optional<uint64_t> memlock_limit_bytes;  // RLIMIT_MEMLOCK (soft); nullopt: unlimited
+  uint64_t memlock_used_bytes = 0;              // VmLck of this process
+  bool cap_ipc_lock = false;                    // CAP_IPC_LOCK in the effective set (e.g. root)
+  int node = -1;                                // the node asked about; -1: none
+  int online_nodes = 0;                         // 0: no NUMA information
+  std::optional<uint64_t> node_total_bytes;
+  std::optional<uint64_t> node_available_bytes;  // MemFree + Inactive(file) + KReclaimable
+};
+
+enum class MemlockUse {
+  kReport,  // pinned by cudaHostRegister, or not pinned: RLIMIT_MEMLOCK is reported, not enforced
+  kLocked,  // mlock()ed or RDMA-registered: RLIMIT_MEMLOCK binds unless CAP_IPC_LOCK
+};
+
+struct AdmissionRequest {
+  uint64_t bytes = 0;
+  int numa_node = -1;  // -1: no binding, node free memory not checked
+  MemlockUse memlock = MemlockUse::kReport;
+  std::string what = "pinned host arena";  // names the request in messages
+};
+
+// Reads /proc/meminfo, /proc/self/status, /proc/self/cgroup, the cgroup files, the node's
+// meminfo and getrlimit. Missing optional sources leave their fields empty; NOT_FOUND only when
+// <proc>/meminfo cannot be read.
+absl::StatusOr<HostMemorySnapshot> ReadHostMemory(int numa_node, const HostRoots& roots = {});
+
+// Pure: OK, or RESOURCE_EXHAUSTED naming the requested bytes, every limit read and the node.
+absl::Status CheckAdmission(const HostMemorySnapshot& snapshot, const AdmissionRequest& request);
+
+// ReadHostMemory + CheckAdmission.
+absl::Status AdmitHostMemory(const AdmissionRequest& request, const HostRoots& roots = {});
+
+// One line naming every number in the snapshot, e.g. for logs and `stowage calibrate`.
+std::string DescribeHostMemory(const HostMemorySnapshot& snapshot);
+
+// Resident bytes of this process in [begin, begin + bytes), summed over the mappings in
+// <proc>/self/smaps that overlap it (whole mappings: pass a mapping's exact bounds).
+absl::StatusOr<uint64_t> ResidentBytesOfMapping(const void* begin, uint64_t bytes,
+                                                const HostRoots& roots = {});
+
+// "12.5 GiB (13421772800 bytes)".
+std::string FormatBytes(uint64_t bytes);
+
+}  // namespace stowage::offload
+
+#endif  // STOWAGE_OFFLOAD_HOST_MEMORY_H_
