@@ -1,0 +1,46 @@
+"""stowage for PyTorch: run a model's layers under a stowage plan (keep, recompute, offload the
+layer input, offload the saved tensors), driving the runtime library libstowage.so through its C
+ABI with ctypes — nothing is compiled against torch, so one build serves any torch version.
+
+    import stowage
+    planned = stowage.wrap(model.layers, budget_bytes=8 << 30, sample_input=x)  # or plan=...
+    for batch in data:
+        with planned.step():
+            loss = loss_fn(planned(embed(batch)))
+            loss.backward()
+        optimizer.step()
+
+The plan and runtime bindings (stowage.Plan, stowage.Runtime) do not need torch; the wrapper
+(stowage.wrap, stowage.PlannedLayers) and the planner (stowage.plan_for_budget) import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._lib import LibraryNotFoundError
+from .plan import LayerPlan, Plan, PlanError, Transfer
+from .runtime import Runtime, Stats, StowageError, version
+
+__version__ = "0.1.0"
+
+_TORCH_NAMES = {
+    "PlannedLayers": "layers", "StaleTensorError": "layers", "wrap": "layers",
+    "check_plan_matches": "layers",
+    "BudgetTooSmallError": "planner", "ModelProfile": "planner", "LayerProfile": "planner",
+    "plan_for_budget": "planner", "plan_from_policies": "planner",
+    "profile_layers": "planner", "simulate": "planner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Torch-dependent parts load on first use so `import stowage` works without torch.
+    module = _TORCH_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stowage' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+__all__ = ["LayerPlan", "LibraryNotFoundError", "Plan", "PlanError", "Runtime", "Stats",
+           "StowageError", "Transfer", "version", "__version__", *_TORCH_NAMES]

@@ -1,0 +1,197 @@
+"""A thin, torch-free Python face of the C ABI: one Runtime object per GPU (per rank).
+
+Pointers and streams are plain integers (a torch tensor's data_ptr(), a torch.cuda.Stream's
+cuda_stream); None or 0 is the legacy default stream. With the host backend "device" pointers
+are ordinary host memory, so CPU tensors work as they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+from typing import Any, Optional, Union
+
+from . import _lib
+from .plan import Plan
+
+
+class StowageError(RuntimeError):
+    """A C ABI call failed. `status` is the stowage_status name, `code` its value."""
+
+    def __init__(self, call: str, code: int, message: str):
+        self.call = call
+        self.code = code
+        self.status = _lib.STATUS_NAMES.get(code, f"status {code}")
+        self.message = message
+        super().__init__(f"{call}: {self.status}: {message}" if message
+                         else f"{call}: {self.status}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A snapshot of stowage_stats (see include/stowage/stowage.h for each field)."""
+
+    steps_completed: int
+    arena_capacity_bytes: int
+    arena_used_bytes: int
+    arena_peak_bytes: int
+    saves_total: int
+    restores_total: int
+    d2h_bytes_total: int
+    h2d_bytes_total: int
+    d2h_seconds_total: float
+    h2d_seconds_total: float
+    stall_seconds_total: float
+    last_step_seconds: float
+    copies_in_flight: int
+    errors_total: int
+    numa_node: int
+    backend: str
+
+
+def _check(call: str, code: int) -> None:
+    if code != 0:
+        lib = _lib.load()
+        raise StowageError(call, code, lib.stowage_last_error().decode("utf-8", "replace"))
+
+
+def version() -> str:
+    """The runtime library's version string."""
+    return _lib.load().stowage_version().decode()
+
+
+def _ptr(value: Optional[int]) -> ctypes.c_void_p:
+    return ctypes.c_void_p(value or None)
+
+
+PlanLike = Union[Plan, dict, str, "os.PathLike[str]"]
+
+
+def plan_json_text(plan: PlanLike) -> str:
+    """JSON text of a Plan, a dict in the plan format, JSON text, or a path to a plan file."""
+    if isinstance(plan, Plan):
+        return plan.to_json()
+    if isinstance(plan, dict):
+        return json.dumps(plan)
+    if isinstance(plan, os.PathLike) or (isinstance(plan, str) and not plan.lstrip().startswith("{")):
+        with open(plan, encoding="utf-8") as f:
+            return f.read()
+    if isinstance(plan, str):
+        return plan
+    raise TypeError(f"plan must be a stowage.Plan, a dict, JSON text or a path, not {type(plan)!r}")
+
+
+class Runtime:
+    """Owns one stowage_runtime. Close it (or use `with`) to release the pinned arena promptly.
+
+    Thread-safety follows the C ABI: saves, prefetches and restores may come from several
+    threads; begin_step, end_step and close must not race with other calls.
+    """
+
+    def __init__(self, plan: PlanLike, *, backend: str = "auto", device: int = 0,
+                 numa_node: int = -1, verify_checksums: bool = False,
+                 copy_chunk_bytes: int = 0, copy_threads: int = 0,
+                 metrics_address: Optional[str] = None):
+        backends = {v: k for k, v in _lib.BACKEND_NAMES.items()}
+        if backend not in backends:
+            raise ValueError(f"backend is {backend!r}; allowed: {', '.join(backends)}")
+        self._lib = _lib.load()
+        self._handle = ctypes.c_void_p()
+        text = plan_json_text(plan).encode("utf-8")
+        opts = _lib.Options()
+        _check("stowage_options_init", self._lib.stowage_options_init(ctypes.byref(opts)))
+        opts.backend = backends[backend]
+        opts.device = device
+        opts.numa_node = numa_node
+        opts.verify_checksums = 1 if verify_checksums else 0
+        opts.copy_chunk_bytes = copy_chunk_bytes
+        opts.copy_threads = copy_threads
+        # Keep the bytes alive for the call; NULL means "read STOWAGE_METRICS_ADDR".
+        self._metrics = metrics_address.encode() if metrics_address is not None else None
+        opts.metrics_address = self._metrics
+        _check("stowage_create", self._lib.stowage_create(
+            text, len(text), ctypes.byref(opts), ctypes.byref(self._handle)))
+
+    # -- lifetime ---------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return not self._handle
+
+    def _h(self) -> ctypes.c_void_p:
+        if not self._handle:
+            raise StowageError("stowage", 3, "the runtime is closed")
+        return self._handle
+
+    def close(self) -> None:
+        """Destroys the runtime (ends an open step first). Idempotent."""
+        if not self._handle:
+            return
+        code = self._lib.stowage_destroy(self._handle)
+        if code == 3:  # FAILED_PRECONDITION: inside a step; end it, then destroy.
+            self._lib.stowage_end_step(self._handle)
+            code = self._lib.stowage_destroy(self._handle)
+        self._handle = ctypes.c_void_p()
+        _check("stowage_destroy", code)
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 — destructors log and continue; nothing to log to here
+            pass
+
+    # -- steps ------------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        _check("stowage_begin_step", self._lib.stowage_begin_step(self._h()))
+
+    def end_step(self) -> None:
+        """Releases everything the step held, always (see stowage_end_step)."""
+        _check("stowage_end_step", self._lib.stowage_end_step(self._h()))
+
+    # -- tensors ----------------------------------------------------------------------------
+    def save(self, layer: int, src: int, nbytes: int, stream: Optional[int] = None) -> int:
+        """Starts the copy of `nbytes` at `src` to the layer's host region; returns its id."""
+        out = ctypes.c_uint64()
+        _check("stowage_save", self._lib.stowage_save(
+            self._h(), layer, _ptr(src), nbytes, _ptr(stream), ctypes.byref(out)))
+        return out.value
+
+    def save_query(self, tensor_id: int) -> bool:
+        done = ctypes.c_int32()
+        _check("stowage_save_query",
+               self._lib.stowage_save_query(self._h(), tensor_id, ctypes.byref(done)))
+        return bool(done.value)
+
+    def save_wait(self, tensor_id: int) -> None:
+        _check("stowage_save_wait", self._lib.stowage_save_wait(self._h(), tensor_id))
+
+    def save_wait_stream(self, tensor_id: int, stream: Optional[int] = None) -> None:
+        _check("stowage_save_wait_stream",
+               self._lib.stowage_save_wait_stream(self._h(), tensor_id, _ptr(stream)))
+
+    def prefetch(self, tensor_id: int, dst: int, stream: Optional[int] = None) -> None:
+        _check("stowage_prefetch",
+               self._lib.stowage_prefetch(self._h(), tensor_id, _ptr(dst), _ptr(stream)))
+
+    def restore(self, tensor_id: int, dst: int, stream: Optional[int] = None) -> None:
+        _check("stowage_restore",
+               self._lib.stowage_restore(self._h(), tensor_id, _ptr(dst), _ptr(stream)))
+
+    # -- observability ----------------------------------------------------------------------
+    def stats(self) -> Stats:
+        s = _lib.Stats()
+        _check("stowage_get_stats", self._lib.stowage_get_stats(self._h(), ctypes.byref(s)))
+        values = {name: getattr(s, name) for name, _ in _lib.Stats._fields_}
+        values["backend"] = _lib.BACKEND_NAMES.get(values["backend"], str(values["backend"]))
+        return Stats(**values)
+
+    def report_device_peak(self, nbytes: int) -> None:
+        _check("stowage_report_device_peak",
+               self._lib.stowage_report_device_peak(self._h(), int(nbytes)))

@@ -1,0 +1,107 @@
+"""Small models and helpers shared by the PyTorch integration tests.
+
+Two layer types: the MLP block of shared/reference/torch_anchor.py and a pre-norm transformer
+block with causal attention; both carry dropout so recompute has RNG state to get right.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import sys
+from typing import Callable, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Run from the source tree: the package is runtime/python/stowage.
+sys.path.insert(0, os.path.join(HERE, "..", "..", "runtime", "python"))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import stowage  # noqa: E402
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, hidden: int, dropout: float = 0.1):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln(x)))))
+
+
+class AttentionBlock(nn.Module):
+    def __init__(self, hidden: int, heads: int = 4, dropout: float = 0.1):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(),
+                                 nn.Linear(4 * hidden, hidden))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(s, 3, self.heads, h // self.heads).permute(1, 2, 0, 3)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(h // self.heads)
+        mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
+        att = self.drop(att.masked_fill(mask, float("-inf")).softmax(-1))
+        y = (att @ v).transpose(0, 1).reshape(s, h)
+        x = x + self.drop(self.proj(y))
+        return x + self.mlp(self.ln2(x))
+
+
+def make_layers(kind: str, n: int, hidden: int, device: str = "cpu",
+                dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.ModuleList:
+    torch.manual_seed(seed)
+    block = {"mlp": MLPBlock, "attention": AttentionBlock}[kind]
+    return nn.ModuleList([block(hidden) for _ in range(n)]).to(device=device, dtype=dtype)
+
+
+def loss_fn(y: torch.Tensor) -> torch.Tensor:
+    return y.float().square().mean()
+
+
+def train(layers: nn.ModuleList, x0: torch.Tensor, steps: int,
+          planned: Optional["stowage.PlannedLayers"] = None, seed: int = 1,
+          after_step: Optional[Callable[[int], None]] = None, record: bool = True) -> list:
+    """Runs `steps` SGD steps and returns, per step, (loss, parameter grads, input grad).
+
+    With `planned`, the forward goes through it inside its step(); otherwise the plain layers.
+    The RNG is seeded identically so dropout masks are the same in both runs.
+    """
+    opt = torch.optim.SGD(layers.parameters(), lr=0.1)
+    torch.manual_seed(seed)
+    out = []
+    for k in range(steps):
+        opt.zero_grad(set_to_none=True)
+        x = x0.detach().clone().requires_grad_(True)
+        if planned is None:
+            y = x
+            for layer in layers:
+                y = layer(y)
+            loss = loss_fn(y)
+            loss.backward()
+        else:
+            with planned.step():
+                loss = loss_fn(planned(x))
+                loss.backward()
+        if record:
+            out.append((loss.detach().clone(),
+                        [p.grad.detach().clone() for p in layers.parameters()],
+                        x.grad.detach().clone()))
+        opt.step()
+        if after_step is not None:
+            after_step(k)
+    return out
+
+
+def clone_layers(layers: nn.ModuleList) -> nn.ModuleList:
+    return copy.deepcopy(layers)
