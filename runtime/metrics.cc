@@ -1,9 +1,16 @@
 // Prometheus endpoint of the runtime. See Note [Metrics read at scrape time] in metrics.h.
 #include "runtime/metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <iterator>
@@ -360,6 +367,47 @@ std::string ResolveMetricsAddress(const char* option) {
     return absl::StrCat("127.0.0.1:", address);
   }
   return address;
+}
+
+absl::StatusOr<std::string> PickFreePort(const std::string& address) {
+  absl::StatusOr<std::pair<std::string, int>> parsed = ParseAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  const auto& [host, port] = *parsed;
+  if (port != 0) return absl::StrCat(host, ":", port);
+  const bool v6 = host.front() == '[';
+  const std::string literal = v6 ? host.substr(1, host.size() - 2) : host;
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  if (v6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&storage);
+    a->sin6_family = AF_INET6;
+    length = sizeof(*a);
+    if (inet_pton(AF_INET6, literal.c_str(), &a->sin6_addr) != 1) length = 0;
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&storage);
+    a->sin_family = AF_INET;
+    length = sizeof(*a);
+    if (inet_pton(AF_INET, literal.c_str(), &a->sin_addr) != 1) length = 0;
+  }
+  if (length == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address, "': not a valid IP address"));
+  }
+  const int fd = socket(storage.ss_family, SOCK_STREAM, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
+  int free_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&storage), length) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &length) == 0) {
+    free_port = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port
+                         : reinterpret_cast<sockaddr_in*>(&storage)->sin_port);
+  }
+  const int saved_errno = errno;
+  close(fd);
+  if (free_port == 0) {
+    return absl::UnavailableError(absl::StrCat("metrics address '", address,
+                                               "': no free port: ", std::strerror(saved_errno)));
+  }
+  return absl::StrCat(host, ":", free_port);
 }
 
 }  // namespace stowage::runtime

@@ -43,6 +43,11 @@ class MetricsExporter {
 // (unset or empty: none). A bare port ("9464") means 127.0.0.1:9464.
 std::string ResolveMetricsAddress(const char* option);
 
+// `address` ("host:0") with port 0 replaced by a port that is free on that host right now, for
+// callers that must know the endpoint before the runtime binds it (the C ABI does not report the
+// bound address). Another process may take the port in between; Start() then fails UNAVAILABLE.
+absl::StatusOr<std::string> PickFreePort(const std::string& address);
+
 }  // namespace stowage::runtime
 
 #endif  // STOWAGE_RUNTIME_METRICS_H_

@@ -20,6 +20,8 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/runtime.h"
+#include "stowage/plan.h"
 #include "stowage/stowage.h"
 
 namespace stowage::runtime {
@@ -254,6 +256,204 @@ TEST(MetricsExporterTest, StopsServingWhenDestroyed) {
   EXPECT_THAT(Scrape(address), HasSubstr("stowage_steps_total"));
   exporter->reset();
   EXPECT_THAT(Scrape(address), Not(HasSubstr("stowage_steps_total")));
+}
+
+// --- Against real engine activity (host backend) ---
+
+constexpr uint64_t kKib = 1024;
+
+// Three layers: "kda+moe" offloads two transfers (512 KiB + 256 KiB), "dsa+moe" one (128 KiB),
+// the last is kept. Every byte count below follows from these.
+Plan SmallPlan() {
+  Plan plan;
+  plan.gpu_budget_bytes = 80ull << 30;
+  plan.predicted.peak_device_bytes = 70ull << 30;
+  plan.predicted.host_bytes_per_gpu = 896 * kKib;
+  plan.predicted.step_seconds = 0.5;
+  plan.runtime.prefetch_distance = 1;
+  plan.runtime.host_arena_bytes = 896 * kKib;
+  plan.runtime.copy_chunk_bytes = 64 * kKib;
+  const char* types[] = {"kda+moe", "dsa+moe", "kda+moe"};
+  for (int i = 0; i < 3; ++i) {
+    LayerPlan layer;
+    layer.index = i;
+    layer.type = types[i];
+    plan.layers.push_back(layer);
+  }
+  plan.layers[0].policy = LayerPolicy::kOffloadSaved;
+  plan.layers[0].transfers = {{"attn.q", 512 * kKib}, {"moe.act", 256 * kKib}};
+  plan.layers[0].host_bytes = 768 * kKib;
+  plan.layers[0].prefetch_after_layer = 1;
+  plan.layers[1].policy = LayerPolicy::kOffloadInput;
+  plan.layers[1].transfers = {{"input", 128 * kKib}};
+  plan.layers[1].host_bytes = 128 * kKib;
+  plan.layers[1].prefetch_after_layer = 2;
+  return plan;
+}
+
+// One step as a trainer runs it: saves in forward; in backward layer 1 is prefetched then
+// restored, layer 0 restored without a prefetch.
+void RunOneStep(Runtime& rt, std::vector<std::byte>& device, std::vector<std::byte>& back) {
+  ASSERT_TRUE(rt.BeginStep().ok());
+  absl::StatusOr<TensorId> q = rt.Save(0, device.data(), 512 * kKib, nullptr);
+  absl::StatusOr<TensorId> act = rt.Save(0, device.data() + 512 * kKib, 256 * kKib, nullptr);
+  absl::StatusOr<TensorId> input = rt.Save(1, device.data() + 768 * kKib, 128 * kKib, nullptr);
+  ASSERT_TRUE(q.ok() && act.ok() && input.ok()) << q.status() << act.status() << input.status();
+  for (TensorId id : {*q, *act, *input}) ASSERT_TRUE(rt.SaveWait(id).ok());
+  ASSERT_TRUE(rt.Prefetch(*input, back.data() + 768 * kKib, nullptr).ok());
+  ASSERT_TRUE(rt.Restore(*input, back.data() + 768 * kKib, nullptr).ok());
+  ASSERT_TRUE(rt.Restore(*q, back.data(), nullptr).ok());
+  ASSERT_TRUE(rt.Restore(*act, back.data() + 512 * kKib, nullptr).ok());
+  ASSERT_TRUE(rt.EndStep().ok());
+}
+
+TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
+  RuntimeOptions options;
+  options.backend = BackendKind::kHost;
+  options.metrics_address = "127.0.0.1:0";
+  options.skip_admission = true;
+  options.copy_threads = 1;
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(SmallPlan(), options);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  const std::string address = (*rt)->metrics_address();
+  ASSERT_THAT(address, StartsWith("127.0.0.1:"));
+
+  std::vector<std::byte> device(896 * kKib), back(896 * kKib);
+  for (size_t i = 0; i < device.size(); ++i) device[i] = static_cast<std::byte>(i * 13);
+  constexpr int kSteps = 3;
+  for (int step = 0; step < kSteps; ++step) {
+    RunOneStep(**rt, device, back);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(back, device);  // the bytes made the round trip
+  (*rt)->ReportDevicePeak(69ull << 30);
+
+  const std::map<std::string, double> s = ParseSamples(Scrape(address));
+  const RuntimeCounters& c = (*rt)->counters();
+  const std::string dev = R"(device="0")";
+  const std::string node = absl::StrCat(
+      R"(device="0",numa_node=")", c.numa_node >= 0 ? absl::StrCat(c.numa_node) : "unknown", "\"");
+  auto at = [&](const std::string& series) { return Sample(s, series); };
+  constexpr double kStepBytes = 896 * kKib;
+
+  EXPECT_EQ(at("stowage_steps_total{" + dev + "}"), kSteps);
+  EXPECT_EQ(at("stowage_step_duration_seconds_count{" + dev + "}"), kSteps);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="0",le="+Inf"})"), kSteps);
+  EXPECT_EQ(at(R"(stowage_copy_bytes_total{device="0",direction="d2h"})"), kSteps * kStepBytes);
+  EXPECT_EQ(at(R"(stowage_copy_bytes_total{device="0",direction="h2d"})"), kSteps * kStepBytes);
+  EXPECT_GE(at(R"(stowage_copy_operations_total{device="0",direction="d2h"})").value_or(0),
+            kSteps * 3);
+  EXPECT_GT(at(R"(stowage_copy_seconds_total{device="0",direction="d2h"})").value_or(0), 0);
+  EXPECT_GT(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{device="0",direction="h2d"})")
+                .value_or(0),
+            0);
+  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{device="0",layer_type="kda+moe"})"),
+            kSteps * 768.0 * kKib);
+  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{device="0",layer_type="dsa+moe"})"),
+            kSteps * 128.0 * kKib);
+  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{device="0",layer_type="kda+moe"})"),
+            kSteps * 768.0 * kKib);
+  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{device="0",layer_type="dsa+moe"})"),
+            kSteps * 128.0 * kKib);
+  EXPECT_EQ(at("stowage_offload_saves_total{" + dev + "}"), kSteps * 3);
+  EXPECT_EQ(at("stowage_offload_restores_total{" + dev + "}"), kSteps * 3);
+  // Between steps nothing is held: the step released it all.
+  EXPECT_EQ(at("stowage_host_pinned_used_bytes{" + node + "}"), 0);
+  EXPECT_EQ(at("stowage_device_offload_pending_bytes{" + dev + "}"), 0);
+  EXPECT_EQ(at("stowage_device_offloaded_bytes{" + dev + "}"), 0);
+  EXPECT_EQ(at("stowage_copy_in_flight{" + dev + "}"), 0);
+  EXPECT_EQ(at("stowage_host_pinned_peak_bytes{" + node + "}"), kStepBytes);
+  EXPECT_GE(at("stowage_host_pinned_reserved_bytes{" + node + "}").value_or(0), kStepBytes);
+  EXPECT_EQ(at("stowage_plan_host_bytes{" + node + "}"), kStepBytes);
+  EXPECT_EQ(at("stowage_plan_peak_device_bytes{" + dev + "}"), 70.0 * (1ull << 30));
+  EXPECT_EQ(at("stowage_plan_device_budget_bytes{" + dev + "}"), 80.0 * (1ull << 30));
+  EXPECT_EQ(at("stowage_plan_step_seconds{" + dev + "}"), 0.5);
+  EXPECT_EQ(at("stowage_device_observed_peak_bytes{" + dev + "}"), 69.0 * (1ull << 30));
+  EXPECT_EQ(at(absl::StrCat("stowage_runtime_info{backend=\"", c.backend, "\",",
+                            node.substr(0, node.size()), "}")),
+            1);
+  // No call failed (the C++ API does not count errors; the C ABI does, see below).
+  EXPECT_EQ(at(R"(stowage_errors_total{device="0",kind="internal"})"), 0);
+}
+
+TEST(RuntimeMetricsTest, SavedBytesAreOnTheDeviceUntilTheirCopyLands) {
+  RuntimeOptions options;
+  options.backend = BackendKind::kHost;
+  options.metrics_address = "127.0.0.1:0";
+  options.skip_admission = true;
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(SmallPlan(), options);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  std::vector<std::byte> device(896 * kKib);
+  ASSERT_TRUE((*rt)->BeginStep().ok());
+  absl::StatusOr<TensorId> q = (*rt)->Save(0, device.data(), 512 * kKib, nullptr);
+  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_TRUE((*rt)->SaveWait(*q).ok());
+  // Landed and reaped: the bytes now live only on the host, in use in the arena.
+  const std::map<std::string, double> s = ParseSamples(Scrape((*rt)->metrics_address()));
+  EXPECT_EQ(Sample(s, R"(stowage_device_offloaded_bytes{device="0"})"), 512.0 * kKib);
+  EXPECT_EQ(Sample(s, R"(stowage_device_offload_pending_bytes{device="0"})"), 0);
+  EXPECT_EQ(Sample(s, R"(stowage_steps_total{device="0"})"), 0);
+  ASSERT_TRUE((*rt)->Restore(*q, device.data(), nullptr).ok());
+  ASSERT_TRUE((*rt)->EndStep().ok());
+}
+
+TEST(RuntimeMetricsTest, CApiErrorsAreCountedByKind) {
+  absl::StatusOr<std::string> address = PickFreePort("127.0.0.1:0");
+  ASSERT_TRUE(address.ok()) << address.status();
+  const std::string json = PlanToJson(SmallPlan());
+  stowage_options options;
+  stowage_options_init(&options);
+  options.backend = STOWAGE_BACKEND_HOST;
+  options.metrics_address = address->c_str();
+  stowage_runtime* rt = nullptr;
+  ASSERT_EQ(stowage_create(json.data(), json.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  std::vector<std::byte> device(896 * kKib);
+  stowage_tensor_id id = 0;
+  // Outside a step: failed_precondition.
+  EXPECT_EQ(stowage_save(rt, 0, device.data(), 1024, nullptr, &id),
+            STOWAGE_ERROR_FAILED_PRECONDITION);
+  ASSERT_EQ(stowage_begin_step(rt), STOWAGE_OK);
+  // Past the layer's reservation: resource_exhausted.
+  EXPECT_EQ(stowage_save(rt, 1, device.data(), 256 * kKib, nullptr, &id),
+            STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  // Unknown id: not_found.
+  EXPECT_EQ(stowage_restore(rt, 12345, device.data(), nullptr), STOWAGE_ERROR_NOT_FOUND);
+  ASSERT_EQ(stowage_save(rt, 1, device.data(), 128 * kKib, nullptr, &id), STOWAGE_OK);
+  ASSERT_EQ(stowage_restore(rt, id, device.data(), nullptr), STOWAGE_OK);
+  // Restored twice: failed_precondition.
+  EXPECT_EQ(stowage_restore(rt, id, device.data(), nullptr), STOWAGE_ERROR_FAILED_PRECONDITION);
+  ASSERT_EQ(stowage_end_step(rt), STOWAGE_OK);
+
+  const std::map<std::string, double> s = ParseSamples(Scrape(*address));
+  EXPECT_EQ(Sample(s, R"(stowage_errors_total{device="0",kind="failed_precondition"})"), 2);
+  EXPECT_EQ(Sample(s, R"(stowage_errors_total{device="0",kind="resource_exhausted"})"), 1);
+  EXPECT_EQ(Sample(s, R"(stowage_errors_total{device="0",kind="not_found"})"), 1);
+  EXPECT_EQ(Sample(s, R"(stowage_errors_total{device="0",kind="data_loss"})"), 0);
+  stowage_stats stats{};
+  ASSERT_EQ(stowage_get_stats(rt, &stats), STOWAGE_OK);
+  EXPECT_EQ(stats.errors_total, 4u);  // the same counters as the C ABI's stats
+  EXPECT_EQ(Sample(s, R"(stowage_steps_total{device="0"})"), stats.steps_completed);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+}
+
+TEST(RuntimeMetricsTest, NoEndpointUnlessAsked) {
+  unsetenv("STOWAGE_METRICS_ADDR");
+  RuntimeOptions options;
+  options.backend = BackendKind::kHost;
+  options.skip_admission = true;
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(SmallPlan(), options);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  EXPECT_EQ((*rt)->metrics_address(), "");
+}
+
+TEST(PickFreePortTest, ReplacesOnlyPortZero) {
+  absl::StatusOr<std::string> picked = PickFreePort("127.0.0.1:0");
+  ASSERT_TRUE(picked.ok()) << picked.status();
+  EXPECT_THAT(*picked, StartsWith("127.0.0.1:"));
+  EXPECT_NE(*picked, "127.0.0.1:0");
+  EXPECT_EQ(*PickFreePort("127.0.0.1:9464"), "127.0.0.1:9464");
+  EXPECT_FALSE(PickFreePort("nonsense").ok());
 }
 
 }  // namespace
