@@ -1,16 +1,116 @@
-// The C ABI (include/stowage/stowage.h): argument checks, status codes, the per-thread last
-// error. No exception crosses this boundary.
+// The C ABI (include/stowage/stowage.h) over runtime::Runtime: argument checks, status codes,
+// the per-thread last error, error counters. No exception crosses this boundary: every entry
+// point runs its body inside Guard, which turns one into INTERNAL.
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <memory>
 #include <string>
+#include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/runtime.h"
+#include "stowage/plan.h"
 #include "stowage/stowage.h"
 
+struct stowage_runtime {
+  std::unique_ptr<stowage::runtime::Runtime> runtime;
+};
+
+namespace stowage::runtime {
+Runtime* UnwrapForTesting(stowage_runtime* rt) {
+  return rt == nullptr ? nullptr : rt->runtime.get();
+}
+}  // namespace stowage::runtime
+
 namespace {
+
+using stowage::runtime::Runtime;
+
 thread_local std::string last_error;
 
 stowage_status Fail(stowage_status status, std::string message) {
   last_error = std::move(message);
   return status;
 }
+
+stowage_status Record(stowage_runtime* rt, const absl::Status& status, const char* call) {
+  if (status.ok()) return STOWAGE_OK;
+  const int code = stowage::runtime::StatusToStowageCode(status);
+  if (rt != nullptr && rt->runtime != nullptr) {
+    // errors_by_status is the one counter the C ABI owns; const_cast keeps RuntimeCounters'
+    // read-only face for everyone else.
+    auto& counters = const_cast<stowage::runtime::RuntimeCounters&>(rt->runtime->counters());
+    counters.errors_by_status[code].fetch_add(1, std::memory_order_relaxed);
+  }
+  return Fail(static_cast<stowage_status>(code), absl::StrCat(call, ": ", status.message()));
+}
+
+// Runs `body` (returning absl::Status) with exceptions turned into INTERNAL.
+template <typename Body>
+stowage_status Guard(stowage_runtime* rt, const char* call, Body&& body) {
+  try {
+    return Record(rt, body(), call);
+  } catch (const std::exception& e) {
+    return Record(rt, absl::InternalError(absl::StrCat("unexpected exception: ", e.what())), call);
+  } catch (...) {
+    return Record(rt, absl::InternalError("unexpected exception"), call);
+  }
+}
+
+#define STOWAGE_CHECK_RUNTIME(rt, call)                                                \
+  do {                                                                                 \
+    if ((rt) == nullptr || (rt)->runtime == nullptr)                                   \
+      return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, std::string(call) + ": rt is NULL"); \
+  } while (0)
+
+absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::RuntimeOptions* out) {
+  stowage_options options;
+  stowage_options_init(&options);
+  if (in != nullptr) {
+    if (in->struct_size != sizeof(stowage_options)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options->struct_size is ", in->struct_size, "; this library (ABI ", STOWAGE_ABI_VERSION,
+          ") expects ", sizeof(stowage_options), ": initialise options with stowage_options_init"));
+    }
+    std::memcpy(&options, in, sizeof(options));
+  }
+  switch (options.backend) {
+    case STOWAGE_BACKEND_AUTO:
+      out->backend = stowage::runtime::BackendKind::kAuto;
+      break;
+    case STOWAGE_BACKEND_HOST:
+      out->backend = stowage::runtime::BackendKind::kHost;
+      break;
+    case STOWAGE_BACKEND_CUDA:
+      out->backend = stowage::runtime::BackendKind::kCuda;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("options->backend is ",
+                                                     static_cast<int>(options.backend),
+                                                     "; use STOWAGE_BACKEND_AUTO, _HOST or _CUDA"));
+  }
+  if (options.device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("options->device is ", options.device));
+  }
+  if (options.numa_node < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->numa_node is ", options.numa_node, "; -1 means the GPU's node"));
+  }
+  if (options.copy_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->copy_threads is ", options.copy_threads));
+  }
+  out->device = options.device;
+  out->numa_node = options.numa_node;
+  out->verify_checksums = options.verify_checksums != 0;
+  out->copy_chunk_bytes = options.copy_chunk_bytes;
+  out->copy_threads = options.copy_threads;
+  if (options.metrics_address != nullptr) out->metrics_address = options.metrics_address;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 extern "C" {
@@ -19,14 +119,22 @@ const char* stowage_version(void) { return "0.1.0"; }
 
 const char* stowage_status_string(stowage_status status) {
   switch (status) {
-    case STOWAGE_OK: return "OK";
-    case STOWAGE_ERROR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case STOWAGE_ERROR_NOT_FOUND: return "NOT_FOUND";
-    case STOWAGE_ERROR_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case STOWAGE_ERROR_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case STOWAGE_ERROR_UNAVAILABLE: return "UNAVAILABLE";
-    case STOWAGE_ERROR_DATA_LOSS: return "DATA_LOSS";
-    case STOWAGE_ERROR_INTERNAL: return "INTERNAL";
+    case STOWAGE_OK:
+      return "OK";
+    case STOWAGE_ERROR_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case STOWAGE_ERROR_NOT_FOUND:
+      return "NOT_FOUND";
+    case STOWAGE_ERROR_FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case STOWAGE_ERROR_RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case STOWAGE_ERROR_UNAVAILABLE:
+      return "UNAVAILABLE";
+    case STOWAGE_ERROR_DATA_LOSS:
+      return "DATA_LOSS";
+    case STOWAGE_ERROR_INTERNAL:
+      return "INTERNAL";
   }
   return "UNKNOWN";
 }
@@ -42,8 +150,171 @@ stowage_status stowage_options_init(stowage_options* options) {
   return STOWAGE_OK;
 }
 
-stowage_status stowage_create(const char*, size_t, const stowage_options*, stowage_runtime**) {
-  return Fail(STOWAGE_ERROR_UNAVAILABLE, "the runtime is not implemented yet");
+stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
+                              const stowage_options* options, stowage_runtime** out) {
+  if (out == nullptr) return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_create: out is NULL");
+  *out = nullptr;
+  if (plan_json == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_create: plan_json is NULL");
+  }
+  return Guard(nullptr, "stowage_create", [&]() -> absl::Status {
+    stowage::runtime::RuntimeOptions runtime_options;
+    if (absl::Status s = ToRuntimeOptions(options, &runtime_options); !s.ok()) return s;
+    absl::StatusOr<stowage::Plan> plan =
+        stowage::ParsePlanJson(std::string_view(plan_json, plan_json_bytes));
+    if (!plan.ok()) return plan.status();
+    absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Create(*plan, runtime_options);
+    if (!runtime.ok()) return runtime.status();
+    *out = new stowage_runtime{*std::move(runtime)};
+    return absl::OkStatus();
+  });
+}
+
+stowage_status stowage_destroy(stowage_runtime* rt) {
+  if (rt == nullptr) return STOWAGE_OK;  // like free(NULL)
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_destroy");
+  if (rt->runtime->in_step()) {
+    return Record(rt,
+                  absl::FailedPreconditionError(
+                      "a step is open; call stowage_end_step first (nothing was destroyed)"),
+                  "stowage_destroy");
+  }
+  try {
+    delete rt;
+  } catch (...) {
+    return Fail(STOWAGE_ERROR_INTERNAL, "stowage_destroy: unexpected exception in teardown");
+  }
+  return STOWAGE_OK;
+}
+
+stowage_status stowage_begin_step(stowage_runtime* rt) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_begin_step");
+  return Guard(rt, "stowage_begin_step", [&] { return rt->runtime->BeginStep(); });
+}
+
+stowage_status stowage_end_step(stowage_runtime* rt) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_end_step");
+  return Guard(rt, "stowage_end_step", [&] { return rt->runtime->EndStep(); });
+}
+
+stowage_status stowage_save(stowage_runtime* rt, int32_t layer, const void* src, size_t bytes,
+                            void* stream, stowage_tensor_id* out_id) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_save");
+  if (out_id == nullptr)
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_save: out_id is NULL");
+  return Guard(rt, "stowage_save", [&]() -> absl::Status {
+    absl::StatusOr<stowage::runtime::TensorId> id = rt->runtime->Save(layer, src, bytes, stream);
+    if (!id.ok()) return id.status();
+    *out_id = *id;
+    return absl::OkStatus();
+  });
+}
+
+stowage_status stowage_save_query(stowage_runtime* rt, stowage_tensor_id id, int32_t* done) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_save_query");
+  if (done == nullptr)
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_save_query: done is NULL");
+  return Guard(rt, "stowage_save_query", [&]() -> absl::Status {
+    absl::StatusOr<bool> landed = rt->runtime->SaveQuery(id);
+    if (!landed.ok()) return landed.status();
+    *done = *landed ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+stowage_status stowage_save_wait(stowage_runtime* rt, stowage_tensor_id id) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_save_wait");
+  return Guard(rt, "stowage_save_wait", [&] { return rt->runtime->SaveWait(id); });
+}
+
+stowage_status stowage_save_wait_stream(stowage_runtime* rt, stowage_tensor_id id, void* stream) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_save_wait_stream");
+  return Guard(rt, "stowage_save_wait_stream",
+               [&] { return rt->runtime->SaveWaitStream(id, stream); });
+}
+
+stowage_status stowage_prefetch(stowage_runtime* rt, stowage_tensor_id id, void* dst,
+                                void* stream) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_prefetch");
+  return Guard(rt, "stowage_prefetch", [&] { return rt->runtime->Prefetch(id, dst, stream); });
+}
+
+stowage_status stowage_restore(stowage_runtime* rt, stowage_tensor_id id, void* dst, void* stream) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_restore");
+  return Guard(rt, "stowage_restore", [&] { return rt->runtime->Restore(id, dst, stream); });
+}
+
+stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats* out) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_get_stats");
+  if (out == nullptr) return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_get_stats: out is NULL");
+  return Guard(rt, "stowage_get_stats", [&]() -> absl::Status {
+    Runtime& r = *rt->runtime;
+    const uint64_t in_flight = r.copies_in_flight();  // reaps landed copies first
+    const stowage::runtime::RuntimeCounters& c = r.counters();
+    constexpr auto kRelaxed = std::memory_order_relaxed;
+    stowage_stats s{};
+    s.steps_completed = c.steps_total.load(kRelaxed);
+    s.arena_capacity_bytes = c.arena_capacity_bytes.load(kRelaxed);
+    s.arena_used_bytes = c.arena_used_bytes.load(kRelaxed);
+    s.arena_peak_bytes = c.arena_peak_bytes.load(kRelaxed);
+    s.saves_total = c.saves_total.load(kRelaxed);
+    s.restores_total = c.restores_total.load(kRelaxed);
+    s.d2h_bytes_total = c.d2h.bytes.load(kRelaxed);
+    s.h2d_bytes_total = c.h2d.bytes.load(kRelaxed);
+    s.d2h_seconds_total = stowage::runtime::Seconds(c.d2h.busy_nanos);
+    s.h2d_seconds_total = stowage::runtime::Seconds(c.h2d.busy_nanos);
+    s.stall_seconds_total = stowage::runtime::Seconds(c.stall_nanos);
+    s.last_step_seconds = stowage::runtime::Seconds(c.last_step_nanos);
+    s.copies_in_flight = in_flight;
+    uint64_t errors = 0;
+    for (const auto& e : c.errors_by_status) errors += e.load(kRelaxed);
+    s.errors_total = errors;
+    s.numa_node = c.numa_node;
+    s.backend = r.backend_kind() == stowage::runtime::BackendKind::kCuda ? STOWAGE_BACKEND_CUDA
+                                                                         : STOWAGE_BACKEND_HOST;
+    *out = s;
+    return absl::OkStatus();
+  });
+}
+
+stowage_status stowage_report_device_peak(stowage_runtime* rt, uint64_t bytes) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_report_device_peak");
+  rt->runtime->ReportDevicePeak(bytes);
+  return STOWAGE_OK;
+}
+
+stowage_status stowage_num_layers(stowage_runtime* rt, int32_t* out) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_num_layers");
+  if (out == nullptr)
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_num_layers: out is NULL");
+  *out = rt->runtime->num_layers();
+  return STOWAGE_OK;
+}
+
+stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t layer, stowage_layer_info* out) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_get_layer_info");
+  if (out == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_get_layer_info: out is NULL");
+  }
+  if (out->struct_size != sizeof(stowage_layer_info)) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
+                absl::StrCat("stowage_get_layer_info: out->struct_size is ", out->struct_size,
+                             "; expected ", sizeof(stowage_layer_info)));
+  }
+  return Guard(rt, "stowage_get_layer_info", [&]() -> absl::Status {
+    if (layer < 0 || layer >= rt->runtime->num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer,
+                                                     " is out of range; the plan has ",
+                                                     rt->runtime->num_layers(), " layers"));
+    }
+    const stowage::runtime::LayerInfo info = rt->runtime->GetLayerInfo(layer);
+    out->index = info.index;
+    out->offloads = info.offloads ? 1 : 0;
+    out->prefetch_after_layer = info.prefetch_after_layer;
+    out->host_bytes = info.host_bytes;
+    out->host_bytes_used = info.host_bytes_used;
+    return absl::OkStatus();
+  });
 }
 
 }  // extern "C"

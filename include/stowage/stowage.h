@@ -128,14 +128,34 @@ STOWAGE_API stowage_status stowage_save_wait(stowage_runtime* rt, stowage_tensor
 STOWAGE_API stowage_status stowage_save_wait_stream(stowage_runtime* rt, stowage_tensor_id id,
                                                     void* stream);
 
+/* At most once per id, before its restore (FAILED_PRECONDITION otherwise). With
+ * verify_checksums it first waits for the save's D2H and checks the host copy: DATA_LOSS (and no
+ * copy) on mismatch; the id then fails its restore with DATA_LOSS too. */
 STOWAGE_API stowage_status stowage_prefetch(stowage_runtime* rt, stowage_tensor_id id, void* dst,
                                             void* stream);
-/* Consumes the id: a second restore fails with FAILED_PRECONDITION. With verify_checksums,
- * DATA_LOSS if the host copy no longer matches what was saved. */
+/* Consumes the id: a second restore fails with FAILED_PRECONDITION. After a prefetch, `dst` must
+ * be the prefetch's (INVALID_ARGUMENT otherwise). With verify_checksums, DATA_LOSS if the host
+ * copy no longer matches what was saved (nothing is copied); the host backend also checks `dst`
+ * after the copy. Host backend: returns once `dst` holds the bytes. */
 STOWAGE_API stowage_status stowage_restore(stowage_runtime* rt, stowage_tensor_id id, void* dst,
                                            void* stream);
 
 STOWAGE_API stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats* out);
+
+/* What the plan says about one layer, so a trainer can drive the plan's prefetch schedule:
+ * prefetch a layer's tensors when the backward of `prefetch_after_layer` starts. */
+typedef struct stowage_layer_info {
+  uint32_t struct_size; /* sizeof(stowage_layer_info); set by the caller */
+  int32_t index;
+  int32_t offloads;             /* non-zero: the plan reserved host memory for this layer */
+  int32_t prefetch_after_layer; /* -1: nothing to prefetch */
+  uint64_t host_bytes;          /* the plan's reservation */
+  uint64_t host_bytes_used;     /* saved into it in the current step (0 outside a step) */
+} stowage_layer_info;
+STOWAGE_API stowage_status stowage_num_layers(stowage_runtime* rt, int32_t* out);
+/* INVALID_ARGUMENT for a layer outside [0, stowage_num_layers). */
+STOWAGE_API stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t layer,
+                                                  stowage_layer_info* out);
 /* The trainer reports its measured device peak (e.g. torch.cuda.max_memory_allocated) so it is
  * exported next to the plan's prediction. */
 STOWAGE_API stowage_status stowage_report_device_peak(stowage_runtime* rt, uint64_t bytes);

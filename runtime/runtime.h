@@ -1,0 +1,198 @@
+// The runtime: one per GPU (per rank). Carries out a plan every step over the copy engine and
+// the pinned arena: per-layer host regions, tensor ids, the step lifecycle, integrity checks,
+// counters. The C ABI (runtime/c_api.cc) is a thin shell over this class.
+//
+// Note [Step lifecycle]. BeginStep carves one host region per offloading layer out of the arena
+// (sizes from the plan, same layout every step); saves for a layer are placed in its region and
+// fail with RESOURCE_EXHAUSTED past the plan's reservation. A tensor id encodes the step and a
+// slot, so an id from an earlier step is NOT_FOUND rather than a pointer into memory that now
+// holds another tensor. EndStep always releases: it drains the copy engine, resets the arena and
+// forgets every id -- whatever went wrong in the step (an exception in the trainer, a failed
+// call), nothing is retained. Copies the caller never synchronised with (a save whose D2H had not
+// landed and was never restored, a prefetch never restored whose H2D had not landed) make EndStep
+// return FAILED_PRECONDITION after releasing. A save the caller waited for (SaveWait,
+// SaveWaitStream, or a SaveQuery that saw it done) and restored tensors whose H2D is still running
+// on the device are normal (the caller's streams wait for them) and are only drained.
+//
+// Note [Integrity mode]. With verify_checksums, each saved buffer is summed (Checksum64) on the
+// backend thread the moment its D2H lands, and re-summed before its H2D is issued (prefetch or
+// restore); the host backend also sums the destination after the H2D. A mismatch is DATA_LOSS and
+// the corrupt bytes are never copied to the device.
+//
+// Thread-safety: Save, SaveQuery/Wait/WaitStream, Prefetch, Restore, GetStats and
+// ReportDevicePeak may be called from several threads at once. BeginStep, EndStep and destruction
+// must not race with other calls (EndStep still waits for calls already inside the runtime).
+// Lock order: Runtime::mu_ -> PinnedArena's lock; CopyEngine's lock is never taken under mu_,
+// and no backend (CUDA) call is made while mu_ is held.
+#ifndef STOWAGE_RUNTIME_RUNTIME_H_
+#define STOWAGE_RUNTIME_RUNTIME_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "offload/copy_engine.h"
+#include "offload/pinned_arena.h"
+#include "runtime/metrics.h"
+#include "runtime/runtime_counters.h"
+#include "stowage/plan.h"
+#include "stowage/stowage.h"
+
+namespace stowage::runtime {
+
+enum class BackendKind { kAuto, kHost, kCuda };
+
+struct RuntimeOptions {
+  BackendKind backend = BackendKind::kAuto;
+  int device = 0;
+  int numa_node = -1;  // -1: the GPU's (host backend: the calling thread's) node from topology
+  bool verify_checksums = false;
+  uint64_t copy_chunk_bytes = 0;  // 0: the plan's
+  int copy_threads = 0;           // host-backend workers per stream and arena touch threads
+  // Prometheus endpoint (see ResolveMetricsAddress): nullopt reads STOWAGE_METRICS_ADDR.
+  std::optional<std::string> metrics_address;
+  // Skip the host-memory admission check (tests on small machines).
+  bool skip_admission = false;
+};
+
+using TensorId = uint64_t;
+
+struct LayerInfo {
+  int index = 0;
+  bool offloads = false;
+  uint64_t host_bytes = 0;        // the plan's reservation
+  uint64_t host_bytes_used = 0;   // saved into it this step
+  int prefetch_after_layer = -1;  // from the plan
+};
+
+class Runtime : private offload::CopyObserver {
+ public:
+  // Parses nothing: `plan` is already validated (ParsePlanJson does that). Errors:
+  // UNAVAILABLE (CUDA asked for but not built or no device), RESOURCE_EXHAUSTED (host memory
+  // admission), INVALID_ARGUMENT (options), INTERNAL (OS/CUDA), and the metrics exporter's.
+  static absl::StatusOr<std::unique_ptr<Runtime>> Create(const Plan& plan,
+                                                         const RuntimeOptions& options);
+  // Ends an open step (draining its copies) before tearing down.
+  ~Runtime() override;
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // FAILED_PRECONDITION when a step is already open.
+  absl::Status BeginStep();
+  // Note [Step lifecycle]. FAILED_PRECONDITION when no step is open, or (after releasing) when
+  // copies were still in flight.
+  absl::Status EndStep();
+  bool in_step() const;
+
+  // D2H of `bytes` at device `src` into `layer`'s region, after the work on `stream` so far.
+  // INVALID_ARGUMENT (layer out of range, null src), FAILED_PRECONDITION (no step open),
+  // RESOURCE_EXHAUSTED (past the plan's reservation for the layer).
+  absl::StatusOr<TensorId> Save(int layer, const void* src, size_t bytes, void* stream);
+  // NOT_FOUND for unknown or stale ids.
+  absl::StatusOr<bool> SaveQuery(TensorId id);
+  absl::Status SaveWait(TensorId id);
+  absl::Status SaveWaitStream(TensorId id, void* stream);
+  // Issues the H2D into `dst` after the work on `stream` so far; returns at once.
+  // FAILED_PRECONDITION if already prefetched or restored; DATA_LOSS in integrity mode.
+  absl::Status Prefetch(TensorId id, void* dst, void* stream);
+  // `stream` waits until `dst` holds the bytes (host backend: returns when it does). Consumes
+  // the id: FAILED_PRECONDITION the second time. INVALID_ARGUMENT if prefetched into another dst.
+  absl::Status Restore(TensorId id, void* dst, void* stream);
+
+  void ReportDevicePeak(uint64_t bytes);
+  LayerInfo GetLayerInfo(int layer) const;  // layer must be in [0, num_layers())
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  int prefetch_distance() const { return prefetch_distance_; }
+
+  const RuntimeCounters& counters() const { return *counters_; }
+  std::shared_ptr<const RuntimeCounters> shared_counters() const { return counters_; }
+  BackendKind backend_kind() const { return backend_kind_; }
+  const offload::PinnedArena* arena() const { return arena_.get(); }
+  offload::DeviceBackend& backend() { return engine_->backend(); }
+  offload::CopyEngine& engine() { return *engine_; }
+  uint64_t copies_in_flight();          // reaps first
+  std::string metrics_address() const;  // bound address; empty without an endpoint
+
+  // Test-only: flips one byte of the host copy of `id` (after its D2H landed), to prove that
+  // integrity mode catches host-side corruption.
+  absl::Status CorruptHostCopyForTesting(TensorId id, size_t offset);
+
+ private:
+  enum class State {
+    kIssuing,
+    kSaved,
+    kPrefetching,
+    kPrefetched,
+    kRestoring,
+    kRestored,
+    kCorrupt,
+    kFailed
+  };
+  struct Entry {
+    int layer = 0;
+    std::byte* host = nullptr;
+    uint64_t bytes = 0;
+    State state = State::kIssuing;
+    std::shared_ptr<offload::CopyFence> d2h;
+    std::shared_ptr<offload::CopyFence> h2d;
+    void* prefetch_dst = nullptr;
+    std::atomic<uint64_t> checksum{0};  // written on a backend thread when the D2H lands
+    std::atomic<bool> synced{false};    // the caller waited for (or saw) the D2H
+  };
+  struct Region {
+    uint64_t reserved = 0;      // plan bytes + per-transfer alignment slack
+    uint64_t plan_bytes = 0;    // the plan's host_bytes
+    std::byte* base = nullptr;  // this step's region
+    uint64_t used = 0;          // bytes consumed (with alignment)
+    uint64_t saved = 0;         // bytes saved
+  };
+  // Holds active_calls_ for the scope of one call (EndStep waits for zero).
+  class CallScope;
+
+  Runtime() = default;
+  void OnCopyIssued(offload::CopyDirection direction, uint64_t bytes) override;
+  void OnCopyLanded(offload::CopyDirection direction, uint64_t bytes, double busy_seconds) override;
+  // Finds `id` in the open step; NOT_FOUND otherwise.
+  absl::StatusOr<Entry*> Lookup(TensorId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Integrity mode: waits for the D2H, compares the host copy's checksum.
+  absl::Status VerifyHostCopy(TensorId id, Entry& entry);
+  void EndCall();
+
+  std::shared_ptr<RuntimeCounters> counters_;
+  std::unique_ptr<offload::PinnedArena> arena_;
+  std::unique_ptr<offload::CopyEngine> engine_;
+  std::unique_ptr<MetricsExporter> exporter_;
+  BackendKind backend_kind_ = BackendKind::kHost;
+  bool verify_ = false;
+  int prefetch_distance_ = 1;
+  std::vector<LayerPlan> layers_;
+  std::vector<LayerTypeCounters*> layer_type_of_;  // by layer index
+
+  mutable absl::Mutex mu_;
+  bool in_step_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t step_seq_ ABSL_GUARDED_BY(mu_) = 0;  // ids carry it; 0 is never a valid step
+  int active_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  uint64_t step_saved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point step_start_ ABSL_GUARDED_BY(mu_);
+};
+
+// The Runtime behind a C handle (defined in c_api.cc), for tests that reach past the C ABI (e.g.
+// CorruptHostCopyForTesting). Null for a null handle.
+Runtime* UnwrapForTesting(stowage_runtime* rt);
+
+// absl::Status -> the C ABI's code (shared with the C++ API's tests).
+int StatusToStowageCode(const absl::Status& status);
+
+}  // namespace stowage::runtime
+
+#endif  // STOWAGE_RUNTIME_RUNTIME_H_
