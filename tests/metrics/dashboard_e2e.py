@@ -299,7 +299,7 @@ def main():
     try:
         demo = subprocess.Popen(
             [args.stowage, "demo-runtime", "--metrics-address=127.0.0.1:0", "--steps=0",
-             "--step-interval=0.1"],
+             "--step-interval=0.1", "--tokens=64"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=die_with_parent)
         endpoint = read_demo_endpoint(demo, time.monotonic() + DEMO_STARTUP_S)
