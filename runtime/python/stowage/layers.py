@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -165,6 +166,9 @@ class _StepState:
         self.prefetched: dict[int, _Stowed] = {}
         self.host_used: dict[int, int] = collections.defaultdict(int)
         self.device: Optional[torch.device] = None
+        # An error raised inside a saved-tensor hook reaches the caller as a plain RuntimeError
+        # (torch converts it on its way through C++); forward re-raises the original from here.
+        self.hook_error: Optional[BaseException] = None
 
     # -- forward ----------------------------------------------------------------------------
     def save(self, layer: int, t: torch.Tensor) -> _Stowed:
@@ -223,16 +227,31 @@ class _StepState:
                     h.prefetch()
 
     # -- end --------------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, failing: bool = False) -> None:
+        """Retires every save, lands every prefetch, ends the runtime's step, and drops every
+        tensor the step held. With `failing` (the step body raised), errors here are reported
+        as warnings so they do not hide the body's exception."""
         self.active = False
         try:
             if self.rt is not None:
                 self.retire(None)
+                # A prefetch the graph never asked for: restore it into its own buffer so its
+                # copy has landed before the buffer goes back to the allocator.
+                for h in list(self.prefetched.values()):
+                    self.rt.restore(h.id, h.tensor.data_ptr(), _stream_of(h.device))
+        except Exception as e:  # noqa: BLE001
+            if not failing:
+                raise
+            warnings.warn(f"stowage: while ending a failed step: {e}", RuntimeWarning)
         finally:
             self.pending.clear()
             try:
                 if self.rt is not None:
-                    self.rt.end_step()  # drains any prefetch still writing into self.prefetched
+                    self.rt.end_step()  # drains anything still in flight
+            except StowageError as e:
+                if not failing:
+                    raise
+                warnings.warn(f"stowage: while ending a failed step: {e}", RuntimeWarning)
             finally:
                 self.prefetched.clear()
                 for refs in self.handles.values():
@@ -302,9 +321,12 @@ class PlannedLayers(nn.Module):
         self._state = state
         try:
             yield self
-        finally:
+        except BaseException:
             self._state = None
-            state.close()
+            state.close(failing=True)
+            raise
+        self._state = None
+        state.close()
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -323,7 +345,12 @@ class PlannedLayers(nn.Module):
         for i, (layer, lp) in enumerate(zip(self.layers, self.plan.layers)):
             if state is not None:
                 state.retire(i)
-            x = self._run_layer(i, layer, lp.policy, x, args, kwargs, state)
+            try:
+                x = self._run_layer(i, layer, lp.policy, x, args, kwargs, state)
+            except RuntimeError:
+                if state is not None and state.hook_error is not None:
+                    raise state.hook_error from None
+                raise
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"layer {i} ({type(layer).__name__}) returned "
                                 f"{type(x).__name__}; PlannedLayers passes one tensor from layer "
@@ -387,7 +414,11 @@ def _saved_hooks(state: _StepState, layer_index: int, layer: nn.Module,
         key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
         h = seen.get(key)
         if h is None:
-            h = state.save(layer_index, t)
+            try:
+                h = state.save(layer_index, t)
+            except Exception as e:
+                state.hook_error = e
+                raise
             seen[key] = h
         return h
 
