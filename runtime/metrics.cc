@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -314,6 +316,77 @@ absl::StatusOr<std::pair<std::string, int>> ParseAddress(const std::string& addr
   return std::make_pair(host, port);
 }
 
+// A host literal as ParseAddress returns it ("127.0.0.1", "[::1]") and a port, as a sockaddr.
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  sockaddr* get() { return reinterpret_cast<sockaddr*>(&storage); }
+  int port() const {
+    return ntohs(storage.ss_family == AF_INET6
+                     ? reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port
+                     : reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+  }
+};
+
+absl::StatusOr<SocketAddress> ToSocketAddress(const std::string& host, int port) {
+  SocketAddress a;
+  const bool v6 = !host.empty() && host.front() == '[';
+  const std::string literal = v6 ? host.substr(1, host.size() - 2) : host;
+  int parsed = 0;
+  if (v6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<uint16_t>(port));
+    a.length = sizeof(*in6);
+    parsed = inet_pton(AF_INET6, literal.c_str(), &in6->sin6_addr);
+  } else {
+    auto* in4 = reinterpret_cast<sockaddr_in*>(&a.storage);
+    in4->sin_family = AF_INET;
+    in4->sin_port = htons(static_cast<uint16_t>(port));
+    a.length = sizeof(*in4);
+    parsed = inet_pton(AF_INET, literal.c_str(), &in4->sin_addr);
+  }
+  if (parsed != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", host, ":", port, "': not a valid IP address"));
+  }
+  return a;
+}
+
+// Note [Prompt shutdown]. civetweb's listener thread waits for connections in poll() with a
+// 2 s timeout and checks its stop flag only between polls, so stopping the server takes up to
+// 2 s -- paid by every stowage_destroy with an endpoint. While the server stops, this thread
+// connects to it every few milliseconds: each connection ends the poll early, and the listener
+// sees the flag at once.
+class ShutdownWaker {
+ public:
+  explicit ShutdownWaker(const std::string& address) {
+    const size_t colon = address.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return;
+    absl::StatusOr<SocketAddress> target = ToSocketAddress(address.substr(0, colon), port);
+    if (!target.ok()) return;
+    // 0.0.0.0 / [::] are not connectable everywhere: wake through loopback instead.
+    std::string host = address.substr(0, colon);
+    if (host == "0.0.0.0") target = ToSocketAddress("127.0.0.1", port);
+    if (host == "[::]") target = ToSocketAddress("[::1]", port);
+    if (!target.ok()) return;
+    thread_ = std::jthread([a = *target](std::stop_token stop) mutable {
+      while (!stop.stop_requested()) {
+        const int fd = socket(a.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return;
+        connect(fd, a.get(), a.length);  // refused once the listener is gone: fine
+        close(fd);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  }
+  // Destroying the waker (after the server stopped) stops and joins its thread.
+
+ private:
+  std::jthread thread_;
+};
+
 class CivetMetricsExporter final : public MetricsExporter {
  public:
   CivetMetricsExporter(std::string host, std::unique_ptr<prometheus::Exposer> exposer,
@@ -321,7 +394,11 @@ class CivetMetricsExporter final : public MetricsExporter {
       : host_(std::move(host)), exposer_(std::move(exposer)), collector_(std::move(collector)) {
     exposer_->RegisterCollectable(collector_);
   }
-  ~CivetMetricsExporter() override { exposer_->RemoveCollectable(collector_); }
+  ~CivetMetricsExporter() override {
+    exposer_->RemoveCollectable(collector_);
+    ShutdownWaker waker(bound_address());  // Note [Prompt shutdown]
+    exposer_.reset();
+  }
 
   std::string bound_address() const override {
     const std::vector<int> ports = exposer_->GetListeningPorts();
@@ -374,32 +451,14 @@ absl::StatusOr<std::string> PickFreePort(const std::string& address) {
   if (!parsed.ok()) return parsed.status();
   const auto& [host, port] = *parsed;
   if (port != 0) return absl::StrCat(host, ":", port);
-  const bool v6 = host.front() == '[';
-  const std::string literal = v6 ? host.substr(1, host.size() - 2) : host;
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-  if (v6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&storage);
-    a->sin6_family = AF_INET6;
-    length = sizeof(*a);
-    if (inet_pton(AF_INET6, literal.c_str(), &a->sin6_addr) != 1) length = 0;
-  } else {
-    auto* a = reinterpret_cast<sockaddr_in*>(&storage);
-    a->sin_family = AF_INET;
-    length = sizeof(*a);
-    if (inet_pton(AF_INET, literal.c_str(), &a->sin_addr) != 1) length = 0;
-  }
-  if (length == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address '", address, "': not a valid IP address"));
-  }
-  const int fd = socket(storage.ss_family, SOCK_STREAM, 0);
+  absl::StatusOr<SocketAddress> socket_address = ToSocketAddress(host, 0);
+  if (!socket_address.ok()) return socket_address.status();
+  SocketAddress& a = *socket_address;
+  const int fd = socket(a.storage.ss_family, SOCK_STREAM, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
   int free_port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&storage), length) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &length) == 0) {
-    free_port = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port
-                         : reinterpret_cast<sockaddr_in*>(&storage)->sin_port);
+  if (bind(fd, a.get(), a.length) == 0 && getsockname(fd, a.get(), &a.length) == 0) {
+    free_port = a.port();
   }
   const int saved_errno = errno;
   close(fd);
