@@ -27,9 +27,9 @@ class MetricsExporter {
  public:
   // Serves GET /metrics on `address` ("host:port"; port 0 picks a free port). Binds exactly the
   // host given: "127.0.0.1:9464" listens on loopback only; all interfaces only if asked
-  // ("0.0.0.0:9464"). The host must be a literal IPv4 address, a bracketed IPv6 literal (where
-  // the civetweb build has IPv6; Debian's does not), or "localhost" (127.0.0.1); a bare port means
-  // 127.0.0.1. INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot be bound;
+  // ("0.0.0.0:9464"). The host must be a literal IPv4 address, a bracketed IPv6 literal (only if
+  // civetweb was built with IPv6; otherwise UNAVAILABLE), or "localhost" (127.0.0.1); a bare port
+  // means 127.0.0.1. INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot be bound;
   // errors name the address. Thread-safe: scrapes are served on the exporter's own threads;
   // destroying it stops serving before it returns.
   static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(
