@@ -181,6 +181,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& plan,
     arena_options.register_with_cuda = kind == BackendKind::kCuda;
     arena_options.cuda_device = options.device;
     arena_options.skip_admission = options.skip_admission;
+    arena_options.progress = options.arena_progress;
     absl::StatusOr<std::unique_ptr<offload::PinnedArena>> arena =
         offload::PinnedArena::Create(arena_options);
     if (!arena.ok()) return arena.status();

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,9 @@ struct RuntimeOptions {
   std::optional<std::string> metrics_address;
   // Skip the host-memory admission check (tests on small machines).
   bool skip_admission = false;
+  // Arena setup progress (bytes touched so far, total), for long setups; called on the thread
+  // that calls Create.
+  std::function<void(uint64_t, uint64_t)> arena_progress;
 };
 
 using TensorId = uint64_t;
