@@ -1,8 +1,13 @@
 #include "offload/host_memory.h"
 
+#include <numa.h>
+#include <numaif.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <vector>
@@ -286,11 +291,18 @@ absl::Status AdmitHostMemory(const AdmissionRequest& request, const HostRoots& r
 
 absl::StatusOr<uint64_t> ResidentBytesOfMapping(const void* begin, uint64_t bytes,
                                                 const HostRoots& roots) {
+  absl::StatusOr<MappingResidency> residency = ReadMappingResidency(begin, bytes, roots);
+  if (!residency.ok()) return residency.status();
+  return residency->resident_bytes;
+}
+
+absl::StatusOr<MappingResidency> ReadMappingResidency(const void* begin, uint64_t bytes,
+                                                      const HostRoots& roots) {
   absl::StatusOr<std::string> smaps = ReadSmallFile(roots.proc + "/self/smaps");
   if (!smaps.ok()) return smaps.status();
   const uint64_t lo = reinterpret_cast<uintptr_t>(begin);
   const uint64_t hi = lo + bytes;
-  uint64_t resident = 0;
+  MappingResidency residency;
   bool inside = false;
   bool any = false;
   for (absl::string_view line : absl::StrSplit(*smaps, '\n')) {
@@ -306,17 +318,53 @@ absl::StatusOr<uint64_t> ResidentBytesOfMapping(const void* begin, uint64_t byte
       any = any || inside;
       continue;
     }
-    if (inside && absl::ConsumePrefix(&line, "Rss:")) {
+    if (!inside) continue;
+    uint64_t* field = nullptr;
+    if (absl::ConsumePrefix(&line, "Rss:")) {
+      field = &residency.resident_bytes;
+    } else if (absl::ConsumePrefix(&line, "AnonHugePages:")) {
+      field = &residency.huge_page_bytes;
+    }
+    if (field != nullptr) {
       std::vector<absl::string_view> words = absl::StrSplit(line, ' ', absl::SkipEmpty());
       uint64_t kib = 0;
-      if (!words.empty() && absl::SimpleAtoi(words[0], &kib)) resident += kib * 1024;
+      if (!words.empty() && absl::SimpleAtoi(words[0], &kib)) *field += kib * 1024;
     }
   }
   if (!any) {
     return absl::NotFoundError(absl::StrFormat("no mapping overlaps [%p, +%d) in %s/self/smaps",
                                                begin, bytes, roots.proc));
   }
-  return resident;
+  return residency;
+}
+
+absl::StatusOr<std::map<int, uint64_t>> BytesByNode(const void* begin, uint64_t bytes,
+                                                    uint64_t stride) {
+  if (numa_available() < 0) {
+    return absl::UnavailableError("page placement: the kernel has no NUMA support");
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  stride = std::max(page, stride / page * page);
+  const uintptr_t first = reinterpret_cast<uintptr_t>(begin) / page * page;
+  std::vector<void*> pages;
+  for (uint64_t offset = 0; first + offset < reinterpret_cast<uintptr_t>(begin) + bytes;
+       offset += stride) {
+    pages.push_back(reinterpret_cast<void*>(first + offset));
+  }
+  std::vector<int> status(pages.size(), -1);
+  std::map<int, uint64_t> by_node;
+  // Queried in batches: move_pages with nodes == nullptr only reports.
+  constexpr size_t kBatch = 4096;
+  for (size_t at = 0; at < pages.size(); at += kBatch) {
+    const size_t n = std::min(kBatch, pages.size() - at);
+    if (numa_move_pages(0, n, pages.data() + at, nullptr, status.data() + at, 0) != 0) {
+      const int error = errno;
+      return absl::InternalError(absl::StrCat(
+          "move_pages query of ", n, " pages: ", std::strerror(error), " (errno ", error, ")"));
+    }
+  }
+  for (int node : status) by_node[node < 0 ? -1 : node] += stride;
+  return by_node;
 }
 
 }  // namespace stowage::offload

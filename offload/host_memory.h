@@ -22,6 +22,7 @@
 #define STOWAGE_OFFLOAD_HOST_MEMORY_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -92,6 +93,20 @@ std::string DescribeHostMemory(const HostMemorySnapshot& snapshot);
 // <proc>/self/smaps that overlap it (whole mappings: pass a mapping's exact bounds).
 absl::StatusOr<uint64_t> ResidentBytesOfMapping(const void* begin, uint64_t bytes,
                                                 const HostRoots& roots = {});
+
+struct MappingResidency {
+  uint64_t resident_bytes = 0;
+  uint64_t huge_page_bytes = 0;  // AnonHugePages: resident in transparent huge pages
+};
+// As ResidentBytesOfMapping, with the share in transparent huge pages.
+absl::StatusOr<MappingResidency> ReadMappingResidency(const void* begin, uint64_t bytes,
+                                                      const HostRoots& roots = {});
+
+// The NUMA node of every `stride`-th page of [begin, begin + bytes) (move_pages query, nothing
+// moves): node -> bytes (each sampled page stands for `stride` bytes). Pages not yet faulted
+// in are counted under node -1. UNAVAILABLE when the kernel has no NUMA support.
+absl::StatusOr<std::map<int, uint64_t>> BytesByNode(const void* begin, uint64_t bytes,
+                                                    uint64_t stride = uint64_t{2} << 20);
 
 // "12.5 GiB (13421772800 bytes)".
 std::string FormatBytes(uint64_t bytes);

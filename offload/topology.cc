@@ -340,6 +340,12 @@ absl::StatusOr<Placement> DiscoverPciPlacement(const std::string& bus_id,
   const std::vector<PciLocality> gpus = AllGpuLocalities(options.sys_root);
   if (options.use_hwloc && options.sys_root == "/sys") {
     if (std::optional<PciLocality> locality = HwlocLocality(normalized); locality.has_value()) {
+      // hwloc names no single node when the device hangs off a package with several (sub-NUMA
+      // clustering) or off the machine; sysfs may still know the PCI node.
+      if (locality->numa_node < 0) {
+        absl::StatusOr<PciLocality> sysfs = ReadSysfsPciLocality(options.sys_root, normalized);
+        if (sysfs.ok()) locality->numa_node = sysfs->numa_node;
+      }
       Placement placement = ResolvePlacement(machine, *locality, gpus);
       placement.source = "hwloc";
       if (!locality->local_cpus.empty() && placement.numa_node >= 0) {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -301,15 +302,27 @@ absl::StatusOr<planner::HardwareProfile> Measure(const CalibrateSettings& s,
   if (!arena.ok()) return arena.status();
   const offload::ArenaSetupStats& st = (*arena)->setup_stats();
   const double gib = static_cast<double>((*arena)->capacity()) / kGiB;
-  absl::StatusOr<uint64_t> resident =
-      offload::ResidentBytesOfMapping((*arena)->base(), (*arena)->capacity());
-  std::fprintf(report,
-               "arena setup %.2f GiB: %.3f s = %.1f GiB/s (map %.3f, touch %.3f with %d threads, "
-               "register %.3f = %.3f s/GiB), node %d%s, resident %s\n",
-               gib, st.total_seconds, gib / st.total_seconds, st.map_seconds, st.touch_seconds,
-               st.touch_threads, st.register_seconds, st.register_seconds / gib,
-               (*arena)->numa_node(), st.numa_bound ? " (bound)" : " (not bound)",
-               resident.ok() ? offload::FormatBytes(*resident).c_str() : "unknown");
+  absl::StatusOr<offload::MappingResidency> residency =
+      offload::ReadMappingResidency((*arena)->base(), (*arena)->capacity());
+  std::fprintf(
+      report,
+      "arena setup %.2f GiB: %.3f s = %.1f GiB/s (map %.3f, touch %.3f with %d threads, "
+      "register %.3f = %.3f s/GiB), node %d%s, resident %s (%s in huge pages)\n",
+      gib, st.total_seconds, gib / st.total_seconds, st.map_seconds, st.touch_seconds,
+      st.touch_threads, st.register_seconds, st.register_seconds / gib, (*arena)->numa_node(),
+      st.numa_bound ? " (bound)" : " (not bound)",
+      residency.ok() ? offload::FormatBytes(residency->resident_bytes).c_str() : "unknown",
+      residency.ok() ? offload::FormatBytes(residency->huge_page_bytes).c_str() : "unknown");
+  if (absl::StatusOr<std::map<int, uint64_t>> by_node =
+          offload::BytesByNode((*arena)->base(), (*arena)->capacity());
+      by_node.ok()) {
+    std::string nodes;
+    for (const auto& [node, bytes] : *by_node) {
+      absl::StrAppend(&nodes, nodes.empty() ? "" : ", ", "node ", node, ": ",
+                      offload::FormatBytes(bytes));
+    }
+    std::fprintf(report, "arena pages by node (sampled every 2 MiB): %s\n", nodes.c_str());
+  }
   if (!s.skip_malloc_host) {
     void* pinned = nullptr;
     const auto start = std::chrono::steady_clock::now();

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <set>
 #include <thread>
 #include <vector>
@@ -54,6 +56,11 @@ TEST(PinnedArena, ResidentBytesWithinOnePercentOfTheRequest) {
     ASSERT_TRUE(resident.ok()) << resident.status();
     EXPECT_GE(*resident, asked) << "not every page was touched";
     EXPECT_LE(static_cast<double>(*resident), 1.01 * static_cast<double>(asked));
+    absl::StatusOr<MappingResidency> residency =
+        ReadMappingResidency((*arena)->base(), (*arena)->capacity());
+    ASSERT_TRUE(residency.ok()) << residency.status();
+    EXPECT_EQ(residency->resident_bytes, *resident);
+    EXPECT_LE(residency->huge_page_bytes, residency->resident_bytes);
   }
 }
 
@@ -91,6 +98,13 @@ TEST(PinnedArena, BindsToTheHostNodeWhenThereIsOne) {
   ASSERT_TRUE(arena.ok()) << arena.status();
   if ((*arena)->setup_stats().numa_bound) {
     EXPECT_EQ((*arena)->numa_node(), host.numa_node);
+    // Every page is resident on the node it was bound to.
+    absl::StatusOr<std::map<int, uint64_t>> by_node =
+        BytesByNode((*arena)->base(), (*arena)->capacity(), 64 * 1024);
+    ASSERT_TRUE(by_node.ok()) << by_node.status();
+    ASSERT_EQ(by_node->size(), 1u);
+    EXPECT_EQ(by_node->begin()->first, host.numa_node);
+    EXPECT_EQ(by_node->begin()->second, (*arena)->capacity());
   } else {
     EXPECT_EQ((*arena)->numa_node(), -1);  // no NUMA support, or mbind not permitted here
   }
