@@ -1,8 +1,13 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
 
+#include "runtime/runtime.h"
+#include "stowage/plan.h"
 #include "stowage/stowage.h"
+#include "tests/runtime/test_plans.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -16,6 +21,130 @@ TEST(CApi, StatusStringsAndOptionsDefaults) {
   EXPECT_EQ(options.numa_node, -1);
   EXPECT_EQ(stowage_options_init(nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(stowage_last_error()).find("options"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+std::string SmallPlan() { return stowage::PlanToJson(stowage::testing::MakeTestPlan(2, 4096)); }
+
+stowage_options HostOptions() {
+  stowage_options options;
+  stowage_options_init(&options);
+  options.backend = STOWAGE_BACKEND_HOST;
+  options.copy_threads = 1;
+  options.metrics_address = "";
+  return options;
+}
+
+TEST(CApi, CreateChecksItsArguments) {
+  const std::string plan = SmallPlan();
+  stowage_options options = HostOptions();
+  stowage_runtime* rt = reinterpret_cast<stowage_runtime*>(0x1);
+  EXPECT_EQ(stowage_create(nullptr, 0, &options, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(rt, nullptr);  // *out is cleared on failure
+  EXPECT_EQ(stowage_create(plan.data(), plan.size(), &options, nullptr),
+            STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_create("{", 1, &options, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stowage_last_error()).find("JSON"), std::string::npos);
+
+  stowage_options bad = options;
+  bad.struct_size = sizeof(stowage_options) - 8;
+  EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stowage_last_error()).find("struct_size"), std::string::npos);
+  bad = options;
+  bad.backend = static_cast<stowage_backend>(9);
+  EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+  bad = options;
+  bad.numa_node = -2;
+  EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+  bad = options;
+  bad.copy_threads = -1;
+  EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(CApi, CudaWithoutAGpuIsUnavailable) {
+  if (stowage::testing::GpuAvailable()) GTEST_SKIP() << "a GPU is present";
+  const std::string plan = SmallPlan();
+  stowage_options options = HostOptions();
+  options.backend = STOWAGE_BACKEND_CUDA;
+  stowage_runtime* rt = nullptr;
+  EXPECT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_ERROR_UNAVAILABLE)
+      << stowage_last_error();
+  EXPECT_EQ(rt, nullptr);
+  // AUTO falls back to the host backend.
+  options.backend = STOWAGE_BACKEND_AUTO;
+  ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  stowage_stats stats;
+  ASSERT_EQ(stowage_get_stats(rt, &stats), STOWAGE_OK);
+  EXPECT_EQ(stats.backend, STOWAGE_BACKEND_HOST);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+}
+
+TEST(CApi, CreateStartsTheMetricsEndpointWhenAsked) {
+  const std::string plan = SmallPlan();
+  stowage_options options = HostOptions();
+  options.metrics_address = "127.0.0.1:0";
+  stowage_runtime* rt = nullptr;
+  ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  EXPECT_EQ(stowage::runtime::UnwrapForTesting(rt)->metrics_address().rfind("127.0.0.1:", 0), 0u);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+  options.metrics_address = "";
+  ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK);
+  EXPECT_EQ(stowage::runtime::UnwrapForTesting(rt)->metrics_address(), "");
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+}
+
+TEST(CApi, CallsOnANullRuntimeAreInvalidArgument) {
+  stowage_tensor_id id = 0;
+  int32_t n = 0;
+  stowage_stats stats;
+  stowage_layer_info info{};
+  EXPECT_EQ(stowage_begin_step(nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_end_step(nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_save(nullptr, 0, &n, 4, nullptr, &id), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_save_query(nullptr, 1, &n), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_save_wait(nullptr, 1), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_save_wait_stream(nullptr, 1, nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_prefetch(nullptr, 1, &n, nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_restore(nullptr, 1, &n, nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_get_stats(nullptr, &stats), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_report_device_peak(nullptr, 1), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_num_layers(nullptr, &n), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_get_layer_info(nullptr, 0, &info), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stowage_last_error()).find("rt is NULL"), std::string::npos);
+}
+
+TEST(CApi, LastErrorIsPerThread) {
+  EXPECT_EQ(stowage_begin_step(nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+  std::string other;
+  std::thread([&] { other = stowage_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_NE(std::string(stowage_last_error()), "");
+}
+
+TEST(CApi, LayerInfoChecksStructSize) {
+  const std::string plan = SmallPlan();
+  stowage_options options = HostOptions();
+  stowage_runtime* rt = nullptr;
+  ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK);
+  int32_t n = 0;
+  ASSERT_EQ(stowage_num_layers(rt, &n), STOWAGE_OK);
+  EXPECT_EQ(n, 2);
+  stowage_layer_info info{};
+  EXPECT_EQ(stowage_get_layer_info(rt, 0, &info), STOWAGE_ERROR_INVALID_ARGUMENT);
+  info.struct_size = sizeof(info);
+  ASSERT_EQ(stowage_get_layer_info(rt, 0, &info), STOWAGE_OK);
+  EXPECT_EQ(info.offloads, 1);
+  EXPECT_EQ(info.host_bytes, 4096u);
+  EXPECT_EQ(info.prefetch_after_layer, 1);
+  ASSERT_EQ(stowage_report_device_peak(rt, 123), STOWAGE_OK);
+  EXPECT_EQ(stowage::runtime::UnwrapForTesting(rt)->counters().observed_peak_device_bytes.load(),
+            123u);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
 }
 
 }  // namespace
