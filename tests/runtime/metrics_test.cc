@@ -437,6 +437,24 @@ TEST(RuntimeMetricsTest, CApiErrorsAreCountedByKind) {
   EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
 }
 
+TEST(RuntimeMetricsTest, CApiReadsTheEnvironmentWhenTheOptionIsNull) {
+  absl::StatusOr<std::string> address = PickFreePort("127.0.0.1:0");
+  ASSERT_TRUE(address.ok()) << address.status();
+  // A bare port, as a launcher would set it per rank: served on loopback.
+  setenv("STOWAGE_METRICS_ADDR", address->substr(address->rfind(':') + 1).c_str(), 1);
+  const std::string json = PlanToJson(SmallPlan());
+  stowage_options options;
+  stowage_options_init(&options);  // metrics_address NULL: read the environment
+  options.backend = STOWAGE_BACKEND_HOST;
+  stowage_runtime* rt = nullptr;
+  ASSERT_EQ(stowage_create(json.data(), json.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  unsetenv("STOWAGE_METRICS_ADDR");
+  EXPECT_EQ(Sample(ParseSamples(Scrape(*address)), R"(stowage_steps_total{device="0"})"), 0);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+  EXPECT_EQ(Scrape(*address), "");  // the endpoint went with the runtime
+}
+
 TEST(RuntimeMetricsTest, NoEndpointUnlessAsked) {
   unsetenv("STOWAGE_METRICS_ADDR");
   RuntimeOptions options;
