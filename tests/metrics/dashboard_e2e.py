@@ -190,12 +190,9 @@ def wait_for_scrapes(prometheus):
     raise Failure(f"not enough successful scrapes of the demo in {SCRAPES_WAIT_S}s: {last}")
 
 
-def check_dashboard(path, prometheus, report):
-    """Returns the list of failures for one dashboard file."""
+def check_dashboard(name, dashboard, prometheus, report):
+    """Returns the list of failures for one dashboard (parsed JSON)."""
     failures = []
-    name = os.path.basename(path)
-    with open(path) as f:
-        dashboard = json.load(f)
 
     # Shape: importable anywhere (no numeric id), a stable uid, a datasource variable.
     if "id" not in dashboard or dashboard["id"] is not None:
@@ -311,12 +308,24 @@ def main():
         scrapes = wait_for_scrapes(prometheus)
         print(f"{scrapes} successful scrapes of the demo")
 
-        # The check itself must be able to fail: a metric nobody exports returns nothing.
-        if prometheus.query('stowage_metric_nobody_exports_bytes{device=~".*"}'):
-            failures.append("control query for an unexported metric returned data")
+        # The check itself must be able to fail: a panel on a metric nobody exports, even one
+        # hidden behind `or` so that the expression still returns data, is caught.
+        control = {"id": None, "uid": "control", "templating": {"list": []}, "panels": [{
+            "title": "control", "datasource": {"uid": "${datasource}"},
+            "fieldConfig": {"defaults": {"unit": "bytes"}},
+            "targets": [{"refId": "A", "expr": 'stowage_metric_nobody_exports_bytes'},
+                        {"refId": "B", "expr": 'stowage_metric_nobody_exports_bytes or '
+                                               'stowage_steps_total'}]}]}
+        control_failures = check_dashboard("control", control, prometheus, lambda _: None)
+        if len([f for f in control_failures if "nobody_exports" in f]) != 3:
+            failures.append(f"the checker missed an unexported metric: {control_failures}")
+        else:
+            print("control: a panel on an unexported metric is caught")
 
         for path in dashboards:
-            failures += check_dashboard(path, prometheus, print)
+            with open(path) as f:
+                dashboard = json.load(f)
+            failures += check_dashboard(os.path.basename(path), dashboard, prometheus, print)
         if demo.poll() is not None:
             failures.append(f"demo exited early with {demo.returncode}")
     except Failure as e:
