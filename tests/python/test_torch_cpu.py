@@ -310,6 +310,36 @@ class PlannerTest(unittest.TestCase):
                 planned.close()
         self.assertGreater(len(seen), 1, "every budget gave the same plan")
 
+    def test_simulator_orders_the_policies(self) -> None:
+        f = fixture("mlp")
+        sim = {p: stowage.simulate(f.profile, [p] * LAYERS) for p in POLICIES}
+        peak = {p: s.peak_bytes for p, s in sim.items()}
+        self.assertGreater(peak["keep"], peak["offload_saved"])
+        self.assertGreater(peak["keep"], peak["recompute"])
+        self.assertGreaterEqual(peak["recompute"], peak["offload_input"])
+        # Recompute reruns every forward; keeping costs no extra compute or copies.
+        self.assertGreater(sim["recompute"].step_seconds, sim["keep"].step_seconds)
+        self.assertEqual(sim["keep"].host_bytes, 0)
+        self.assertEqual(sim["offload_input"].host_bytes,
+                         sum(p.input_bytes for p in f.profile.layers))
+        self.assertEqual(sim["offload_saved"].host_bytes,
+                         sum(p.saved_bytes for p in f.profile.layers))
+        # Prefetch at distance d: layer i's copy starts when layer min(i + d, last)'s backward does.
+        s = stowage.simulate(f.profile, ["offload_saved"] * LAYERS, prefetch_distance=2)
+        self.assertEqual(s.prefetch_after, [2, 3, 3, 3])
+
+    def test_plan_file_round_trip(self) -> None:
+        import tempfile
+        f = fixture("mlp")
+        plan = f.plan(["offload_input", "offload_saved", "recompute", "keep"])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "plan.json")
+            plan.save(path)
+            self.assertEqual(stowage.Plan.load(path), plan)
+            planned = stowage.PlannedLayers(support.clone_layers(f.layers), path)
+            self.assertEqual(planned.plan, plan)
+            planned.close()
+
     def test_wrap_with_budget_profiles_without_side_effects(self) -> None:
         f = fixture("mlp")
         layers = support.clone_layers(f.layers)
