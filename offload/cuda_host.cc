@@ -10,7 +10,8 @@ namespace stowage::offload {
 
 absl::Status CudaCheckDevice(int device) {
   int count = 0;
-  STOWAGE_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  STOWAGE_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count),
+                               absl::StrCat("cudaGetDeviceCount (for CUDA device ", device, ")"));
   if (device < 0 || device >= count) {
     return absl::UnavailableError(
         absl::StrCat("CUDA device ", device, " does not exist (", count, " visible)"));

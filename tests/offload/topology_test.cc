@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
+
 namespace stowage::offload {
 namespace {
 
@@ -142,6 +144,13 @@ TEST(ResolvePlacement, ExplicitNodeNotOnTheMachineFallsBack) {
   const Placement placement = ResolvePlacement(machine, locality, {locality});
   EXPECT_EQ(placement.numa_node, 1);
   EXPECT_EQ(placement.gpus_sharing_node, 1);
+}
+
+TEST(DiscoverGpuPlacement, WithoutAGpuIsUnavailable) {
+  if (testing::GpuAvailable()) GTEST_SKIP() << "a GPU is present: pinned_arena_gpu_test covers it";
+  const absl::Status status = DiscoverGpuPlacement(0).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("device 0"));
 }
 
 // This machine, whatever it is: the host placement is self-consistent.
