@@ -200,7 +200,11 @@ class Bench:
             os.makedirs(self.args.plans_dir, exist_ok=True)
             plan.save(os.path.join(self.args.plans_dir,
                                    f"{self.kind}-{budget / 2**30:.2f}GiB.plan.json"))
-        planned = stowage.PlannedLayers(self.layers, plan)
+        try:
+            planned = stowage.PlannedLayers(self.layers, plan)
+        except stowage.StowageError as e:  # e.g. host memory admission refused the arena
+            row.note = f"runtime: {e}"
+            return row
         try:
             def step() -> None:
                 with planned.step():

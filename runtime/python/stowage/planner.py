@@ -153,6 +153,7 @@ def profile_layers(layers: Sequence[nn.Module], sample_input: torch.Tensor, *arg
                             found_input[0] = True
                     return t
 
+                out = None  # the previous repeat's graph must not count, nor stay allocated
                 if cuda:
                     _sync(device)
                     before = torch.cuda.memory_allocated(device)
@@ -186,6 +187,7 @@ def profile_layers(layers: Sequence[nn.Module], sample_input: torch.Tensor, *arg
                 out_bytes = out.numel() * out.element_size()
                 del grad_out
             assert out is not None
+            out = out.detach()
             in_bytes = x.numel() * x.element_size()
             if not cuda:
                 # Estimates: forward holds what it saves plus its output and one temporary of
