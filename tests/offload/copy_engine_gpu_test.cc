@@ -76,13 +76,14 @@ TEST_F(CudaOrdering, D2HWaitsForItsProducer) {
   ASSERT_TRUE(backend_->FillDevice(src, 0, kBytes).ok());
   void* host = nullptr;
   ASSERT_EQ(cudaMallocHost(&host, kBytes), cudaSuccess);
+  // Allocate before the kernel runs: allocation calls may synchronise the device.
+  void* scratch = *backend_->AllocateDevice(kBytes);
   ASSERT_EQ(LaunchSpinThenFill(compute_, release_device_, kSafetyCycles, static_cast<uint8_t*>(src),
                                kBytes, 0x5c),
             cudaSuccess);
   auto d2h = engine_->DeviceToHost(host, src, kBytes, compute_);
   ASSERT_TRUE(d2h.ok()) << d2h.status();
   // An unrelated copy on the H2D stream completes meanwhile; the D2H must still be waiting.
-  void* scratch = *backend_->AllocateDevice(kBytes);
   auto other = engine_->HostToDevice(scratch, host, kBytes, nullptr, nullptr);
   ASSERT_TRUE(other.ok());
   ASSERT_TRUE((*other)->Wait().ok());
@@ -99,19 +100,20 @@ TEST_F(CudaOrdering, D2HWaitsForItsProducer) {
 TEST_F(CudaOrdering, CopiesOverlapARunningKernel) {
   constexpr size_t kBytes = 64 << 20;
   void* busy = *backend_->AllocateDevice(256);
+  void* src = *backend_->AllocateDevice(kBytes);
+  void* back = *backend_->AllocateDevice(kBytes);
+  void* host = nullptr;
+  ASSERT_EQ(cudaMallocHost(&host, kBytes), cudaSuccess);
+  cudaStream_t idle = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking), cudaSuccess);
+  // Everything is allocated before the kernel runs: allocation calls may synchronise.
   ASSERT_EQ(LaunchSpinThenFill(compute_, release_device_, kSafetyCycles,
                                static_cast<uint8_t*>(busy), 256, 1),
             cudaSuccess);
   cudaEvent_t kernel_done = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&kernel_done, cudaEventDisableTiming), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(kernel_done, compute_), cudaSuccess);
-  void* src = *backend_->AllocateDevice(kBytes);
-  void* back = *backend_->AllocateDevice(kBytes);
-  void* host = nullptr;
-  ASSERT_EQ(cudaMallocHost(&host, kBytes), cudaSuccess);
   // Both directions at once, ordered after an idle stream, while the kernel holds its SM.
-  cudaStream_t idle = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking), cudaSuccess);
   auto d2h = engine_->DeviceToHost(host, src, kBytes, idle);
   auto h2d = engine_->HostToDevice(back, host, kBytes, idle, *d2h);
   ASSERT_TRUE(d2h.ok() && h2d.ok());
