@@ -169,6 +169,7 @@ class _StepState:
         # An error raised inside a saved-tensor hook reaches the caller as a plain RuntimeError
         # (torch converts it on its way through C++); forward re-raises the original from here.
         self.hook_error: Optional[BaseException] = None
+        self._param_storages: Optional[set] = None
 
     # -- forward ----------------------------------------------------------------------------
     def save(self, layer: int, t: torch.Tensor) -> _Stowed:
@@ -191,6 +192,13 @@ class _StepState:
         h = _Stowed(self, layer, tensor_id, t)
         self.handles[layer].append(weakref.ref(h))
         return h
+
+    def param_storages(self) -> set:
+        """Storages of every parameter and buffer of the wrapped layers (shared or tied weights
+        included): saved tensors in them stay on the device. Computed once per step."""
+        if self._param_storages is None:
+            self._param_storages = resident_storages(self.owner.layers)
+        return self._param_storages
 
     def _wait(self, tensor_id: int, device: torch.device) -> None:
         assert self.rt is not None
@@ -403,8 +411,7 @@ def _saved_hooks(state: _StepState, layer_index: int, layer: nn.Module,
                  x: torch.Tensor) -> tuple[Callable, Callable]:
     """pack/unpack for an offload_saved layer. Parameters (and views of them) stay where they
     are; each distinct saved tensor is offloaded once however many ops save it."""
-    param_storages = {_storage_ptr(p) for p in layer.parameters()}
-    param_storages.update(_storage_ptr(b) for b in layer.buffers())
+    param_storages = state.param_storages()
     device = x.device
     seen: dict[tuple, _Stowed] = {}  # lives for this layer's forward only
 
@@ -428,6 +435,13 @@ def _saved_hooks(state: _StepState, layer_index: int, layer: nn.Module,
         return packed.get()
 
     return pack, unpack
+
+
+def resident_storages(module: nn.Module) -> set:
+    """Storage addresses of a module's parameters and buffers."""
+    out = {_storage_ptr(p) for p in module.parameters()}
+    out.update(_storage_ptr(b) for b in module.buffers())
+    return out
 
 
 def offloadable(t: torch.Tensor, device: torch.device, param_storages: set) -> bool:

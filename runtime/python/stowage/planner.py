@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from . import plan as plan_mod
-from .layers import _storage_ptr, kSaveLag, offloadable
+from .layers import _storage_ptr, kSaveLag, offloadable, resident_storages
 from .plan import LayerPlan, Plan, PlanError, Prediction, RunSettings, RuntimeSettings, Transfer
 
 
@@ -126,12 +126,12 @@ def profile_layers(layers: Sequence[nn.Module], sample_input: torch.Tensor, *arg
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and cuda else None
     profiles: list[LayerProfile] = []
+    resident = resident_storages(nn.ModuleList(layers))  # the rule PlannedLayers applies
     x = sample_input.detach().requires_grad_(sample_input.requires_grad)
     try:
         for i, layer in enumerate(layers):
             params = [p for p in layer.parameters() if p.requires_grad]
-            param_storages = {_storage_ptr(p) for p in layer.parameters()}
-            param_storages.update(_storage_ptr(b) for b in layer.buffers())
+            param_storages = resident
             best_f = best_b = math.inf
             saved_bytes, saves_input = 0, False
             fwd_peak = bwd_peak = 0
