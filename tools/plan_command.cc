@@ -1,13 +1,282 @@
+// `stowage plan`: will this run fit, what to keep / recompute / offload per layer, how much pinned
+// host memory each GPU and NUMA node needs, and what it costs in step time.
 #include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "planner/cost_model.h"
+#include "planner/hardware.h"
+#include "planner/model.h"
+#include "planner/optimizer.h"
+#include "planner/report.h"
+#include "stowage/plan.h"
+#include "stowage/stowage.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 namespace stowage::tools {
+namespace {
 
-// Replaced by the issue that builds this command.
-int RunPlanCommand(int /*argc*/, char** /*argv*/) {
-  std::fprintf(stderr, "stowage: this command is not implemented yet\n");
-  return kExitUnmet;
+using planner::HardwareProfile;
+using planner::ModelConfig;
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+bool LooksLikePath(const std::string& s) {
+  return s.find('/') != std::string::npos || s.ends_with(".json");
+}
+
+cli::FlagParser MakeParser() {
+  cli::FlagParser p("stowage plan [flags]",
+                    "Chooses, per layer, what to keep on the GPU, recompute or offload to pinned "
+                    "host memory so the step fits the GPU and host budgets at the least step "
+                    "time. With no flags: GLM-5.3-Flash, 1M tokens, B200, CP 8, EP 8.");
+  p.Add({"model", "NAME|PATH",
+         absl::StrCat("model preset (", absl::StrJoin(planner::ModelPresetNames(), ", "),
+                      ") or a Hugging Face config.json"),
+         "glm-5.3-flash"});
+  p.Add({"hardware", "NAME|PATH",
+         absl::StrCat("hardware preset (", absl::StrJoin(planner::HardwarePresetNames(), ", "),
+                      ") or a profile .json (as `stowage calibrate` writes)"),
+         "b200"});
+  p.Add({"seq-len", "N", "tokens per sequence (K/M suffixes: 256K, 1M)", "1M"});
+  p.Add({"micro-batch", "N", "sequences per micro-batch", "1"});
+  p.Add({"tp", "N", "tensor parallel size (with sequence parallelism)", "1"});
+  p.Add({"cp", "N", "context parallel size", "8"});
+  p.Add({"ep", "N", "expert parallel size", "8 (1 for dense models)"});
+  p.Add({"gpus", "N", "GPUs in the job (data parallel = gpus / (tp x cp))", "64"});
+  p.Add({"moe-imbalance", "X",
+         "tokens on the busiest expert-parallel rank over the average (the reference run saw 4)",
+         "1"});
+  p.Add({"gpu-mem", "GiB", "GPU memory budget per GPU", "the hardware's usable memory"});
+  p.Add({"host-mem", "GiB", "pinned host memory budget per GPU",
+         "host RAM per NUMA node / GPUs per NUMA node"});
+  p.Add({"sharding", "MODE",
+         "data-parallel sharding: no_shard, optim (distributed optimizer), optim_grads, "
+         "optim_grads_params",
+         "optim_grads_params"});
+  p.Add({"grad-dtype", "fp32|bf16", "main gradient precision", "fp32"});
+  p.Add({"loss-chunk-tokens", "N", "tokens per LM-head/loss chunk (0: whole sequence at once)",
+         "8192"});
+  p.Add({"force", "POLICY",
+         "evaluate one uniform policy instead of optimising: keep, recompute (inputs kept), "
+         "offload (inputs offloaded, full recompute)",
+         ""});
+  p.Add({"max-seq-len", "", "find the longest sequence that fits the budgets", ""});
+  p.Add({"format", "table|json", "stdout format", "table"});
+  p.Add({"out", "PATH", "also write the plan JSON to PATH", ""});
+  p.Add({"timeline", "PATH", "write an SVG of device memory and copies over the step", ""});
+  return p;
+}
+
+struct Inputs {
+  ModelConfig model;
+  HardwareProfile hardware;
+  planner::RunSettings run;
+  planner::OptimizerOptions options;
+  std::string model_label, hardware_label;
+};
+
+absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
+  Inputs in;
+  auto model = flags.GetString("model", "glm-5.3-flash");
+  if (!model.ok()) return model.status();
+  in.model_label = *model;
+  auto m = LooksLikePath(*model) ? planner::ReadHfConfigFile(*model) : planner::ModelPreset(*model);
+  if (!m.ok()) return m.status();
+  in.model = *m;
+  auto hardware = flags.GetString("hardware", "b200");
+  if (!hardware.ok()) return hardware.status();
+  in.hardware_label = *hardware;
+  auto hw = LooksLikePath(*hardware) ? planner::ReadHardwareProfileFile(*hardware)
+                                     : planner::HardwarePreset(*hardware);
+  if (!hw.ok()) return hw.status();
+  in.hardware = *hw;
+
+  bool has_moe = false;
+  for (const auto& l : in.model.layers) has_moe |= l.ffn == planner::FfnKind::kMoe;
+  planner::RunSettings& r = in.run;
+  auto seq = flags.GetCount("seq-len", 1048576);
+  if (!seq.ok()) return seq.status();
+  r.seq_len = *seq;
+  auto get_int = [&](const char* name, int fallback, int& out) -> absl::Status {
+    auto v = flags.GetInt(name, fallback, 1, 1 << 20);
+    if (!v.ok()) return v.status();
+    out = static_cast<int>(*v);
+    return absl::OkStatus();
+  };
+  for (auto [name, fallback, out] :
+       {std::tuple<const char*, int, int*>{"micro-batch", 1, &r.micro_batch},
+        {"tp", 1, &r.tp},
+        {"cp", 8, &r.cp},
+        {"ep", has_moe ? 8 : 1, &r.ep},
+        {"gpus", 64, &r.gpus}}) {
+    if (absl::Status s = get_int(name, fallback, *out); !s.ok()) return s;
+  }
+  auto imbalance = flags.GetDouble("moe-imbalance", 1.0, 1.0, 1e6);
+  if (!imbalance.ok()) return imbalance.status();
+  r.moe_imbalance = *imbalance;
+  auto sharding = flags.GetString("sharding", "optim_grads_params");
+  if (!sharding.ok()) return sharding.status();
+  auto parsed_sharding = planner::ParseSharding(*sharding);
+  if (!parsed_sharding.ok()) return parsed_sharding.status();
+  r.sharding = *parsed_sharding;
+  auto grad = flags.GetString("grad-dtype", "fp32");
+  if (!grad.ok()) return grad.status();
+  if (*grad != "fp32" && *grad != "bf16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grad-dtype is '", *grad, "'; allowed: fp32, bf16"));
+  }
+  r.grad_bytes = *grad == "fp32" ? 4 : 2;
+  auto loss_chunk = flags.GetCount("loss-chunk-tokens", 8192);
+  if (!loss_chunk.ok()) return loss_chunk.status();
+  r.loss_chunk_tokens = *loss_chunk;
+
+  auto gpu_mem =
+      flags.GetDouble("gpu-mem", static_cast<double>(in.hardware.UsableBytes()) / kGiB, 0.001, 1e6);
+  if (!gpu_mem.ok()) return gpu_mem.status();
+  in.options.gpu_budget_bytes = static_cast<uint64_t>(*gpu_mem * kGiB);
+  auto host_mem = flags.GetDouble(
+      "host-mem", static_cast<double>(in.hardware.HostBytesPerGpu()) / kGiB, 0, 1e9);
+  if (!host_mem.ok()) return host_mem.status();
+  in.options.host_budget_bytes = static_cast<uint64_t>(*host_mem * kGiB);
+  if (auto force = flags.Get("force"); force.has_value()) {
+    if (*force == "keep") {
+      in.options.force = LayerPolicy::kKeep;
+    } else if (*force == "recompute") {
+      in.options.force = LayerPolicy::kRecompute;
+    } else if (*force == "offload") {
+      in.options.force = LayerPolicy::kOffloadInput;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--force is '", *force, "'; allowed: keep, recompute, offload"));
+    }
+  }
+  return in;
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "stowage plan: cannot write '%s'\n", path.c_str());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int RunPlanCommand(int argc, char** argv) {
+  cli::FlagParser flags = MakeParser();
+  if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
+    std::fprintf(stderr, "stowage plan: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  if (flags.help_requested()) {
+    std::fputs(flags.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  if (!flags.positional().empty()) {
+    std::fprintf(stderr, "stowage plan: unexpected argument '%s'\n", flags.positional()[0].c_str());
+    return kExitUsage;
+  }
+  auto format = flags.GetString("format", "table");
+  if (!format.ok() || (*format != "table" && *format != "json")) {
+    std::fprintf(stderr, "stowage plan: --format is '%s'; allowed: table, json\n",
+                 format.ok() ? format->c_str() : "");
+    return kExitUsage;
+  }
+  auto inputs = ReadInputs(flags);
+  if (!inputs.ok()) {
+    std::fprintf(stderr, "stowage plan: %s\n", std::string(inputs.status().message()).c_str());
+    return kExitUsage;
+  }
+  Inputs& in = *inputs;
+
+  if (flags.GetBool("max-seq-len")) {
+    const uint64_t granularity = 1024ull * static_cast<uint64_t>(in.run.cp);
+    auto longest = planner::LongestFittingSeqLen(in.model, in.hardware, in.run, in.options,
+                                                 granularity, 1ull << 30);
+    if (!longest.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(longest.status().message()).c_str());
+      return kExitUsage;
+    }
+    if (*longest == 0) {
+      std::printf("no sequence length fits: even %llu tokens exceeds the budgets\n",
+                  static_cast<unsigned long long>(granularity));
+      return kExitUnmet;
+    }
+    std::printf("longest sequence that fits: %llu tokens (%.0fK) on %s, CP %d, TP %d, EP %d\n",
+                static_cast<unsigned long long>(*longest), static_cast<double>(*longest) / 1024,
+                in.hardware_label.c_str(), in.run.cp, in.run.tp, in.run.ep);
+    if (!flags.Has("out") && !flags.Has("timeline") && *format == "table") return kExitOk;
+    in.run.seq_len = *longest;
+  }
+
+  auto step = planner::BuildStepCost(in.model, in.hardware, in.run);
+  if (!step.ok()) {
+    std::fprintf(stderr, "stowage plan: %s\n", std::string(step.status().message()).c_str());
+    return kExitUsage;
+  }
+  planner::OptimizeResult result = planner::Optimize(*step, in.options);
+  bool fits = result.feasible;
+  if (!fits && in.options.force.has_value()) {
+    // Show the forced policy anyway, with its own peak: users compare it with what they run.
+    planner::OptimizerOptions unlimited = in.options;
+    unlimited.gpu_budget_bytes = ~0ull;
+    unlimited.host_budget_bytes = ~0ull;
+    result = planner::Optimize(*step, unlimited);
+  }
+  if (!result.feasible) {
+    std::printf(
+        "does not fit: %s on %s at %llu tokens needs at least %s per GPU against a budget of %s\n"
+        "binding: %s\n%s\n",
+        in.model_label.c_str(), in.hardware_label.c_str(),
+        static_cast<unsigned long long>(in.run.seq_len),
+        planner::FormatBytes(result.min_peak_bytes).c_str(),
+        planner::FormatBytes(in.options.gpu_budget_bytes).c_str(), result.binding.c_str(),
+        result.explanation.c_str());
+    return kExitUnmet;
+  }
+  const planner::Baseline baseline = planner::ComputeBaseline(*step, in.options.gpu_budget_bytes);
+  planner::PlanLabels labels{absl::StrCat("stowage ", stowage_version()), in.model_label,
+                             in.hardware_label, in.options.gpu_budget_bytes,
+                             in.options.host_budget_bytes};
+  Plan plan = planner::MakePlan(*step, result, baseline, labels);
+  const std::string json = PlanToJson(plan);
+  if (*format == "json") {
+    std::fputs(json.c_str(), stdout);
+  } else {
+    std::printf(
+        "stowage plan: %s on %s (%s figures), %llu tokens%s\n\n", in.model_label.c_str(),
+        in.hardware_label.c_str(), in.hardware.source.c_str(),
+        static_cast<unsigned long long>(in.run.seq_len),
+        in.options.force.has_value()
+            ? absl::StrCat(", forced policy ", std::string(LayerPolicyName(*in.options.force)))
+                  .c_str()
+            : "");
+    std::fputs(planner::RenderTable(*step, plan, result).c_str(), stdout);
+    std::fputs("\n", stdout);
+    std::fputs(planner::RenderSummary(*step, plan, result).c_str(), stdout);
+  }
+  if (auto out = flags.Get("out"); out.has_value()) {
+    if (!fits) {
+      std::fprintf(stderr, "stowage plan: not writing %s: the plan does not fit the budgets\n",
+                   out->c_str());
+    } else if (!WriteFile(*out, json)) {
+      return kExitUnmet;
+    }
+  }
+  if (auto svg = flags.Get("timeline"); svg.has_value()) {
+    if (!WriteFile(*svg, planner::RenderTimelineSvg(*step, plan, result))) return kExitUnmet;
+  }
+  return fits ? kExitOk : kExitUnmet;
 }
 
 }  // namespace stowage::tools

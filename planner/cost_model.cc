@@ -1,0 +1,417 @@
+#include "planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace stowage::planner {
+namespace {
+
+// Note [Cost model]
+// Bytes are counted per token from the layer shapes and multiplied by the tokens one rank holds
+// (seq_len * micro_batch / cp). Under TP with sequence parallelism, tensors on the residual path
+// (layer input, norms) divide by tp, tensors inside attention and the FFN divide their head or
+// intermediate dimension by tp. Routed-expert tensors scale with the tokens the busiest
+// expert-parallel rank receives: tokens * top_k * moe_imbalance (expert TP is 1). A layer's
+// input is hc_mult * hidden wide (mHC residual streams), which is what makes 1M tokens / CP 8 of
+// GLM-5.3-Flash come to 32 KiB per token per layer, 180 GiB over 45 layers.
+//
+// Seconds: matmul FLOPs (2 per multiply-add; backward twice forward) at the hardware's effective
+// dense rate; attention cores by their own FLOP counts (causal: each query sees half the sequence
+// on average, under CP too; backward 2.5x forward as in flash kernels); element-wise work as
+// three passes over the saved bytes at HBM bandwidth. Communication is assumed overlapped.
+
+constexpr double kChunkOverheadSeconds = 100e-6;  // two all-to-all launches + kernel tails
+constexpr uint64_t kIndexerQueryBlock = 1024;     // DSA indexer scores this many queries at once
+constexpr int kKdaChunk = 64;                     // delta-rule chunk length
+
+struct Builder {
+  const ModelConfig& m;
+  const HardwareProfile& hw;
+  const RunSettings& run;
+  double tokens;  // per rank
+  double flops_rate;
+  LayerCost cost;
+  double matmul_flops = 0;  // forward
+  double core_flops = 0;    // forward, attention cores (backward 2.5x)
+
+  void Save(const std::string& name, const std::string& module, double bytes_per_token) {
+    const uint64_t bytes = static_cast<uint64_t>(std::llround(bytes_per_token * tokens));
+    cost.saved.push_back({name, module, bytes});
+  }
+  double Seconds(double flops) const { return flops / flops_rate; }
+};
+
+void AddModule(Builder& b, const std::string& name, double seconds, bool in_ffn) {
+  uint64_t bytes = 0;
+  for (const SavedTensor& t : b.cost.saved) {
+    if (t.module == name) bytes += t.bytes;
+  }
+  b.cost.modules.push_back({name, bytes, seconds, in_ffn});
+}
+
+void Attention(Builder& b, const LayerSpec& spec) {
+  const ModelConfig& m = b.m;
+  const double tp = b.run.tp;
+  const double dt = b.run.activation_bytes;
+  const double t = b.tokens;
+  const double kv_len = 0.5 * static_cast<double>(b.run.seq_len);  // causal average
+  switch (spec.attention) {
+    case AttentionKind::kAttention: {
+      const double hq = m.heads / tp, hkv = std::max(1.0, m.kv_heads / tp), d = m.head_dim;
+      b.Save("attn.qkv", "", (hq + 2 * hkv) * d * dt);
+      b.Save("attn.core_out", "attn_core", hq * d * dt + hq * 4);
+      const double core = 4 * hq * d * kv_len * t;
+      b.core_flops += core;
+      AddModule(b, "attn_core", b.Seconds(core), false);
+      b.cost.attn_forward_transient = static_cast<uint64_t>(hq * d * dt * t);
+      b.cost.attn_backward_transient =
+          static_cast<uint64_t>((hq + 2 * hkv) * d * dt * t + hq * d * 4 * t);
+      break;
+    }
+    case AttentionKind::kMla:
+    case AttentionKind::kDsa: {
+      const double h = m.heads / tp, ql = m.q_lora_rank, kvl = m.kv_lora_rank;
+      const double dqk = m.qk_nope_head_dim + m.qk_rope_head_dim, dv = m.v_head_dim;
+      b.Save("attn.q_latent", "", 2 * ql * dt);
+      b.Save("attn.kv_latent", "", (2 * kvl + m.qk_rope_head_dim) * dt);
+      b.Save("attn.qkv", "mla_up_proj", (2 * h * dqk + h * dv) * dt);
+      b.Save("attn.core_out", "attn_core", h * dv * dt + h * 4);
+      const double up_flops = 2 * (ql * h * dqk + kvl * h * (m.qk_nope_head_dim + dv)) * t;
+      double keys = kv_len;
+      if (spec.attention == AttentionKind::kDsa) {
+        keys = std::min(kv_len, static_cast<double>(m.index_topk));
+        b.Save("attn.index_qk", "",
+               (m.index_heads * m.index_head_dim + m.index_head_dim) * dt + m.index_heads * 4.0);
+        b.Save("attn.topk_indices", "", m.index_topk * 4.0);
+        // Scores of one query block against every key (fp32), the top-k taken block by block.
+        b.cost.attn_forward_transient =
+            std::min<uint64_t>(kIndexerQueryBlock, static_cast<uint64_t>(t)) * b.run.seq_len * 4;
+        // The indexer runs in fp8: half the bf16 cost.
+        b.core_flops += 0.5 * 2 * m.index_heads * m.index_head_dim * kv_len * t;
+      }
+      const double core = 2 * h * (dqk + dv) * keys * t;
+      b.core_flops += core;
+      AddModule(b, "mla_up_proj", b.Seconds(up_flops), false);
+      AddModule(b, "attn_core", b.Seconds(core), false);
+      b.cost.attn_forward_transient += static_cast<uint64_t>(h * dv * dt * t);
+      b.cost.attn_backward_transient =
+          static_cast<uint64_t>((2 * h * dqk + 2 * h * dv) * dt * t + h * dqk * 4 * t);
+      break;
+    }
+    case AttentionKind::kKda: {
+      const double heads = m.linear_heads / tp, d = m.linear_head_dim, inner = heads * d;
+      b.Save("attn.qkv", "", 3 * inner * dt);
+      b.Save("attn.conv_out", "kda_conv", 3 * inner * dt);
+      b.Save("attn.gates", "", (inner + heads + 2 * d) * dt);
+      b.Save("attn.core_out", "attn_core", inner * dt);
+      b.Save("attn.out_gate", "", 2 * inner * dt);
+      const double core = 2 * heads * (4 * d * d + 2 * kKdaChunk * d) * t;
+      b.core_flops += core;
+      const double conv_flops = 2 * 3 * inner * m.short_conv_kernel * t;
+      AddModule(b, "kda_conv",
+                b.Seconds(conv_flops) + 3 * inner * dt * t * 3 / b.hw.hbm_bytes_per_second, false);
+      AddModule(b, "attn_core", b.Seconds(core), false);
+      // Chunk states (heads x d x d per chunk), rebuilt in backward as well.
+      const uint64_t states = static_cast<uint64_t>(heads * d * d * dt * t / kKdaChunk);
+      b.cost.attn_forward_transient = states;
+      b.cost.attn_backward_transient = states + static_cast<uint64_t>(4 * inner * dt * t);
+      break;
+    }
+  }
+}
+
+void Ffn(Builder& b, const LayerSpec& spec) {
+  const ModelConfig& m = b.m;
+  const double tp = b.run.tp;
+  const double dt = b.run.activation_bytes;
+  const double t = b.tokens;
+  const double h = m.hidden;
+  const size_t first = b.cost.saved.size();
+  if (spec.ffn == FfnKind::kDense) {
+    const double f = m.intermediate / tp;
+    b.Save("ffn.gate_up", "", 2 * f * dt);
+    b.Save("ffn.act", "ffn_act", f * dt);
+    AddModule(b, "ffn_act", 3 * f * dt * t / b.hw.hbm_bytes_per_second, true);
+    b.cost.ffn_forward_transient = static_cast<uint64_t>(2 * f * dt * t);
+    b.cost.ffn_backward_transient = static_cast<uint64_t>(3 * f * dt * t);
+  } else {
+    const double routed = m.experts_per_token * b.run.moe_imbalance / tp;  // per token
+    const double fe = m.moe_intermediate, fs = m.moe_intermediate * m.shared_experts / tp;
+    b.Save("moe.router", "", m.experts * 4.0 / tp);
+    b.Save("moe.dispatched", "", routed * h * dt);
+    b.Save("moe.gate_up", "", (routed * 2 * fe + 2 * fs) * dt);
+    b.Save("moe.act", "moe_act", (routed * fe + fs) * dt);
+    b.Save("moe.expert_out", "", routed * h * dt);
+    AddModule(b, "moe_act", 3 * (routed * fe + fs) * dt * t / b.hw.hbm_bytes_per_second, true);
+    b.matmul_flops += 2 * 3 * h * fe * routed * t;
+    // All-to-all send and receive buffers for dispatch and combine, plus expert intermediates.
+    b.cost.ffn_forward_transient =
+        static_cast<uint64_t>((3 * routed * h + routed * 2 * fe + 2 * fs) * dt * t);
+    b.cost.ffn_backward_transient =
+        static_cast<uint64_t>((4 * routed * h + routed * 3 * fe + 3 * fs) * dt * t);
+  }
+  for (size_t i = first; i < b.cost.saved.size(); ++i)
+    b.cost.ffn_saved_bytes += b.cost.saved[i].bytes;
+}
+
+LayerCost BuildLayer(const ModelConfig& m, const HardwareProfile& hw, const RunSettings& run,
+                     int index, double tokens) {
+  const LayerSpec& spec = m.layers[index];
+  Builder b{m, hw, run, tokens, hw.EffectiveFlops(), {}};
+  b.cost.index = index;
+  b.cost.type = spec.TypeName();
+  const double tp = run.tp, dt = run.activation_bytes, h = m.hidden, n = m.hc_mult;
+  b.Save("input", "", n * h * dt / tp);
+  if (m.hc_mult > 1) b.Save("attn.hc_in", "", h * dt / tp);
+  b.Save("attn.norm", "", h * dt / tp);
+  Attention(b, spec);
+  b.Save("mid", "", n * h * dt / tp);
+  if (m.hc_mult > 1) b.Save("ffn.hc_in", "", h * dt / tp);
+  b.Save("ffn.norm", "", h * dt / tp);
+  Ffn(b, spec);
+  b.matmul_flops += 2.0 * static_cast<double>(DenseLayerParams(m, spec)) / tp * tokens;
+  b.cost.input_bytes = b.cost.saved.front().bytes;
+  for (const SavedTensor& s : b.cost.saved) b.cost.saved_bytes += s.bytes;
+  const double elementwise =
+      3.0 * static_cast<double>(b.cost.saved_bytes) / hw.hbm_bytes_per_second;
+  b.cost.forward_flops = b.matmul_flops + b.core_flops;
+  b.cost.forward_seconds = b.Seconds(b.matmul_flops + b.core_flops) + elementwise;
+  b.cost.backward_seconds = b.Seconds(2 * b.matmul_flops + 2.5 * b.core_flops) + 2 * elementwise;
+  b.cost.chunk_overhead_seconds = kChunkOverheadSeconds;
+  return b.cost;
+}
+
+double Rate(const HardwareProfile& hw, uint64_t chunk, bool d2h) {
+  double rate = d2h ? hw.d2h_bytes_per_second : hw.h2d_bytes_per_second;
+  // The table's entry for the largest chunk size not above `chunk` caps the rate.
+  for (const ChunkBandwidth& c : hw.chunk_bandwidth) {
+    if (c.chunk_bytes <= chunk) {
+      rate = std::min(d2h ? hw.d2h_bytes_per_second : hw.h2d_bytes_per_second,
+                      d2h ? c.d2h_bytes_per_second : c.h2d_bytes_per_second);
+    }
+  }
+  return rate;
+}
+
+}  // namespace
+
+const char* ShardingName(Sharding sharding) {
+  switch (sharding) {
+    case Sharding::kNoShard:
+      return "no_shard";
+    case Sharding::kOptim:
+      return "optim";
+    case Sharding::kOptimGrads:
+      return "optim_grads";
+    case Sharding::kOptimGradsParams:
+      return "optim_grads_params";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Sharding> ParseSharding(const std::string& name) {
+  for (Sharding s :
+       {Sharding::kNoShard, Sharding::kOptim, Sharding::kOptimGrads, Sharding::kOptimGradsParams}) {
+    if (name == ShardingName(s)) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--sharding is '", name, "'; allowed: no_shard, optim, optim_grads, optim_grads_params"));
+}
+
+absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
+  auto bad = [](const char* flag, auto value, const std::string& rule) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " is ", value, "; ", rule));
+  };
+  if (r.seq_len == 0) return bad("seq-len", r.seq_len, "it must be positive");
+  if (r.micro_batch < 1) return bad("micro-batch", r.micro_batch, "it must be at least 1");
+  if (r.tp < 1) return bad("tp", r.tp, "it must be at least 1");
+  if (r.cp < 1) return bad("cp", r.cp, "it must be at least 1");
+  if (r.ep < 1) return bad("ep", r.ep, "it must be at least 1");
+  if (r.gpus < 1) return bad("gpus", r.gpus, "it must be at least 1");
+  if (r.seq_len % static_cast<uint64_t>(r.cp) != 0) {
+    return bad("seq-len", r.seq_len, absl::StrCat("it must be a multiple of --cp (", r.cp, ")"));
+  }
+  if (r.gpus % (r.tp * r.cp) != 0) {
+    return bad("gpus", r.gpus,
+               absl::StrCat("it must be a multiple of --tp x --cp (", r.tp * r.cp, ")"));
+  }
+  if (r.gpus % r.ep != 0) {
+    return bad("gpus", r.gpus, absl::StrCat("it must be a multiple of --ep (", r.ep, ")"));
+  }
+  bool has_moe = false;
+  for (const LayerSpec& l : m.layers) has_moe |= l.ffn == FfnKind::kMoe;
+  if (has_moe && m.experts % r.ep != 0) {
+    return bad("ep", r.ep,
+               absl::StrCat("the model's ", m.experts, " experts must divide evenly over it"));
+  }
+  if (!has_moe && r.ep != 1) return bad("ep", r.ep, "the model has no experts; use 1");
+  if (m.heads > 0 && m.heads % r.tp != 0) {
+    return bad("tp", r.tp, absl::StrCat("the model's ", m.heads, " heads must divide evenly"));
+  }
+  // The busiest of ep ranks can hold at most all the routed tokens: ep times the average.
+  if (!(r.moe_imbalance >= 1.0 && r.moe_imbalance <= std::max(1, r.ep))) {
+    return bad("moe-imbalance", r.moe_imbalance,
+               absl::StrCat("it must be between 1 and --ep (", r.ep, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfile& hw,
+                                       const RunSettings& run) {
+  if (absl::Status s = ValidateModel(m); !s.ok()) return s;
+  if (absl::Status s = ValidateHardwareProfile(hw); !s.ok()) return s;
+  if (absl::Status s = ValidateRun(m, run); !s.ok()) return s;
+  StepCost c;
+  c.model = m.name;
+  c.run = run;
+  c.hardware = hw;
+  c.tokens_per_rank =
+      run.seq_len * static_cast<uint64_t>(run.micro_batch) / static_cast<uint64_t>(run.cp);
+  const double tokens = static_cast<double>(c.tokens_per_rank);
+  for (int i = 0; i < m.num_layers(); ++i) c.layers.push_back(BuildLayer(m, hw, run, i, tokens));
+
+  // Fixed memory. Dense parameters shard over the data-parallel ranks of a TP group (DP x CP),
+  // routed experts over the expert-data-parallel ranks (gpus / ep).
+  const double tp = run.tp;
+  const double dense_group = static_cast<double>(run.gpus) / tp;
+  const double expert_group = static_cast<double>(run.gpus) / run.ep;
+  double dense = static_cast<double>(m.vocab) * m.hidden * (m.tied_embeddings ? 1 : 2) / tp;
+  double experts = 0, max_layer = 0;
+  for (const LayerSpec& l : m.layers) {
+    const double d = static_cast<double>(DenseLayerParams(m, l)) / tp;
+    const double e = static_cast<double>(RoutedExpertParams(m, l)) / run.ep;
+    dense += d;
+    experts += e;
+    max_layer = std::max(max_layer, d + e);
+  }
+  auto shard = [&](double bytes_per_param, bool sharded) {
+    return static_cast<uint64_t>(
+        bytes_per_param *
+        (sharded ? dense / dense_group + experts / expert_group : dense + experts));
+  };
+  c.fixed.weights = shard(run.weight_bytes, run.sharding == Sharding::kOptimGradsParams);
+  c.fixed.gradients = shard(run.grad_bytes, run.sharding >= Sharding::kOptimGrads);
+  c.fixed.optimizer = shard(run.optimizer_bytes, run.sharding >= Sharding::kOptim);
+  // Sharded weights are gathered a layer at a time, the next one prefetched; sharded gradients
+  // exist whole for one layer until reduce-scattered.
+  double comm = 0;
+  if (run.sharding == Sharding::kOptimGradsParams) comm += 2 * max_layer * run.weight_bytes;
+  if (run.sharding >= Sharding::kOptimGrads) comm += max_layer * run.grad_bytes;
+  c.fixed.comm_buffers = static_cast<uint64_t>(comm);
+
+  // Tail: final norm, LM head (vocab split by TP) and cross-entropy over loss chunks; backward
+  // recomputes each chunk's logits when the loss is chunked.
+  const double dt = run.activation_bytes, h = m.hidden, v = m.vocab / tp;
+  const double chunk = run.loss_chunk_tokens == 0
+                           ? tokens
+                           : std::min(tokens, static_cast<double>(run.loss_chunk_tokens));
+  c.tail_bytes =
+      static_cast<uint64_t>(tokens * (m.hc_mult + 2) * h * dt / tp + chunk * v * (dt + 4 + 4));
+  const double head_flops = 2 * h * v * tokens;
+  const double passes = run.loss_chunk_tokens == 0 ? 3 : 4;
+  c.tail_seconds =
+      passes * head_flops / hw.EffectiveFlops() + 3 * tokens * v * 4 / hw.hbm_bytes_per_second;
+  c.embedding_seconds = 3 * tokens * h * dt * m.hc_mult / hw.hbm_bytes_per_second;
+
+  c.copy_chunk_bytes = 16ull << 20;
+  c.d2h_bytes_per_second = Rate(hw, c.copy_chunk_bytes, true);
+  c.h2d_bytes_per_second = Rate(hw, c.copy_chunk_bytes, false);
+  const double bidir_scale_d = hw.bidir_d2h_bytes_per_second / hw.d2h_bytes_per_second;
+  const double bidir_scale_h = hw.bidir_h2d_bytes_per_second / hw.h2d_bytes_per_second;
+  c.bidir_d2h_bytes_per_second = c.d2h_bytes_per_second * std::min(1.0, bidir_scale_d);
+  c.bidir_h2d_bytes_per_second = c.h2d_bytes_per_second * std::min(1.0, bidir_scale_h);
+  return c;
+}
+
+OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
+  OptionCost c;
+  const int k = std::max(1, o.chunks);
+  const double overhead = (k - 1) * l.chunk_overhead_seconds;
+  c.forward_seconds = l.forward_seconds + overhead;
+  c.backward_seconds = l.backward_seconds + overhead;
+  // Attention runs before the FFN/MoE in forward and after it in backward: the FFN part's
+  // working set (divided by the chunk count) sits on top of everything the attention part
+  // saved, the attention part's on top of its own saved tensors only. The output (forward) or
+  // the output and input gradients (backward) are alive throughout.
+  const uint64_t attn_saved = l.saved_bytes - l.ffn_saved_bytes;
+  const uint64_t ffn_fwd = l.ffn_forward_transient / k;
+  const uint64_t ffn_bwd = l.ffn_backward_transient / k;
+  auto forward_with = [&](uint64_t attn_part, uint64_t ffn_part) {
+    return std::max(attn_part + l.attn_forward_transient, attn_part + ffn_part + ffn_fwd) +
+           l.input_bytes;
+  };
+  auto backward_with = [&](uint64_t ffn_part) {
+    return std::max(attn_saved + ffn_part + ffn_bwd, attn_saved + l.attn_backward_transient) +
+           2 * l.input_bytes;
+  };
+  const uint64_t keep_forward = forward_with(attn_saved, l.ffn_saved_bytes);
+  const uint64_t keep_backward = backward_with(l.ffn_saved_bytes);
+  switch (o.policy) {
+    case LayerPolicy::kKeep:
+      c.resident_bytes = l.saved_bytes;
+      c.forward_peak = keep_forward;
+      c.backward_peak = keep_backward;
+      break;
+    case LayerPolicy::kSelectiveRecompute: {
+      uint64_t dropped = 0;
+      for (size_t m = 0; m < l.modules.size(); ++m) {
+        if (o.module_mask & (1u << m)) {
+          dropped += l.modules[m].saved_bytes;
+          c.recompute_seconds += l.modules[m].seconds + (l.modules[m].in_ffn ? overhead : 0);
+        }
+      }
+      c.resident_bytes = l.saved_bytes - dropped;
+      c.forward_peak = keep_forward;
+      c.backward_peak = keep_backward;
+      break;
+    }
+    case LayerPolicy::kRecompute:
+    case LayerPolicy::kOffloadInput:
+      c.resident_bytes = o.policy == LayerPolicy::kRecompute ? l.input_bytes : 0;
+      c.host_bytes = o.policy == LayerPolicy::kOffloadInput ? l.input_bytes : 0;
+      c.recompute_seconds = c.forward_seconds;
+      // Forward saves nothing but the input; the recompute in backward regenerates the FFN/MoE
+      // part chunk by chunk.
+      c.forward_peak = forward_with(l.input_bytes, 0);
+      c.backward_peak = backward_with(l.ffn_saved_bytes / k);
+      break;
+    case LayerPolicy::kOffloadSaved:
+      c.host_bytes = l.saved_bytes;
+      c.forward_peak = keep_forward;
+      c.backward_peak = keep_backward;
+      break;
+  }
+  return c;
+}
+
+std::vector<PlannedTransfer> OptionTransfers(const LayerCost& l, const LayerOption& o) {
+  std::vector<PlannedTransfer> out;
+  if (o.policy == LayerPolicy::kOffloadInput) {
+    out.push_back({"input", l.input_bytes});
+  } else if (o.policy == LayerPolicy::kOffloadSaved) {
+    for (const SavedTensor& t : l.saved) {
+      if (t.bytes > 0) out.push_back({t.name, t.bytes});
+    }
+  }
+  return out;
+}
+
+std::vector<LayerOption> AllOptions(const LayerCost& l, const std::vector<int>& chunk_counts) {
+  std::vector<LayerOption> out;
+  for (int k : chunk_counts) {
+    out.push_back({LayerPolicy::kKeep, 0, k});
+    const uint32_t subsets = 1u << l.modules.size();
+    for (uint32_t mask = 1; mask < subsets; ++mask) {
+      out.push_back({LayerPolicy::kSelectiveRecompute, mask, k});
+    }
+    out.push_back({LayerPolicy::kRecompute, 0, k});
+    out.push_back({LayerPolicy::kOffloadInput, 0, k});
+    out.push_back({LayerPolicy::kOffloadSaved, 0, k});
+  }
+  return out;
+}
+
+}  // namespace stowage::planner

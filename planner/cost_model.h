@@ -1,0 +1,139 @@
+// The cost model: per-layer bytes and seconds of one training step on one rank, counted from the
+// model's shapes, the run's parallelism and the hardware's rates. See Note [Cost model] in
+// cost_model.cc for what is counted and why.
+#ifndef STOWAGE_PLANNER_COST_MODEL_H_
+#define STOWAGE_PLANNER_COST_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/hardware.h"
+#include "planner/model.h"
+#include "stowage/plan.h"
+
+namespace stowage::planner {
+
+// How the data-parallel group shards training state (Megatron-FSDP's names). Each level includes
+// the previous: "optim" is Megatron's distributed optimizer; "optim_grads_params" also shards
+// weights and gradients, gathering one layer's weights at a time.
+enum class Sharding { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
+const char* ShardingName(Sharding sharding);
+absl::StatusOr<Sharding> ParseSharding(const std::string& name);
+
+struct RunSettings {
+  uint64_t seq_len = 1048576;  // tokens per sequence
+  int micro_batch = 1;         // sequences per micro-batch
+  int tp = 1;                  // tensor parallel, with sequence parallelism
+  int cp = 8;                  // context parallel
+  int ep = 8;                  // expert parallel
+  int gpus = 64;               // world size; data parallel = gpus / (tp * cp)
+  double moe_imbalance = 1.0;  // tokens on the busiest expert-parallel rank over the average
+  int activation_bytes = 2;    // bf16 activations
+  int weight_bytes = 2;        // bf16 weights
+  int grad_bytes = 4;          // fp32 main gradients
+  int optimizer_bytes = 12;    // fp32 master weights + Adam m and v, per parameter
+  Sharding sharding = Sharding::kOptimGradsParams;
+  // The LM head and loss run over this many tokens at a time (a fused/chunked cross-entropy);
+  // 0 materializes the logits of every token at once.
+  uint64_t loss_chunk_tokens = 8192;
+};
+
+// Checks ranges and divisibility (e.g. gpus by tp*cp, experts by ep); errors name the flag.
+absl::Status ValidateRun(const ModelConfig& model, const RunSettings& run);
+
+// One tensor a layer keeps for its backward when nothing is recomputed.
+struct SavedTensor {
+  std::string name;    // e.g. "input", "attn.qkv", "moe.act"
+  std::string module;  // recompute module that can regenerate it ("" if none but full recompute)
+  uint64_t bytes = 0;  // on this rank
+};
+
+// A module selective recompute can rerun in backward instead of keeping its outputs.
+struct RecomputeModule {
+  std::string name;  // "attn_core", "mla_up_proj", "kda_conv", "ffn_act", "moe_act"
+  uint64_t saved_bytes = 0;
+  double seconds = 0;
+  bool in_ffn = false;  // part of the FFN/MoE (its rerun is chunked with it)
+};
+
+struct LayerCost {
+  int index = 0;
+  std::string type;  // LayerSpec::TypeName()
+  uint64_t input_bytes = 0;
+  std::vector<SavedTensor> saved;  // includes "input"
+  uint64_t saved_bytes = 0;        // sum of saved
+  uint64_t ffn_saved_bytes = 0;    // the FFN/MoE part of saved (recomputed chunk by chunk)
+  std::vector<RecomputeModule> modules;
+  // Transient working sets beyond the saved tensors, attention and FFN/MoE parts (the FFN/MoE
+  // part divides by the chunk count).
+  uint64_t attn_forward_transient = 0;
+  uint64_t ffn_forward_transient = 0;
+  uint64_t attn_backward_transient = 0;
+  uint64_t ffn_backward_transient = 0;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  double chunk_overhead_seconds = 0;  // per extra FFN/MoE chunk, per pass
+  double forward_flops = 0;
+};
+
+struct FixedMemory {
+  uint64_t weights = 0;
+  uint64_t gradients = 0;
+  uint64_t optimizer = 0;
+  uint64_t comm_buffers = 0;
+  uint64_t total() const { return weights + gradients + optimizer + comm_buffers; }
+};
+
+// Everything the simulator and optimizer need about one step on one rank.
+struct StepCost {
+  std::string model;
+  RunSettings run;
+  HardwareProfile hardware;
+  uint64_t tokens_per_rank = 0;
+  FixedMemory fixed;
+  std::vector<LayerCost> layers;
+  double embedding_seconds = 0;  // forward + backward
+  double tail_seconds = 0;       // final norm, LM head and loss, forward + backward
+  uint64_t tail_bytes = 0;       // working set of the LM head and loss
+  double d2h_bytes_per_second = 0;
+  double h2d_bytes_per_second = 0;
+  double bidir_d2h_bytes_per_second = 0;
+  double bidir_h2d_bytes_per_second = 0;
+  uint64_t copy_chunk_bytes = 16ull << 20;
+};
+
+absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& model, const HardwareProfile& hardware,
+                                       const RunSettings& run);
+
+// One choice for one layer.
+struct LayerOption {
+  LayerPolicy policy = LayerPolicy::kKeep;
+  uint32_t module_mask = 0;  // kSelectiveRecompute: bit k = LayerCost::modules[k] is rerun
+  int chunks = 1;            // FFN/MoE chunk count
+  friend bool operator==(const LayerOption&, const LayerOption&) = default;
+};
+
+// What one option costs: what the simulator consumes.
+struct OptionCost {
+  uint64_t resident_bytes = 0;  // on the GPU from forward end to backward start (after D2H)
+  uint64_t host_bytes = 0;      // copied D2H after forward and H2D before backward
+  uint64_t forward_peak = 0;    // the layer's own bytes during its forward (input included)
+  uint64_t backward_peak = 0;   // the layer's own bytes during its recompute + backward
+  double forward_seconds = 0;
+  double recompute_seconds = 0;
+  double backward_seconds = 0;
+  double compute_seconds() const { return forward_seconds + recompute_seconds + backward_seconds; }
+};
+
+OptionCost EvaluateOption(const LayerCost& layer, const LayerOption& option);
+// Tensors the option moves to the host, in copy order (names as in LayerCost::saved).
+std::vector<PlannedTransfer> OptionTransfers(const LayerCost& layer, const LayerOption& option);
+// Every option for a layer: keep, each non-empty subset of its modules, recompute,
+// offload_input, offload_saved, each with chunk counts 1, 2, 4, 8 (FFN/MoE layers).
+std::vector<LayerOption> AllOptions(const LayerCost& layer, const std::vector<int>& chunk_counts);
+
+}  // namespace stowage::planner
+
+#endif  // STOWAGE_PLANNER_COST_MODEL_H_

@@ -1,0 +1,60 @@
+// The optimizer: chooses one option per layer (policy, recompute modules, FFN/MoE chunk count)
+// and the prefetch distance that minimise the simulated step time within the GPU and host
+// budgets. Exact: a branch and bound whose bound is a knapsack relaxation (compute seconds under
+// the device bytes the layers may keep); see Note [Search] in optimizer.cc.
+#ifndef STOWAGE_PLANNER_OPTIMIZER_H_
+#define STOWAGE_PLANNER_OPTIMIZER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/cost_model.h"
+#include "planner/simulator.h"
+
+namespace stowage::planner {
+
+struct OptimizerOptions {
+  uint64_t gpu_budget_bytes = 0;
+  uint64_t host_budget_bytes = 0;  // pinned host bytes one GPU may use
+  std::vector<int> chunk_counts = {1, 2, 4, 8};
+  std::vector<int> prefetch_distances = {1, 2, 3, 4};
+  // Evaluate one uniform policy instead of choosing (keep, recompute or offload_input); chunk
+  // counts and prefetch distance are still chosen.
+  std::optional<LayerPolicy> force;
+  // Search nodes before the best plan found so far is returned unproven.
+  int64_t node_limit = 20000;
+};
+
+struct OptimizeResult {
+  bool feasible = false;
+  Schedule schedule;  // when feasible (or forced): the chosen schedule
+  SimResult sim;      // its simulation
+  bool proven_optimal = false;
+  int64_t nodes = 0;
+  // When infeasible: the smallest peak the options reach and what binds.
+  uint64_t min_peak_bytes = 0;
+  std::string binding;  // "fixed memory", "host memory", "working set of ...", "LM head and loss"
+  std::string explanation;
+};
+
+OptimizeResult Optimize(const StepCost& step, const OptimizerOptions& options);
+
+// Every combination of AllOptions per layer and every prefetch distance, simulated (tests; only
+// for a handful of layers).
+OptimizeResult ExhaustiveSearch(const StepCost& step, const OptimizerOptions& options);
+
+// The smallest peak stowage's options reach within the host budget, and which term binds.
+OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& options);
+
+// The longest sequence (a multiple of `granularity` tokens) for which Optimize finds a plan
+// within the budgets, searching up to `limit` tokens; 0 when not even `granularity` fits.
+absl::StatusOr<uint64_t> LongestFittingSeqLen(const ModelConfig& model,
+                                              const HardwareProfile& hardware, RunSettings run,
+                                              const OptimizerOptions& options,
+                                              uint64_t granularity, uint64_t limit);
+
+}  // namespace stowage::planner
+
+#endif  // STOWAGE_PLANNER_OPTIMIZER_H_

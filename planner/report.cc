@@ -1,0 +1,342 @@
+#include "planner/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace stowage::planner {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+std::string PolicyText(const LayerCost& layer, const LayerOption& o) {
+  std::string text(LayerPolicyName(o.policy));
+  if (o.policy == LayerPolicy::kSelectiveRecompute) {
+    std::vector<std::string> names;
+    for (size_t m = 0; m < layer.modules.size(); ++m) {
+      if (o.module_mask & (1u << m)) names.push_back(layer.modules[m].name);
+    }
+    text = absl::StrCat("selective(", absl::StrJoin(names, ","), ")");
+  }
+  return text;
+}
+
+std::string Ms(double seconds) { return absl::StrFormat("%.1f", seconds * 1e3); }
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') {
+      out += "&lt;";
+    } else if (c == '>') {
+      out += "&gt;";
+    } else if (c == '&') {
+      out += "&amp;";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatBytes(uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= kGiB) return absl::StrFormat("%.1f GiB", b / kGiB);
+  if (b >= 1024.0 * 1024) return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrCat(bytes, " B");
+}
+
+Baseline ComputeBaseline(const StepCost& step, uint64_t gpu_budget_bytes) {
+  Schedule keep;
+  keep.options.assign(step.layers.size(), {LayerPolicy::kKeep, 0, 1});
+  SimResult sim = Simulate(step, keep, false);
+  if (sim.peak_bytes <= gpu_budget_bytes) return {"keep", sim};
+  Schedule recompute;
+  recompute.options.assign(step.layers.size(), {LayerPolicy::kRecompute, 0, 1});
+  return {"recompute", Simulate(step, recompute, false)};
+}
+
+Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline& baseline,
+              const PlanLabels& labels) {
+  Plan plan;
+  plan.generator = labels.generator;
+  plan.model = labels.model;
+  plan.hardware = labels.hardware;
+  plan.seq_len = step.run.seq_len;
+  plan.micro_batch = step.run.micro_batch;
+  plan.tp = step.run.tp;
+  plan.cp = step.run.cp;
+  plan.ep = step.run.ep;
+  plan.gpu_budget_bytes = labels.gpu_budget_bytes;
+  plan.host_budget_bytes = labels.host_budget_bytes;
+  const SimResult& sim = result.sim;
+  const int n = static_cast<int>(step.layers.size());
+  const int distance = result.schedule.prefetch_distance;
+  PlanPrediction& p = plan.predicted;
+  p.peak_device_bytes = sim.peak_bytes;
+  p.fixed_device_bytes = step.fixed.total();
+  p.host_bytes_per_gpu = sim.host_bytes;
+  p.host_bytes_per_numa_node =
+      sim.host_bytes * static_cast<uint64_t>(step.hardware.gpus_per_numa_node);
+  p.step_seconds = sim.step_seconds;
+  p.exposed_copy_seconds = sim.exposed_copy_seconds;
+  p.baseline = baseline.name;
+  p.baseline_step_seconds = baseline.sim.step_seconds;
+  plan.runtime.prefetch_distance = distance;
+  plan.runtime.host_arena_bytes = sim.host_bytes;  // every offloaded byte is live at the loss
+  plan.runtime.copy_chunk_bytes = step.copy_chunk_bytes;
+  plan.runtime.gpus_per_numa_node = step.hardware.gpus_per_numa_node;
+  for (int i = 0; i < n; ++i) {
+    const LayerCost& l = step.layers[i];
+    const LayerOption& o = result.schedule.options[i];
+    const OptionCost c = EvaluateOption(l, o);
+    LayerPlan lp;
+    lp.index = i;
+    lp.type = l.type;
+    lp.policy = o.policy;
+    lp.moe_chunks = o.chunks;
+    for (size_t m = 0; m < l.modules.size(); ++m) {
+      if (o.policy == LayerPolicy::kSelectiveRecompute && (o.module_mask & (1u << m))) {
+        lp.recompute_modules.push_back(l.modules[m].name);
+      }
+    }
+    lp.device_saved_bytes = c.resident_bytes;
+    lp.host_bytes = c.host_bytes;
+    lp.transfers = OptionTransfers(l, o);
+    lp.prefetch_after_layer = c.host_bytes > 0 ? std::min(i + distance, n - 1) : -1;
+    lp.forward_seconds = c.forward_seconds;
+    lp.backward_seconds = c.backward_seconds;
+    lp.recompute_seconds = c.recompute_seconds;
+    for (const CopyInterval& copy : sim.copies) {
+      if (copy.layer != i) continue;
+      (copy.d2h ? lp.d2h_seconds : lp.h2d_seconds) = copy.end - copy.start;
+    }
+    plan.layers.push_back(std::move(lp));
+  }
+  return plan;
+}
+
+std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeResult& result) {
+  std::string out = absl::StrFormat("%5s  %-14s  %-32s  %6s  %10s  %10s  %9s  %9s  %8s\n", "layer",
+                                    "type", "choice", "chunks", "on GPU", "offloaded", "recomp ms",
+                                    "prefetch", "stall ms");
+  std::vector<double> stall(plan.layers.size(), 0);
+  for (const ComputeInterval& c : result.sim.compute) {
+    if (c.phase == Phase::kBackward && c.layer >= 0) stall[c.layer] = c.stall;
+  }
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
+    const LayerPlan& l = plan.layers[i];
+    std::string prefetch = "-";
+    if (l.prefetch_after_layer >= 0) prefetch = absl::StrCat("bwd ", l.prefetch_after_layer);
+    absl::StrAppend(&out,
+                    absl::StrFormat("%5d  %-14s  %-32s  %6d  %10s  %10s  %9s  %9s  %8s\n", l.index,
+                                    l.type, PolicyText(step.layers[i], result.schedule.options[i]),
+                                    l.moe_chunks, FormatBytes(l.device_saved_bytes),
+                                    l.host_bytes ? FormatBytes(l.host_bytes) : "-",
+                                    Ms(l.recompute_seconds), prefetch, Ms(stall[i])));
+  }
+  return out;
+}
+
+std::string RenderSummary(const StepCost& step, const Plan& plan, const OptimizeResult& result) {
+  const PlanPrediction& p = plan.predicted;
+  const HardwareProfile& hw = step.hardware;
+  std::string out;
+  absl::StrAppend(
+      &out,
+      absl::StrFormat("tokens per GPU         %d (%d x %d / CP %d), TP %d, EP %d, "
+                      "%d GPUs, sharding %s\n",
+                      step.tokens_per_rank, step.run.seq_len, step.run.micro_batch, step.run.cp,
+                      step.run.tp, step.run.ep, step.run.gpus, ShardingName(step.run.sharding)));
+  absl::StrAppend(
+      &out, absl::StrFormat("peak device memory     %s of %s budget (%s), at the %s\n",
+                            FormatBytes(p.peak_device_bytes), FormatBytes(plan.gpu_budget_bytes),
+                            p.peak_device_bytes <= plan.gpu_budget_bytes ? "fits" : "DOES NOT FIT",
+                            result.sim.peak_at));
+  absl::StrAppend(
+      &out, absl::StrFormat("fixed device memory    %s: weights %s, gradients %s, "
+                            "optimizer %s, comm buffers %s\n",
+                            FormatBytes(step.fixed.total()), FormatBytes(step.fixed.weights),
+                            FormatBytes(step.fixed.gradients), FormatBytes(step.fixed.optimizer),
+                            FormatBytes(step.fixed.comm_buffers)));
+  const double pin_seconds =
+      hw.pin_seconds_per_gib * static_cast<double>(p.host_bytes_per_gpu) / kGiB;
+  absl::StrAppend(
+      &out, absl::StrFormat("pinned host memory     %s per GPU (budget %s), %s per NUMA node "
+                            "(%d GPUs, %s RAM); pinning takes ~%.1f s once\n",
+                            FormatBytes(p.host_bytes_per_gpu), FormatBytes(plan.host_budget_bytes),
+                            FormatBytes(p.host_bytes_per_numa_node), hw.gpus_per_numa_node,
+                            FormatBytes(hw.host_bytes_per_numa_node), pin_seconds));
+  const double overhead =
+      p.baseline_step_seconds > 0 ? (p.step_seconds / p.baseline_step_seconds - 1) * 100 : 0;
+  absl::StrAppend(&out,
+                  absl::StrFormat("step time              %.3f s (exposed copy waits %.3f s); "
+                                  "%+.1f%% against %s (%.3f s)\n",
+                                  p.step_seconds, p.exposed_copy_seconds, overhead,
+                                  p.baseline == "keep" ? "keeping everything" : "full recompute",
+                                  p.baseline_step_seconds));
+  absl::StrAppend(&out, absl::StrFormat("prefetch distance      %d layer(s); %s\n",
+                                        plan.runtime.prefetch_distance,
+                                        result.proven_optimal ? "optimal within the options"
+                                                              : "best found (search cut short)"));
+  return out;
+}
+
+std::string RenderTimelineSvg(const StepCost& step, const Plan& plan,
+                              const OptimizeResult& result) {
+  const SimResult& sim = result.sim;
+  constexpr double kWidth = 1000, kLeft = 70, kRight = 20, kTop = 40, kPlotH = 300;
+  constexpr double kLaneH = 16, kLaneGap = 6;
+  const double lanes_top = kTop + kPlotH + 36;
+  const double height = lanes_top + 3 * (kLaneH + kLaneGap) + 30;
+  const double plot_w = kWidth - kLeft - kRight;
+  const double t_max = std::max(sim.step_seconds, 1e-9);
+  const double y_max = std::max<double>(
+      1, 1.08 * static_cast<double>(std::max(sim.peak_bytes, plan.gpu_budget_bytes)));
+  auto x = [&](double t) { return kLeft + plot_w * t / t_max; };
+  auto y = [&](double bytes) { return kTop + kPlotH * (1 - bytes / y_max); };
+  std::string s;
+  absl::StrAppend(
+      &s, absl::StrFormat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
+                          "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" "
+                          "font-size=\"12\">\n",
+                          kWidth, height, kWidth, height));
+  absl::StrAppend(&s, absl::StrFormat("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n",
+                                      kWidth, height));
+  absl::StrAppend(
+      &s, absl::StrFormat(
+              "<text x=\"%.0f\" y=\"20\" font-size=\"14\" font-weight=\"bold\">%s: device memory "
+              "over one step (%s, %d tokens, peak %s of %s)</text>\n",
+              kLeft, Escape(plan.model), Escape(plan.hardware), plan.seq_len,
+              FormatBytes(sim.peak_bytes), FormatBytes(plan.gpu_budget_bytes)));
+  // Axes and grid.
+  const double gib_max = y_max / kGiB;
+  const double step_gib = gib_max > 400   ? 100
+                          : gib_max > 160 ? 40
+                          : gib_max > 40  ? 20
+                          : gib_max > 10  ? 5
+                                          : 1;
+  for (double g = 0; g <= gib_max; g += step_gib) {
+    absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                                        "stroke=\"#e0e0e0\"/>\n",
+                                        kLeft, y(g * kGiB), kLeft + plot_w, y(g * kGiB)));
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.0f "
+                                        "GiB</text>\n",
+                                        kLeft - 6, y(g * kGiB) + 4, g));
+  }
+  const double t_step = std::pow(10, std::floor(std::log10(t_max / 5)));
+  const double t_tick = t_max / t_step > 25   ? 5 * t_step
+                        : t_max / t_step > 10 ? 2 * t_step
+                                              : t_step;
+  for (double t = 0; t <= t_max * 1.0001; t += t_tick) {
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%gs"
+                                        "</text>\n",
+                                        x(t), kTop + kPlotH + 16, t));
+  }
+  absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                                      "stroke=\"black\"/>\n",
+                                      kLeft, kTop + kPlotH, kLeft + plot_w, kTop + kPlotH));
+  // Fixed memory band.
+  absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                                      "fill=\"#d9d9d9\"/>\n",
+                                      kLeft, y(static_cast<double>(step.fixed.total())), plot_w,
+                                      kTop + kPlotH - y(static_cast<double>(step.fixed.total()))));
+  // Memory as a step function, filled.
+  std::string points = absl::StrFormat("%.1f,%.1f", x(0), y(0));
+  double last_bytes = sim.timeline.empty() ? 0 : static_cast<double>(sim.timeline[0].bytes);
+  for (const MemoryPoint& m : sim.timeline) {
+    absl::StrAppend(&points, absl::StrFormat(" %.1f,%.1f %.1f,%.1f", x(m.seconds), y(last_bytes),
+                                             x(m.seconds), y(static_cast<double>(m.bytes))));
+    last_bytes = static_cast<double>(m.bytes);
+  }
+  absl::StrAppend(&points,
+                  absl::StrFormat(" %.1f,%.1f %.1f,%.1f", x(t_max), y(last_bytes), x(t_max), y(0)));
+  absl::StrAppend(&s, absl::StrFormat("<polygon points=\"%s\" fill=\"#4e79a7\" "
+                                      "fill-opacity=\"0.55\" stroke=\"#2f4b7c\" "
+                                      "stroke-width=\"1\"/>\n",
+                                      points));
+  absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
+                                      "fill=\"#bdbdbd\" fill-opacity=\"0.8\"/>\n",
+                                      kLeft, y(static_cast<double>(step.fixed.total())), plot_w,
+                                      kTop + kPlotH - y(static_cast<double>(step.fixed.total()))));
+  absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" fill=\"#333\">fixed: weights, "
+                                      "gradients, optimizer %s</text>\n",
+                                      kLeft + 6, y(static_cast<double>(step.fixed.total())) + 14,
+                                      FormatBytes(step.fixed.total())));
+  // Budget and peak.
+  const double by = y(static_cast<double>(plan.gpu_budget_bytes));
+  absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                                      "stroke=\"#d62728\" stroke-width=\"2\" "
+                                      "stroke-dasharray=\"6,4\"/>\n",
+                                      kLeft, by, kLeft + plot_w, by));
+  absl::StrAppend(&s,
+                  absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" "
+                                  "fill=\"#d62728\">budget %s</text>\n",
+                                  kLeft + plot_w - 4, by - 5, FormatBytes(plan.gpu_budget_bytes)));
+  absl::StrAppend(
+      &s, absl::StrFormat("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#d62728\"/>\n"
+                          "<text x=\"%.1f\" y=\"%.1f\" fill=\"#333\">peak %s</text>\n",
+                          x(sim.peak_seconds), y(static_cast<double>(sim.peak_bytes)),
+                          x(sim.peak_seconds) + 6, y(static_cast<double>(sim.peak_bytes)) - 6,
+                          FormatBytes(sim.peak_bytes)));
+  // Lanes: compute (forward / loss / backward, stalls), D2H, H2D.
+  const char* lane_names[] = {"compute", "D2H", "H2D"};
+  for (int lane = 0; lane < 3; ++lane) {
+    const double ly = lanes_top + lane * (kLaneH + kLaneGap);
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s"
+                                        "</text>\n",
+                                        kLeft - 6, ly + 12, lane_names[lane]));
+    absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                                        "height=\"%.1f\" fill=\"#f4f4f4\"/>\n",
+                                        kLeft, ly, plot_w, kLaneH));
+  }
+  for (const ComputeInterval& c : sim.compute) {
+    const char* color = c.phase == Phase::kForward    ? "#59a14f"
+                        : c.phase == Phase::kTail     ? "#edc948"
+                        : c.phase == Phase::kBackward ? "#f28e2b"
+                                                      : "#9c9c9c";
+    absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
+                                        "height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
+                                        "stroke-width=\"0.3\"/>\n",
+                                        x(c.start), lanes_top, std::max(0.3, x(c.end) - x(c.start)),
+                                        kLaneH, color));
+    if (c.stall > 0) {
+      absl::StrAppend(&s,
+                      absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
+                                      "height=\"%.1f\" fill=\"#d62728\"/>\n",
+                                      x(c.start - c.stall), lanes_top,
+                                      std::max(0.5, x(c.start) - x(c.start - c.stall)), kLaneH));
+    }
+  }
+  for (const CopyInterval& c : sim.copies) {
+    const double ly = lanes_top + (c.d2h ? 1 : 2) * (kLaneH + kLaneGap);
+    absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
+                                        "height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
+                                        "stroke-width=\"0.3\"/>\n",
+                                        x(c.start), ly, std::max(0.3, x(c.end) - x(c.start)),
+                                        kLaneH, c.d2h ? "#76b7b2" : "#b07aa1"));
+  }
+  const double legend_y = lanes_top + 3 * (kLaneH + kLaneGap) + 14;
+  const std::pair<const char*, const char*> legend[] = {
+      {"#59a14f", "forward"},      {"#edc948", "LM head + loss"}, {"#f28e2b", "backward"},
+      {"#d62728", "copy wait"},    {"#76b7b2", "offload (D2H)"},  {"#b07aa1", "prefetch (H2D)"},
+      {"#4e79a7", "device memory"}};
+  double lx = kLeft;
+  for (const auto& [color, label] : legend) {
+    absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" "
+                                        "fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
+                                        lx, legend_y - 9, color, lx + 14, legend_y, label));
+    lx += 26 + 7.0 * std::string(label).size();
+  }
+  absl::StrAppend(&s, "</svg>\n");
+  return s;
+}
+
+}  // namespace stowage::planner

@@ -1,0 +1,47 @@
+// Turning an optimized schedule into what users read and what the runtime reads: the plan
+// (include/stowage/plan.h), the per-layer table with its summary, and the timeline picture.
+#ifndef STOWAGE_PLANNER_REPORT_H_
+#define STOWAGE_PLANNER_REPORT_H_
+
+#include <string>
+
+#include "planner/cost_model.h"
+#include "planner/optimizer.h"
+#include "stowage/plan.h"
+
+namespace stowage::planner {
+
+struct PlanLabels {
+  std::string generator;  // "stowage <version>"
+  std::string model;      // preset name or config path
+  std::string hardware;   // preset name or profile path
+  uint64_t gpu_budget_bytes = 0;
+  uint64_t host_budget_bytes = 0;
+};
+
+// What the plan is compared with: keep everything where that fits the GPU budget, else full
+// recompute (every layer input kept on the GPU).
+struct Baseline {
+  std::string name;  // "keep" or "recompute"
+  SimResult sim;
+};
+Baseline ComputeBaseline(const StepCost& step, uint64_t gpu_budget_bytes);
+
+// The plan for a simulated schedule; passes ValidatePlan.
+Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline& baseline,
+              const PlanLabels& labels);
+
+// The per-layer table and the summary below it.
+std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeResult& result);
+std::string RenderSummary(const StepCost& step, const Plan& plan, const OptimizeResult& result);
+
+// Device memory over the step (forward rising, backward falling) against the budget, with the
+// compute, D2H and H2D lanes below it. Self-contained SVG 1.1.
+std::string RenderTimelineSvg(const StepCost& step, const Plan& plan, const OptimizeResult& result);
+
+// "12.3 GiB", "512.0 MiB".
+std::string FormatBytes(uint64_t bytes);
+
+}  // namespace stowage::planner
+
+#endif  // STOWAGE_PLANNER_REPORT_H_
