@@ -1,7 +1,9 @@
 #include "planner/model.h"
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -174,6 +176,13 @@ absl::Status ReadMla(const Fields& f, ModelConfig& m) {
 
 absl::StatusOr<ModelConfig> FromHf(const json& j, const std::string& family,
                                    const std::string& name) {
+  static const char* const kFamilies[] = {"llama",   "qwen2",       "qwen3",    "qwen3_moe",
+                                          "mixtral", "deepseek_v3", "glm5_next"};
+  if (std::find(std::begin(kFamilies), std::end(kFamilies), family) == std::end(kFamilies)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: field 'model_type' is '", family,
+        "'; supported: llama, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, glm5_next"));
+  }
   Fields f(j, family);
   ModelConfig m;
   m.name = name;

@@ -191,7 +191,8 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
       }
     }
     if (record) {
-      if (!r.timeline.empty() && r.timeline.back().seconds == e.time) {
+      // Events at one instant merge into one point (the starting point at 0 stays).
+      if (r.timeline.size() > 1 && r.timeline.back().seconds == e.time) {
         r.timeline.back().bytes = static_cast<uint64_t>(level);
       } else {
         r.timeline.push_back({e.time, static_cast<uint64_t>(level)});

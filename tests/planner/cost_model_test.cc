@@ -1,0 +1,187 @@
+// The cost model against first-principles arithmetic, including the published reference figures
+// (DESIGN.md): 1M tokens / CP 8 of GLM-5.3-Flash offload 180 GiB of layer inputs per GPU, and at
+// 256K offloading the layer inputs saves about 45 GiB of peak memory.
+#include "planner/cost_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "planner/optimizer.h"
+
+namespace stowage::planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+StepCost Reference(uint64_t seq_len) {
+  RunSettings run;  // CP 8, EP 8, 64 GPUs, bf16: the reference run
+  run.seq_len = seq_len;
+  auto step = BuildStepCost(*ModelPreset("glm-5.3-flash"), *HardwarePreset("b200"), run);
+  EXPECT_TRUE(step.ok()) << step.status();
+  return *step;
+}
+
+OptimizeResult Forced(const StepCost& step, LayerPolicy policy) {
+  OptimizerOptions o;
+  o.gpu_budget_bytes = ~0ull;
+  o.host_budget_bytes = ~0ull;
+  o.force = policy;
+  return Optimize(step, o);
+}
+
+TEST(ReferenceRun, OffloadedLayerInputsAt1MCome180GiBPerGpu) {
+  const StepCost step = Reference(1048576);
+  EXPECT_EQ(step.tokens_per_rank, 131072u);
+  // One layer input: 131072 tokens x hc_mult 4 x hidden 4096 x 2 bytes = 4 GiB.
+  EXPECT_EQ(step.layers[0].input_bytes, 131072ull * 4 * 4096 * 2);
+  const OptimizeResult offload = Forced(step, LayerPolicy::kOffloadInput);
+  ASSERT_TRUE(offload.feasible);
+  EXPECT_EQ(offload.sim.host_bytes, 45ull * 131072 * 4 * 4096 * 2);
+  EXPECT_NEAR(offload.sim.host_bytes / kGiB, 180.0, 0.01);
+}
+
+TEST(ReferenceRun, OffloadingLayerInputsAt256KSavesAbout45GiB) {
+  const StepCost step = Reference(262144);
+  const OptimizeResult kept = Forced(step, LayerPolicy::kRecompute);
+  const OptimizeResult offloaded = Forced(step, LayerPolicy::kOffloadInput);
+  ASSERT_TRUE(kept.feasible && offloaded.feasible);
+  EXPECT_NEAR(offloaded.sim.host_bytes / kGiB, 45.0, 0.01);
+  const double saved =
+      (static_cast<double>(kept.sim.peak_bytes) - static_cast<double>(offloaded.sim.peak_bytes)) /
+      kGiB;
+  // Published: 142 -> 98 GiB. The saving is the inputs minus what is still in flight.
+  EXPECT_GT(saved, 40.0);
+  EXPECT_LE(saved, 45.0);
+}
+
+TEST(CostModel, ParallelismDividesTheRightTerms) {
+  const ModelConfig m = *ModelPreset("glm-5.3-flash");
+  const HardwareProfile hw = *HardwarePreset("b200");
+  RunSettings base;
+  base.seq_len = 262144;
+  const StepCost s1 = *BuildStepCost(m, hw, base);
+
+  RunSettings tp2 = base;
+  tp2.tp = 2;  // sequence parallel: the residual stream splits over TP
+  const StepCost s2 = *BuildStepCost(m, hw, tp2);
+  EXPECT_EQ(s2.layers[5].input_bytes * 2, s1.layers[5].input_bytes);
+  EXPECT_LT(s2.layers[5].saved_bytes, s1.layers[5].saved_bytes);
+
+  RunSettings cp16 = base;
+  cp16.cp = 16;  // half the tokens per rank
+  const StepCost s3 = *BuildStepCost(m, hw, cp16);
+  EXPECT_EQ(s3.tokens_per_rank * 2, s1.tokens_per_rank);
+  EXPECT_EQ(s3.layers[5].input_bytes * 2, s1.layers[5].input_bytes);
+
+  RunSettings ep16 = base;
+  ep16.ep = 16;  // experts spread further: less expert state per rank
+  EXPECT_LT(BuildStepCost(m, hw, ep16)->fixed.total(), s1.fixed.total());
+
+  RunSettings busy = base;
+  busy.moe_imbalance = 4;  // the busiest expert-parallel rank holds 4x the routed tokens
+  const StepCost s4 = *BuildStepCost(m, hw, busy);
+  auto moe_bytes = [](const LayerCost& l, const std::string& name) {
+    for (const SavedTensor& t : l.saved) {
+      if (t.name == name) return t.bytes;
+    }
+    return uint64_t{0};
+  };
+  EXPECT_EQ(moe_bytes(s4.layers[5], "moe.dispatched"),
+            4 * moe_bytes(s1.layers[5], "moe.dispatched"));
+  EXPECT_EQ(s4.layers[5].input_bytes, s1.layers[5].input_bytes);
+  EXPECT_GT(s4.layers[5].forward_seconds, s1.layers[5].forward_seconds);
+}
+
+TEST(CostModel, ShardingLevelsShrinkFixedMemory) {
+  const ModelConfig m = *ModelPreset("deepseek-v3");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run;
+  run.seq_len = 65536;
+  uint64_t previous = ~0ull;
+  for (Sharding s :
+       {Sharding::kNoShard, Sharding::kOptim, Sharding::kOptimGrads, Sharding::kOptimGradsParams}) {
+    run.sharding = s;
+    const uint64_t fixed = BuildStepCost(m, hw, run)->fixed.total();
+    EXPECT_LT(fixed, previous) << ShardingName(s);
+    previous = fixed;
+  }
+  EXPECT_EQ(*ParseSharding("optim"), Sharding::kOptim);
+  EXPECT_THAT(ParseSharding("zero3").status().message(), HasSubstr("allowed: no_shard"));
+}
+
+TEST(CostModel, FixedMemoryOfADenseModelFromItsParameterCount) {
+  // Llama-3-8B: ~8.03e9 parameters. Unsharded on one GPU: 2 (bf16) + 4 (fp32 grads) + 12 (Adam).
+  const ModelConfig m = *ModelPreset("llama-3-8b");
+  RunSettings run;
+  run.seq_len = 8192;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  const StepCost s = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  const double params = static_cast<double>(s.fixed.weights) / 2;
+  EXPECT_NEAR(params / 1e9, 8.03, 0.05);
+  EXPECT_EQ(s.fixed.gradients, 2 * s.fixed.weights);
+  EXPECT_EQ(s.fixed.optimizer, 6 * s.fixed.weights);
+}
+
+TEST(CostModel, LossChunkingShrinksTheTail) {
+  const ModelConfig m = *ModelPreset("glm-5.3-flash");
+  RunSettings run;
+  run.seq_len = 262144;
+  const uint64_t chunked = BuildStepCost(m, *HardwarePreset("b200"), run)->tail_bytes;
+  run.loss_chunk_tokens = 0;
+  const uint64_t whole = BuildStepCost(m, *HardwarePreset("b200"), run)->tail_bytes;
+  // Whole logits: 32768 tokens x 154880 vocab x (bf16 + two fp32 buffers).
+  EXPECT_GE(whole, 32768ull * 154880 * 10);
+  EXPECT_LT(chunked, whole / 3);
+}
+
+TEST(CostModel, OptionsTradeMemoryForTime) {
+  const StepCost step = Reference(262144);
+  const LayerCost& l = step.layers[7];  // dsa+moe
+  const OptionCost keep = EvaluateOption(l, {LayerPolicy::kKeep, 0, 1});
+  const OptionCost recompute = EvaluateOption(l, {LayerPolicy::kRecompute, 0, 1});
+  const OptionCost offload = EvaluateOption(l, {LayerPolicy::kOffloadInput, 0, 1});
+  const OptionCost saved = EvaluateOption(l, {LayerPolicy::kOffloadSaved, 0, 1});
+  const OptionCost chunked = EvaluateOption(l, {LayerPolicy::kRecompute, 0, 4});
+  EXPECT_EQ(keep.resident_bytes, l.saved_bytes);
+  EXPECT_EQ(recompute.resident_bytes, l.input_bytes);
+  EXPECT_EQ(offload.resident_bytes, 0u);
+  EXPECT_EQ(offload.host_bytes, l.input_bytes);
+  EXPECT_EQ(saved.host_bytes, l.saved_bytes);
+  EXPECT_EQ(keep.recompute_seconds, 0);
+  EXPECT_DOUBLE_EQ(recompute.recompute_seconds, l.forward_seconds);
+  EXPECT_EQ(saved.recompute_seconds, 0);
+  EXPECT_LT(chunked.backward_peak, recompute.backward_peak);
+  EXPECT_GT(chunked.compute_seconds(), recompute.compute_seconds());
+  // Selective recompute of every module keeps less than keep, more than recompute.
+  const uint32_t all = (1u << l.modules.size()) - 1;
+  const OptionCost selective = EvaluateOption(l, {LayerPolicy::kSelectiveRecompute, all, 1});
+  EXPECT_LT(selective.resident_bytes, keep.resident_bytes);
+  EXPECT_GT(selective.resident_bytes, recompute.resident_bytes);
+  EXPECT_LT(selective.recompute_seconds, recompute.recompute_seconds);
+}
+
+TEST(CostModel, BadRunSettingsNameTheFlag) {
+  const ModelConfig m = *ModelPreset("glm-5.3-flash");
+  RunSettings run;
+  run.cp = 3;
+  EXPECT_THAT(ValidateRun(m, run).message(), HasSubstr("--seq-len is 1048576"));
+  run = RunSettings();
+  run.ep = 7;
+  EXPECT_THAT(ValidateRun(m, run).message(), HasSubstr("--gpus is 64"));
+  run = RunSettings();
+  run.ep = 16;
+  run.gpus = 64;
+  EXPECT_TRUE(ValidateRun(m, run).ok());
+  run.moe_imbalance = 0.5;
+  EXPECT_THAT(ValidateRun(m, run).message(), HasSubstr("--moe-imbalance is 0.5"));
+  run = RunSettings();
+  EXPECT_THAT(ValidateRun(*ModelPreset("llama-3-8b"), run).message(), HasSubstr("--ep is 8"));
+}
+
+}  // namespace
+}  // namespace stowage::planner

@@ -1,0 +1,206 @@
+// The optimizer against exhaustive search on many small random instances (every option of every
+// layer, every prefetch distance), and its answers for infeasible requests.
+#include "planner/optimizer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace stowage::planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A random step: 2-5 layers with random saved tensors (some in recompute modules), working sets
+// and times; copies slow or fast relative to compute so that waits and backlogs happen.
+StepCost RandomStep(std::mt19937_64& rng, int layers) {
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  auto bytes = [&](uint64_t lo, uint64_t hi) {
+    return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+  };
+  StepCost step;
+  step.fixed.weights = bytes(0, 2000);
+  step.tail_bytes = bytes(0, 400);
+  step.tail_seconds = uniform(0.1, 1);
+  step.embedding_seconds = uniform(0, 0.1);
+  const double rate = uniform(50, 2000);
+  step.d2h_bytes_per_second = rate;
+  step.h2d_bytes_per_second = rate * uniform(0.8, 1.2);
+  step.bidir_d2h_bytes_per_second = step.d2h_bytes_per_second * 0.9;
+  step.bidir_h2d_bytes_per_second = step.h2d_bytes_per_second * 0.9;
+  for (int i = 0; i < layers; ++i) {
+    LayerCost l;
+    l.index = i;
+    l.type = "random";
+    l.input_bytes = bytes(50, 300);
+    l.saved.push_back({"input", "", l.input_bytes});
+    const int modules = std::uniform_int_distribution<int>(0, 2)(rng);
+    for (int m = 0; m < modules; ++m) {
+      const std::string name = absl::StrCat("module", m);
+      const uint64_t b = bytes(20, 400);
+      l.saved.push_back({name + ".out", name, b});
+      l.modules.push_back({name, b, uniform(0.01, 0.3), m == 1});
+    }
+    l.saved.push_back({"other", "", bytes(0, 500)});
+    l.ffn_saved_bytes = bytes(0, 300);
+    l.saved.push_back({"ffn", "", l.ffn_saved_bytes});
+    if (modules == 2) l.ffn_saved_bytes += l.modules[1].saved_bytes;
+    for (const SavedTensor& t : l.saved) l.saved_bytes += t.bytes;
+    l.attn_forward_transient = bytes(0, 300);
+    l.ffn_forward_transient = bytes(0, 800);
+    l.attn_backward_transient = bytes(0, 400);
+    l.ffn_backward_transient = bytes(0, 1200);
+    l.forward_seconds = uniform(0.2, 1.5);
+    l.backward_seconds = l.forward_seconds * uniform(1.5, 2.5);
+    l.chunk_overhead_seconds = uniform(0.001, 0.05);
+    step.layers.push_back(std::move(l));
+  }
+  return step;
+}
+
+uint64_t PeakOf(const StepCost& step, LayerPolicy policy, int chunks) {
+  Schedule s;
+  s.options.assign(step.layers.size(), {policy, 0, chunks});
+  return Simulate(step, s, false).peak_bytes;
+}
+
+TEST(Optimizer, EqualsExhaustiveSearchOnRandomInstances) {
+  std::mt19937_64 rng(20261129);
+  int feasible = 0, infeasible = 0, with_offload = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int layers = std::uniform_int_distribution<int>(2, trial < 40 ? 4 : 5)(rng);
+    const StepCost step = RandomStep(rng, layers);
+    OptimizerOptions o;
+    o.chunk_counts = trial % 3 == 0 ? std::vector<int>{1, 2} : std::vector<int>{1};
+    o.prefetch_distances = {1, 2};
+    o.node_limit = 1'000'000'000;
+    // Budgets between the smallest and the largest peaks, so the choice matters.
+    const uint64_t low = PeakOf(step, LayerPolicy::kOffloadInput, 1);
+    const uint64_t high = PeakOf(step, LayerPolicy::kKeep, 1);
+    o.gpu_budget_bytes =
+        low + static_cast<uint64_t>(std::uniform_real_distribution<double>(-0.1, 1.0)(rng) *
+                                    static_cast<double>(high - low));
+    const uint64_t all_inputs = [&] {
+      uint64_t sum = 0;
+      for (const LayerCost& l : step.layers) sum += l.saved_bytes;
+      return sum;
+    }();
+    o.host_budget_bytes =
+        trial % 4 == 0 ? 0 : std::uniform_int_distribution<uint64_t>(0, all_inputs)(rng);
+
+    const OptimizeResult exhaustive = ExhaustiveSearch(step, o);
+    const OptimizeResult found = Optimize(step, o);
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ", ", layers, " layers, budget ", o.gpu_budget_bytes,
+                              ", host ", o.host_budget_bytes));
+    ASSERT_EQ(found.feasible, exhaustive.feasible);
+    if (!exhaustive.feasible) {
+      ++infeasible;
+      continue;
+    }
+    ++feasible;
+    EXPECT_TRUE(found.proven_optimal);
+    EXPECT_NEAR(found.sim.step_seconds, exhaustive.sim.step_seconds,
+                1e-9 * exhaustive.sim.step_seconds);
+    EXPECT_LE(found.sim.peak_bytes, o.gpu_budget_bytes);
+    EXPECT_LE(found.sim.host_bytes, o.host_budget_bytes);
+    with_offload += found.sim.host_bytes > 0;
+  }
+  // The instances exercise every outcome.
+  EXPECT_GT(feasible, 20);
+  EXPECT_GT(infeasible, 0);
+  EXPECT_GT(with_offload, 0);
+}
+
+StepCost Reference(uint64_t seq_len, const std::string& hardware = "b200") {
+  RunSettings run;
+  run.seq_len = seq_len;
+  return *BuildStepCost(*ModelPreset("glm-5.3-flash"), *HardwarePreset(hardware), run);
+}
+
+OptimizerOptions Budgets(const StepCost& step) {
+  OptimizerOptions o;
+  o.gpu_budget_bytes = step.hardware.UsableBytes();
+  o.host_budget_bytes = step.hardware.HostBytesPerGpu();
+  return o;
+}
+
+TEST(Optimizer, ReferencePlanFitsAndBeatsFullRecompute) {
+  const StepCost step = Reference(262144);
+  const OptimizerOptions o = Budgets(step);
+  const OptimizeResult r = Optimize(step, o);
+  ASSERT_TRUE(r.feasible);
+  EXPECT_LE(r.sim.peak_bytes, o.gpu_budget_bytes);
+  EXPECT_LE(r.sim.host_bytes, o.host_budget_bytes);
+  Schedule recompute;
+  recompute.options.assign(step.layers.size(), {LayerPolicy::kRecompute, 0, 1});
+  EXPECT_LE(r.sim.step_seconds, Simulate(step, recompute, false).step_seconds);
+}
+
+TEST(Optimizer, InfeasibleFixedMemoryBinds) {
+  const StepCost step = Reference(262144);
+  OptimizerOptions o = Budgets(step);
+  o.gpu_budget_bytes = step.fixed.total() / 2;
+  const OptimizeResult r = Optimize(step, o);
+  EXPECT_FALSE(r.feasible);
+  EXPECT_EQ(r.binding, "fixed memory");
+  EXPECT_THAT(r.explanation, HasSubstr("optimizer state"));
+  EXPECT_GT(r.min_peak_bytes, o.gpu_budget_bytes);
+}
+
+TEST(Optimizer, InfeasibleHostMemoryBinds) {
+  // 2M tokens: 360 GiB of layer inputs, more than the 256 GiB of host memory per B200.
+  const StepCost step = Reference(2097152);
+  const OptimizeResult r = Optimize(step, Budgets(step));
+  EXPECT_FALSE(r.feasible);
+  EXPECT_EQ(r.binding, "host memory");
+  EXPECT_GT(r.min_peak_bytes, step.hardware.UsableBytes());
+}
+
+TEST(Optimizer, InfeasibleWorkingSetBinds) {
+  const StepCost step = Reference(1048576);
+  OptimizerOptions o = Budgets(step);
+  o.host_budget_bytes = ~0ull;
+  o.gpu_budget_bytes = step.fixed.total() + (8ull << 30);
+  const OptimizeResult r = Optimize(step, o);
+  EXPECT_FALSE(r.feasible);
+  EXPECT_THAT(r.binding, HasSubstr("working set of the"));
+  EXPECT_GT(r.min_peak_bytes, o.gpu_budget_bytes);
+}
+
+TEST(Optimizer, ForcedPolicyIsUniform) {
+  const StepCost step = Reference(262144);
+  OptimizerOptions o = Budgets(step);
+  o.gpu_budget_bytes = ~0ull;
+  for (LayerPolicy p : {LayerPolicy::kKeep, LayerPolicy::kRecompute, LayerPolicy::kOffloadInput}) {
+    o.force = p;
+    const OptimizeResult r = Optimize(step, o);
+    ASSERT_TRUE(r.feasible);
+    for (const LayerOption& option : r.schedule.options) EXPECT_EQ(option.policy, p);
+  }
+}
+
+TEST(Optimizer, LongestFittingSequence) {
+  const ModelConfig m = *ModelPreset("glm-5.3-flash");
+  const HardwareProfile hw = *HardwarePreset("b200");
+  RunSettings run;
+  OptimizerOptions o;
+  o.gpu_budget_bytes = hw.UsableBytes();
+  o.host_budget_bytes = hw.HostBytesPerGpu();
+  auto longest = LongestFittingSeqLen(m, hw, run, o, 8 * 1024, 1ull << 24);
+  ASSERT_TRUE(longest.ok()) << longest.status();
+  // 1M fits (the reference run), 2M does not (host memory).
+  EXPECT_GE(*longest, 1048576u);
+  EXPECT_LT(*longest, 2097152u);
+  run.seq_len = *longest;
+  EXPECT_TRUE(Optimize(*BuildStepCost(m, hw, run), o).feasible);
+  run.seq_len = *longest + 8 * 1024;
+  EXPECT_FALSE(Optimize(*BuildStepCost(m, hw, run), o).feasible);
+}
+
+}  // namespace
+}  // namespace stowage::planner
