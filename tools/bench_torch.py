@@ -364,7 +364,8 @@ def main() -> int:
     if args.small:
         _UNIT = (2**20, "MiB")
     kinds = ["mlp", "attention"] if args.model == "all" else [args.model]
-    print(f"stowage {stowage.__version__} (runtime {stowage.version()})")
+    print(f"stowage {stowage.__version__} (runtime {stowage.version()}); command: "
+          f"{' '.join(['tools/bench_torch.py'] + sys.argv[1:])}")
     for kind in kinds:
         bench = Bench(args, kind)
         rows = bench.run()

@@ -302,6 +302,9 @@ class PlannedLayers(nn.Module):
                 runtime_options.setdefault("device", device.index or 0)
             self._runtime = Runtime(plan, backend=backend, **runtime_options)
 
+    def extra_repr(self) -> str:
+        return "policies=[" + ", ".join(self.plan.policies()) + "]"
+
     # -- runtime ----------------------------------------------------------------------------
     @property
     def runtime(self) -> Optional[Runtime]:
