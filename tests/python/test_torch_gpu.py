@@ -30,6 +30,13 @@ MIXED = ["offload_input", "offload_saved", "recompute", "keep"]
 class CudaTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
+        probe = stowage.Plan(layers=[stowage.LayerPlan(index=0, type="probe", policy="keep")])
+        try:
+            stowage.Runtime(probe, backend="cuda").close()
+        except stowage.StowageError as e:
+            if e.status == "UNAVAILABLE":
+                raise unittest.SkipTest(f"libstowage.so has no CUDA backend here: {e}")
+            raise
         torch.use_deterministic_algorithms(True, warn_only=True)
         cls.dev = torch.device("cuda", torch.cuda.current_device())
         cls.fixtures = {}
