@@ -1,0 +1,145 @@
+// `stowage plan` end to end: the binary's exit codes, table, JSON and files.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "stowage/plan.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr
+};
+
+Result Stowage(const std::string& args) {
+  const std::string command = std::string(STOWAGE_BINARY_DIR) + "/tools/stowage " + args + " 2>&1";
+  Result run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.out.append(buffer, n);
+  const int status = pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+class PlanCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("stowage_plan_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(PlanCommand, DefaultPlansTheReferenceRun) {
+  const Result run = Stowage("plan");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("glm-5.3-flash on b200"));
+  EXPECT_THAT(run.out, HasSubstr("1048576 tokens"));
+  EXPECT_THAT(run.out, HasSubstr("131072 (1048576 x 1 / CP 8), TP 1, EP 8"));
+  EXPECT_THAT(run.out, HasSubstr("(fits)"));
+  EXPECT_THAT(run.out, HasSubstr("offload_input"));
+  EXPECT_THAT(run.out, HasSubstr("per NUMA node"));
+}
+
+TEST_F(PlanCommand, JsonOutAndTimeline) {
+  const Result run = Stowage("plan --seq-len 256K --format json --out " + Path("plan.json") +
+                             " --timeline " + Path("t.svg"));
+  ASSERT_EQ(run.code, 0) << run.out;
+  auto from_stdout = stowage::ParsePlanJson(run.out);
+  ASSERT_TRUE(from_stdout.ok()) << from_stdout.status();
+  auto from_file = stowage::ReadPlanFile(Path("plan.json"));
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  EXPECT_EQ(stowage::PlanToJson(*from_file), run.out);
+  EXPECT_EQ(from_file->seq_len, 262144u);
+  EXPECT_EQ(from_file->cp, 8);
+  EXPECT_TRUE(stowage::ValidatePlan(*from_file).ok());
+  std::ifstream svg(Path("t.svg"));
+  std::stringstream text;
+  text << svg.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("<svg"));
+}
+
+TEST_F(PlanCommand, ForcedPoliciesCompare) {
+  const Result keep = Stowage("plan --seq-len 256K --force keep");
+  EXPECT_EQ(keep.code, 1) << keep.out;  // keeping everything does not fit a B200
+  EXPECT_THAT(keep.out, HasSubstr("DOES NOT FIT"));
+  const Result offload = Stowage("plan --seq-len 256K --force offload --format json");
+  ASSERT_EQ(offload.code, 0) << offload.out;
+  auto plan = stowage::ParsePlanJson(offload.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const stowage::LayerPlan& l : plan->layers) {
+    EXPECT_EQ(l.policy, stowage::LayerPolicy::kOffloadInput);
+  }
+  EXPECT_EQ(plan->predicted.host_bytes_per_gpu, 45ull << 30);
+}
+
+TEST_F(PlanCommand, InfeasibleRequestsSayWhatBinds) {
+  const Result run = Stowage("plan --gpu-mem 60");
+  EXPECT_EQ(run.code, 1) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("does not fit"));
+  EXPECT_THAT(run.out, HasSubstr("binding: fixed memory"));
+  const Result host = Stowage("plan --seq-len 2M");
+  EXPECT_EQ(host.code, 1) << host.out;
+  EXPECT_THAT(host.out, HasSubstr("binding: host memory"));
+}
+
+TEST_F(PlanCommand, MaxSeqLen) {
+  const Result run = Stowage("plan --max-seq-len --hardware h200 --cp 16 --gpus 128");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("longest sequence that fits:"));
+}
+
+TEST_F(PlanCommand, OtherModelsAndProfiles) {
+  const Result llama =
+      Stowage("plan --model llama-3-8b --seq-len 128K --cp 2 --gpus 8 --hardware h200");
+  EXPECT_EQ(llama.code, 0) << llama.out;
+  EXPECT_THAT(llama.out, HasSubstr("attention+dense_ffn"));
+  const Result hf = Stowage("plan --model " + std::string(STOWAGE_SOURCE_DIR) +
+                            "/tests/planner/data/glm-5.3-flash.config.json --seq-len 256K");
+  EXPECT_EQ(hf.code, 0) << hf.out;
+  std::ofstream(Path("hw.json")) << R"({"name": "lab", "hbm_bytes": 150000000000,
+      "hbm_bytes_per_second": 4e12, "dense_bf16_flops": 1e15, "d2h_bytes_per_second": 5e10,
+      "h2d_bytes_per_second": 5e10, "host_bytes_per_numa_node": 1000000000000,
+      "gpus_per_numa_node": 4})";
+  const Result profile = Stowage("plan --seq-len 256K --hardware " + Path("hw.json"));
+  EXPECT_EQ(profile.code, 0) << profile.out;
+  EXPECT_THAT(profile.out, HasSubstr("(measured figures)"));
+}
+
+TEST_F(PlanCommand, BadInputIsAUsageError) {
+  Result run = Stowage("plan --seq-len banana");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("seq-len"));
+  run = Stowage("plan --force sometimes");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("--force is 'sometimes'; allowed: keep, recompute, offload"));
+  run = Stowage("plan --model nope");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("unknown model preset 'nope'"));
+  run = Stowage("plan --cp 3");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("--seq-len is 1048576; it must be a multiple of --cp (3)"));
+  run = Stowage("plan --frobnicate");
+  EXPECT_EQ(run.code, 2);
+  run = Stowage("plan --help");
+  EXPECT_EQ(run.code, 0);
+  EXPECT_THAT(run.out, HasSubstr("--moe-imbalance"));
+}
+
+}  // namespace
