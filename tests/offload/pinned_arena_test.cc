@@ -193,6 +193,31 @@ TEST(PinnedArena, RejectsBadOptions) {
   EXPECT_EQ(PinnedArena::Create(bad_node).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+uint64_t VirtualBytes() {
+  absl::StatusOr<std::string> status = ReadSmallFile("/proc/self/status");
+  return status.ok() ? MeminfoField(*status, "VmSize").value_or(0) : 0;
+}
+
+// A failure after the mapping (mbind refusing a node that does not exist) unmaps it again.
+TEST(PinnedArena, FailureHalfwayRollsTheMappingBack) {
+  ArenaOptions options = Options(uint64_t{1} << 30);
+  options.numa_node = 1000;
+  options.skip_admission = true;  // admission would refuse the node before mapping
+  const uint64_t before = VirtualBytes();
+  absl::StatusOr<std::unique_ptr<PinnedArena>> arena = PinnedArena::Create(options);
+  if (arena.ok()) {
+    EXPECT_EQ((*arena)->numa_node(), -1) << "no NUMA support: the node is ignored, not bound";
+    GTEST_SKIP() << "this kernel has no NUMA support";
+  }
+  EXPECT_EQ(arena.status().code(), absl::StatusCode::kInvalidArgument) << arena.status();
+  EXPECT_THAT(std::string(arena.status().message()),
+              AllOf(HasSubstr("mbind"), HasSubstr("node 1000"), HasSubstr("1073741824 bytes")));
+  EXPECT_LT(VirtualBytes(), before + (uint64_t{256} << 20)) << "the 1 GiB mapping leaked";
+  // With admission on, the missing node is refused before anything is mapped.
+  options.skip_admission = false;
+  EXPECT_EQ(PinnedArena::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PinnedArena, AdmissionRefusesBeforeMapping) {
   const absl::Status status = PinnedArena::Create(Options(uint64_t{1} << 50)).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
