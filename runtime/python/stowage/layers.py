@@ -173,6 +173,12 @@ class _StepState:
 
     # -- forward ----------------------------------------------------------------------------
     def save(self, layer: int, t: torch.Tensor) -> _Stowed:
+        backend = self.owner._backend
+        if t.device.type != ("cuda" if backend == "cuda" else "cpu"):
+            raise RuntimeError(
+                f"layer {layer} offloads a tensor on {t.device} but the runtime uses the "
+                f"{backend} backend (chosen from where the layers were when wrapped); wrap the "
+                "layers after moving them to the device they train on")
         if not _is_dense(t):
             t = t.contiguous()
         nbytes = _nbytes(t)
@@ -301,6 +307,9 @@ class PlannedLayers(nn.Module):
             if device.type == "cuda":
                 runtime_options.setdefault("device", device.index or 0)
             self._runtime = Runtime(plan, backend=backend, **runtime_options)
+        # Which memory the runtime copies from: host pointers or device pointers. A tensor of
+        # the other kind must never reach it (a device pointer read as host memory crashes).
+        self._backend = self._runtime.stats().backend if self._runtime is not None else None
 
     def extra_repr(self) -> str:
         return "policies=[" + ", ".join(self.plan.policies()) + "]"
