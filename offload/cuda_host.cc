@@ -8,6 +8,35 @@
 
 namespace stowage::offload {
 
+namespace {
+
+// Makes `device` current for a scope and restores the caller's device after: the arena is
+// created and destroyed on the trainer's threads, whose current device must not change.
+class ScopedDevice {
+ public:
+  ScopedDevice() = default;
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  ~ScopedDevice() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  absl::Status Set(int device) {
+    int previous = -1;
+    STOWAGE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous),
+                                 absl::StrCat("cudaGetDevice (for CUDA device ", device, ")"));
+    if (previous == device) return absl::OkStatus();
+    STOWAGE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device),
+                                 absl::StrCat("cudaSetDevice(", device, ")"));
+    previous_ = previous;
+    return absl::OkStatus();
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace
+
 absl::Status CudaCheckDevice(int device) {
   int count = 0;
   STOWAGE_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count),
@@ -28,7 +57,8 @@ absl::StatusOr<std::string> CudaDevicePciBusId(int device) {
 }
 
 absl::Status CudaHostRegisterRange(int device, void* ptr, uint64_t bytes, int numa_node) {
-  STOWAGE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  ScopedDevice scoped;
+  if (absl::Status status = scoped.Set(device); !status.ok()) return status;
   // Portable: the pages count as pinned in every context, so any device's copies may use them.
   STOWAGE_CUDA_RETURN_IF_ERROR(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable),
                                absl::StrCat("cudaHostRegister(device ", device, ", ", bytes,
@@ -37,7 +67,8 @@ absl::Status CudaHostRegisterRange(int device, void* ptr, uint64_t bytes, int nu
 }
 
 absl::Status CudaHostUnregisterRange(int device, void* ptr) {
-  STOWAGE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  ScopedDevice scoped;
+  if (absl::Status status = scoped.Set(device); !status.ok()) return status;
   STOWAGE_CUDA_RETURN_IF_ERROR(cudaHostUnregister(ptr),
                                absl::StrCat("cudaHostUnregister(device ", device, ")"));
   return absl::OkStatus();

@@ -17,6 +17,7 @@ absl::Status CudaCheckDevice(int device);
 // "0000:3b:00.0" (normalized to sysfs form).
 absl::StatusOr<std::string> CudaDevicePciBusId(int device);
 // cudaHostRegister(ptr, bytes, portable) on `device`; the message names device, bytes and node.
+// Both leave the calling thread's current device as it was.
 absl::Status CudaHostRegisterRange(int device, void* ptr, uint64_t bytes, int numa_node);
 absl::Status CudaHostUnregisterRange(int device, void* ptr);
 

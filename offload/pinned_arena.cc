@@ -124,8 +124,9 @@ absl::StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(const ArenaOpti
   const uintptr_t aligned = RoundUp(raw_address, kHugePage);
   if (aligned > raw_address) munmap(raw, aligned - raw_address);
   const uintptr_t tail = aligned + capacity;
-  if (raw_address + reserve > tail)
+  if (raw_address + reserve > tail) {
     munmap(reinterpret_cast<void*>(tail), raw_address + reserve - tail);
+  }
   arena->base_ = reinterpret_cast<std::byte*>(aligned);
   arena->capacity_ = capacity;  // from here on the destructor unmaps: every error path rolls back
 
@@ -211,7 +212,9 @@ absl::StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(const ArenaOpti
     for (uint64_t offset = 0; offset < capacity; offset += piece) {
       pieces.push_back(Piece{offset, std::min(piece, capacity - offset)});
     }
-    std::vector<absl::Status> results(pieces.size());
+    // A piece whose thread never ran is not registered (and must not be unregistered).
+    std::vector<absl::Status> results(pieces.size(), absl::CancelledError("not registered"));
+    absl::Status thread_error;
     auto register_some = [&](size_t first, size_t stride) {
       for (size_t i = first; i < pieces.size(); i += stride) {
         results[i] = CudaHostRegisterRange(options.cuda_device, arena->base_ + pieces[i].offset,
@@ -229,15 +232,15 @@ absl::StatusOr<std::unique_ptr<PinnedArena>> PinnedArena::Create(const ArenaOpti
         }
       } catch (const std::exception& e) {
         // Threads that started have been joined; what they registered is rolled back below.
-        results.push_back(
-            absl::ResourceExhaustedError(absl::StrCat(what, ": registration threads: ", e.what())));
+        thread_error =
+            absl::ResourceExhaustedError(absl::StrCat(what, ": registration threads: ", e.what()));
       }
     }
-    absl::Status first_error;
-    for (size_t i = 0; i < results.size(); ++i) {
-      if (i < pieces.size() && results[i].ok() && pieces[i].bytes > 0) {
+    absl::Status first_error = thread_error;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (results[i].ok()) {
         arena->registered_pieces_.push_back(pieces[i]);
-      } else if (first_error.ok() && !results[i].ok()) {
+      } else if (first_error.ok()) {
         first_error = results[i];
       }
     }
