@@ -58,7 +58,8 @@ class MLPBlock(nn.Module):
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     if hasattr(F, "scaled_dot_product_attention"):  # torch 2.x: flash / memory-efficient
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # (batch, heads, seq, dim): the fused kernels want 4-D inputs.
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)[0]
     s = q.shape[-2]
     att = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
