@@ -20,7 +20,7 @@ std::string PolicyText(const LayerCost& layer, const LayerOption& o) {
     for (size_t m = 0; m < layer.modules.size(); ++m) {
       if (o.module_mask & (1u << m)) names.push_back(layer.modules[m].name);
     }
-    text = absl::StrCat("selective(", absl::StrJoin(names, ","), ")");
+    text = absl::StrCat("selective_recompute(", absl::StrJoin(names, ","), ")");
   }
   return text;
 }
@@ -124,7 +124,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
 }
 
 std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeResult& result) {
-  std::string out = absl::StrFormat("%5s  %-14s  %-32s  %6s  %10s  %10s  %9s  %9s  %8s\n", "layer",
+  std::string out = absl::StrFormat("%5s  %-14s  %-52s  %6s  %10s  %10s  %9s  %9s  %8s\n", "layer",
                                     "type", "choice", "chunks", "on GPU", "offloaded", "recomp ms",
                                     "prefetch", "stall ms");
   std::vector<double> stall(plan.layers.size(), 0);
@@ -136,7 +136,7 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
     std::string prefetch = "-";
     if (l.prefetch_after_layer >= 0) prefetch = absl::StrCat("bwd ", l.prefetch_after_layer);
     absl::StrAppend(&out,
-                    absl::StrFormat("%5d  %-14s  %-32s  %6d  %10s  %10s  %9s  %9s  %8s\n", l.index,
+                    absl::StrFormat("%5d  %-14s  %-52s  %6d  %10s  %10s  %9s  %9s  %8s\n", l.index,
                                     l.type, PolicyText(step.layers[i], result.schedule.options[i]),
                                     l.moe_chunks, FormatBytes(l.device_saved_bytes),
                                     l.host_bytes ? FormatBytes(l.host_bytes) : "-",
