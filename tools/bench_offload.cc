@@ -145,8 +145,8 @@ class Bench {
       std::fprintf(stderr, "stowage bench offload: %s\n", s.ToString().c_str());
       return s.code() == absl::StatusCode::kUnavailable ? kExitUnavailable : kExitUnmet;
     }
-    Ceiling ceiling = MeasureCeiling();
-    absl::StatusOr<EngineResult> engine = MeasureEngine();
+    Ceiling ceiling;
+    absl::StatusOr<EngineResult> engine = MeasureEngine(ceiling);
     if (!engine.ok()) {
       std::fprintf(stderr, "stowage bench offload: %s\n", engine.status().ToString().c_str());
       return kExitUnmet;
@@ -201,11 +201,30 @@ class Bench {
         return s;
       }
     }
+#ifdef STOWAGE_HAVE_CUDA
+    if (cuda()) {
+      // The trainer's compute streams: saves are produced on one, restores consumed on another,
+      // so a restore's device-side wait never holds back the next save (as it would if both
+      // used the legacy default stream).
+      for (void** stream : {&producer_, &consumer_}) {
+        cudaStream_t s = nullptr;
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+          return absl::InternalError("cudaStreamCreateWithFlags failed");
+        }
+        *stream = s;
+      }
+    }
+#endif
     MeasureBaselineSetup();
     return absl::OkStatus();
   }
 
   void Teardown() {
+#ifdef STOWAGE_HAVE_CUDA
+    for (void* stream : {producer_, consumer_}) {
+      if (stream != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+    }
+#endif
     for (void* p : src_) rt_->backend().FreeDevice(p);
     for (void* p : dst_) rt_->backend().FreeDevice(p);
     rt_.reset();
@@ -249,8 +268,9 @@ class Bench {
     return rt_->arena()->capacity() / c_.layers / 256 * 256;
   }
 
-  Ceiling MeasureCeiling() {
-    Ceiling r;
+  // One repetition of the raw copies, accumulated into `r` unless it is the warm-up. Raw and
+  // engine repetitions alternate so that both see the same machine (load changes, caches).
+  void MeasureCeiling(bool warm, Ceiling& r) {
     const int half = c_.layers / 2;
     std::vector<Job> d2h, h2d, both_d2h, both_h2d;
     for (int l = 0; l < c_.layers; ++l) {
@@ -259,16 +279,14 @@ class Bench {
       if (l >= half) both_d2h.push_back(d2h.back());
       if (l < c_.layers - half) both_h2d.push_back(h2d.back());
     }
-    r.d2h_bytes = r.h2d_bytes = layer_bytes_ * c_.layers;
-    r.both_bytes = layer_bytes_ * (both_d2h.size() + both_h2d.size());
-    for (int rep = 0; rep < c_.steps + 1; ++rep) {  // the first is a warm-up
-      const double d = Raw({&d2h}), h = Raw({nullptr, &h2d}), b = Raw({&both_d2h, &both_h2d});
-      if (rep == 0) continue;
-      r.d2h_seconds += d;
-      r.h2d_seconds += h;
-      r.both_seconds += b;
-    }
-    return r;
+    const double d = Raw({&d2h}), h = Raw({nullptr, &h2d}), b = Raw({&both_d2h, &both_h2d});
+    if (warm) return;
+    r.d2h_bytes += layer_bytes_ * c_.layers;
+    r.h2d_bytes += layer_bytes_ * c_.layers;
+    r.both_bytes += layer_bytes_ * (both_d2h.size() + both_h2d.size());
+    r.d2h_seconds += d;
+    r.h2d_seconds += h;
+    r.both_seconds += b;
   }
 
   struct Directions {
@@ -321,19 +339,20 @@ class Bench {
 #endif
   }
 
-  absl::StatusOr<EngineResult> MeasureEngine() {
+  absl::StatusOr<EngineResult> MeasureEngine(Ceiling& ceiling) {
     EngineResult r;
     runtime::Runtime& rt = *rt_;
     const int L = c_.layers, d = c_.prefetch_distance, half = L / 2;
     std::vector<runtime::TensorId> ids(L);
     for (int rep = 0; rep < c_.steps + 1; ++rep) {
       const bool warm = rep == 0;
+      MeasureCeiling(warm, ceiling);
       // Step A: forward saves every layer, backward restores them in reverse with prefetch.
       if (absl::Status s = rt.BeginStep(); !s.ok()) return s;
       Clock::time_point t0 = Clock::now();
       for (int l = 0; l < L; ++l) {
         absl::StatusOr<runtime::TensorId> id =
-            rt.Save(l, src_[l % kBuffers], layer_bytes_, nullptr);
+            rt.Save(l, src_[l % kBuffers], layer_bytes_, producer_);
         if (!id.ok()) return id.status();
         ids[l] = *id;
       }
@@ -344,16 +363,17 @@ class Bench {
       const double stall_before = runtime::Seconds(rt.counters().stall_nanos);
       t0 = Clock::now();
       for (int l = L - 1; l >= std::max(0, L - d); --l) {
-        if (absl::Status s = rt.Prefetch(ids[l], dst_[l % kBuffers], nullptr); !s.ok()) return s;
+        if (absl::Status s = rt.Prefetch(ids[l], dst_[l % kBuffers], consumer_); !s.ok()) return s;
       }
       for (int l = L - 1; l >= 0; --l) {
         // Prefetch the layer `d` below before consuming this one (its buffer is free: buffers
         // rotate over kBuffers > d layers).
         if (l - d >= 0) {
-          if (absl::Status s = rt.Prefetch(ids[l - d], dst_[(l - d) % kBuffers], nullptr); !s.ok())
+          if (absl::Status s = rt.Prefetch(ids[l - d], dst_[(l - d) % kBuffers], consumer_);
+              !s.ok())
             return s;
         }
-        if (absl::Status s = rt.Restore(ids[l], dst_[l % kBuffers], nullptr); !s.ok()) return s;
+        if (absl::Status s = rt.Restore(ids[l], dst_[l % kBuffers], consumer_); !s.ok()) return s;
       }
       SyncConsumer();
       const double h2d = Since(t0);
@@ -371,7 +391,7 @@ class Bench {
       if (absl::Status s = rt.BeginStep(); !s.ok()) return s;
       for (int l = 0; l < half; ++l) {
         absl::StatusOr<runtime::TensorId> id =
-            rt.Save(l, src_[l % kBuffers], layer_bytes_, nullptr);
+            rt.Save(l, src_[l % kBuffers], layer_bytes_, producer_);
         if (!id.ok()) return id.status();
         ids[l] = *id;
       }
@@ -381,11 +401,11 @@ class Bench {
       t0 = Clock::now();
       for (int k = 0; k < L - half; ++k) {
         absl::StatusOr<runtime::TensorId> id =
-            rt.Save(half + k, src_[k % kBuffers], layer_bytes_, nullptr);
+            rt.Save(half + k, src_[k % kBuffers], layer_bytes_, producer_);
         if (!id.ok()) return id.status();
         ids[half + k] = *id;
         if (k < half) {
-          if (absl::Status s = rt.Restore(ids[k], dst_[k % kBuffers], nullptr); !s.ok()) return s;
+          if (absl::Status s = rt.Restore(ids[k], dst_[k % kBuffers], consumer_); !s.ok()) return s;
         }
       }
       for (int l = half; l < L; ++l) {
@@ -425,9 +445,9 @@ class Bench {
       std::printf("%-30s %14.2f %14.2f %8.1f%%\n", name, ceiling, engine,
                   ceiling > 0 ? 100.0 * engine / ceiling : 0.0);
     };
-    row("D2H GB/s", Gbps(c.d2h_bytes * c_.steps, c.d2h_seconds), Gbps(e.d2h_bytes, e.d2h_seconds));
-    row("H2D GB/s", Gbps(c.h2d_bytes * c_.steps, c.h2d_seconds), Gbps(e.h2d_bytes, e.h2d_seconds));
-    row("both directions GB/s (sum)", Gbps(c.both_bytes * c_.steps, c.both_seconds),
+    row("D2H GB/s", Gbps(c.d2h_bytes, c.d2h_seconds), Gbps(e.d2h_bytes, e.d2h_seconds));
+    row("H2D GB/s", Gbps(c.h2d_bytes, c.h2d_seconds), Gbps(e.h2d_bytes, e.h2d_seconds));
+    row("both directions GB/s (sum)", Gbps(c.both_bytes, c.both_seconds),
         Gbps(e.both_bytes, e.both_seconds));
     std::printf("\n%-30s %14s %14s %9s\n", "", baseline_name_.c_str(), "arena", "speed-up");
     std::printf("%-30s %14.2f %14.2f %8.1fx\n", "setup GiB/s",
@@ -463,6 +483,8 @@ class Bench {
   uint64_t layer_bytes_ = 0;
   std::unique_ptr<runtime::Runtime> rt_;
   std::vector<void*> src_, dst_;
+  void* producer_ = nullptr;  // cudaStream_t; null with the host backend (streams ignored)
+  void* consumer_ = nullptr;
   double create_seconds_ = 0;
   std::string baseline_name_;
   uint64_t baseline_bytes_ = 0;
