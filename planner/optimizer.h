@@ -52,8 +52,8 @@ OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& options
 // within the budgets, searching up to `limit` tokens; 0 when not even `granularity` fits.
 absl::StatusOr<uint64_t> LongestFittingSeqLen(const ModelConfig& model,
                                               const HardwareProfile& hardware, RunSettings run,
-                                              const OptimizerOptions& options,
-                                              uint64_t granularity, uint64_t limit);
+                                              const OptimizerOptions& options, uint64_t granularity,
+                                              uint64_t limit);
 
 }  // namespace stowage::planner
 
