@@ -436,6 +436,7 @@ OptimizeResult Optimize(const StepCost& step, const OptimizerOptions& o) {
   }
   OptimizeResult r = Finish(step, options, search.best_distance());
   r.feasible = true;
+  r.lower_bound_seconds = std::min(search.RootBound(), r.sim.step_seconds);
   r.proven_optimal = !search.exhausted();
   r.nodes = search.nodes();
   return r;

@@ -24,7 +24,7 @@ struct OptimizerOptions {
   // counts and prefetch distance are still chosen.
   std::optional<LayerPolicy> force;
   // Search nodes before the best plan found so far is returned unproven.
-  int64_t node_limit = 20000;
+  int64_t node_limit = 5000;
 };
 
 struct OptimizeResult {
@@ -32,6 +32,8 @@ struct OptimizeResult {
   Schedule schedule;  // when feasible (or forced): the chosen schedule
   SimResult sim;      // its simulation
   bool proven_optimal = false;
+  // No plan within the budgets is faster than this (the search's bound at its root).
+  double lower_bound_seconds = 0;
   int64_t nodes = 0;
   // When infeasible: the smallest peak the options reach and what binds.
   uint64_t min_peak_bytes = 0;

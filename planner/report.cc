@@ -174,18 +174,33 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                             FormatBytes(p.host_bytes_per_gpu), FormatBytes(plan.host_budget_bytes),
                             FormatBytes(p.host_bytes_per_numa_node), hw.gpus_per_numa_node,
                             FormatBytes(hw.host_bytes_per_numa_node), pin_seconds));
+  if (p.host_bytes_per_numa_node > hw.host_bytes_per_numa_node) {
+    absl::StrAppend(&out, absl::StrFormat("                       WARNING: %s per NUMA node "
+                                          "exceeds its %s of RAM\n",
+                                          FormatBytes(p.host_bytes_per_numa_node),
+                                          FormatBytes(hw.host_bytes_per_numa_node)));
+  }
+  const bool baseline_fits =
+      ComputeBaseline(step, plan.gpu_budget_bytes).sim.peak_bytes <= plan.gpu_budget_bytes;
   const double overhead =
       p.baseline_step_seconds > 0 ? (p.step_seconds / p.baseline_step_seconds - 1) * 100 : 0;
   absl::StrAppend(&out,
                   absl::StrFormat("step time              %.3f s (exposed copy waits %.3f s); "
                                   "%+.1f%% against %s (%.3f s)\n",
                                   p.step_seconds, p.exposed_copy_seconds, overhead,
-                                  p.baseline == "keep" ? "keeping everything" : "full recompute",
+                                  p.baseline == "keep" ? "keeping everything"
+                                  : baseline_fits      ? "full recompute"
+                                                       : "full recompute, which does not fit",
                                   p.baseline_step_seconds));
-  absl::StrAppend(&out, absl::StrFormat("prefetch distance      %d layer(s); %s\n",
-                                        plan.runtime.prefetch_distance,
-                                        result.proven_optimal ? "optimal within the options"
-                                                              : "best found (search cut short)"));
+  const double gap = result.sim.step_seconds > 0 && result.lower_bound_seconds > 0
+                         ? (result.sim.step_seconds / result.lower_bound_seconds - 1) * 100
+                         : 0;
+  absl::StrAppend(
+      &out, absl::StrFormat(
+                "prefetch distance      %d layer(s); %s\n", plan.runtime.prefetch_distance,
+                result.proven_optimal
+                    ? std::string("optimal among the options")
+                    : absl::StrFormat("best plan found; no plan is more than %.1f%% faster", gap)));
   return out;
 }
 
