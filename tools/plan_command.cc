@@ -212,9 +212,11 @@ int RunPlanCommand(int argc, char** argv) {
                   static_cast<unsigned long long>(granularity));
       return kExitUnmet;
     }
-    std::printf("longest sequence that fits: %llu tokens (%.0fK) on %s, CP %d, TP %d, EP %d\n",
-                static_cast<unsigned long long>(*longest), static_cast<double>(*longest) / 1024,
-                in.hardware_label.c_str(), in.run.cp, in.run.tp, in.run.ep);
+    // With --format json stdout carries only the plan.
+    std::fprintf(*format == "json" ? stderr : stdout,
+                 "longest sequence that fits: %llu tokens (%.0fK) on %s, CP %d, TP %d, EP %d\n",
+                 static_cast<unsigned long long>(*longest), static_cast<double>(*longest) / 1024,
+                 in.hardware_label.c_str(), in.run.cp, in.run.tp, in.run.ep);
     if (!flags.Has("out") && !flags.Has("timeline") && *format == "table") return kExitOk;
     in.run.seq_len = *longest;
   }
@@ -234,7 +236,8 @@ int RunPlanCommand(int argc, char** argv) {
     result = planner::Optimize(*step, unlimited);
   }
   if (!result.feasible) {
-    std::printf(
+    std::fprintf(
+        *format == "json" ? stderr : stdout,
         "does not fit: %s on %s at %llu tokens needs at least %s per GPU against a budget of %s\n"
         "binding: %s\n%s\n",
         in.model_label.c_str(), in.hardware_label.c_str(),
