@@ -104,12 +104,31 @@ class Table {
         if (Fits(n_, r, h, tail_)) At(n_, r, h) = 0;
       }
     }
+    // The next layer starts its forward (and later runs its backward beside this layer's
+    // reload) while this layer's offloaded bytes are on the GPU: this layer's resident and host
+    // bytes plus the next layer's least working set must fit too.
+    next_peak_.assign(n_ + 1, 0);
+    for (int i = 0; i + 1 < n_; ++i) {
+      uint64_t least = ~0ull;
+      for (const Candidate& c : cand[i + 1]) {
+        least = std::min(least, std::max(c.cost.forward_peak, c.cost.backward_peak));
+      }
+      next_peak_[i] = least;
+    }
     for (int i = n_ - 1; i >= 0; --i) {
       for (const Candidate& c : cand[i]) {
+        if (c.cost.host_bytes > 0 &&
+            !Fits(i, 0, 0, c.cost.resident_bytes + c.cost.host_bytes + next_peak_[i])) {
+          continue;
+        }
         const int w = Resident(c.cost), x = Host(c.cost);
         const double secs = c.cost.compute_seconds();
         for (int r = 0; r + w <= rb_; ++r) {
           if (!Fits(i, r, 0, c.cost.backward_peak)) break;
+          if (c.cost.host_bytes > 0 &&
+              !Fits(i, r, 0, c.cost.resident_bytes + c.cost.host_bytes + next_peak_[i])) {
+            break;
+          }
           for (int h = 0; h + x <= hb_; ++h) {
             if (!Fits(i, r, h, c.cost.forward_peak)) break;
             double& cell = At(i, r, h);
@@ -147,6 +166,9 @@ class Table {
       for (size_t k = 0; k < cand_[i].size(); ++k) {
         const OptionCost& c = cand_[i][k].cost;
         if (!Allowed(i, r, h, c)) continue;
+        if (c.host_bytes > 0 && !Fits(i, r, 0, c.resident_bytes + c.host_bytes + next_peak_[i])) {
+          continue;
+        }
         const double secs = c.compute_seconds() + Bound(i + 1, r + Resident(c), h + Host(c));
         if (secs == kInf) continue;
         const OptionCost* prev = best >= 0 ? &cand_[i][best].cost : nullptr;
@@ -182,7 +204,9 @@ class Table {
   uint64_t qr_ = 1, qh_ = 1;
   int rb_ = 0, hb_ = 0;
   uint64_t room_ = 0, tail_ = 0;
-  std::vector<double> drained_;  // most bytes the D2H engine can have moved before layer i
+  std::vector<double> drained_;
+  std::vector<uint64_t> next_peak_;  // the next layer's least working set  // most bytes the D2H
+                                     // engine can have moved before layer i
   std::vector<double> v_;
 };
 
