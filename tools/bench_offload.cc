@@ -124,14 +124,26 @@ void MemcpyJobs(const std::vector<Job>& jobs, uint64_t chunk, int threads) {
   for (std::thread& w : workers) w.join();
 }
 
+// Per-repetition rates (GB/s); the table shows the median, which a busy machine disturbs least.
+struct Rates {
+  std::vector<double> d2h, h2d, both;
+};
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 struct Ceiling {
   double d2h_seconds = 0, h2d_seconds = 0, both_seconds = 0;
   uint64_t d2h_bytes = 0, h2d_bytes = 0, both_bytes = 0;
+  Rates rates;
 };
 
 struct EngineResult {
   double d2h_seconds = 0, h2d_seconds = 0, both_seconds = 0;
   uint64_t d2h_bytes = 0, h2d_bytes = 0, both_bytes = 0;
+  Rates rates;
   double stall_seconds = 0;
   bool bit_exact = true;
 };
@@ -287,6 +299,10 @@ class Bench {
     r.d2h_seconds += d;
     r.h2d_seconds += h;
     r.both_seconds += b;
+    const uint64_t all = layer_bytes_ * c_.layers;
+    r.rates.d2h.push_back(Gbps(all, d));
+    r.rates.h2d.push_back(Gbps(all, h));
+    r.rates.both.push_back(Gbps(layer_bytes_ * (both_d2h.size() + both_h2d.size()), b));
   }
 
   struct Directions {
@@ -418,6 +434,9 @@ class Bench {
       r.d2h_seconds += d2h;
       r.h2d_seconds += h2d;
       r.both_seconds += both;
+      r.rates.d2h.push_back(Gbps(layer_bytes_ * L, d2h));
+      r.rates.h2d.push_back(Gbps(layer_bytes_ * L, h2d));
+      r.rates.both.push_back(Gbps(layer_bytes_ * L, both));
       r.stall_seconds += stall;
       r.d2h_bytes += layer_bytes_ * L;
       r.h2d_bytes += layer_bytes_ * L;
@@ -439,16 +458,15 @@ class Bench {
         "prefetch distance %d, %d measured steps (+1 warm-up)%s\n",
         cuda() ? "cuda" : "host", c_.layers, GiB(layer_bytes_).c_str(), GiB(requested).c_str(),
         GiB(c_.chunk_bytes).c_str(), c_.prefetch_distance, c_.steps, threads.c_str());
-    std::printf("\n%-30s %14s %14s %9s\n", "", cuda() ? "raw cudaMemcpy" : "raw memcpy", "engine",
-                "engine %");
+    std::printf("\n%-30s %14s %14s %9s   (median of %d repetitions)\n", "",
+                cuda() ? "raw cudaMemcpy" : "raw memcpy", "engine", "engine %", c_.steps);
     auto row = [](const char* name, double ceiling, double engine) {
       std::printf("%-30s %14.2f %14.2f %8.1f%%\n", name, ceiling, engine,
                   ceiling > 0 ? 100.0 * engine / ceiling : 0.0);
     };
-    row("D2H GB/s", Gbps(c.d2h_bytes, c.d2h_seconds), Gbps(e.d2h_bytes, e.d2h_seconds));
-    row("H2D GB/s", Gbps(c.h2d_bytes, c.h2d_seconds), Gbps(e.h2d_bytes, e.h2d_seconds));
-    row("both directions GB/s (sum)", Gbps(c.both_bytes, c.both_seconds),
-        Gbps(e.both_bytes, e.both_seconds));
+    row("D2H GB/s", Median(c.rates.d2h), Median(e.rates.d2h));
+    row("H2D GB/s", Median(c.rates.h2d), Median(e.rates.h2d));
+    row("both directions GB/s (sum)", Median(c.rates.both), Median(e.rates.both));
     std::printf("\n%-30s %14s %14s %9s\n", "", baseline_name_.c_str(), "arena", "speed-up");
     std::printf("%-30s %14.2f %14.2f %8.1fx\n", "setup GiB/s",
                 GiBps(baseline_bytes_, baseline_seconds_),
