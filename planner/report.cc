@@ -124,7 +124,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
 }
 
 std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeResult& result) {
-  std::string out = absl::StrFormat("%5s  %-14s  %-52s  %6s  %10s  %10s  %9s  %9s  %8s\n", "layer",
+  std::string out = absl::StrFormat("%5s  %-14s  %-52s  %6s  %10s  %10s  %9s  %15s  %8s\n", "layer",
                                     "type", "choice", "chunks", "on GPU", "offloaded", "recomp ms",
                                     "prefetch", "stall ms");
   std::vector<double> stall(plan.layers.size(), 0);
@@ -134,9 +134,17 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     const LayerPlan& l = plan.layers[i];
     std::string prefetch = "-";
-    if (l.prefetch_after_layer >= 0) prefetch = absl::StrCat("bwd ", l.prefetch_after_layer);
+    if (l.prefetch_after_layer >= 0) {
+      // The trigger layer, and when the H2D actually starts in the simulated step.
+      prefetch = absl::StrCat("bwd ", l.prefetch_after_layer);
+      for (const CopyInterval& c : result.sim.copies) {
+        if (!c.d2h && c.layer == l.index) {
+          prefetch = absl::StrFormat("bwd %d @%.2fs", l.prefetch_after_layer, c.start);
+        }
+      }
+    }
     absl::StrAppend(&out,
-                    absl::StrFormat("%5d  %-14s  %-52s  %6d  %10s  %10s  %9s  %9s  %8s\n", l.index,
+                    absl::StrFormat("%5d  %-14s  %-52s  %6d  %10s  %10s  %9s  %15s  %8s\n", l.index,
                                     l.type, PolicyText(step.layers[i], result.schedule.options[i]),
                                     l.moe_chunks, FormatBytes(l.device_saved_bytes),
                                     l.host_bytes ? FormatBytes(l.host_bytes) : "-",
