@@ -107,6 +107,23 @@ class Table {
     // The next layer starts its forward (and later runs its backward beside this layer's
     // reload) while this layer's offloaded bytes are on the GPU: this layer's resident and host
     // bytes plus the next layer's least working set must fit too.
+    // An offload still in flight when the LM head and loss run sits beside them: the D2H of
+    // layer i cannot have moved more than rate x (the longest forward of the layers after it).
+    tail_pending_.assign(n_, std::vector<uint64_t>());
+    {
+      double after = 0;
+      for (int i = n_ - 1; i >= 0; --i) {
+        for (const Candidate& c : cand[i]) {
+          const double left =
+              static_cast<double>(c.cost.host_bytes) - after * step.d2h_bytes_per_second;
+          tail_pending_[i].push_back(c.cost.resident_bytes +
+                                     (left > 0 ? static_cast<uint64_t>(left) : 0) + tail_);
+        }
+        double longest = 0;
+        for (const Candidate& c : cand[i]) longest = std::max(longest, c.cost.forward_seconds);
+        after += longest;
+      }
+    }
     next_peak_.assign(n_ + 1, 0);
     for (int i = 0; i + 1 < n_; ++i) {
       uint64_t least = ~0ull;
@@ -116,7 +133,9 @@ class Table {
       next_peak_[i] = least;
     }
     for (int i = n_ - 1; i >= 0; --i) {
-      for (const Candidate& c : cand[i]) {
+      for (size_t k = 0; k < cand[i].size(); ++k) {
+        const Candidate& c = cand[i][k];
+        const uint64_t at_tail = tail_pending_[i][k];
         if (c.cost.host_bytes > 0 &&
             !Fits(i, 0, 0, c.cost.resident_bytes + c.cost.host_bytes + next_peak_[i])) {
           continue;
@@ -125,6 +144,7 @@ class Table {
         const double secs = c.cost.compute_seconds();
         for (int r = 0; r + w <= rb_; ++r) {
           if (!Fits(i, r, 0, c.cost.backward_peak)) break;
+          if (!Fits(i, r, 0, at_tail)) break;
           if (c.cost.host_bytes > 0 &&
               !Fits(i, r, 0, c.cost.resident_bytes + c.cost.host_bytes + next_peak_[i])) {
             break;
@@ -166,6 +186,7 @@ class Table {
       for (size_t k = 0; k < cand_[i].size(); ++k) {
         const OptionCost& c = cand_[i][k].cost;
         if (!Allowed(i, r, h, c)) continue;
+        if (!Fits(i, r, 0, tail_pending_[i][k])) continue;
         if (c.host_bytes > 0 && !Fits(i, r, 0, c.resident_bytes + c.host_bytes + next_peak_[i])) {
           continue;
         }
@@ -205,8 +226,10 @@ class Table {
   int rb_ = 0, hb_ = 0;
   uint64_t room_ = 0, tail_ = 0;
   std::vector<double> drained_;
-  std::vector<uint64_t> next_peak_;  // the next layer's least working set  // most bytes the D2H
-                                     // engine can have moved before layer i
+  std::vector<uint64_t> next_peak_;  // the next layer's least working set
+  std::vector<std::vector<uint64_t>>
+      tail_pending_;  // per option: its least bytes at the loss  // most bytes the D2H
+                      // engine can have moved before layer i
   std::vector<double> v_;
 };
 
