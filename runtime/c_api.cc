@@ -76,7 +76,12 @@ absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::Runti
     }
     std::memcpy(&options, in, sizeof(options));
   }
-  switch (options.backend) {
+  // Read as the integer a C caller may have stored: an out-of-range enum value must be rejected,
+  // not loaded as the enum type (undefined behaviour).
+  int32_t backend = 0;
+  static_assert(sizeof(backend) == sizeof(options.backend));
+  std::memcpy(&backend, &options.backend, sizeof(backend));
+  switch (backend) {
     case STOWAGE_BACKEND_AUTO:
       out->backend = stowage::runtime::BackendKind::kAuto;
       break;
@@ -87,8 +92,7 @@ absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::Runti
       out->backend = stowage::runtime::BackendKind::kCuda;
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("options->backend is ",
-                                                     static_cast<int>(options.backend),
+      return absl::InvalidArgumentError(absl::StrCat("options->backend is ", backend,
                                                      "; use STOWAGE_BACKEND_AUTO, _HOST or _CUDA"));
   }
   if (options.device < 0) {

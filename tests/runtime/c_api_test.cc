@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -54,7 +55,8 @@ TEST(CApi, CreateChecksItsArguments) {
   EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(stowage_last_error()).find("struct_size"), std::string::npos);
   bad = options;
-  bad.backend = static_cast<stowage_backend>(9);
+  const int32_t nine = 9;  // as a C caller could store it
+  std::memcpy(&bad.backend, &nine, sizeof(nine));
   EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
   bad = options;
   bad.numa_node = -2;
