@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -113,10 +114,13 @@ void MemcpyJobs(const std::vector<Job>& jobs, uint64_t chunk, int threads) {
                         std::min(chunk, j.bytes - off)});
     }
   }
+  // Pieces are taken from a shared counter, as the engine's workers take chunks from their
+  // queue: a static split would give one thread every full chunk and another every tail.
+  std::atomic<size_t> next{0};
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&, t] {
-      for (size_t i = t; i < pieces.size(); i += threads) {
+    workers.emplace_back([&] {
+      for (size_t i = next++; i < pieces.size(); i = next++) {
         std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
       }
     });
