@@ -425,9 +425,16 @@ absl::StatusOr<bool> Runtime::SaveQuery(TensorId id) {
   return done;
 }
 
-absl::Status Runtime::SaveWait(TensorId id) { return SaveWaitStream(id, nullptr); }
+absl::Status Runtime::SaveWait(TensorId id) { return WaitForSave(id, /*host=*/true, nullptr); }
 
+// A null `stream` is the legacy default stream (as for every other call), so it gets a
+// device-side wait like any stream: PyTorch trainers on the default stream pass 0, and a host
+// wait there would serialize the step on every save.
 absl::Status Runtime::SaveWaitStream(TensorId id, void* stream) {
+  return WaitForSave(id, /*host=*/false, stream);
+}
+
+absl::Status Runtime::WaitForSave(TensorId id, bool host, void* stream) {
   std::shared_ptr<CopyFence> d2h;
   {
     absl::MutexLock lock(&mu_);
@@ -442,7 +449,7 @@ absl::Status Runtime::SaveWaitStream(TensorId id, void* stream) {
     (*entry)->synced.store(true);
   }
   CallScope scope(this);
-  absl::Status status = stream == nullptr ? d2h->Wait() : d2h->StreamWait(stream, false);
+  absl::Status status = host ? d2h->Wait() : d2h->StreamWait(stream, false);
   engine_->Reap();
   return status;
 }

@@ -130,6 +130,7 @@ class Runtime : private offload::CopyObserver {
   absl::Status CorruptHostCopyForTesting(TensorId id, size_t offset);
 
  private:
+  absl::Status WaitForSave(TensorId id, bool host, void* stream);
   enum class State {
     kIssuing,
     kSaved,
