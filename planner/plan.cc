@@ -108,7 +108,8 @@ std::string PlanToJson(const Plan& plan) {
   j["runtime"] = {{"prefetch_distance", r.prefetch_distance},
                   {"host_arena_bytes", r.host_arena_bytes},
                   {"copy_chunk_bytes", r.copy_chunk_bytes},
-                  {"gpus_per_numa_node", r.gpus_per_numa_node}};
+                  {"gpus_per_numa_node", r.gpus_per_numa_node},
+                  {"link_bytes_per_second", r.link_bytes_per_second}};
   ordered_json layers = ordered_json::array();
   for (const LayerPlan& l : plan.layers) {
     ordered_json transfers = ordered_json::array();
@@ -190,6 +191,8 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "runtime.", "copy_chunk_bytes", out.copy_chunk_bytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         GetOr(r, "runtime.", "gpus_per_numa_node", out.gpus_per_numa_node));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        GetOr(r, "runtime.", "link_bytes_per_second", out.link_bytes_per_second));
   }
   auto layers = j.find("layers");
   if (layers == j.end() || !layers->is_array()) {
@@ -287,6 +290,11 @@ absl::Status ValidatePlan(const Plan& plan) {
     return absl::InvalidArgumentError(absl::StrCat("plan: runtime.prefetch_distance is ",
                                                    plan.runtime.prefetch_distance,
                                                    "; it must be at least 1"));
+  }
+  if (!(plan.runtime.link_bytes_per_second >= 0)) {  // also rejects NaN
+    return absl::InvalidArgumentError(absl::StrCat("plan: runtime.link_bytes_per_second is ",
+                                                   plan.runtime.link_bytes_per_second,
+                                                   "; it must be 0 (unknown) or positive"));
   }
   if (plan.runtime.copy_chunk_bytes == 0) {
     return absl::InvalidArgumentError("plan: runtime.copy_chunk_bytes is 0; it must be positive");

@@ -93,6 +93,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   plan.runtime.host_arena_bytes = sim.host_bytes;  // every offloaded byte is live at the loss
   plan.runtime.copy_chunk_bytes = step.copy_chunk_bytes;
   plan.runtime.gpus_per_numa_node = step.hardware.gpus_per_numa_node;
+  plan.runtime.link_bytes_per_second = step.d2h_bytes_per_second;
   for (int i = 0; i < n; ++i) {
     const LayerCost& l = step.layers[i];
     const LayerOption& o = result.schedule.options[i];

@@ -143,6 +143,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& plan,
   counters->device = options.device;
   counters->backend = backend->name();
   counters->predicted_peak_device_bytes = plan.predicted.peak_device_bytes;
+  counters->link_ceiling_bytes_per_second = plan.runtime.link_bytes_per_second;
   counters->predicted_host_bytes = plan.predicted.host_bytes_per_gpu;
   counters->predicted_step_seconds = plan.predicted.step_seconds;
   counters->gpu_budget_bytes = plan.gpu_budget_bytes;

@@ -76,6 +76,9 @@ struct RuntimeSettings {
   uint64_t host_arena_bytes = 0;            // pinned bytes to reserve per GPU (sum of host_bytes)
   uint64_t copy_chunk_bytes = 16ull << 20;  // copies are split into chunks of this size
   int gpus_per_numa_node = 1;
+  // Host-link ceiling per direction the plan assumed (bytes/s at copy_chunk_bytes); the runtime
+  // exports it next to the bandwidth it achieves. 0: unknown.
+  double link_bytes_per_second = 0;
 };
 
 struct Plan {

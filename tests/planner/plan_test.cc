@@ -19,6 +19,7 @@ Plan TwoLayerPlan() {
   plan.predicted.exposed_copy_seconds = 0.25;
   plan.runtime.host_arena_bytes = 300;
   plan.runtime.prefetch_distance = 2;
+  plan.runtime.link_bytes_per_second = 55.3e9;
   LayerPlan keep;
   keep.index = 0;
   keep.type = "attention+swiglu";
@@ -43,6 +44,7 @@ TEST(PlanJson, RoundTripIsExactAndStable) {
   EXPECT_EQ(parsed->layers[1].policy, LayerPolicy::kOffloadInput);
   EXPECT_EQ(parsed->layers[1].transfers[1].bytes, 100u);
   EXPECT_EQ(parsed->runtime.prefetch_distance, 2);
+  EXPECT_DOUBLE_EQ(parsed->runtime.link_bytes_per_second, 55.3e9);
   EXPECT_DOUBLE_EQ(parsed->predicted.step_seconds, 1.5);
 }
 

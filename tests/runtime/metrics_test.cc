@@ -273,6 +273,7 @@ Plan SmallPlan() {
   plan.runtime.prefetch_distance = 1;
   plan.runtime.host_arena_bytes = 896 * kKib;
   plan.runtime.copy_chunk_bytes = 64 * kKib;
+  plan.runtime.link_bytes_per_second = 52e9;
   const char* types[] = {"kda+moe", "dsa+moe", "kda+moe"};
   for (int i = 0; i < 3; ++i) {
     LayerPlan layer;
@@ -337,6 +338,8 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
   constexpr double kStepBytes = 896 * kKib;
 
   EXPECT_EQ(at("stowage_steps_total{" + dev + "}"), kSteps);
+  // The ceiling the plan assumed is exported next to the achieved bandwidth.
+  EXPECT_EQ(at("stowage_copy_link_ceiling_bytes_per_second{" + dev + "}"), 52e9);
   EXPECT_EQ(at("stowage_step_duration_seconds_count{" + dev + "}"), kSteps);
   EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="0",le="+Inf"})"), kSteps);
   EXPECT_EQ(at(R"(stowage_copy_bytes_total{device="0",direction="d2h"})"), kSteps * kStepBytes);

@@ -68,6 +68,7 @@ class RuntimeSettings:
     host_arena_bytes: int = 0
     copy_chunk_bytes: int = 16 << 20
     gpus_per_numa_node: int = 1
+    link_bytes_per_second: float = 0.0
 
 
 @dataclasses.dataclass
@@ -182,6 +183,7 @@ class Plan:
             host_arena_bytes=_get(rt, "runtime.", "host_arena_bytes", int, 0),
             copy_chunk_bytes=_get(rt, "runtime.", "copy_chunk_bytes", int, 16 << 20),
             gpus_per_numa_node=_get(rt, "runtime.", "gpus_per_numa_node", int, 1),
+            link_bytes_per_second=_get(rt, "runtime.", "link_bytes_per_second", float, 0.0),
         )
         run_obj = obj.get("run", {})
         if not isinstance(run_obj, dict):
