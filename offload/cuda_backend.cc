@@ -9,76 +9,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "offload/cuda_handles.h"
 #include "offload/cuda_status.h"
 
 namespace stowage::offload {
 namespace {
-
-// Makes `device` current for a scope and restores the caller's device after it.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) {
-      status_ = CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
-    }
-    switched_ = previous_ != device && status_.ok();
-  }
-  ~DeviceScope() {
-    if (switched_ && previous_ >= 0) cudaSetDevice(previous_);
-  }
-  const absl::Status& status() const { return status_; }
-
- private:
-  int previous_ = -1;
-  bool switched_ = false;
-  absl::Status status_;
-};
-
-// RAII for a cudaEvent_t.
-class Event {
- public:
-  Event() = default;
-  explicit Event(cudaEvent_t event) : event_(event) {}
-  Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-  Event& operator=(Event&& other) noexcept {
-    std::swap(event_, other.event_);
-    return *this;
-  }
-  ~Event() {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
-  static absl::StatusOr<Event> Create(bool timing) {
-    cudaEvent_t event = nullptr;
-    STOWAGE_CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming),
-        "cudaEventCreateWithFlags");
-    return Event(event);
-  }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-// RAII for a non-blocking cudaStream_t.
-class Stream {
- public:
-  Stream() = default;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  absl::Status Init(int device) {
-    return CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                      absl::StrCat("cudaStreamCreateWithFlags(device ", device, ")"));
-  }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
 
 class CudaFence final : public CopyFence {
  public:

@@ -41,6 +41,7 @@
 #include <cuda_runtime_api.h>
 
 #include "offload/cuda_backend.h"
+#include "offload/cuda_handles.h"
 #endif
 
 namespace stowage::tools {
@@ -221,14 +222,12 @@ class Bench {
     if (cuda()) {
       // The trainer's compute streams: saves are produced on one, restores consumed on another,
       // so a restore's device-side wait never holds back the next save (as it would if both
-      // used the legacy default stream).
-      for (void** stream : {&producer_, &consumer_}) {
-        cudaStream_t s = nullptr;
-        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-          return absl::InternalError("cudaStreamCreateWithFlags failed");
-        }
-        *stream = s;
+      // used the legacy default stream). The runtime runs on device 0 (RuntimeOptions default).
+      for (offload::Stream* stream : {&producer_stream_, &consumer_stream_}) {
+        if (absl::Status s = stream->Init(/*device=*/0); !s.ok()) return s;
       }
+      producer_ = producer_stream_.get();
+      consumer_ = consumer_stream_.get();
     }
 #endif
     MeasureBaselineSetup();
@@ -236,11 +235,6 @@ class Bench {
   }
 
   void Teardown() {
-#ifdef STOWAGE_HAVE_CUDA
-    for (void* stream : {producer_, consumer_}) {
-      if (stream != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
-    }
-#endif
     for (void* p : src_) rt_->backend().FreeDevice(p);
     for (void* p : dst_) rt_->backend().FreeDevice(p);
     rt_.reset();
@@ -507,6 +501,10 @@ class Bench {
   std::vector<void*> src_, dst_;
   void* producer_ = nullptr;  // cudaStream_t; null with the host backend (streams ignored)
   void* consumer_ = nullptr;
+#ifdef STOWAGE_HAVE_CUDA
+  offload::Stream producer_stream_;  // own the streams behind producer_ / consumer_
+  offload::Stream consumer_stream_;
+#endif
   double create_seconds_ = 0;
   std::string baseline_name_;
   uint64_t baseline_bytes_ = 0;

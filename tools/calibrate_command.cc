@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "offload/cuda_handles.h"
 #include "offload/cuda_host.h"
 #include "offload/cuda_status.h"
 #endif
@@ -117,62 +118,6 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-// ---- RAII for the CUDA objects the measurements use -------------------------------------------
-
-class DeviceBuffer {
- public:
-  static absl::StatusOr<DeviceBuffer> Create(int device, uint64_t bytes) {
-    DeviceBuffer buffer;
-    STOWAGE_CUDA_RETURN_IF_ERROR(
-        cudaMalloc(&buffer.ptr_, bytes),
-        absl::StrCat("cudaMalloc(device ", device, ", ", bytes, " bytes)"));
-    return buffer;
-  }
-  DeviceBuffer() = default;
-  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)) {}
-  DeviceBuffer& operator=(DeviceBuffer&&) = delete;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  std::byte* get() const { return static_cast<std::byte*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
-
-class Stream {
- public:
-  Stream() = default;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() {
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-  }
-  absl::Status Init() {
-    return offload::CudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                               "cudaStreamCreateWithFlags");
-  }
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-class Event {
- public:
-  Event() = default;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  ~Event() {
-    if (event_ != nullptr) (void)cudaEventDestroy(event_);
-  }
-  absl::Status Init() { return offload::CudaStatus(cudaEventCreate(&event_), "cudaEventCreate"); }
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
 double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -180,10 +125,10 @@ double Seconds(std::chrono::steady_clock::time_point start) {
 // Copies `reps` times on `stream` after one warm-up; returns bytes per second (event-timed).
 absl::StatusOr<double> TimeCopies(void* dst, const void* src, uint64_t bytes, cudaMemcpyKind kind,
                                   cudaStream_t stream, int reps) {
-  Event start;
-  Event stop;
-  if (absl::Status s = start.Init(); !s.ok()) return s;
-  if (absl::Status s = stop.Init(); !s.ok()) return s;
+  offload::Event start;
+  offload::Event stop;
+  if (absl::Status s = start.Init(/*timing=*/true); !s.ok()) return s;
+  if (absl::Status s = stop.Init(/*timing=*/true); !s.ok()) return s;
   const std::string what = absl::StrCat("cudaMemcpyAsync(", bytes, " bytes)");
   STOWAGE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, stream), what);
   STOWAGE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -219,12 +164,15 @@ struct BidirResult {
 absl::StatusOr<BidirResult> TimeBidirectional(std::byte* host_out, std::byte* host_in,
                                               std::byte* dev_a, std::byte* dev_b, uint64_t chunk,
                                               int reps) {
-  Stream d2h;
-  Stream h2d;
-  Event start;
-  Event d2h_done;
-  Event h2d_done;
-  for (absl::Status s : {d2h.Init(), h2d.Init(), start.Init(), d2h_done.Init(), h2d_done.Init()}) {
+  offload::Stream d2h;
+  offload::Stream h2d;
+  offload::Event start;
+  offload::Event d2h_done;
+  offload::Event h2d_done;
+  int device = 0;
+  STOWAGE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
+  for (absl::Status s : {d2h.Init(device), h2d.Init(device), start.Init(true), d2h_done.Init(true),
+                         h2d_done.Init(true)}) {
     if (!s.ok()) return s;
   }
   STOWAGE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -355,17 +303,19 @@ absl::StatusOr<planner::HardwareProfile> Measure(const CalibrateSettings& s,
   profile.pin_seconds_per_gib = st.register_seconds / gib;
 
   // ---- Bandwidth by chunk size: pinned (the arena), pageable (ordinary heap).
-  absl::StatusOr<DeviceBuffer> dev_a = DeviceBuffer::Create(s.device, s.max_chunk);
+  absl::StatusOr<offload::DeviceBuffer> dev_a =
+      offload::DeviceBuffer::Create(s.device, s.max_chunk);
   if (!dev_a.ok()) return dev_a.status();
-  absl::StatusOr<DeviceBuffer> dev_b = DeviceBuffer::Create(s.device, s.max_chunk);
+  absl::StatusOr<offload::DeviceBuffer> dev_b =
+      offload::DeviceBuffer::Create(s.device, s.max_chunk);
   if (!dev_b.ok()) return dev_b.status();
   absl::StatusOr<std::byte*> pinned_out = (*arena)->Allocate(s.max_chunk, 2 * kMiB);
   absl::StatusOr<std::byte*> pinned_in = (*arena)->Allocate(s.max_chunk, 2 * kMiB);
   if (!pinned_out.ok()) return pinned_out.status();
   if (!pinned_in.ok()) return pinned_in.status();
   std::vector<std::byte> pageable(s.max_chunk, std::byte{1});
-  Stream stream;
-  if (absl::Status st_init = stream.Init(); !st_init.ok()) return st_init;
+  offload::Stream stream;
+  if (absl::Status st_init = stream.Init(s.device); !st_init.ok()) return st_init;
 
   std::fprintf(report, "%-12s %9s %9s %10s %10s\n", "chunk", "D2H pin", "H2D pin", "D2H page",
                "H2D page");
