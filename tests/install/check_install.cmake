@@ -13,7 +13,8 @@ if(CUDA_ROOT)
   list(APPEND extra -DCUDAToolkit_ROOT=${CUDA_ROOT})
 endif()
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${WORK_DIR}/build
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release ${extra})
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release
+    "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${EXE_LINKER_FLAGS}" ${extra})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build -j 2)
 run(${WORK_DIR}/build/consumer)
 message(STATUS "consumer built against ${prefix} and ran")
