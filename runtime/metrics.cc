@@ -207,7 +207,7 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
     });
   }
   Gauge("stowage_copy_link_ceiling_bytes_per_second",
-        "Measured host<->device link bandwidth per direction (0: unknown); the ceiling "
+        "Host<->device link bandwidth per direction the plan assumed (0: unknown); the ceiling "
         "stowage_copy_achieved_bandwidth_bytes_per_second is compared against.",
         on_device, [](const RuntimeCounters& r) { return r.link_ceiling_bytes_per_second; });
   Gauge("stowage_copy_in_flight", "Copies issued and not yet completed.", on_device,

@@ -326,6 +326,16 @@ absl::StatusOr<Runtime::Entry*> Runtime::Lookup(TensorId id) {
   return entries_[slot].get();
 }
 
+absl::StatusOr<Runtime::Entry*> Runtime::LookupSaved(TensorId id, const char* call) {
+  absl::StatusOr<Entry*> entry = Lookup(id);
+  if (!entry.ok()) return entry.status();
+  if ((*entry)->d2h == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": tensor id ", id, " has no copy (its save failed)"));
+  }
+  return entry;
+}
+
 absl::StatusOr<TensorId> Runtime::Save(int layer, const void* src, size_t bytes, void* stream) {
   Entry* entry = nullptr;
   TensorId id = 0;
@@ -409,15 +419,11 @@ absl::StatusOr<bool> Runtime::SaveQuery(TensorId id) {
   std::atomic<bool>* synced = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<Entry*> entry = Lookup(id);
+    absl::StatusOr<Entry*> entry = LookupSaved(id, "save_query");
     if (!entry.ok()) return entry.status();
     d2h = (*entry)->d2h;
-    if (d2h == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("save_query: tensor id ", id, " has no copy (its save failed)"));
-    }
-    ++active_calls_;
     synced = &(*entry)->synced;
+    ++active_calls_;
   }
   CallScope scope(this);
   engine_->Reap();
@@ -439,15 +445,11 @@ absl::Status Runtime::WaitForSave(TensorId id, bool host, void* stream) {
   std::shared_ptr<CopyFence> d2h;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<Entry*> entry = Lookup(id);
+    absl::StatusOr<Entry*> entry = LookupSaved(id, "save_wait");
     if (!entry.ok()) return entry.status();
     d2h = (*entry)->d2h;
-    if (d2h == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("save_wait: tensor id ", id, " has no copy (its save failed)"));
-    }
-    ++active_calls_;
     (*entry)->synced.store(true);
+    ++active_calls_;
   }
   CallScope scope(this);
   absl::Status status = host ? d2h->Wait() : d2h->StreamWait(stream, false);

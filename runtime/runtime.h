@@ -167,6 +167,9 @@ class Runtime : private offload::CopyObserver {
   void OnCopyLanded(offload::CopyDirection direction, uint64_t bytes, double busy_seconds) override;
   // Finds `id` in the open step; NOT_FOUND otherwise.
   absl::StatusOr<Entry*> Lookup(TensorId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lookup, and the save's D2H was issued; errors name `call`.
+  absl::StatusOr<Entry*> LookupSaved(TensorId id, const char* call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Integrity mode: waits for the D2H, compares the host copy's checksum.
   absl::Status VerifyHostCopy(TensorId id, Entry& entry);
   void EndCall();

@@ -47,7 +47,8 @@ struct RuntimeCounters {
   uint64_t predicted_host_bytes = 0;
   double predicted_step_seconds = 0;
   uint64_t gpu_budget_bytes = 0;
-  double link_ceiling_bytes_per_second = 0;  // per direction; 0 unknown
+  double link_ceiling_bytes_per_second =
+      0;  // per direction, from the plan (runtime.link_bytes_per_second); 0 unknown
 
   // Pinned host arena.
   std::atomic<uint64_t> arena_capacity_bytes{0};
