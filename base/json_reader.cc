@@ -1,0 +1,189 @@
+#include "base/json_reader.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace stowage::json {
+namespace {
+
+std::string Quoted(std::string_view source, std::string_view path) {
+  return absl::StrCat(std::string(source), ": field '", std::string(path), "'");
+}
+
+// A value as the error shows it; long values (a whole object) are cut.
+std::string Shown(const Json& value) {
+  std::string text = value.dump();
+  if (text.size() > 64) text = text.substr(0, 61) + "...";
+  return text;
+}
+
+template <typename T>
+std::string RangeText(Range<T> range) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return absl::StrFormat("a finite number in [%g, %g]", range.min, range.max);
+  } else {
+    return absl::StrCat("an integer in [", range.min, ", ", range.max, "]");
+  }
+}
+
+template <typename T>
+absl::Status Bad(const Json& value, std::string_view source, std::string_view path,
+                 Range<T> range) {
+  return absl::InvalidArgumentError(absl::StrCat(Quoted(source, path), " has value ", Shown(value),
+                                                 "; allowed: ", RangeText(range)));
+}
+
+template <typename T>
+absl::Status ReadInteger(const Json& value, std::string_view source, std::string_view path, T& out,
+                         Range<T> range) {
+  // nlohmann keeps integers exactly (int64 or uint64); 1.0, 1e3, true and "1" are not integers.
+  if (!value.is_number_integer()) return Bad(value, source, path, range);
+  if (value.is_number_unsigned()) {
+    const uint64_t v = value.get<uint64_t>();
+    if (v > static_cast<uint64_t>(range.max) ||
+        (range.min > 0 && v < static_cast<uint64_t>(range.min))) {
+      return Bad(value, source, path, range);
+    }
+    out = static_cast<T>(v);
+    return absl::OkStatus();
+  }
+  const int64_t v = value.get<int64_t>();
+  if (v < 0 && (std::is_unsigned_v<T> || v < static_cast<int64_t>(range.min))) {
+    return Bad(value, source, path, range);
+  }
+  if (v >= 0 && static_cast<uint64_t>(v) > static_cast<uint64_t>(range.max)) {
+    return Bad(value, source, path, range);
+  }
+  if (v >= 0 && range.min > 0 && static_cast<uint64_t>(v) < static_cast<uint64_t>(range.min)) {
+    return Bad(value, source, path, range);
+  }
+  out = static_cast<T>(v);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Json> Parse(std::string_view text, std::string_view source) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::parse_error& e) {
+    // e.byte is 1-based, one past the offending character.
+    const size_t at = e.byte == 0 ? 0 : std::min<size_t>(e.byte - 1, text.size());
+    size_t line = 1, column = 1;
+    for (size_t i = 0; i < at; ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    std::string what = e.what();
+    // nlohmann's message starts "[json.exception.parse_error.101] parse error at line L, column
+    // C: ..."; keep only the reason.
+    if (auto colon = what.find(": ", what.find("parse error")); colon != std::string::npos) {
+      what = what.substr(colon + 2);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": not valid JSON at line ",
+                                                   line, ", column ", column, ": ", what));
+  }
+}
+
+absl::StatusOr<Object> Object::Of(const Json& value, std::string source, std::string path) {
+  if (!value.is_object()) {
+    return absl::InvalidArgumentError(
+        path.empty() ? absl::StrCat(source, ": expected a JSON object, found ", Shown(value))
+                     : absl::StrCat(Quoted(source, path), " has value ", Shown(value),
+                                    "; allowed: a JSON object"));
+  }
+  return Object(&value, std::move(source), std::move(path));
+}
+
+std::string Object::PathOf(std::string_view key) const {
+  return path_.empty() ? std::string(key) : absl::StrCat(path_, ".", std::string(key));
+}
+
+absl::Status Object::Missing(std::string_view key) const {
+  return absl::InvalidArgumentError(absl::StrCat(source_, ": missing field '", PathOf(key), "'"));
+}
+
+absl::Status Object::Invalid(std::string_view key, std::string_view allowed) const {
+  auto it = json_->find(key);
+  return absl::InvalidArgumentError(absl::StrCat(Quoted(source_, PathOf(key)), " has value ",
+                                                 it == json_->end() ? "(none)" : Shown(*it),
+                                                 "; allowed: ", std::string(allowed)));
+}
+
+#define STOWAGE_JSON_READ(T, ...)                                                            \
+  absl::Status Object::Read(std::string_view key, T& out __VA_OPT__(, ) __VA_ARGS__) const { \
+    auto it = json_->find(key);                                                              \
+    if (it == json_->end()) return Missing(key);                                             \
+    return ReadValue(*it, source_, PathOf(key), out __VA_OPT__(, range));                    \
+  }
+
+STOWAGE_JSON_READ(int64_t, Range<int64_t> range)
+STOWAGE_JSON_READ(uint64_t, Range<uint64_t> range)
+STOWAGE_JSON_READ(int, Range<int> range)
+STOWAGE_JSON_READ(double, Range<double> range)
+STOWAGE_JSON_READ(bool)
+STOWAGE_JSON_READ(std::string)
+#undef STOWAGE_JSON_READ
+
+absl::StatusOr<Object> Object::Child(std::string_view key) const {
+  auto it = json_->find(key);
+  if (it == json_->end()) return Missing(key);
+  return Of(*it, source_, PathOf(key));
+}
+
+absl::StatusOr<const Json*> Object::Array(std::string_view key) const {
+  auto it = json_->find(key);
+  if (it == json_->end()) return Missing(key);
+  if (!it->is_array()) return Invalid(key, "a JSON array");
+  return &*it;
+}
+
+absl::Status ReadValue(const Json& value, std::string_view source, std::string_view path,
+                       int64_t& out, Range<int64_t> range) {
+  return ReadInteger(value, source, path, out, range);
+}
+absl::Status ReadValue(const Json& value, std::string_view source, std::string_view path,
+                       uint64_t& out, Range<uint64_t> range) {
+  return ReadInteger(value, source, path, out, range);
+}
+absl::Status ReadValue(const Json& value, std::string_view source, std::string_view path, int& out,
+                       Range<int> range) {
+  return ReadInteger(value, source, path, out, range);
+}
+
+absl::Status ReadValue(const Json& value, std::string_view source, std::string_view path,
+                       double& out, Range<double> range) {
+  if (!value.is_number()) return Bad(value, source, path, range);
+  const double v = value.get<double>();
+  if (!std::isfinite(v) || v < range.min || v > range.max) return Bad(value, source, path, range);
+  out = v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadValue(const Json& value, std::string_view source, std::string_view path,
+                       bool& out) {
+  if (!value.is_boolean()) {
+    return absl::InvalidArgumentError(absl::StrCat(Quoted(source, path), " has value ",
+                                                   Shown(value), "; allowed: true or false"));
+  }
+  out = value.get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadValue(const Json& value, std::string_view source, std::string_view path,
+                       std::string& out) {
+  if (!value.is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Quoted(source, path), " has value ", Shown(value), "; allowed: a string"));
+  }
+  out = value.get<std::string>();
+  return absl::OkStatus();
+}
+
+}  // namespace stowage::json

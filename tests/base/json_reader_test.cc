@@ -1,0 +1,94 @@
+#include "base/json_reader.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "base/checked_math.h"
+
+namespace stowage::json {
+namespace {
+
+using ::testing::HasSubstr;
+
+Object Root(const Json& j) { return *Object::Of(j, "test.json"); }
+
+TEST(JsonReader, IntegersAreExactAndRangeChecked) {
+  const Json j = Json::parse(
+      R"({"ok": 4096, "neg": -1, "frac": 1.5, "flag": true, "huge": 1e30, "big": 4294971392,
+          "str": "7", "u64max": 18446744073709551615})");
+  auto root = Root(j);
+  int v = 0;
+  EXPECT_TRUE(root.Read("ok", v, {1, 1 << 20}).ok());
+  EXPECT_EQ(v, 4096);
+  uint64_t u = 0;
+  // Regression (negatives read as 2^64-N; 1.5 as 1; true as 1; 1e30 undefined behaviour; 2^32+4096
+  // read as 4096 into an int).
+  for (const char* key : {"neg", "frac", "flag", "huge", "str"}) {
+    auto status = root.Read(key, u);
+    EXPECT_FALSE(status.ok()) << key;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("field '", key, "'")));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("allowed: an integer in"));
+  }
+  auto status = root.Read("big", v);
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("has value 4294971392"));
+  EXPECT_TRUE(root.Read("u64max", u).ok());
+  EXPECT_EQ(u, UINT64_MAX);
+  int64_t s = 0;
+  EXPECT_FALSE(root.Read("u64max", s).ok());
+  EXPECT_TRUE(root.Read("neg", s).ok());
+  EXPECT_EQ(s, -1);
+  EXPECT_FALSE(root.Read("neg", s, {0, 10}).ok());
+  EXPECT_FALSE(root.Read("ok", u, {1, 100}).ok());
+  EXPECT_FALSE(root.Read("ok", u, {5000, 6000}).ok());
+}
+
+TEST(JsonReader, RealsMustBeFiniteNumbersInRange) {
+  const Json j = Json::parse(R"({"x": 2.5, "i": 3, "s": "2.5", "neg": -1})");
+  auto root = Root(j);
+  double d = 0;
+  EXPECT_TRUE(root.Read("x", d).ok());
+  EXPECT_TRUE(root.Read("i", d).ok());
+  EXPECT_EQ(d, 3);
+  EXPECT_FALSE(root.Read("s", d).ok());
+  EXPECT_FALSE(root.Read("neg", d, {0, 1e15}).ok());
+}
+
+TEST(JsonReader, MissingAndOptionalFields) {
+  const Json j = Json::parse(R"({"a": {"b": 1, "n": null}})");
+  auto a = Root(j).Child("a");
+  ASSERT_TRUE(a.ok());
+  int v = 9;
+  EXPECT_TRUE(a->ReadOptional("absent", v).ok());
+  EXPECT_TRUE(a->ReadOptional("n", v).ok());
+  EXPECT_EQ(v, 9);
+  auto status = a->Read("absent", v);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("test.json: missing field 'a.absent'"));
+  bool flag = false;
+  EXPECT_THAT(std::string(a->Read("b", flag).message()), HasSubstr("allowed: true or false"));
+}
+
+TEST(JsonReader, SyntaxErrorsNameLineAndColumn) {
+  auto parsed = Parse("{\n  \"a\": 1,\n  \"b\": ]\n}", "config.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(std::string(parsed.status().message()),
+              HasSubstr("config.json: not valid JSON at line 3, column 8"));
+  auto not_object = Parse("[1, 2]", "config.json");
+  ASSERT_TRUE(not_object.ok());
+  EXPECT_THAT(std::string(Object::Of(*not_object, "config.json").status().message()),
+              HasSubstr("expected a JSON object"));
+}
+
+TEST(CheckedMath, OverflowIsDetected) {
+  EXPECT_EQ(CheckedAdd<uint64_t>(UINT64_MAX, 1), std::nullopt);
+  EXPECT_EQ(CheckedMul<uint64_t>(1ull << 33, 1ull << 33), std::nullopt);
+  EXPECT_EQ(CheckedMul<int64_t>(3, 4), 12);
+  EXPECT_EQ(CeilDiv<uint64_t>(UINT64_MAX, UINT64_MAX), 1u);
+  EXPECT_EQ(CeilDiv<uint64_t>(10, 4), 3u);
+  EXPECT_FALSE(AddOrError<uint64_t>(UINT64_MAX, 2, "host bytes").ok());
+  EXPECT_THAT(std::string(MulOrError<uint64_t>(1ull << 40, 1ull << 40, "bytes").status().message()),
+              HasSubstr("bytes overflows"));
+}
+
+}  // namespace
+}  // namespace stowage::json
