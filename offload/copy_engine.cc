@@ -1,8 +1,18 @@
 #include "offload/copy_engine.h"
 
+#include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace stowage::offload {
+
+absl::Status CheckCopyChunkBytes(uint64_t bytes, std::string_view what) {
+  if (bytes >= kMinCopyChunkBytes && bytes <= kMaxCopyChunkBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(std::string(what), " is ", bytes,
+                                                 "; it must be in [", kMinCopyChunkBytes, ", ",
+                                                 kMaxCopyChunkBytes, "] bytes (4 KiB to 1 GiB)"));
+}
 
 CopyEngine::CopyEngine(std::unique_ptr<DeviceBackend> backend, const CopyEngineOptions& options,
                        CopyObserver* observer)

@@ -24,9 +24,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "offload/device_backend.h"
@@ -41,6 +43,17 @@ class CopyObserver {
   // Exactly once per issued copy, after it landed.
   virtual void OnCopyLanded(CopyDirection direction, uint64_t bytes, double busy_seconds) = 0;
 };
+
+// The range of a runtime's copy chunk (the plan's runtime.copy_chunk_bytes, or the option that
+// overrides it). Every chunk is one backend operation (a cudaMemcpyAsync, a worker's memcpy), so
+// a tiny chunk costs a call per few bytes (1-byte chunks took about 1 GB of queue for 30 MiB of
+// copies) while buying nothing: below a page the link is far from its ceiling. Above 1 GiB a
+// chunk no longer lets the other direction interleave and is no faster than 16 MiB.
+inline constexpr uint64_t kMinCopyChunkBytes = uint64_t{4} << 10;
+inline constexpr uint64_t kMaxCopyChunkBytes = uint64_t{1} << 30;
+// INVALID_ARGUMENT naming `what` (e.g. "plan: runtime.copy_chunk_bytes") when `bytes` is outside
+// [kMinCopyChunkBytes, kMaxCopyChunkBytes].
+absl::Status CheckCopyChunkBytes(uint64_t bytes, std::string_view what);
 
 struct CopyEngineOptions {
   size_t chunk_bytes = size_t{16} << 20;  // see Note [Copy engine]; 0: unchunked

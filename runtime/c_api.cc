@@ -1,26 +1,34 @@
 // The C ABI (include/stowage/stowage.h) over runtime::Runtime: argument checks, status codes,
-// the per-thread last error, error counters. No exception crosses this boundary: every entry
-// point runs its body inside Guard, which turns one into INTERNAL.
+// the per-thread last error, error counters, and the Prometheus exporter a handle serves. No
+// exception crosses this boundary: every entry point runs its body inside Guard, which turns one
+// into INTERNAL.
 #include <cstddef>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/metrics.h"
 #include "runtime/runtime.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
 
 struct stowage_runtime {
   std::unique_ptr<stowage::runtime::Runtime> runtime;
+  // Declared after the runtime so it stops serving (reading the runtime's counters) first.
+  std::unique_ptr<stowage::runtime::MetricsExporter> exporter;
 };
 
 namespace stowage::runtime {
 Runtime* UnwrapForTesting(stowage_runtime* rt) {
   return rt == nullptr ? nullptr : rt->runtime.get();
+}
+std::string MetricsAddressForTesting(stowage_runtime* rt) {
+  return rt == nullptr || rt->exporter == nullptr ? std::string() : rt->exporter->bound_address();
 }
 }  // namespace stowage::runtime
 
@@ -30,6 +38,33 @@ using stowage::runtime::Runtime;
 
 thread_local std::string last_error;
 
+// absl::Status -> the C ABI's code. OUT_OF_RANGE (a size that overflows) is an invalid argument
+// to a C caller; ABORTED and ALREADY_EXISTS are preconditions.
+stowage_status StatusToStowageCode(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return STOWAGE_OK;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return STOWAGE_ERROR_INVALID_ARGUMENT;
+    case absl::StatusCode::kNotFound:
+      return STOWAGE_ERROR_NOT_FOUND;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return STOWAGE_ERROR_FAILED_PRECONDITION;
+    case absl::StatusCode::kResourceExhausted:
+      return STOWAGE_ERROR_RESOURCE_EXHAUSTED;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnimplemented:
+      return STOWAGE_ERROR_UNAVAILABLE;
+    case absl::StatusCode::kDataLoss:
+      return STOWAGE_ERROR_DATA_LOSS;
+    default:
+      return STOWAGE_ERROR_INTERNAL;
+  }
+}
+
 stowage_status Fail(stowage_status status, std::string message) {
   last_error = std::move(message);
   return status;
@@ -37,14 +72,12 @@ stowage_status Fail(stowage_status status, std::string message) {
 
 stowage_status Record(stowage_runtime* rt, const absl::Status& status, const char* call) {
   if (status.ok()) return STOWAGE_OK;
-  const int code = stowage::runtime::StatusToStowageCode(status);
+  const stowage_status code = StatusToStowageCode(status);
   if (rt != nullptr && rt->runtime != nullptr) {
-    // errors_by_status is the one counter the C ABI owns; const_cast keeps RuntimeCounters'
-    // read-only face for everyone else.
-    auto& counters = const_cast<stowage::runtime::RuntimeCounters&>(rt->runtime->counters());
-    counters.errors_by_status[code].fetch_add(1, std::memory_order_relaxed);
+    // errors_by_status is the one counter the C ABI owns.
+    rt->runtime->mutable_counters().errors_by_status[code].fetch_add(1, std::memory_order_relaxed);
   }
-  return Fail(static_cast<stowage_status>(code), absl::StrCat(call, ": ", status.message()));
+  return Fail(code, absl::StrCat(call, ": ", status.message()));
 }
 
 // Runs `body` (returning absl::Status) with exceptions turned into INTERNAL.
@@ -65,7 +98,9 @@ stowage_status Guard(stowage_runtime* rt, const char* call, Body&& body) {
       return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, std::string(call) + ": rt is NULL"); \
   } while (0)
 
-absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::RuntimeOptions* out) {
+// `metrics_address` is the endpoint option (null: read the environment), for the exporter.
+absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::RuntimeOptions* out,
+                              std::optional<std::string>* metrics_address) {
   stowage_options options;
   stowage_options_init(&options);
   if (in != nullptr) {
@@ -102,16 +137,12 @@ absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::Runti
     return absl::InvalidArgumentError(
         absl::StrCat("options->numa_node is ", options.numa_node, "; -1 means the GPU's node"));
   }
-  if (options.copy_threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options->copy_threads is ", options.copy_threads));
-  }
   out->device = options.device;
   out->numa_node = options.numa_node;
   out->verify_checksums = options.verify_checksums != 0;
   out->copy_chunk_bytes = options.copy_chunk_bytes;
   out->copy_threads = options.copy_threads;
-  if (options.metrics_address != nullptr) out->metrics_address = options.metrics_address;
+  if (options.metrics_address != nullptr) *metrics_address = options.metrics_address;
   return absl::OkStatus();
 }
 
@@ -163,13 +194,26 @@ stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
   }
   return Guard(nullptr, "stowage_create", [&]() -> absl::Status {
     stowage::runtime::RuntimeOptions runtime_options;
-    if (absl::Status s = ToRuntimeOptions(options, &runtime_options); !s.ok()) return s;
+    std::optional<std::string> metrics_option;
+    if (absl::Status s = ToRuntimeOptions(options, &runtime_options, &metrics_option); !s.ok()) {
+      return s;
+    }
     absl::StatusOr<stowage::Plan> plan =
         stowage::ParsePlanJson(std::string_view(plan_json, plan_json_bytes));
     if (!plan.ok()) return plan.status();
+    auto handle = std::make_unique<stowage_runtime>();
     absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Create(*plan, runtime_options);
     if (!runtime.ok()) return runtime.status();
-    *out = new stowage_runtime{*std::move(runtime)};
+    handle->runtime = *std::move(runtime);
+    const std::string address = stowage::runtime::ResolveMetricsAddress(
+        metrics_option.has_value() ? metrics_option->c_str() : nullptr);
+    if (!address.empty()) {
+      absl::StatusOr<std::unique_ptr<stowage::runtime::MetricsExporter>> exporter =
+          stowage::runtime::MetricsExporter::Start(address, handle->runtime->shared_counters());
+      if (!exporter.ok()) return exporter.status();
+      handle->exporter = *std::move(exporter);
+    }
+    *out = handle.release();
     return absl::OkStatus();
   });
 }

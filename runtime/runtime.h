@@ -1,6 +1,10 @@
 // The runtime: one per GPU (per rank). Carries out a plan every step over the copy engine and
 // the pinned arena: per-layer host regions, tensor ids, the step lifecycle, integrity checks,
-// counters. The C ABI (runtime/c_api.cc) is a thin shell over this class.
+// counters. The C ABI (runtime/c_api.cc) is a thin shell over this class; it also owns the
+// Prometheus exporter and the mapping of statuses to the C codes. The parts: the backend comes
+// from offload::CreateBackend, the per-layer host regions are StepRegions
+// (runtime/step_regions.h), the ids and states of saved tensors a TensorTable
+// (runtime/tensor_table.h).
 //
 // Note [Step lifecycle]. BeginStep carves one host region per offloading layer out of the arena
 // (sizes from the plan, same layout every step); saves for a layer are placed in its region and
@@ -32,7 +36,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,34 +43,35 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "offload/backend_factory.h"
 #include "offload/copy_engine.h"
 #include "offload/pinned_arena.h"
-#include "runtime/metrics.h"
 #include "runtime/runtime_counters.h"
+#include "runtime/step_regions.h"
+#include "runtime/tensor_table.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
 
 namespace stowage::runtime {
 
-enum class BackendKind { kAuto, kHost, kCuda };
+using BackendKind = offload::BackendKind;
 
 struct RuntimeOptions {
   BackendKind backend = BackendKind::kAuto;
   int device = 0;
   int numa_node = -1;  // -1: the GPU's (host backend: the calling thread's) node from topology
   bool verify_checksums = false;
-  uint64_t copy_chunk_bytes = 0;  // 0: the plan's
-  int copy_threads = 0;           // host-backend workers per stream and arena touch threads
-  // Prometheus endpoint (see ResolveMetricsAddress): nullopt reads STOWAGE_METRICS_ADDR.
-  std::optional<std::string> metrics_address;
+  // 0: the plan's; else in [offload::kMinCopyChunkBytes, offload::kMaxCopyChunkBytes].
+  uint64_t copy_chunk_bytes = 0;
+  // Host-backend workers per stream and arena touch threads, in [0, offload::kMaxCopyThreads];
+  // 0: chosen from the node's CPUs.
+  int copy_threads = 0;
   // Skip the host-memory admission check (tests on small machines).
   bool skip_admission = false;
   // Arena setup progress (bytes touched so far, total), for long setups; called on the thread
   // that calls Create.
   std::function<void(uint64_t, uint64_t)> arena_progress;
 };
-
-using TensorId = uint64_t;
 
 struct LayerInfo {
   int index = 0;
@@ -81,7 +85,8 @@ class Runtime : private offload::CopyObserver {
  public:
   // Parses nothing: `plan` is already validated (ParsePlanJson does that). Errors:
   // UNAVAILABLE (CUDA asked for but not built or no device), RESOURCE_EXHAUSTED (host memory
-  // admission), INVALID_ARGUMENT (options), INTERNAL (OS/CUDA), and the metrics exporter's.
+  // admission), INVALID_ARGUMENT (options, or plan values outside what the runtime supports),
+  // OUT_OF_RANGE (plan sizes that overflow), INTERNAL (OS/CUDA).
   static absl::StatusOr<std::unique_ptr<Runtime>> Create(const Plan& plan,
                                                          const RuntimeOptions& options);
   // Ends an open step (draining its copies) before tearing down.
@@ -118,66 +123,61 @@ class Runtime : private offload::CopyObserver {
 
   const RuntimeCounters& counters() const { return *counters_; }
   std::shared_ptr<const RuntimeCounters> shared_counters() const { return counters_; }
+  // The one counter the C shell writes (errors by status code).
+  RuntimeCounters& mutable_counters() { return *counters_; }
   BackendKind backend_kind() const { return backend_kind_; }
   const offload::PinnedArena* arena() const { return arena_.get(); }
   offload::DeviceBackend& backend() { return engine_->backend(); }
   offload::CopyEngine& engine() { return *engine_; }
-  uint64_t copies_in_flight();          // reaps first
-  std::string metrics_address() const;  // bound address; empty without an endpoint
+  uint64_t copies_in_flight();  // reaps first
 
   // Test-only: flips one byte of the host copy of `id` (after its D2H landed), to prove that
   // integrity mode catches host-side corruption.
   absl::Status CorruptHostCopyForTesting(TensorId id, size_t offset);
 
  private:
-  absl::Status WaitForSave(TensorId id, bool host, void* stream);
-  enum class State {
-    kIssuing,
-    kSaved,
-    kPrefetching,
-    kPrefetched,
-    kRestoring,
-    kRestored,
-    kCorrupt,
-    kFailed
-  };
-  struct Entry {
-    int layer = 0;
-    std::byte* host = nullptr;
-    uint64_t bytes = 0;
-    State state = State::kIssuing;
-    std::shared_ptr<offload::CopyFence> d2h;
-    std::shared_ptr<offload::CopyFence> h2d;
-    void* prefetch_dst = nullptr;
-    std::atomic<uint64_t> checksum{0};  // written on a backend thread when the D2H lands
-    std::atomic<bool> synced{false};    // the caller waited for (or saw) the D2H
-  };
-  struct Region {
-    uint64_t reserved = 0;      // plan bytes + per-transfer alignment slack
-    uint64_t plan_bytes = 0;    // the plan's host_bytes
-    std::byte* base = nullptr;  // this step's region
-    uint64_t used = 0;          // bytes consumed (with alignment)
-    uint64_t saved = 0;         // bytes saved
-  };
   // Holds active_calls_ for the scope of one call (EndStep waits for zero).
   class CallScope;
 
   Runtime() = default;
+  // Parts of Create.
+  static std::shared_ptr<RuntimeCounters> MakeCounters(const Plan& plan,
+                                                       const RuntimeOptions& options,
+                                                       const offload::DeviceBackend& backend,
+                                                       std::vector<LayerTypeCounters*>* type_of);
+  absl::Status CreateArena(const Plan& plan, const RuntimeOptions& options,
+                           const offload::Backend& backend);
+
+  // Parts of Save: the checks and the placement under mu_, the D2H outside it, the bookkeeping.
+  absl::StatusOr<std::pair<TensorId, TensorEntry*>> ReserveSave(int layer, const void* src,
+                                                                uint64_t bytes);
+  absl::Status FinishSave(TensorEntry* entry,
+                          absl::StatusOr<std::shared_ptr<offload::CopyFence>> fence);
+  // Parts of Restore: the state change under mu_, the H2D (unless prefetched) and the wait, the
+  // integrity check of what landed (host backend), the bookkeeping.
+  absl::Status BeginRestore(TensorId id, void* dst, TensorEntry** entry,
+                            std::shared_ptr<offload::CopyFence>* prefetched);
+  absl::Status CopyBack(TensorId id, TensorEntry& entry, void* dst, void* stream,
+                        std::shared_ptr<offload::CopyFence>* h2d);
+  absl::Status CheckLanded(TensorId id, const TensorEntry& entry, const void* dst) const;
+  absl::Status FinishRestore(TensorEntry* entry, bool prefetched,
+                             std::shared_ptr<offload::CopyFence> h2d, absl::Status status);
+
   void OnCopyIssued(offload::CopyDirection direction, uint64_t bytes) override;
   void OnCopyLanded(offload::CopyDirection direction, uint64_t bytes, double busy_seconds) override;
   // Finds `id` in the open step; NOT_FOUND otherwise.
-  absl::StatusOr<Entry*> Lookup(TensorId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<TensorEntry*> Lookup(TensorId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lookup, and the save's D2H was issued; errors name `call`.
-  absl::StatusOr<Entry*> LookupSaved(TensorId id, const char* call)
+  absl::StatusOr<TensorEntry*> LookupSaved(TensorId id, const char* call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WaitForSave(TensorId id, bool host, void* stream);
   // Integrity mode: waits for the D2H, compares the host copy's checksum.
-  absl::Status VerifyHostCopy(TensorId id, Entry& entry);
+  absl::Status VerifyHostCopy(TensorId id, TensorEntry& entry);
   void EndCall();
 
   std::shared_ptr<RuntimeCounters> counters_;
   std::unique_ptr<offload::PinnedArena> arena_;
   std::unique_ptr<offload::CopyEngine> engine_;
-  std::unique_ptr<MetricsExporter> exporter_;
   BackendKind backend_kind_ = BackendKind::kHost;
   bool verify_ = false;
   int prefetch_distance_ = 1;
@@ -186,20 +186,18 @@ class Runtime : private offload::CopyObserver {
 
   mutable absl::Mutex mu_;
   bool in_step_ ABSL_GUARDED_BY(mu_) = false;
-  uint32_t step_seq_ ABSL_GUARDED_BY(mu_) = 0;  // ids carry it; 0 is never a valid step
   int active_calls_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Region> regions_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  StepRegions regions_ ABSL_GUARDED_BY(mu_);
+  TensorTable tensors_ ABSL_GUARDED_BY(mu_);
   uint64_t step_saved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point step_start_ ABSL_GUARDED_BY(mu_);
 };
 
 // The Runtime behind a C handle (defined in c_api.cc), for tests that reach past the C ABI (e.g.
-// CorruptHostCopyForTesting). Null for a null handle.
+// CorruptHostCopyForTesting). Null for a null or unknown handle.
 Runtime* UnwrapForTesting(stowage_runtime* rt);
-
-// absl::Status -> the C ABI's code (shared with the C++ API's tests).
-int StatusToStowageCode(const absl::Status& status);
+// The metrics endpoint a C handle serves ("127.0.0.1:40123"); empty without one.
+std::string MetricsAddressForTesting(stowage_runtime* rt);
 
 }  // namespace stowage::runtime
 

@@ -186,7 +186,6 @@ class Bench {
     runtime::RuntimeOptions options;
     options.backend = c_.backend;
     options.copy_threads = c_.threads;
-    options.metrics_address = "";
     const bool show_progress = plan_.runtime.host_arena_bytes >= (uint64_t{4} << 30);
     if (show_progress) {
       options.arena_progress = [](uint64_t done, uint64_t total) {

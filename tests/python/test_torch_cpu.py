@@ -360,18 +360,19 @@ class RuntimeBindingTest(unittest.TestCase):
     def test_save_restore_round_trip(self) -> None:
         plan = stowage.Plan(
             layers=[plan_mod.LayerPlan(index=0, type="raw", policy="offload_saved",
-                                       host_bytes=4096, prefetch_after_layer=0,
-                                       transfers=[plan_mod.Transfer("a", 4096)])],
-            runtime=plan_mod.RuntimeSettings(host_arena_bytes=4096, copy_chunk_bytes=1024))
+                                       host_bytes=16384, prefetch_after_layer=0,
+                                       transfers=[plan_mod.Transfer("a", 16384)])],
+            # Four chunks of the smallest allowed size (kMinCopyChunkBytes).
+            runtime=plan_mod.RuntimeSettings(host_arena_bytes=16384, copy_chunk_bytes=4096))
         with stowage.Runtime(plan, backend="host") as rt:
-            src = torch.arange(1024, dtype=torch.int32)
+            src = torch.arange(4096, dtype=torch.int32)
             dst = torch.zeros_like(src)
             rt.begin_step()
-            tid = rt.save(0, src.data_ptr(), 4096)
+            tid = rt.save(0, src.data_ptr(), 16384)
             rt.save_wait(tid)
             self.assertTrue(rt.save_query(tid))
             with self.assertRaisesRegex(stowage.StowageError, "RESOURCE_EXHAUSTED"):
-                rt.save(0, src.data_ptr(), 4096)
+                rt.save(0, src.data_ptr(), 16384)
             rt.prefetch(tid, dst.data_ptr())
             rt.restore(tid, dst.data_ptr())
             self.assertTrue(torch.equal(src, dst))

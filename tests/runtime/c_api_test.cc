@@ -92,11 +92,11 @@ TEST(CApi, CreateStartsTheMetricsEndpointWhenAsked) {
   stowage_runtime* rt = nullptr;
   ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK)
       << stowage_last_error();
-  EXPECT_EQ(stowage::runtime::UnwrapForTesting(rt)->metrics_address().rfind("127.0.0.1:", 0), 0u);
+  EXPECT_EQ(stowage::runtime::MetricsAddressForTesting(rt).rfind("127.0.0.1:", 0), 0u);
   EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
   options.metrics_address = "";
   ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK);
-  EXPECT_EQ(stowage::runtime::UnwrapForTesting(rt)->metrics_address(), "");
+  EXPECT_EQ(stowage::runtime::MetricsAddressForTesting(rt), "");
   EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
 }
 

@@ -311,12 +311,14 @@ void RunOneStep(Runtime& rt, std::vector<std::byte>& device, std::vector<std::by
 TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
   RuntimeOptions options;
   options.backend = BackendKind::kHost;
-  options.metrics_address = "127.0.0.1:0";
   options.skip_admission = true;
   options.copy_threads = 1;
   absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(SmallPlan(), options);
   ASSERT_TRUE(rt.ok()) << rt.status();
-  const std::string address = (*rt)->metrics_address();
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Start("127.0.0.1:0", (*rt)->shared_counters());
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  const std::string address = (*exporter)->bound_address();
   ASSERT_THAT(address, StartsWith("127.0.0.1:"));
 
   std::vector<std::byte> device(896 * kKib), back(896 * kKib);
@@ -382,17 +384,19 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
 TEST(RuntimeMetricsTest, SavedBytesAreOnTheDeviceUntilTheirCopyLands) {
   RuntimeOptions options;
   options.backend = BackendKind::kHost;
-  options.metrics_address = "127.0.0.1:0";
   options.skip_admission = true;
   absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(SmallPlan(), options);
   ASSERT_TRUE(rt.ok()) << rt.status();
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Start("127.0.0.1:0", (*rt)->shared_counters());
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
   std::vector<std::byte> device(896 * kKib);
   ASSERT_TRUE((*rt)->BeginStep().ok());
   absl::StatusOr<TensorId> q = (*rt)->Save(0, device.data(), 512 * kKib, nullptr);
   ASSERT_TRUE(q.ok()) << q.status();
   ASSERT_TRUE((*rt)->SaveWait(*q).ok());
   // Landed and reaped: the bytes now live only on the host, in use in the arena.
-  const std::map<std::string, double> s = ParseSamples(Scrape((*rt)->metrics_address()));
+  const std::map<std::string, double> s = ParseSamples(Scrape((*exporter)->bound_address()));
   EXPECT_EQ(Sample(s, R"(stowage_device_offloaded_bytes{device="0"})"), 512.0 * kKib);
   EXPECT_EQ(Sample(s, R"(stowage_device_offload_pending_bytes{device="0"})"), 0);
   EXPECT_EQ(Sample(s, R"(stowage_steps_total{device="0"})"), 0);
@@ -460,12 +464,15 @@ TEST(RuntimeMetricsTest, CApiReadsTheEnvironmentWhenTheOptionIsNull) {
 
 TEST(RuntimeMetricsTest, NoEndpointUnlessAsked) {
   unsetenv("STOWAGE_METRICS_ADDR");
-  RuntimeOptions options;
-  options.backend = BackendKind::kHost;
-  options.skip_admission = true;
-  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(SmallPlan(), options);
-  ASSERT_TRUE(rt.ok()) << rt.status();
-  EXPECT_EQ((*rt)->metrics_address(), "");
+  const std::string json = PlanToJson(SmallPlan());
+  stowage_options options;
+  stowage_options_init(&options);  // metrics_address NULL and no environment: no endpoint
+  options.backend = STOWAGE_BACKEND_HOST;
+  stowage_runtime* rt = nullptr;
+  ASSERT_EQ(stowage_create(json.data(), json.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  EXPECT_EQ(stowage::runtime::MetricsAddressForTesting(rt), "");
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
 }
 
 TEST(PickFreePortTest, ReplacesOnlyPortZero) {

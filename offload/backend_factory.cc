@@ -1,0 +1,67 @@
+#include "offload/backend_factory.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "offload/host_backend.h"
+#ifdef STOWAGE_HAVE_CUDA
+#include "offload/cuda_backend.h"
+#endif
+
+namespace stowage::offload {
+
+absl::StatusOr<Backend> CreateBackend(const BackendOptions& options) {
+  if (options.copy_threads < 0 || options.copy_threads > kMaxCopyThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("copy_threads is ", options.copy_threads,
+                                                   "; it must be in [0, ", kMaxCopyThreads,
+                                                   "] (0: chosen from the node's CPUs)"));
+  }
+  if (options.numa_node < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "numa_node is ", options.numa_node, "; it must be -1 (the GPU's node) or a node number"));
+  }
+  Backend out;
+  out.kind = options.kind;
+#ifdef STOWAGE_HAVE_CUDA
+  if (out.kind == BackendKind::kAuto) {
+    out.kind = CudaDeviceCount() > 0 ? BackendKind::kCuda : BackendKind::kHost;
+  }
+#else
+  if (out.kind == BackendKind::kAuto) out.kind = BackendKind::kHost;
+  if (out.kind == BackendKind::kCuda) {
+    return absl::UnavailableError(
+        "the CUDA backend was asked for but this build of stowage has no CUDA support");
+  }
+#endif
+
+  if (out.kind == BackendKind::kCuda) {
+    // A GPU without topology information still works, only unplaced.
+    absl::StatusOr<Placement> found = DiscoverGpuPlacement(options.device);
+    if (found.ok()) out.placement = *std::move(found);
+  } else {
+    out.placement = DiscoverHostPlacement();
+  }
+  if (options.numa_node >= 0) out.placement.numa_node = options.numa_node;
+
+  if (out.kind == BackendKind::kHost) {
+    HostBackendOptions host;
+    host.threads_per_stream =
+        options.copy_threads > 0
+            ? options.copy_threads
+            : std::clamp(static_cast<int>(out.placement.cpus.size()) / 4, 1, 4);
+    host.cpus = out.placement.cpus;
+    absl::StatusOr<std::unique_ptr<HostBackend>> created = HostBackend::Create(host);
+    if (!created.ok()) return created.status();
+    out.device = *std::move(created);
+  } else {
+#ifdef STOWAGE_HAVE_CUDA
+    absl::StatusOr<std::unique_ptr<CudaBackend>> created = CudaBackend::Create(options.device);
+    if (!created.ok()) return created.status();
+    out.device = *std::move(created);
+#endif
+  }
+  return out;
+}
+
+}  // namespace stowage::offload

@@ -1,0 +1,42 @@
+// Which DeviceBackend a runtime gets, and where it runs: the one place that turns "auto / host /
+// cuda, device N, node M, T copy threads" into a backend and its Placement (the GPU's NUMA node
+// and local CPUs from topology; host backend: the calling thread's).
+#ifndef STOWAGE_OFFLOAD_BACKEND_FACTORY_H_
+#define STOWAGE_OFFLOAD_BACKEND_FACTORY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "offload/device_backend.h"
+#include "offload/topology.h"
+
+namespace stowage::offload {
+
+enum class BackendKind { kAuto, kHost, kCuda };
+
+// copy_threads is the host backend's workers per copy stream and the arena's page-touch threads.
+// Bounded so that a typo (5000) is an error before any thread is created: 64 touch threads
+// already saturate the memory bandwidth of one socket (the H200 probe peaks at 16).
+inline constexpr int kMaxCopyThreads = 64;
+
+struct BackendOptions {
+  BackendKind kind = BackendKind::kAuto;  // kAuto: CUDA when built with it and a GPU is visible
+  int device = 0;
+  int numa_node = -1;    // -1: from topology
+  int copy_threads = 0;  // [0, kMaxCopyThreads]; 0: a quarter of the node's CPUs, 1 to 4
+};
+
+struct Backend {
+  BackendKind kind = BackendKind::kHost;  // never kAuto
+  Placement placement;
+  std::unique_ptr<DeviceBackend> device;
+};
+
+// INVALID_ARGUMENT (copy_threads or numa_node out of range, no such device), UNAVAILABLE (CUDA
+// asked for but not built, or no GPU), INTERNAL (the OS refused the worker threads or CUDA
+// failed). Errors name the option and its allowed range.
+absl::StatusOr<Backend> CreateBackend(const BackendOptions& options);
+
+}  // namespace stowage::offload
+
+#endif  // STOWAGE_OFFLOAD_BACKEND_FACTORY_H_
