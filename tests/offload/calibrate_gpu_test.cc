@@ -20,10 +20,12 @@ TEST(CalibrateGpu, WritesAMeasuredProfile) {
   STOWAGE_REQUIRE_GPU();
   const std::string out = ::testing::TempDir() + "/stowage-calibrated.json";
   const std::string table = ::testing::TempDir() + "/stowage-calibrate.txt";
-  const std::string command = std::string(STOWAGE_BINARY_DIR) +
-                              "/tools/stowage calibrate --setup-bytes 1G --max-chunk 64M "
-                              "--skip-malloc-host --out " +
-                              out + " > " + table;
+  // STOWAGE_CLI names the CLI where the build tree is not at hand (tools/gpu-check's folder).
+  const char* cli = std::getenv("STOWAGE_CLI");
+  const std::string command =
+      (cli != nullptr && *cli != '\0' ? std::string(cli)
+                                      : std::string(STOWAGE_BINARY_DIR) + "/tools/stowage") +
+      " calibrate --setup-bytes 1G --max-chunk 64M --skip-malloc-host --out " + out + " > " + table;
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status)) << command;
   ASSERT_EQ(WEXITSTATUS(status), 0) << command;

@@ -1,0 +1,261 @@
+"""tools/gpu-check: the packaged folder, its dependency check and its step runner (no GPU needed).
+
+Packages from the build tree ctest runs in (STOWAGE_BUILD_DIR) instead of building a release tree,
+so the test costs seconds. Run by ctest as tools_gpu_check (tests/tools/CMakeLists.txt).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+SOURCE_DIR = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GPU_CHECK = os.path.join(SOURCE_DIR, "tools", "gpu-check")
+RUNNER = os.path.join(SOURCE_DIR, "tools", "gpu_check", "run.py")
+BUILD_DIR = os.environ.get("STOWAGE_BUILD_DIR", os.path.join(SOURCE_DIR, "build", "dev"))
+
+
+def load(name: str, path: str):
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+run = load("gpu_check_run", RUNNER)
+
+
+def has_cuda_backend() -> bool:
+    cli = os.path.join(BUILD_DIR, "tools", "stowage")
+    return os.path.isfile(cli) and any(n.startswith("libcudart") for n in run.read_elf(cli).needed)
+
+
+def gpu_check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, GPU_CHECK, *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def runner(root: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(root, "run"), *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@unittest.skipUnless(has_cuda_backend(), f"{BUILD_DIR} has no CUDA backend to package")
+class PackagedFolderTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.mkdtemp(prefix="gpu-check-test-")
+        cls.root = os.path.join(cls.tmp, "gpu-check")
+        cls.packaging = gpu_check("--build-dir", BUILD_DIR, "--out", cls.root, "--dry-run")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def copy(self) -> str:
+        """A copy of the packaged folder that a test may break."""
+        dest = tempfile.mkdtemp(prefix="gpu-check-copy-", dir=self.tmp)
+        shutil.rmtree(dest)
+        shutil.copytree(self.root, dest)
+        return dest
+
+    def test_packaging_and_dry_run_pass(self) -> None:
+        out = self.packaging
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("dry run OK", out.stdout)
+        self.assertIn("highest symbol versions needed: GLIBC_2.", out.stdout)
+
+    def test_every_gpu_test_of_the_build_is_a_step(self) -> None:
+        listed = json.loads(subprocess.run(
+            ["ctest", "--test-dir", BUILD_DIR, "--show-only=json-v1", "-L", "gpu"],
+            capture_output=True, text=True, check=True).stdout)["tests"]
+        with open(os.path.join(self.root, "steps.json")) as f:
+            steps = json.load(f)["steps"]
+        names = [s["name"] for s in steps]
+        argv = " ".join(" ".join(s["argv"]) for s in steps)
+        for t in listed:
+            cmd = t["command"]
+            gtest = [a for a in cmd if a.startswith("--gtest_filter=")]
+            if gtest:
+                self.assertIn(os.path.basename(cmd[0]), names)
+                self.assertIn(gtest[0].split("=", 1)[1], argv)  # its filter is in the step's
+            else:
+                self.assertIn(t["name"], names)
+        # Then the three fixed steps, in the order of the brief, and each listed by --dry-run.
+        self.assertEqual(names[-3:], ["calibrate", "bench offload (cuda)",
+                                      "bench_torch (anchor size)"])
+        for s in steps:
+            self.assertRegex(self.packaging.stdout,
+                             r"\[\s*%d s\] .*%s" % (s["timeout_s"], re.escape(s["name"])))
+        self.assertIn("--tokens 32768", argv)
+        self.assertIn("--backend=cuda", argv)
+
+    def test_the_folder_carries_its_libraries(self) -> None:
+        libs = set(os.listdir(os.path.join(self.root, "lib")))
+        for needed in run.read_elf(os.path.join(self.root, "bin", "stowage")).needed:
+            if not run.is_base_system_library(needed):
+                self.assertIn(needed, libs)
+        self.assertIn("libstowage.so", libs)
+        for rel in ("run", "steps.json", "tools/bench_torch.py", "tests/python/run_tests.py",
+                    "tests/python/test_torch_gpu.py", "runtime/python/stowage/__init__.py"):
+            self.assertTrue(os.path.isfile(os.path.join(self.root, rel)), rel)
+        info = run.read_elf(os.path.join(self.root, "bin", "stowage"))
+        self.assertEqual(info.runpath, ["$ORIGIN/../lib"])
+        # No path of the build machine in what the device reads.
+        with open(os.path.join(self.root, "steps.json")) as f:
+            self.assertNotIn(SOURCE_DIR, f.read())
+
+    def test_elf_reader_agrees_with_readelf(self) -> None:
+        if shutil.which("readelf") is None:
+            self.skipTest("no readelf")
+        for rel in ("bin/stowage", "lib/libstowage.so", "lib/libprometheus-cpp-pull.so.1.0"):
+            path = os.path.join(self.root, rel)
+            text = subprocess.run(["readelf", "-dW", path], capture_output=True, text=True,
+                                  check=True).stdout
+            info = run.read_elf(path)
+            self.assertEqual(info.needed, re.findall(r"\(NEEDED\).*\[(.*)\]", text), rel)
+            runpath = re.findall(r"\(RUNPATH\).*\[(.*)\]", text)
+            self.assertEqual(info.runpath, runpath[0].split(":") if runpath else [], rel)
+            versions = subprocess.run(["readelf", "-VW", path], capture_output=True, text=True,
+                                      check=True).stdout
+            self.assertEqual(sorted({v for vs in info.version_needs.values() for v in vs}),
+                             sorted(set(re.findall(r"Name: (\S+)\s+Flags", versions))), rel)
+
+    def test_a_removed_library_is_named(self) -> None:
+        root = self.copy()
+        os.remove(os.path.join(root, "lib", "libhwloc.so.15"))
+        out = runner(root, "--dry-run")
+        self.assertEqual(out.returncode, 1, out.stdout)
+        self.assertIn("dry run FAILED", out.stdout)
+        self.assertRegex(out.stdout, r"bin/stowage: needs libhwloc\.so\.15, which is not in the "
+                                     r"folder on its run path \(RUNPATH \$ORIGIN/\.\./lib\)")
+
+    def test_a_run_path_outside_the_folder_is_a_problem(self) -> None:
+        root = self.copy()
+        target = os.path.join(root, "bin", "stowage")
+        subprocess.run(["patchelf", "--set-rpath", "/usr/local/cuda/lib64", target], check=True)
+        out = runner(root, "--dry-run")
+        self.assertEqual(out.returncode, 1, out.stdout)
+        self.assertIn("bin/stowage: RUNPATH entry '/usr/local/cuda/lib64' lies outside the folder",
+                      out.stdout)
+        self.assertIn("bin/stowage: needs libhwloc.so.15", out.stdout)
+
+    def test_refuses_to_replace_a_folder_that_is_not_its_own(self) -> None:
+        other = tempfile.mkdtemp(dir=self.tmp)
+        with open(os.path.join(other, "precious.txt"), "w") as f:
+            f.write("keep me")
+        out = gpu_check("--build-dir", BUILD_DIR, "--out", other)
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("is not a gpu-check folder", out.stderr)
+        self.assertTrue(os.path.isfile(os.path.join(other, "precious.txt")))
+
+
+class StepRunnerTest(unittest.TestCase):
+    """The runner on a folder of fake steps (plain Python programs)."""
+
+    def setUp(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="gpu-check-runner-")
+        self.root = os.path.join(self.tmp, "folder")
+        self.out = os.path.join(self.tmp, "out")
+        os.makedirs(self.root)
+        shutil.copy(RUNNER, os.path.join(self.root, "run"))
+
+    def tearDown(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write_steps(self, steps: list, budget: float = 60) -> None:
+        with open(os.path.join(self.root, "steps.json"), "w") as f:
+            json.dump({"budget_s": budget, "manifest": {}, "steps": steps}, f)
+
+    def results(self) -> dict:
+        with open(os.path.join(self.out, "results.json")) as f:
+            return {s["name"]: s for s in json.load(f)["steps"]}
+
+    def test_an_overrunning_step_is_killed_and_recorded(self) -> None:
+        pid_file = os.path.join(self.tmp, "grandchild.pid")
+        # The step starts a grandchild and sleeps: both must go when its limit passes.
+        hang = ("import subprocess, sys, time\n"
+                "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+                f"open({pid_file!r}, 'w').write(str(p.pid))\n"
+                "print('hanging', flush=True)\n"
+                "time.sleep(300)\n")
+        self.write_steps([
+            {"name": "hangs", "argv": ["{python}", "-c", hang], "timeout_s": 2},
+            {"name": "after", "argv": ["{python}", "-c", "print('table row 1')"], "timeout_s": 30},
+            {"name": "fails", "argv": ["{python}", "-c", "raise SystemExit(4)"], "timeout_s": 30},
+            {"name": "skips", "argv": ["{python}", "-c", "raise SystemExit(77)"], "timeout_s": 30,
+             "skip_return_code": 77},
+        ])
+        out = runner(self.root, self.out)
+        self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
+        got = self.results()
+        self.assertEqual(got["hangs"]["status"], "timeout")
+        self.assertEqual(got["after"]["status"], "pass")
+        self.assertEqual(got["fails"]["status"], "fail")
+        self.assertEqual(got["skips"]["status"], "skip")
+        with open(pid_file) as f:
+            grandchild = int(f.read())
+        self.assertFalse(alive(grandchild), "the timed-out step's grandchild survived")
+        with open(os.path.join(self.out, "report.md")) as f:
+            report = f.read()
+        self.assertIn("| 1 | hangs | **timeout** |", report)
+        self.assertIn("table row 1", report)  # a step's output is in the report
+        self.assertIn("hanging", report)  # and so is what a killed step printed
+
+    def test_the_budget_cuts_and_skips_steps(self) -> None:
+        # The budget counts from the start, the environment probes (torch's import) included:
+        # 25 s leave the first step more than the runner's minimum on a loaded machine.
+        self.write_steps([
+            {"name": "long", "argv": ["{python}", "-c", "import time; time.sleep(300)"],
+             "timeout_s": 200},
+            {"name": "never", "argv": ["{python}", "-c", "pass"], "timeout_s": 10},
+        ], budget=25)
+        out = runner(self.root, self.out)
+        self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
+        got = self.results()
+        self.assertEqual(got["long"]["status"], "timeout")
+        self.assertIn("cut from 200 s: budget", got["long"]["detail"])
+        self.assertEqual(got["never"]["status"], "not run")
+
+    def test_the_report_goes_to_OUT_and_bad_arguments_fail_clearly(self) -> None:
+        self.write_steps([{"name": "ok", "argv": ["{python}", "-c", "pass"], "timeout_s": 30}])
+        env = dict(os.environ, OUT=self.out)
+        out = subprocess.run([sys.executable, os.path.join(self.root, "run")], env=env,
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertTrue(os.path.isfile(os.path.join(self.out, "report.md")))
+        env.pop("OUT")
+        out = subprocess.run([sys.executable, os.path.join(self.root, "run")], env=env,
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("give the report folder", out.stderr)
+        out = runner(self.root, "--only", "nothing-matches", self.out)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("matches no step", out.stderr)
+
+
+def alive(pid: int) -> bool:
+    """True when `pid` still runs after its signal had time to land (a zombie counts as gone)."""
+    for _ in range(100):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+        except OSError:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
