@@ -174,6 +174,7 @@ LayerCost BuildLayer(const ModelConfig& m, const HardwareProfile& hw, const RunS
   Ffn(b, spec);
   b.matmul_flops += 2.0 * static_cast<double>(DenseLayerParams(m, spec)) / tp * tokens;
   b.cost.input_bytes = b.cost.saved.front().bytes;
+  b.cost.output_bytes = b.cost.input_bytes;  // a residual layer: output as wide as its input
   for (const SavedTensor& s : b.cost.saved) b.cost.saved_bytes += s.bytes;
   const double elementwise =
       3.0 * static_cast<double>(b.cost.saved_bytes) / hw.hbm_bytes_per_second;
@@ -341,11 +342,11 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
   const uint64_t ffn_bwd = l.ffn_backward_transient / k;
   auto forward_with = [&](uint64_t attn_part, uint64_t ffn_part) {
     return std::max(attn_part + l.attn_forward_transient, attn_part + ffn_part + ffn_fwd) +
-           l.input_bytes;
+           l.output_bytes;
   };
   auto backward_with = [&](uint64_t ffn_part) {
     return std::max(attn_saved + ffn_part + ffn_bwd, attn_saved + l.attn_backward_transient) +
-           2 * l.input_bytes;
+           l.output_bytes + l.input_bytes;
   };
   const uint64_t keep_forward = forward_with(attn_saved, l.ffn_saved_bytes);
   const uint64_t keep_backward = backward_with(l.ffn_saved_bytes);

@@ -62,6 +62,7 @@ struct LayerCost {
   int index = 0;
   std::string type;  // LayerSpec::TypeName()
   uint64_t input_bytes = 0;
+  uint64_t output_bytes = 0;       // alive through the forward; its gradient through the backward
   std::vector<SavedTensor> saved;  // includes "input"
   uint64_t saved_bytes = 0;        // sum of saved
   uint64_t ffn_saved_bytes = 0;    // the FFN/MoE part of saved (recomputed chunk by chunk)
@@ -83,7 +84,8 @@ struct FixedMemory {
   uint64_t gradients = 0;
   uint64_t optimizer = 0;
   uint64_t comm_buffers = 0;
-  uint64_t total() const { return weights + gradients + optimizer + comm_buffers; }
+  uint64_t other = 0;  // held by the trainer throughout (a measured profile's sample input)
+  uint64_t total() const { return weights + gradients + optimizer + comm_buffers + other; }
 };
 
 // Everything the simulator and optimizer need about one step on one rank.

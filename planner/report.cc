@@ -170,11 +170,14 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                             p.peak_device_bytes <= plan.gpu_budget_bytes ? "fits" : "DOES NOT FIT",
                             result.sim.peak_at));
   absl::StrAppend(
-      &out, absl::StrFormat("fixed device memory    %s: weights %s, gradients %s, "
-                            "optimizer %s, comm buffers %s\n",
-                            FormatBytes(step.fixed.total()), FormatBytes(step.fixed.weights),
-                            FormatBytes(step.fixed.gradients), FormatBytes(step.fixed.optimizer),
-                            FormatBytes(step.fixed.comm_buffers)));
+      &out,
+      absl::StrFormat(
+          "fixed device memory    %s: weights %s, gradients %s, "
+          "optimizer %s, comm buffers %s%s\n",
+          FormatBytes(step.fixed.total()), FormatBytes(step.fixed.weights),
+          FormatBytes(step.fixed.gradients), FormatBytes(step.fixed.optimizer),
+          FormatBytes(step.fixed.comm_buffers),
+          step.fixed.other > 0 ? absl::StrCat(", other ", FormatBytes(step.fixed.other)) : ""));
   const double pin_seconds =
       hw.pin_seconds_per_gib * static_cast<double>(p.host_bytes_per_gpu) / kGiB;
   absl::StrAppend(
@@ -183,7 +186,8 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                             FormatBytes(p.host_bytes_per_gpu), FormatBytes(plan.host_budget_bytes),
                             FormatBytes(p.host_bytes_per_numa_node), hw.gpus_per_numa_node,
                             FormatBytes(hw.host_bytes_per_numa_node), pin_seconds));
-  if (p.host_bytes_per_numa_node > hw.host_bytes_per_numa_node) {
+  // 0: host RAM unknown (a measured profile planned without --hardware).
+  if (hw.host_bytes_per_numa_node > 0 && p.host_bytes_per_numa_node > hw.host_bytes_per_numa_node) {
     absl::StrAppend(&out, absl::StrFormat("                       WARNING: %s per NUMA node "
                                           "exceeds its %s of RAM\n",
                                           FormatBytes(p.host_bytes_per_numa_node),

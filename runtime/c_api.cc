@@ -3,6 +3,7 @@
 // exception crosses this boundary: every entry point runs its body inside Guard, which turns one
 // into INTERNAL.
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "planner/plan_request.h"
 #include "runtime/metrics.h"
 #include "runtime/runtime.h"
 #include "stowage/plan.h"
@@ -144,6 +146,28 @@ absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::Runti
   out->copy_threads = options.copy_threads;
   if (options.metrics_address != nullptr) *metrics_address = options.metrics_address;
   return absl::OkStatus();
+}
+
+// The planning service (planner/plan_request.h): a request in, a malloc'd string out.
+template <typename Service>
+stowage_status PlanningCall(const char* call, const char* request, size_t bytes, char** out,
+                            Service&& service) {
+  if (out == nullptr)
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, absl::StrCat(call, ": out is NULL"));
+  *out = nullptr;
+  if (request == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, absl::StrCat(call, ": request_json is NULL"));
+  }
+  return Guard(nullptr, call, [&]() -> absl::Status {
+    absl::StatusOr<std::string> text =
+        service(std::string_view(request, bytes), absl::StrCat("stowage ", stowage_version()));
+    if (!text.ok()) return text.status();
+    char* copy = static_cast<char*>(std::malloc(text->size() + 1));
+    if (copy == nullptr) return absl::ResourceExhaustedError("out of memory for the result");
+    std::memcpy(copy, text->c_str(), text->size() + 1);
+    *out = copy;
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace
@@ -364,5 +388,19 @@ stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t layer, stowag
     return absl::OkStatus();
   });
 }
+
+stowage_status stowage_plan_request(const char* request_json, size_t request_json_bytes,
+                                    char** plan_json_out) {
+  return PlanningCall("stowage_plan_request", request_json, request_json_bytes, plan_json_out,
+                      stowage::planner::PlanFromRequestJson);
+}
+
+stowage_status stowage_plan_evaluate(const char* request_json, size_t request_json_bytes,
+                                     char** result_json_out) {
+  return PlanningCall("stowage_plan_evaluate", request_json, request_json_bytes, result_json_out,
+                      stowage::planner::EvaluateRequestJson);
+}
+
+void stowage_free_string(char* s) { std::free(s); }
 
 }  // extern "C"

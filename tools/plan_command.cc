@@ -12,6 +12,7 @@
 #include "planner/hardware.h"
 #include "planner/model.h"
 #include "planner/optimizer.h"
+#include "planner/profile.h"
 #include "planner/report.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
@@ -39,6 +40,10 @@ cli::FlagParser MakeParser() {
          absl::StrCat("model preset (", absl::StrJoin(planner::ModelPresetNames(), ", "),
                       ") or a Hugging Face config.json"),
          "glm-5.3-flash"});
+  p.Add({"profile", "PATH",
+         "plan from a measured layer profile (as stowage.profile_layers writes) instead of "
+         "--model; --gpu-mem is then required unless --hardware is given",
+         ""});
   p.Add({"hardware", "NAME|PATH",
          absl::StrCat("hardware preset (", absl::StrJoin(planner::HardwarePresetNames(), ", "),
                       ") or a profile .json (as `stowage calibrate` writes)"),
@@ -52,7 +57,10 @@ cli::FlagParser MakeParser() {
   p.Add({"moe-imbalance", "X",
          "tokens on the busiest expert-parallel rank over the average (the reference run saw 4)",
          "1"});
-  p.Add({"gpu-mem", "GiB", "GPU memory budget per GPU", "the hardware's usable memory"});
+  p.Add({"gpu-mem", "GiB",
+         "GPU memory budget per GPU: the whole device memory a step may peak at, fixed memory "
+         "included",
+         "the hardware's usable memory"});
   p.Add({"host-mem", "GiB", "pinned host memory budget per GPU",
          "host RAM per NUMA node / GPUs per NUMA node"});
   p.Add({"sharding", "MODE",
@@ -80,6 +88,22 @@ struct Inputs {
   planner::OptimizerOptions options;
   std::string model_label, hardware_label;
 };
+
+absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& options) {
+  if (auto force = flags.Get("force"); force.has_value()) {
+    if (*force == "keep") {
+      options.force = LayerPolicy::kKeep;
+    } else if (*force == "recompute") {
+      options.force = LayerPolicy::kRecompute;
+    } else if (*force == "offload") {
+      options.force = LayerPolicy::kOffloadInput;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--force is '", *force, "'; allowed: keep, recompute, offload"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
   Inputs in;
@@ -144,19 +168,58 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
       "host-mem", static_cast<double>(in.hardware.HostBytesPerGpu()) / kGiB, 0, 1e9);
   if (!host_mem.ok()) return host_mem.status();
   in.options.host_budget_bytes = static_cast<uint64_t>(*host_mem * kGiB);
-  if (auto force = flags.Get("force"); force.has_value()) {
-    if (*force == "keep") {
-      in.options.force = LayerPolicy::kKeep;
-    } else if (*force == "recompute") {
-      in.options.force = LayerPolicy::kRecompute;
-    } else if (*force == "offload") {
-      in.options.force = LayerPolicy::kOffloadInput;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--force is '", *force, "'; allowed: keep, recompute, offload"));
+  if (absl::Status s = ReadForce(flags, in.options); !s.ok()) return s;
+  return in;
+}
+
+// --profile: the step cost comes from a measured layer profile; only the budgets, --force and
+// (optionally) --hardware apply. Run-setting flags belong to a model config and are refused.
+absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags, Inputs& in) {
+  for (const char* flag :
+       {"model", "seq-len", "micro-batch", "tp", "cp", "ep", "gpus", "moe-imbalance", "sharding",
+        "grad-dtype", "loss-chunk-tokens", "max-seq-len"}) {
+    if (flags.Has(flag)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " describes a model config; with --profile the layers are measured"));
     }
   }
-  return in;
+  const std::string path = *flags.Get("profile");
+  auto profile = planner::ReadProfileFile(path);
+  if (!profile.ok()) return profile.status();
+  in.model_label = path;
+  in.hardware = planner::HardwareForProfile(*profile);
+  in.hardware_label = in.hardware.name;
+  uint64_t gpu_default = 0;
+  if (flags.Has("hardware")) {
+    const std::string hardware = *flags.Get("hardware");
+    auto hw = LooksLikePath(hardware) ? planner::ReadHardwareProfileFile(hardware)
+                                      : planner::HardwarePreset(hardware);
+    if (!hw.ok()) return hw.status();
+    in.hardware = *hw;
+    in.hardware_label = hardware;
+    gpu_default = hw->UsableBytes();
+  }
+  auto step = planner::BuildStepCostFromProfile(*profile, in.hardware);
+  if (!step.ok()) return step.status();
+  if (!flags.Has("gpu-mem") && gpu_default == 0) {
+    return absl::InvalidArgumentError(
+        "--gpu-mem is required with --profile (or give --hardware for its usable memory)");
+  }
+  auto gpu_mem = flags.GetDouble("gpu-mem", static_cast<double>(gpu_default) / kGiB, 0.001, 1e6);
+  if (!gpu_mem.ok()) return gpu_mem.status();
+  in.options.gpu_budget_bytes = static_cast<uint64_t>(*gpu_mem * kGiB);
+  // Without --host-mem (and without --hardware) every saved byte may go to the host.
+  uint64_t host_default = 0;
+  for (const planner::LayerCost& l : step->layers) host_default += l.saved_bytes;
+  if (flags.Has("hardware")) host_default = in.hardware.HostBytesPerGpu();
+  auto host_mem = flags.GetDouble("host-mem", static_cast<double>(host_default) / kGiB, 0, 1e9);
+  if (!host_mem.ok()) return host_mem.status();
+  in.options.host_budget_bytes =
+      flags.Has("host-mem") ? static_cast<uint64_t>(*host_mem * kGiB) : host_default;
+  if (absl::Status s = ReadForce(flags, in.options); !s.ok()) return s;
+  planner::ApplyProfileSearchOptions(in.options);
+  in.run = step->run;
+  return step;
 }
 
 bool WriteFile(const std::string& path, const std::string& text) {
@@ -192,12 +255,23 @@ int RunPlanCommand(int argc, char** argv) {
                  format.ok() ? format->c_str() : "");
     return kExitUsage;
   }
-  auto inputs = ReadInputs(flags);
-  if (!inputs.ok()) {
-    std::fprintf(stderr, "stowage plan: %s\n", std::string(inputs.status().message()).c_str());
-    return kExitUsage;
+  Inputs in;
+  std::optional<planner::StepCost> profile_step;
+  if (flags.Has("profile")) {
+    auto step = ReadProfileInputs(flags, in);
+    if (!step.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(step.status().message()).c_str());
+      return kExitUsage;
+    }
+    profile_step = *std::move(step);
+  } else {
+    auto inputs = ReadInputs(flags);
+    if (!inputs.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(inputs.status().message()).c_str());
+      return kExitUsage;
+    }
+    in = *std::move(inputs);
   }
-  Inputs& in = *inputs;
 
   if (flags.GetBool("max-seq-len")) {
     const uint64_t granularity = 1024ull * static_cast<uint64_t>(in.run.cp);
@@ -221,7 +295,8 @@ int RunPlanCommand(int argc, char** argv) {
     in.run.seq_len = *longest;
   }
 
-  auto step = planner::BuildStepCost(in.model, in.hardware, in.run);
+  auto step = profile_step.has_value() ? absl::StatusOr<planner::StepCost>(*profile_step)
+                                       : planner::BuildStepCost(in.model, in.hardware, in.run);
   if (!step.ok()) {
     std::fprintf(stderr, "stowage plan: %s\n", std::string(step.status().message()).c_str());
     return kExitUsage;

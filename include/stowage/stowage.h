@@ -160,6 +160,27 @@ STOWAGE_API stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t l
  * exported next to the plan's prediction. */
 STOWAGE_API stowage_status stowage_report_device_peak(stowage_runtime* rt, uint64_t bytes);
 
+/* Planning (the C++ planner, in this library too). A request is JSON (README: "Planning through
+ * the C ABI"): a cost source -- "profile" (a measured layer profile) or "model" (a preset name or
+ * a Hugging Face config.json object) with "hardware" and "run" -- and "gpu_budget_bytes" (the
+ * whole device memory a step may peak at, fixed memory included), optional "host_budget_bytes",
+ * "force" (a policy name) and "prefetch_distance". On success *out points at a NUL-terminated
+ * string the caller frees with stowage_free_string; on failure *out is NULL. Errors:
+ * INVALID_ARGUMENT for a bad request (the message names the field, its value and what is
+ * allowed); RESOURCE_EXHAUSTED from stowage_plan_request when no plan fits (the message names
+ * the smallest peak any plan reaches and what binds). Safe from any thread. */
+/* The plan JSON of the fastest plan within the budgets. */
+STOWAGE_API stowage_status stowage_plan_request(const char* request_json, size_t request_json_bytes,
+                                                char** plan_json_out);
+/* The simulator's prediction for the request's "layers" (per layer {"policy", optional
+ * "recompute_modules"}) at its "prefetch_distance" (default 1): peak_device_bytes, step_seconds,
+ * exposed_copy_seconds, host_bytes, the recorded "compute" and "copies" intervals, "timeline",
+ * and "plan", the plan of that assignment. */
+STOWAGE_API stowage_status stowage_plan_evaluate(const char* request_json,
+                                                 size_t request_json_bytes, char** result_json_out);
+/* Frees a string the planning calls returned; NULL is ignored. */
+STOWAGE_API void stowage_free_string(char* s);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -38,6 +38,7 @@ StepCost RandomStep(std::mt19937_64& rng, int layers) {
     l.index = i;
     l.type = "random";
     l.input_bytes = bytes(50, 300);
+    l.output_bytes = l.input_bytes;
     l.saved.push_back({"input", "", l.input_bytes});
     const int modules = std::uniform_int_distribution<int>(0, 2)(rng);
     for (int m = 0; m < modules; ++m) {

@@ -1,0 +1,328 @@
+#include "planner/profile.h"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "base/checked_math.h"
+#include "base/json_reader.h"
+
+namespace stowage::planner {
+namespace {
+
+// Note [Measured layers]
+// A profile is what the Python layer measured running each layer alone (stowage.profile). The
+// analytic cost model's terms map onto it as follows, so EvaluateOption, the simulator and the
+// optimizer treat a measured layer exactly as a modelled one:
+//  - saved: the measured saved tensors (the offload_saved rule: distinct, non-parameter), each
+//    with the child module whose rerun regenerates it; a module's saved_bytes is the sum of
+//    its tensors, its seconds the module's measured forward time. "input" is the layer's input
+//    when the layer saves it.
+//  - the layer's own bytes during its forward are its input plus forward_peak_bytes (measured
+//    over what was allocated before, the input included there); the attention-part transient is
+//    what that exceeds the saved tensors and the output by. During its backward they are
+//    backward_peak_bytes plus the input when the layer saved it (the input was counted in
+//    "before"); the transient is what that exceeds the saved tensors, the output's gradient and
+//    the input's gradient by. Both are clamped at 0: a layer that saves its own output would
+//    otherwise count it twice.
+//  - no FFN part: a measured layer is one unit, so chunking does not apply (chunk count 1) and
+//    recompute reruns the whole forward (forward_seconds).
+//  - the tail is the loss: its bytes are the last layer's output plus loss.peak_bytes (the
+//    output is no layer's resident bytes once that layer's forward ends), its seconds
+//    loss.seconds; there is no embedding.
+//  - fixed memory counts in the peak (weights, gradients, optimizer state, the sample input), so
+//    a GPU budget is the whole device as for a config.
+// Layer 0's input is the sample input, also fixed memory: counting it again in layer 0 errs on
+// the side of a higher peak, never a lower one.
+
+constexpr uint64_t kMaxBytes = uint64_t{1} << 56;  // 64 PiB: any larger is a unit mix-up
+constexpr double kMaxSeconds = 1e6;
+constexpr double kMaxRate = 1e15;
+
+template <typename T>
+json::Range<T> Upto(T max) {
+  return {T{0}, max};
+}
+
+absl::Status ReadLayer(const json::Json& value, const std::string& source, int index,
+                       ProfileLayer& out) {
+  const std::string path = absl::StrCat("layers[", index, "]");
+  auto layer = json::Object::Of(value, source, path);
+  if (!layer.ok()) return layer.status();
+  const json::Object& o = *layer;
+  if (absl::Status s = o.Read("index", out.index, {index, index}); !s.ok()) return s;
+  if (absl::Status s = o.Read("type", out.type); !s.ok()) return s;
+  for (auto [key, field] : {std::pair<const char*, uint64_t*>{"input_bytes", &out.input_bytes},
+                            {"output_bytes", &out.output_bytes},
+                            {"forward_peak_bytes", &out.forward_peak_bytes},
+                            {"backward_peak_bytes", &out.backward_peak_bytes}}) {
+    if (absl::Status s = o.Read(key, *field, Upto(kMaxBytes)); !s.ok()) return s;
+  }
+  if (absl::Status s = o.Read("forward_seconds", out.forward_seconds, Upto(kMaxSeconds)); !s.ok())
+    return s;
+  if (absl::Status s = o.Read("backward_seconds", out.backward_seconds, Upto(kMaxSeconds)); !s.ok())
+    return s;
+
+  if (o.Has("modules")) {
+    auto modules = o.Array("modules");
+    if (!modules.ok()) return modules.status();
+    if ((*modules)->size() > static_cast<size_t>(kMaxProfileModules)) {
+      return o.Invalid("modules", absl::StrCat("at most ", kMaxProfileModules,
+                                               " modules (selective recompute tries every "
+                                               "subset); list the ones that save the most"));
+    }
+    std::set<std::string> names;
+    for (size_t m = 0; m < (*modules)->size(); ++m) {
+      auto module =
+          json::Object::Of((**modules)[m], source, absl::StrCat(path, ".modules[", m, "]"));
+      if (!module.ok()) return module.status();
+      ProfileModule pm;
+      if (absl::Status s = module->Read("name", pm.name); !s.ok()) return s;
+      if (pm.name.empty() || !names.insert(pm.name).second) {
+        return module->Invalid("name", "a non-empty name, unique within the layer");
+      }
+      if (absl::Status s = module->Read("seconds", pm.seconds, Upto(kMaxSeconds)); !s.ok())
+        return s;
+      out.modules.push_back(std::move(pm));
+    }
+  }
+
+  auto saved = o.Array("saved");
+  if (!saved.ok()) return saved.status();
+  std::set<std::string> tensor_names;
+  uint64_t total = 0;
+  for (size_t t = 0; t < (*saved)->size(); ++t) {
+    auto tensor = json::Object::Of((**saved)[t], source, absl::StrCat(path, ".saved[", t, "]"));
+    if (!tensor.ok()) return tensor.status();
+    ProfileSavedTensor st;
+    if (absl::Status s = tensor->Read("name", st.name); !s.ok()) return s;
+    if (st.name.empty() || !tensor_names.insert(st.name).second) {
+      return tensor->Invalid("name", "a non-empty name, unique within the layer");
+    }
+    if (absl::Status s = tensor->Read("bytes", st.bytes, Upto(kMaxBytes)); !s.ok()) return s;
+    if (absl::Status s = tensor->ReadOptional("module", st.module); !s.ok()) return s;
+    if (!st.module.empty() &&
+        std::none_of(out.modules.begin(), out.modules.end(),
+                     [&](const ProfileModule& m) { return m.name == st.module; })) {
+      return tensor->Invalid("module",
+                             absl::StrCat("\"\" or one of the names in ", path, ".modules"));
+    }
+    if (st.name == "input" && st.bytes != out.input_bytes) {
+      return tensor->Invalid("bytes", absl::StrCat("the layer's input_bytes (", out.input_bytes,
+                                                   ") for the tensor named \"input\""));
+    }
+    auto sum = CheckedAdd(total, st.bytes);
+    if (!sum.has_value() || *sum > kMaxBytes) {
+      return tensor->Invalid("bytes", "a total over the layer's saved tensors of at most 2^56");
+    }
+    total = *sum;
+    out.saved.push_back(std::move(st));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::string_view source) {
+  const std::string src(source);
+  auto parsed = json::Parse(text, source);
+  if (!parsed.ok()) return parsed.status();
+  auto root = json::Object::Of(*parsed, src);
+  if (!root.ok()) return root.status();
+  const json::Object& o = *root;
+  LayerProfileSet p;
+  std::string format;
+  if (absl::Status s = o.Read("format", format); !s.ok()) return s;
+  if (format != kProfileFormat) {
+    return o.Invalid("format", absl::StrCat("\"", kProfileFormat, "\""));
+  }
+  if (absl::Status s = o.Read("schema_version", p.schema_version,
+                              {kProfileSchemaVersion, kProfileSchemaVersion});
+      !s.ok())
+    return s;
+  if (absl::Status s = o.ReadOptional("generator", p.generator); !s.ok()) return s;
+  if (absl::Status s = o.ReadOptional("device", p.device); !s.ok()) return s;
+  if (absl::Status s = o.Read("measured_memory", p.measured_memory); !s.ok()) return s;
+  if (absl::Status s = o.Read("tokens", p.tokens, {1, kMaxBytes}); !s.ok()) return s;
+
+  auto fixed = o.Child("fixed_bytes");
+  if (!fixed.ok()) return fixed.status();
+  if (absl::Status s = fixed->Read("weights", p.fixed.weights, Upto(kMaxBytes)); !s.ok()) return s;
+  for (auto [key, field] : {std::pair<const char*, uint64_t*>{"gradients", &p.fixed.gradients},
+                            {"optimizer", &p.fixed.optimizer},
+                            {"other", &p.fixed.other}}) {
+    if (absl::Status s = fixed->ReadOptional(key, *field, Upto(kMaxBytes)); !s.ok()) return s;
+  }
+
+  auto loss = o.Child("loss");
+  if (!loss.ok()) return loss.status();
+  if (absl::Status s = loss->Read("peak_bytes", p.loss_peak_bytes, Upto(kMaxBytes)); !s.ok())
+    return s;
+  if (absl::Status s = loss->Read("seconds", p.loss_seconds, Upto(kMaxSeconds)); !s.ok()) return s;
+
+  auto link = o.Child("link");
+  if (!link.ok()) return link.status();
+  const json::Range<double> rate{1, kMaxRate};
+  if (absl::Status s = link->Read("d2h_bytes_per_second", p.d2h_bytes_per_second, rate); !s.ok())
+    return s;
+  if (absl::Status s = link->Read("h2d_bytes_per_second", p.h2d_bytes_per_second, rate); !s.ok())
+    return s;
+  p.bidir_d2h_bytes_per_second = p.d2h_bytes_per_second;
+  p.bidir_h2d_bytes_per_second = p.h2d_bytes_per_second;
+  if (absl::Status s =
+          link->ReadOptional("bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second, rate);
+      !s.ok())
+    return s;
+  if (absl::Status s =
+          link->ReadOptional("bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second, rate);
+      !s.ok())
+    return s;
+  if (absl::Status s = link->ReadOptional("copy_chunk_bytes", p.copy_chunk_bytes,
+                                          json::Range<uint64_t>{1, uint64_t{1} << 40});
+      !s.ok())
+    return s;
+
+  auto layers = o.Array("layers");
+  if (!layers.ok()) return layers.status();
+  if ((*layers)->empty()) return o.Invalid("layers", "at least one layer");
+  if ((*layers)->size() > 100000) return o.Invalid("layers", "at most 100000 layers");
+  for (size_t i = 0; i < (*layers)->size(); ++i) {
+    ProfileLayer layer;
+    if (absl::Status s = ReadLayer((**layers)[i], src, static_cast<int>(i), layer); !s.ok())
+      return s;
+    p.layers.push_back(std::move(layer));
+  }
+  return p;
+}
+
+absl::StatusOr<LayerProfileSet> ReadProfileFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("layer profile '", path, "' cannot be read"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseProfileJson(text.str(), absl::StrCat("layer profile ", path));
+}
+
+std::string ProfileToJson(const LayerProfileSet& p) {
+  json::Json j;
+  j["format"] = kProfileFormat;
+  j["schema_version"] = p.schema_version;
+  j["generator"] = p.generator;
+  j["device"] = p.device;
+  j["measured_memory"] = p.measured_memory;
+  j["tokens"] = p.tokens;
+  j["fixed_bytes"] = {{"weights", p.fixed.weights},
+                      {"gradients", p.fixed.gradients},
+                      {"optimizer", p.fixed.optimizer},
+                      {"other", p.fixed.other}};
+  j["loss"] = {{"peak_bytes", p.loss_peak_bytes}, {"seconds", p.loss_seconds}};
+  j["link"] = {{"d2h_bytes_per_second", p.d2h_bytes_per_second},
+               {"h2d_bytes_per_second", p.h2d_bytes_per_second},
+               {"bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second},
+               {"bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second},
+               {"copy_chunk_bytes", p.copy_chunk_bytes}};
+  json::Json layers = json::Json::array();
+  for (const ProfileLayer& l : p.layers) {
+    json::Json saved = json::Json::array();
+    for (const ProfileSavedTensor& t : l.saved) {
+      saved.push_back({{"name", t.name}, {"bytes", t.bytes}, {"module", t.module}});
+    }
+    json::Json modules = json::Json::array();
+    for (const ProfileModule& m : l.modules) {
+      modules.push_back({{"name", m.name}, {"seconds", m.seconds}});
+    }
+    layers.push_back({{"index", l.index},
+                      {"type", l.type},
+                      {"input_bytes", l.input_bytes},
+                      {"output_bytes", l.output_bytes},
+                      {"forward_peak_bytes", l.forward_peak_bytes},
+                      {"backward_peak_bytes", l.backward_peak_bytes},
+                      {"forward_seconds", l.forward_seconds},
+                      {"backward_seconds", l.backward_seconds},
+                      {"modules", modules},
+                      {"saved", saved}});
+  }
+  j["layers"] = layers;
+  return j.dump(2) + "\n";
+}
+
+HardwareProfile HardwareForProfile(const LayerProfileSet& profile) {
+  HardwareProfile hw;
+  hw.name = profile.device.empty() ? "profiled device" : profile.device;
+  hw.source = profile.measured_memory ? "measured" : "estimated";
+  hw.d2h_bytes_per_second = profile.d2h_bytes_per_second;
+  hw.h2d_bytes_per_second = profile.h2d_bytes_per_second;
+  hw.bidir_d2h_bytes_per_second = profile.bidir_d2h_bytes_per_second;
+  hw.bidir_h2d_bytes_per_second = profile.bidir_h2d_bytes_per_second;
+  hw.host_bytes_per_numa_node = 0;  // unknown
+  hw.gpus_per_numa_node = 1;
+  return hw;
+}
+
+absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
+                                                  const HardwareProfile& hardware) {
+  if (p.layers.empty()) {
+    return absl::InvalidArgumentError(
+        "layer profile: field 'layers' is empty; allowed: at "
+        "least one layer");
+  }
+  StepCost c;
+  c.model = absl::StrCat(p.layers.size(), " x ", p.layers.front().type);
+  c.hardware = hardware;
+  c.hardware.source = p.measured_memory ? "measured" : "estimated";
+  c.run.seq_len = p.tokens;
+  c.run.micro_batch = 1;
+  c.run.tp = c.run.cp = c.run.ep = c.run.gpus = 1;
+  c.run.sharding = Sharding::kNoShard;
+  c.tokens_per_rank = p.tokens;
+  c.fixed = p.fixed;
+  auto sat = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
+  for (const ProfileLayer& pl : p.layers) {
+    LayerCost l;
+    l.index = pl.index;
+    l.type = pl.type;
+    l.input_bytes = pl.input_bytes;
+    l.output_bytes = pl.output_bytes;
+    bool saves_input = false;
+    for (const ProfileSavedTensor& t : pl.saved) {
+      l.saved.push_back({t.name, t.module, t.bytes});
+      l.saved_bytes += t.bytes;
+      saves_input |= t.name == "input";
+    }
+    for (const ProfileModule& m : pl.modules) {
+      RecomputeModule rm{m.name, 0, m.seconds, false};
+      for (const ProfileSavedTensor& t : pl.saved) {
+        if (t.module == m.name) rm.saved_bytes += t.bytes;
+      }
+      // A module that regenerates nothing is never worth rerunning.
+      if (rm.saved_bytes > 0) l.modules.push_back(rm);
+    }
+    // Note [Measured layers]: the layer's own bytes, split into the terms EvaluateOption adds.
+    const uint64_t own_forward = pl.input_bytes + pl.forward_peak_bytes;
+    const uint64_t own_backward = pl.backward_peak_bytes + (saves_input ? pl.input_bytes : 0);
+    l.attn_forward_transient = sat(own_forward, l.saved_bytes + l.output_bytes);
+    l.attn_backward_transient = sat(own_backward, l.saved_bytes + l.output_bytes + l.input_bytes);
+    l.forward_seconds = pl.forward_seconds;
+    l.backward_seconds = pl.backward_seconds;
+    c.layers.push_back(std::move(l));
+  }
+  for (size_t i = 0; i < c.layers.size(); ++i) c.layers[i].index = static_cast<int>(i);
+  c.tail_bytes = p.layers.back().output_bytes + p.loss_peak_bytes;
+  c.tail_seconds = p.loss_seconds;
+  c.embedding_seconds = 0;
+  c.copy_chunk_bytes = p.copy_chunk_bytes;
+  c.d2h_bytes_per_second = p.d2h_bytes_per_second;
+  c.h2d_bytes_per_second = p.h2d_bytes_per_second;
+  c.bidir_d2h_bytes_per_second = std::min(p.bidir_d2h_bytes_per_second, p.d2h_bytes_per_second);
+  c.bidir_h2d_bytes_per_second = std::min(p.bidir_h2d_bytes_per_second, p.h2d_bytes_per_second);
+  return c;
+}
+
+void ApplyProfileSearchOptions(OptimizerOptions& options) { options.chunk_counts = {1}; }
+
+}  // namespace stowage::planner

@@ -1,0 +1,94 @@
+// Measured layer profiles: the second cost source of the planner. The Python layer runs each of
+// the user's layers once and writes what it measured (stowage.profile.ModelProfile.to_json); the
+// planner reads it here and builds the same StepCost it builds from a model config, so one
+// simulator and one optimizer plan both. The format is documented in the README ("Layer profile
+// format"); see Note [Measured layers] in profile.cc for how each field becomes a cost.
+#ifndef STOWAGE_PLANNER_PROFILE_H_
+#define STOWAGE_PLANNER_PROFILE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost_model.h"
+#include "planner/hardware.h"
+#include "planner/optimizer.h"
+
+namespace stowage::planner {
+
+inline constexpr int kProfileSchemaVersion = 1;
+inline constexpr char kProfileFormat[] = "stowage-layer-profile";
+// Selective recompute searches every subset of a layer's modules: a bound keeps that small.
+inline constexpr int kMaxProfileModules = 8;
+
+struct ProfileSavedTensor {
+  std::string name;    // unique within the layer; "input" for the layer's own input
+  uint64_t bytes = 0;  // as the offload_saved rule counts it (distinct, non-parameter)
+  std::string module;  // child module whose rerun regenerates it ("" : only full recompute)
+};
+
+struct ProfileModule {
+  std::string name;    // a child module of the layer (Python: layer.get_submodule(name))
+  double seconds = 0;  // its forward time: what rerunning it in backward costs
+};
+
+struct ProfileLayer {
+  int index = 0;
+  std::string type;  // e.g. the Python class name
+  uint64_t input_bytes = 0;
+  uint64_t output_bytes = 0;
+  std::vector<ProfileSavedTensor> saved;
+  std::vector<ProfileModule> modules;
+  // Device bytes over what was allocated before the forward (the input already was): the most
+  // during the forward, and the most during the backward.
+  uint64_t forward_peak_bytes = 0;
+  uint64_t backward_peak_bytes = 0;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+};
+
+struct LayerProfileSet {
+  int schema_version = kProfileSchemaVersion;
+  std::string generator;
+  std::string device;            // e.g. "cuda:0", "cpu"
+  bool measured_memory = false;  // peaks from the CUDA allocator; false: estimated from sizes
+  uint64_t tokens = 0;           // tokens of the sample input
+  // Fixed device memory: weights, their gradients, optimizer state, and the rest the trainer
+  // holds throughout (the sample input).
+  FixedMemory fixed;
+  // LM head and loss (the tail): device bytes over what was allocated before (the last layer's
+  // output), and seconds for forward + backward.
+  uint64_t loss_peak_bytes = 0;
+  double loss_seconds = 0;
+  double d2h_bytes_per_second = 0;
+  double h2d_bytes_per_second = 0;
+  double bidir_d2h_bytes_per_second = 0;  // 0 in the file: the one-way rate
+  double bidir_h2d_bytes_per_second = 0;
+  uint64_t copy_chunk_bytes = 16ull << 20;
+  std::vector<ProfileLayer> layers;
+};
+
+// Strict reader (base/json_reader.h): every field typed and range-checked; errors name `source`,
+// the JSON path, the value and what is allowed.
+absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::string_view source);
+absl::StatusOr<LayerProfileSet> ReadProfileFile(const std::string& path);
+// Pretty-printed JSON, stable field order; ParseProfileJson reads it back exactly.
+std::string ProfileToJson(const LayerProfileSet& profile);
+
+// The step cost of a measured profile. `hardware` supplies what a profile does not measure
+// (host RAM per NUMA node, GPUs per node, pin rate); the link rates are the profile's. Measured
+// layers have no FFN chunking: plan them with ApplyProfileSearchOptions.
+absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& profile,
+                                                  const HardwareProfile& hardware);
+// A hardware profile for a profile planned without one: the device the profile names, link rates
+// from the profile, host RAM unknown (0).
+HardwareProfile HardwareForProfile(const LayerProfileSet& profile);
+
+// The options that apply to measured layers: chunk count 1 only.
+void ApplyProfileSearchOptions(OptimizerOptions& options);
+
+}  // namespace stowage::planner
+
+#endif  // STOWAGE_PLANNER_PROFILE_H_

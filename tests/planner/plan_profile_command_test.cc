@@ -1,0 +1,145 @@
+// `stowage plan --profile FILE` end to end: table, summary, JSON, --out, --timeline, and a budget
+// too small.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "stowage/plan.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr
+};
+
+Result Stowage(const std::string& args, bool with_stderr = true) {
+  const std::string command =
+      std::string(STOWAGE_BINARY_DIR) + "/tools/stowage " + args + (with_stderr ? " 2>&1" : "");
+  Result run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.out.append(buffer, n);
+  const int status = pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+// Four 64 MiB-input blocks; 1.06 GiB fixed. Keeping everything peaks at about 2.6 GiB; the
+// smallest peak is about 1.8 GiB (the last layer's backward working set).
+constexpr char kProfile[] = R"({
+  "format": "stowage-layer-profile", "schema_version": 1, "generator": "test",
+  "device": "cuda:0", "measured_memory": true, "tokens": 8192,
+  "fixed_bytes": {"weights": 536870912, "gradients": 536870912, "optimizer": 0,
+                  "other": 67108864},
+  "loss": {"peak_bytes": 134217728, "seconds": 0.005},
+  "link": {"d2h_bytes_per_second": 2e10, "h2d_bytes_per_second": 2e10},
+  "layers": [LAYERS]
+})";
+
+constexpr char kLayer[] = R"({"index": INDEX, "type": "MLPBlock",
+  "input_bytes": 67108864, "output_bytes": 67108864,
+  "forward_peak_bytes": 469762048, "backward_peak_bytes": 671088640,
+  "forward_seconds": 0.010, "backward_seconds": 0.020,
+  "modules": [{"name": "fc1", "seconds": 0.002}, {"name": "ln", "seconds": 0.0005}],
+  "saved": [{"name": "input", "bytes": 67108864, "module": ""},
+            {"name": "ln.0", "bytes": 67108864, "module": "ln"},
+            {"name": "fc1.0", "bytes": 268435456, "module": "fc1"}]})";
+
+class PlanProfileCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("stowage_plan_profile_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    std::string layers;
+    for (int i = 0; i < 4; ++i) {
+      std::string layer = kLayer;
+      layer.replace(layer.find("INDEX"), 5, std::to_string(i));
+      layers += (i ? ", " : "") + layer;
+    }
+    std::string text = kProfile;
+    text.replace(text.find("LAYERS"), 6, layers);
+    std::ofstream(Path("profile.json")) << text;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(PlanProfileCommand, TableAndSummary) {
+  const Result run = Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2.3");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("on cuda:0 (measured figures), 8192 tokens"));
+  EXPECT_THAT(run.out, HasSubstr("MLPBlock"));
+  EXPECT_THAT(run.out, HasSubstr("selective_recompute(fc1)"));
+  EXPECT_THAT(run.out, HasSubstr("(fits)"));
+  EXPECT_THAT(run.out, HasSubstr("other 64.0 MiB"));
+  EXPECT_THAT(run.out, ::testing::Not(HasSubstr("WARNING")));  // host RAM unknown, not 0
+}
+
+TEST_F(PlanProfileCommand, JsonOutAndTimeline) {
+  const Result run =
+      Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2 --format json --out " +
+                  Path("plan.json") + " --timeline " + Path("t.svg"),
+              /*with_stderr=*/false);
+  ASSERT_EQ(run.code, 0) << run.out;
+  auto plan = stowage::ParsePlanJson(run.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(stowage::ValidatePlan(*plan).ok());
+  EXPECT_EQ(plan->seq_len, 8192u);
+  EXPECT_EQ(plan->gpu_budget_bytes, 2ull << 30);
+  EXPECT_LE(plan->predicted.peak_device_bytes, 2ull << 30);
+  EXPECT_EQ(plan->predicted.fixed_device_bytes, 1140850688u);
+  ASSERT_EQ(plan->layers.size(), 4u);
+  for (const stowage::LayerPlan& l : plan->layers) EXPECT_EQ(l.moe_chunks, 1);
+  auto file = stowage::ReadPlanFile(Path("plan.json"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(stowage::PlanToJson(*file), run.out);
+  std::ifstream svg(Path("t.svg"));
+  std::stringstream text;
+  text << svg.rdbuf();
+  EXPECT_THAT(text.str(), HasSubstr("<svg"));
+}
+
+TEST_F(PlanProfileCommand, TooSmallABudgetSaysWhatBinds) {
+  const Result run = Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 1.3");
+  EXPECT_EQ(run.code, 1) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("does not fit"));
+  EXPECT_THAT(run.out, HasSubstr("needs at least 1.8 GiB"));
+  EXPECT_THAT(run.out, HasSubstr("binding: working set of the backward of layer 3"));
+}
+
+TEST_F(PlanProfileCommand, UsageErrors) {
+  Result run = Stowage("plan --profile " + Path("profile.json"));
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("--gpu-mem is required with --profile"));
+  run = Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2 --seq-len 1M");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("--seq-len describes a model config"));
+  run = Stowage("plan --profile " + Path("missing.json") + " --gpu-mem 2");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("missing.json"));
+  std::ofstream(Path("bad.json")) << R"({"format": "stowage-layer-profile", "schema_version": 1,
+      "measured_memory": true, "tokens": -1})";
+  run = Stowage("plan --profile " + Path("bad.json") + " --gpu-mem 2");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("field 'tokens' has value -1"));
+  // With --hardware the budget defaults to its usable memory.
+  run = Stowage("plan --profile " + Path("profile.json") + " --hardware h200");
+  EXPECT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("on h200"));
+}
+
+}  // namespace

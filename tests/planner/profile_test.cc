@@ -1,0 +1,314 @@
+// Measured layer profiles: the strict reader, the StepCost it becomes (worked out by hand), and
+// planning from it (the same plans as from the equivalent StepCost written out directly;
+// selective recompute of a named module when that is the cheapest way to fit).
+#include "planner/profile.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "nlohmann/json.hpp"
+#include "planner/optimizer.h"
+#include "planner/simulator.h"
+
+namespace stowage::planner {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::ordered_json;
+
+// Two layers; numbers small enough to follow by hand.
+Json TinyProfile() {
+  return Json::parse(R"({
+    "format": "stowage-layer-profile", "schema_version": 1, "generator": "test",
+    "device": "cuda:0", "measured_memory": true, "tokens": 64,
+    "fixed_bytes": {"weights": 1000, "gradients": 1000, "optimizer": 0, "other": 100},
+    "loss": {"peak_bytes": 50, "seconds": 0.25},
+    "link": {"d2h_bytes_per_second": 1000, "h2d_bytes_per_second": 800,
+             "bidir_d2h_bytes_per_second": 600},
+    "layers": [
+      {"index": 0, "type": "Block", "input_bytes": 100, "output_bytes": 100,
+       "forward_peak_bytes": 700, "backward_peak_bytes": 900,
+       "forward_seconds": 0.5, "backward_seconds": 1.0,
+       "modules": [{"name": "fc1", "seconds": 0.1}, {"name": "idle", "seconds": 0.2}],
+       "saved": [{"name": "input", "bytes": 100, "module": ""},
+                 {"name": "fc1.0", "bytes": 300, "module": "fc1"},
+                 {"name": "act", "bytes": 200}]},
+      {"index": 1, "type": "Block", "input_bytes": 100, "output_bytes": 40,
+       "forward_peak_bytes": 100, "backward_peak_bytes": 100,
+       "forward_seconds": 0.5, "backward_seconds": 1.0,
+       "saved": [{"name": "x", "bytes": 300}]}
+    ]})");
+}
+
+LayerProfileSet Parse(const Json& j) {
+  auto p = ParseProfileJson(j.dump(), "test profile");
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *p : LayerProfileSet{};
+}
+
+std::string ErrorOf(const Json& j) {
+  auto p = ParseProfileJson(j.dump(), "test profile");
+  return p.ok() ? "accepted" : std::string(p.status().message());
+}
+
+TEST(ProfileReader, ReadsEveryField) {
+  const LayerProfileSet p = Parse(TinyProfile());
+  EXPECT_EQ(p.device, "cuda:0");
+  EXPECT_TRUE(p.measured_memory);
+  EXPECT_EQ(p.tokens, 64u);
+  EXPECT_EQ(p.fixed.total(), 2100u);
+  EXPECT_EQ(p.loss_peak_bytes, 50u);
+  EXPECT_DOUBLE_EQ(p.bidir_d2h_bytes_per_second, 600);
+  EXPECT_DOUBLE_EQ(p.bidir_h2d_bytes_per_second, 800);  // absent: the one-way rate
+  ASSERT_EQ(p.layers.size(), 2u);
+  ASSERT_EQ(p.layers[0].saved.size(), 3u);
+  EXPECT_EQ(p.layers[0].saved[1].module, "fc1");
+  EXPECT_EQ(p.layers[0].saved[2].module, "");
+  EXPECT_EQ(p.layers[1].output_bytes, 40u);
+  // The writer's text reads back to the same profile.
+  const LayerProfileSet again = *ParseProfileJson(ProfileToJson(p), "round trip");
+  EXPECT_EQ(ProfileToJson(again), ProfileToJson(p));
+}
+
+TEST(ProfileReader, ErrorsNameThePathTheValueAndTheRule) {
+  Json j = TinyProfile();
+  j["layers"][1]["saved"][0]["bytes"] = -5;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("test profile: field 'layers[1].saved[0].bytes' has value -5; "
+                                    "allowed: an integer in [0,"));
+  j = TinyProfile();
+  j["layers"][0]["forward_seconds"] = "fast";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].forward_seconds' has value \"fast\""));
+  j = TinyProfile();
+  j["layers"][0]["saved"][2]["module"] = "fc2";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].saved[2].module'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("one of the names in layers[0].modules"));
+  j = TinyProfile();
+  j["layers"][0]["saved"][1]["name"] = "act";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("unique within the layer"));
+  j = TinyProfile();
+  j["layers"][0]["saved"][0]["bytes"] = 99;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("the layer's input_bytes (100)"));
+  j = TinyProfile();
+  j["layers"][1]["index"] = 0;
+  EXPECT_THAT(ErrorOf(j),
+              HasSubstr("'layers[1].index' has value 0; allowed: an integer in [1, 1]"));
+  j = TinyProfile();
+  j["layers"][1].erase("backward_peak_bytes");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("layers[1].backward_peak_bytes"));
+  j = TinyProfile();
+  j["link"]["d2h_bytes_per_second"] = 0;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'link.d2h_bytes_per_second' has value 0"));
+  j = TinyProfile();
+  j["schema_version"] = 2;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'schema_version' has value 2"));
+  j = TinyProfile();
+  j["format"] = "stowage-plan";
+  EXPECT_THAT(ErrorOf(j), HasSubstr("\"stowage-layer-profile\""));
+  j = TinyProfile();
+  j["layers"] = Json::array();
+  EXPECT_THAT(ErrorOf(j), HasSubstr("at least one layer"));
+  j = TinyProfile();
+  for (int m = 0; m < 9; ++m) {
+    j["layers"][1]["modules"].push_back({{"name", absl::StrCat("m", m)}, {"seconds", 0.1}});
+  }
+  EXPECT_THAT(ErrorOf(j), HasSubstr("at most 8 modules"));
+  // Syntax errors say where.
+  auto bad = ParseProfileJson("{\"format\": \n  nope}", "p.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("p.json"));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("line 2"));
+}
+
+TEST(ProfileStepCost, WorkedOutByHand) {
+  auto step =
+      BuildStepCostFromProfile(Parse(TinyProfile()), HardwareForProfile(Parse(TinyProfile())));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->fixed.total(), 2100u);
+  EXPECT_EQ(step->tokens_per_rank, 64u);
+  // The last layer's output (40) stays for the loss, which adds its own 50.
+  EXPECT_EQ(step->tail_bytes, 90u);
+  EXPECT_DOUBLE_EQ(step->tail_seconds, 0.25);
+  EXPECT_DOUBLE_EQ(step->embedding_seconds, 0);
+  EXPECT_DOUBLE_EQ(step->bidir_d2h_bytes_per_second, 600);
+  EXPECT_DOUBLE_EQ(step->bidir_h2d_bytes_per_second, 800);
+  const LayerCost& l0 = step->layers[0];
+  EXPECT_EQ(l0.saved_bytes, 600u);
+  EXPECT_EQ(l0.ffn_saved_bytes, 0u);
+  // "idle" regenerates nothing, so it is no option.
+  ASSERT_EQ(l0.modules.size(), 1u);
+  EXPECT_EQ(l0.modules[0].name, "fc1");
+  EXPECT_EQ(l0.modules[0].saved_bytes, 300u);
+  // Own forward bytes: input 100 + peak 700 = 800 = saved 600 + transient + output 100.
+  EXPECT_EQ(l0.attn_forward_transient, 100u);
+  // Own backward bytes: peak 900 + the saved input 100 = 1000 = saved 600 + transient + output
+  // gradient 100 + input gradient 100.
+  EXPECT_EQ(l0.attn_backward_transient, 200u);
+  // Layer 1 saves more than it peaks at (it does not save its input): clamped at 0.
+  EXPECT_EQ(step->layers[1].attn_forward_transient, 0u);
+  EXPECT_EQ(step->layers[1].attn_backward_transient, 0u);
+
+  const OptionCost keep = EvaluateOption(l0, {LayerPolicy::kKeep, 0, 1});
+  EXPECT_EQ(keep.resident_bytes, 600u);
+  EXPECT_EQ(keep.forward_peak, 800u);
+  EXPECT_EQ(keep.backward_peak, 1000u);
+  const OptionCost selective = EvaluateOption(l0, {LayerPolicy::kSelectiveRecompute, 1, 1});
+  EXPECT_EQ(selective.resident_bytes, 300u);
+  EXPECT_DOUBLE_EQ(selective.recompute_seconds, 0.1);
+  const OptionCost recompute = EvaluateOption(l0, {LayerPolicy::kRecompute, 0, 1});
+  EXPECT_EQ(recompute.resident_bytes, 100u);
+  EXPECT_EQ(recompute.forward_peak, 100u + 100 + 100);  // input, transient, output
+  EXPECT_DOUBLE_EQ(recompute.recompute_seconds, 0.5);
+  const OptionCost offload = EvaluateOption(l0, {LayerPolicy::kOffloadSaved, 0, 1});
+  EXPECT_EQ(offload.host_bytes, 600u);
+  EXPECT_EQ(OptionTransfers(l0, {LayerPolicy::kOffloadSaved, 0, 1}).size(), 3u);
+}
+
+// A random profile and the StepCost its numbers mean, written out term by term.
+struct Pair {
+  LayerProfileSet profile;
+  StepCost expected;
+};
+
+Pair RandomPair(std::mt19937_64& rng, int layers) {
+  auto bytes = [&](uint64_t lo, uint64_t hi) {
+    return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+  };
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<>(lo, hi)(rng);
+  };
+  Pair out;
+  LayerProfileSet& p = out.profile;
+  StepCost& s = out.expected;
+  p.tokens = 128;
+  p.fixed.weights = bytes(0, 2000);
+  p.loss_peak_bytes = bytes(0, 300);
+  p.loss_seconds = uniform(0.1, 1);
+  p.d2h_bytes_per_second = uniform(100, 2000);
+  p.h2d_bytes_per_second = uniform(100, 2000);
+  p.bidir_d2h_bytes_per_second = p.d2h_bytes_per_second * 0.9;
+  p.bidir_h2d_bytes_per_second = p.h2d_bytes_per_second * 0.9;
+  s.tokens_per_rank = 128;
+  s.fixed = p.fixed;
+  s.tail_seconds = p.loss_seconds;
+  s.d2h_bytes_per_second = p.d2h_bytes_per_second;
+  s.h2d_bytes_per_second = p.h2d_bytes_per_second;
+  s.bidir_d2h_bytes_per_second = p.bidir_d2h_bytes_per_second;
+  s.bidir_h2d_bytes_per_second = p.bidir_h2d_bytes_per_second;
+  for (int i = 0; i < layers; ++i) {
+    ProfileLayer pl;
+    LayerCost l;
+    pl.index = l.index = i;
+    pl.type = l.type = "random";
+    pl.input_bytes = l.input_bytes = bytes(50, 300);
+    pl.output_bytes = l.output_bytes = bytes(50, 300);
+    pl.saved.push_back({"input", pl.input_bytes, ""});
+    l.saved.push_back({"input", "", pl.input_bytes});
+    const int modules = std::uniform_int_distribution<int>(0, 2)(rng);
+    for (int m = 0; m < modules; ++m) {
+      const std::string name = absl::StrCat("m", m);
+      const uint64_t b = bytes(20, 400);
+      const double secs = uniform(0.01, 0.3);
+      pl.modules.push_back({name, secs});
+      pl.saved.push_back({name + ".out", b, name});
+      l.saved.push_back({name + ".out", name, b});
+      l.modules.push_back({name, b, secs, false});
+    }
+    const uint64_t other = bytes(0, 500);
+    pl.saved.push_back({"other", other, ""});
+    l.saved.push_back({"other", "", other});
+    for (const SavedTensor& t : l.saved) l.saved_bytes += t.bytes;
+    l.attn_forward_transient = bytes(0, 300);
+    l.attn_backward_transient = bytes(0, 400);
+    // What the Python side would have measured for those terms.
+    pl.forward_peak_bytes =
+        l.saved_bytes + l.attn_forward_transient + l.output_bytes - l.input_bytes;
+    pl.backward_peak_bytes = l.saved_bytes + l.attn_backward_transient + l.output_bytes;
+    pl.forward_seconds = l.forward_seconds = uniform(0.2, 1.5);
+    pl.backward_seconds = l.backward_seconds = pl.forward_seconds * uniform(1.5, 2.5);
+    p.layers.push_back(pl);
+    s.layers.push_back(l);
+  }
+  s.tail_bytes = p.layers.back().output_bytes + p.loss_peak_bytes;
+  return out;
+}
+
+TEST(ProfilePlanning, SamePlansAsTheEquivalentStepCost) {
+  std::mt19937_64 rng(20261201);
+  int feasible = 0, offloading = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const Pair pair = RandomPair(rng, 2 + trial % 3);
+    // Through the JSON text, as a file would come.
+    auto read = ParseProfileJson(ProfileToJson(pair.profile), "random profile");
+    ASSERT_TRUE(read.ok()) << read.status();
+    auto from_profile = BuildStepCostFromProfile(*read, HardwareForProfile(*read));
+    ASSERT_TRUE(from_profile.ok()) << from_profile.status();
+    Schedule keep;
+    keep.options.assign(pair.expected.layers.size(), {LayerPolicy::kKeep, 0, 1});
+    const uint64_t top = Simulate(pair.expected, keep, false).peak_bytes;
+    for (double share : {0.6, 0.8, 1.0}) {
+      OptimizerOptions o;
+      o.gpu_budget_bytes = static_cast<uint64_t>(share * static_cast<double>(top));
+      o.host_budget_bytes = 1500;
+      ApplyProfileSearchOptions(o);
+      const OptimizeResult a = Optimize(*from_profile, o);
+      const OptimizeResult b = Optimize(pair.expected, o);
+      ASSERT_EQ(a.feasible, b.feasible) << "trial " << trial;
+      if (!a.feasible) {
+        EXPECT_EQ(a.min_peak_bytes, b.min_peak_bytes);
+        continue;
+      }
+      ++feasible;
+      EXPECT_TRUE(a.schedule.options == b.schedule.options) << "trial " << trial;
+      EXPECT_EQ(a.schedule.prefetch_distance, b.schedule.prefetch_distance);
+      EXPECT_EQ(a.sim.peak_bytes, b.sim.peak_bytes);
+      EXPECT_DOUBLE_EQ(a.sim.step_seconds, b.sim.step_seconds);
+      for (const LayerOption& option : a.schedule.options) {
+        EXPECT_EQ(option.chunks, 1);  // measured layers are not chunked
+        offloading += PolicyOffloads(option.policy);
+      }
+    }
+  }
+  EXPECT_GT(feasible, 40);
+  EXPECT_GT(offloading, 0);
+}
+
+TEST(ProfilePlanning, SelectiveRecomputeOfACheapModuleWhenItFits) {
+  // One module saves most of the layer's bytes and reruns in a tenth of the forward; the link is
+  // too slow for offloading to hide. Dropping that module is the cheapest way under the budget.
+  Json j = TinyProfile();
+  j["link"] = {{"d2h_bytes_per_second", 10}, {"h2d_bytes_per_second", 10}};
+  j["layers"][1] = j["layers"][0];
+  j["layers"][1]["index"] = 1;
+  const LayerProfileSet p = Parse(j);
+  auto step = BuildStepCostFromProfile(p, HardwareForProfile(p));
+  ASSERT_TRUE(step.ok()) << step.status();
+  Schedule keep;
+  keep.options.assign(2, {LayerPolicy::kKeep, 0, 1});
+  const uint64_t keep_peak = Simulate(*step, keep, false).peak_bytes;
+  OptimizerOptions o;
+  o.gpu_budget_bytes = keep_peak - 300;  // one layer's fc1 output must go
+  o.host_budget_bytes = 10000;
+  ApplyProfileSearchOptions(o);
+  const OptimizeResult r = Optimize(*step, o);
+  ASSERT_TRUE(r.feasible) << r.explanation;
+  int selective = 0;
+  for (const LayerOption& option : r.schedule.options) {
+    if (option.policy == LayerPolicy::kSelectiveRecompute) {
+      ++selective;
+      EXPECT_EQ(option.module_mask, 1u);  // fc1
+    } else {
+      EXPECT_EQ(option.policy, LayerPolicy::kKeep);
+    }
+  }
+  EXPECT_EQ(selective, 1);
+  EXPECT_NEAR(r.sim.step_seconds, 0.25 + 2 * 1.5 + 0.1, 1e-9);
+  EXPECT_LE(r.sim.peak_bytes, o.gpu_budget_bytes);
+}
+
+}  // namespace
+}  // namespace stowage::planner

@@ -1,0 +1,209 @@
+// The C ABI's planning calls (stowage_plan_request, stowage_plan_evaluate, stowage_free_string):
+// plans and predictions from the one C++ planner, errors as status codes with messages.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "planner/optimizer.h"
+#include "planner/profile.h"
+#include "planner/simulator.h"
+#include "stowage/plan.h"
+#include "stowage/stowage.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::ordered_json;
+
+Json Profile() {
+  Json layers = Json::array();
+  for (int i = 0; i < 3; ++i) {
+    layers.push_back(Json::parse(R"({"type": "Block", "input_bytes": 1000, "output_bytes": 1000,
+        "forward_peak_bytes": 5000, "backward_peak_bytes": 7000,
+        "forward_seconds": 0.01, "backward_seconds": 0.02,
+        "modules": [{"name": "mlp", "seconds": 0.004}],
+        "saved": [{"name": "input", "bytes": 1000},
+                  {"name": "mlp.0", "bytes": 3000, "module": "mlp"}]})"));
+    layers.back()["index"] = i;
+  }
+  Json p = Json::parse(R"({"format": "stowage-layer-profile", "schema_version": 1,
+      "device": "cpu", "measured_memory": false, "tokens": 48,
+      "fixed_bytes": {"weights": 20000, "gradients": 20000, "other": 1000},
+      "loss": {"peak_bytes": 2000, "seconds": 0.001},
+      "link": {"d2h_bytes_per_second": 1e6, "h2d_bytes_per_second": 1e6}})");
+  p["layers"] = layers;
+  return p;
+}
+
+struct Answer {
+  stowage_status status = STOWAGE_OK;
+  std::string text;  // the result, or the last error
+};
+
+Answer Call(bool evaluate, const Json& request) {
+  const std::string text = request.dump();
+  char* out = reinterpret_cast<char*>(1);  // must be reset to NULL on failure
+  const stowage_status s = evaluate ? stowage_plan_evaluate(text.data(), text.size(), &out)
+                                    : stowage_plan_request(text.data(), text.size(), &out);
+  Answer a{s, {}};
+  if (s == STOWAGE_OK) {
+    EXPECT_NE(out, nullptr);
+    a.text = out;
+    stowage_free_string(out);
+  } else {
+    EXPECT_EQ(out, nullptr);
+    a.text = stowage_last_error();
+  }
+  return a;
+}
+
+TEST(PlanRequest, PlansAProfileWithinTheWholeDeviceBudget) {
+  Json request = {{"profile", Profile()}, {"gpu_budget_bytes", 60000}};
+  const Answer a = Call(false, request);
+  ASSERT_EQ(a.status, STOWAGE_OK) << a.text;
+  auto plan = stowage::ParsePlanJson(a.text);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(stowage::ValidatePlan(*plan).ok());
+  EXPECT_EQ(plan->gpu_budget_bytes, 60000u);
+  EXPECT_EQ(plan->predicted.fixed_device_bytes, 41000u);  // fixed memory counts in the peak
+  EXPECT_LE(plan->predicted.peak_device_bytes, 60000u);
+  EXPECT_THAT(plan->generator, HasSubstr(stowage_version()));
+  ASSERT_EQ(plan->layers.size(), 3u);
+  // The same answer as the planner called directly.
+  auto profile = stowage::planner::ParseProfileJson(Profile().dump(), "p");
+  auto step = stowage::planner::BuildStepCostFromProfile(
+      *profile, stowage::planner::HardwareForProfile(*profile));
+  stowage::planner::OptimizerOptions o;
+  o.gpu_budget_bytes = 60000;
+  o.host_budget_bytes = 3 * 4000;
+  stowage::planner::ApplyProfileSearchOptions(o);
+  const auto direct = stowage::planner::Optimize(*step, o);
+  ASSERT_TRUE(direct.feasible);
+  EXPECT_EQ(plan->predicted.peak_device_bytes, direct.sim.peak_bytes);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(plan->layers[i].policy, direct.schedule.options[i].policy);
+  }
+  // A fixed prefetch distance and a forced policy are honoured.
+  request["prefetch_distance"] = 2;
+  request["force"] = "offload_saved";
+  request["gpu_budget_bytes"] = 1000000;
+  const Answer forced = Call(false, request);
+  ASSERT_EQ(forced.status, STOWAGE_OK) << forced.text;
+  auto fp = stowage::ParsePlanJson(forced.text);
+  ASSERT_TRUE(fp.ok());
+  EXPECT_EQ(fp->runtime.prefetch_distance, 2);
+  for (const auto& l : fp->layers) EXPECT_EQ(l.policy, stowage::LayerPolicy::kOffloadSaved);
+}
+
+TEST(PlanRequest, TooSmallABudgetNamesTheSmallestPeakAndWhatBinds) {
+  const Answer a = Call(false, {{"profile", Profile()}, {"gpu_budget_bytes", 42000}});
+  EXPECT_EQ(a.status, STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  EXPECT_THAT(a.text, HasSubstr("stowage_plan_request: gpu_budget_bytes is 42000"));
+  EXPECT_THAT(a.text, HasSubstr("the smallest peak any plan reaches is "));
+  EXPECT_THAT(a.text, HasSubstr("what binds: "));
+}
+
+TEST(PlanRequest, ModelConfigsPlanToo) {
+  const Answer a = Call(false, {{"model", "llama-3-8b"},
+                                {"hardware", "h200"},
+                                {"run", {{"seq_len", 131072}, {"cp", 2}, {"gpus", 8}}}});
+  ASSERT_EQ(a.status, STOWAGE_OK) << a.text;
+  auto plan = stowage::ParsePlanJson(a.text);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->seq_len, 131072u);
+  EXPECT_EQ(plan->cp, 2);
+}
+
+TEST(PlanRequest, BadRequestsAreInvalidArguments) {
+  const std::string broken = "{\"profile\": ";
+  char* out = nullptr;
+  EXPECT_EQ(stowage_plan_request(broken.data(), broken.size(), &out),
+            STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(stowage_last_error()), HasSubstr("line 1"));
+  EXPECT_EQ(stowage_plan_request(nullptr, 0, &out), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_plan_request("{}", 2, nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+  Answer a = Call(false, {{"gpu_budget_bytes", 1}});
+  EXPECT_EQ(a.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(a.text, HasSubstr("exactly one of 'profile'"));
+  a = Call(false, {{"profile", Profile()}});
+  EXPECT_EQ(a.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(a.text, HasSubstr("gpu_budget_bytes"));
+  Json p = Profile();
+  p["layers"][2]["saved"][1]["bytes"] = 1.5;
+  a = Call(false, {{"profile", p}, {"gpu_budget_bytes", 60000}});
+  EXPECT_EQ(a.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(a.text, HasSubstr("'layers[2].saved[1].bytes' has value 1.5"));
+  a = Call(false, {{"profile", Profile()}, {"gpu_budget_bytes", 60000}, {"force", "offload"}});
+  EXPECT_THAT(a.text, HasSubstr("'force' has value \"offload\"; allowed: keep, recompute"));
+  a = Call(true, {{"profile", Profile()}, {"layers", {{{"policy", "keep"}}}}});
+  EXPECT_THAT(a.text, HasSubstr("one entry per layer of the cost source (3), got 1"));
+  a = Call(true, {{"profile", Profile()},
+                  {"layers",
+                   {{{"policy", "selective_recompute"}, {"recompute_modules", {"attn"}}},
+                    {{"policy", "keep"}},
+                    {{"policy", "keep"}}}}});
+  EXPECT_THAT(a.text, HasSubstr("'layers[0].recompute_modules[0]' has value \"attn\"; allowed: "
+                                "mlp"));
+  stowage_free_string(nullptr);  // like free(NULL)
+}
+
+TEST(PlanEvaluate, ReturnsTheSimulatorsRecordedStep) {
+  Json request = {{"profile", Profile()},
+                  {"prefetch_distance", 2},
+                  {"layers",
+                   {{{"policy", "offload_saved"}},
+                    {{"policy", "selective_recompute"}, {"recompute_modules", {"mlp"}}},
+                    {{"policy", "offload_input"}}}}};
+  const Answer a = Call(true, request);
+  ASSERT_EQ(a.status, STOWAGE_OK) << a.text;
+  const Json r = Json::parse(a.text);
+  // The same figures and intervals as Simulate on the same schedule.
+  auto profile = stowage::planner::ParseProfileJson(Profile().dump(), "p");
+  auto step = stowage::planner::BuildStepCostFromProfile(
+      *profile, stowage::planner::HardwareForProfile(*profile));
+  stowage::planner::Schedule schedule;
+  schedule.prefetch_distance = 2;
+  schedule.options = {{stowage::LayerPolicy::kOffloadSaved, 0, 1},
+                      {stowage::LayerPolicy::kSelectiveRecompute, 1, 1},
+                      {stowage::LayerPolicy::kOffloadInput, 0, 1}};
+  const auto sim = stowage::planner::Simulate(*step, schedule, true);
+  EXPECT_EQ(r["peak_device_bytes"].get<uint64_t>(), sim.peak_bytes);
+  EXPECT_EQ(r["host_bytes"].get<uint64_t>(), 4000u + 1000u);
+  EXPECT_DOUBLE_EQ(r["step_seconds"].get<double>(), sim.step_seconds);
+  EXPECT_DOUBLE_EQ(r["exposed_copy_seconds"].get<double>(), sim.exposed_copy_seconds);
+  ASSERT_EQ(r["compute"].size(), sim.compute.size());
+  for (size_t i = 0; i < sim.compute.size(); ++i) {
+    EXPECT_EQ(r["compute"][i]["layer"].get<int>(), sim.compute[i].layer);
+    EXPECT_DOUBLE_EQ(r["compute"][i]["start"].get<double>(), sim.compute[i].start);
+    EXPECT_DOUBLE_EQ(r["compute"][i]["end"].get<double>(), sim.compute[i].end);
+  }
+  ASSERT_EQ(r["copies"].size(), sim.copies.size());
+  ASSERT_EQ(sim.copies.size(), 4u);  // two layers, each D2H and H2D
+  for (size_t i = 0; i < sim.copies.size(); ++i) {
+    EXPECT_EQ(r["copies"][i]["layer"].get<int>(), sim.copies[i].layer);
+    EXPECT_EQ(r["copies"][i]["direction"].get<std::string>(), sim.copies[i].d2h ? "d2h" : "h2d");
+    EXPECT_EQ(r["copies"][i]["bytes"].get<uint64_t>(), sim.copies[i].bytes);
+  }
+  EXPECT_EQ(r["timeline"].size(), sim.timeline.size());
+  // And the plan of that assignment, which the runtime accepts.
+  auto plan = stowage::ParsePlanJson(r["plan"].dump());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->layers[0].policy, stowage::LayerPolicy::kOffloadSaved);
+  EXPECT_EQ(plan->layers[0].transfers.size(), 2u);
+  EXPECT_EQ(plan->layers[0].prefetch_after_layer, 2);
+  EXPECT_EQ(plan->layers[1].recompute_modules, std::vector<std::string>{"mlp"});
+  EXPECT_EQ(plan->runtime.host_arena_bytes, 5000u);
+  stowage_runtime* rt = nullptr;
+  const std::string text = r["plan"].dump();
+  stowage_options options;
+  stowage_options_init(&options);
+  options.backend = STOWAGE_BACKEND_HOST;
+  ASSERT_EQ(stowage_create(text.data(), text.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+}
+
+}  // namespace
