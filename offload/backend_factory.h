@@ -8,16 +8,16 @@
 
 #include "absl/status/statusor.h"
 #include "offload/device_backend.h"
+#include "offload/host_backend.h"
 #include "offload/topology.h"
 
 namespace stowage::offload {
 
 enum class BackendKind { kAuto, kHost, kCuda };
 
-// copy_threads is the host backend's workers per copy stream and the arena's page-touch threads.
-// Bounded so that a typo (5000) is an error before any thread is created: 64 touch threads
-// already saturate the memory bandwidth of one socket (the H200 probe peaks at 16).
-inline constexpr int kMaxCopyThreads = 64;
+// copy_threads is the host backend's workers per copy stream and the arena's page-touch threads;
+// bounded (HostBackend::kMaxThreadsPerStream) so that a typo is an error before any thread starts.
+inline constexpr int kMaxCopyThreads = HostBackend::kMaxThreadsPerStream;
 
 struct BackendOptions {
   BackendKind kind = BackendKind::kAuto;  // kAuto: CUDA when built with it and a GPU is visible

@@ -182,8 +182,10 @@ absl::StatusOr<std::shared_ptr<CopyFence>> CudaBackend::Copy(CopyRequest request
   STOWAGE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), stream),
                                absl::StrCat(what, ": cudaEventRecord"));
   const size_t chunk = request.chunk_bytes == 0 ? request.bytes : request.chunk_bytes;
-  for (size_t offset = 0; offset < request.bytes; offset += chunk) {
-    const size_t n = std::min(chunk, request.bytes - offset);
+  // Advanced by what was copied, never past request.bytes: `offset += chunk` wraps for a chunk
+  // size near SIZE_MAX and would copy the start again.
+  for (size_t offset = 0, n = 0; offset < request.bytes; offset += n) {
+    n = std::min(chunk, request.bytes - offset);
     STOWAGE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(request.dst) + offset,
                                                  static_cast<const char*>(request.src) + offset, n,
                                                  cudaMemcpyDefault, stream),

@@ -9,7 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <latch>
+#include <optional>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/checked_math.h"
 
 namespace stowage::offload {
 namespace {
@@ -70,10 +72,13 @@ class HostFence final : public CopyFence {
   std::atomic<int64_t> stall_nanos_{0};
 };
 
-// One issued copy, shared by its chunks.
+// One issued copy. Its chunks are claimed one at a time from the stream's queue (Note [Host
+// stream queue]), so a copy costs one Job whatever its chunk size.
 struct Job {
   CopyRequest request;
   std::shared_ptr<HostFence> fence;
+  size_t chunk = 0;        // bytes per chunk, > 0
+  size_t next_offset = 0;  // guarded by the stream's mu_: the next chunk to claim
   std::atomic<size_t> chunks_left{0};
   std::atomic<int64_t> start_nanos{0};
 };
@@ -82,6 +87,14 @@ struct Chunk {
   std::shared_ptr<Job> job;
   size_t offset = 0;
   size_t bytes = 0;
+};
+
+// Counts workers as they start (and how many pinned themselves), so Create returns only once
+// every worker runs -- and, on failure, only once no worker can touch this any more.
+struct StartCount {
+  absl::Mutex mu;
+  int started = 0;  // guarded by mu (read through a Condition's argument)
+  int pinned = 0;   // guarded by mu
 };
 
 void PinToCpus(const std::vector<int>& cpus, bool* pinned) {
@@ -97,46 +110,56 @@ void PinToCpus(const std::vector<int>& cpus, bool* pinned) {
 
 }  // namespace
 
-// A FIFO of chunks served by worker threads. Lock order: Stream::mu_ is a leaf; the workers
+// Note [Host stream queue]. A stream is a FIFO of copies served by worker threads. A worker
+// claims the next chunk of the copy at the front under the lock (offset and size from the
+// copy's cursor) and pops the copy once its last chunk is claimed, so chunks of one copy are
+// spread over the workers in order and the queue holds one entry per copy: a copy of N bytes in
+// C-byte chunks costs O(1) memory, not O(N / C). Lock order: Stream::mu_ is a leaf; the workers
 // release it before copying, waiting on a dependency or running on_landed.
 class HostBackend::Stream {
  public:
-  // Each worker counts `started` down once it tried to pin itself (`pinned_ok` counts
-  // successes), so Create can report exactly where the workers run.
-  Stream(int threads, const std::vector<int>& cpus, std::atomic<int>* pinned_ok,
-         std::latch* started) {
+  Stream() = default;
+  // Stops and joins the workers (after they drained the queue).
+  ~Stream() { Stop(); }
+
+  // Starts `threads` workers pinned to `cpus` (best effort). If the OS refuses a thread, the
+  // workers already started are stopped and joined, and INTERNAL says how many could start.
+  absl::Status Start(int threads, const std::vector<int>& cpus, StartCount* count) {
     workers_.reserve(threads);
     for (int i = 0; i < threads; ++i) {
-      workers_.emplace_back([this, cpus, pinned_ok, started] {
-        bool pinned = false;
-        PinToCpus(cpus, &pinned);
-        if (pinned) pinned_ok->fetch_add(1);
-        started->count_down();
-        Run();
-      });
+      try {
+        workers_.emplace_back([this, cpus, count] {
+          bool pinned = false;
+          PinToCpus(cpus, &pinned);
+          {
+            absl::MutexLock lock(&count->mu);
+            ++count->started;
+            if (pinned) ++count->pinned;
+          }
+          Run();
+        });
+      } catch (const std::system_error& e) {
+        const size_t started = workers_.size();
+        Stop();
+        return absl::InternalError(absl::StrCat("host backend: cannot start copy worker ", i + 1,
+                                                " of ", threads, " (", started,
+                                                " started): ", e.what()));
+      }
     }
-  }
-
-  ~Stream() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    for (std::thread& t : workers_) t.join();
+    return absl::OkStatus();
   }
 
   void Enqueue(const std::shared_ptr<Job>& job) {
     const size_t bytes = job->request.bytes;
-    size_t chunk = job->request.chunk_bytes == 0 ? bytes : job->request.chunk_bytes;
-    if (chunk == 0) chunk = 1;
-    const size_t n = bytes == 0 ? 1 : (bytes + chunk - 1) / chunk;
-    job->chunks_left.store(n, std::memory_order_relaxed);
+    // 0 (unchunked) or larger than the copy: one chunk. CeilDiv cannot wrap, unlike
+    // (bytes + chunk - 1) / chunk, which made a huge chunk size a copy that never ran.
+    job->chunk = job->request.chunk_bytes == 0 || job->request.chunk_bytes > bytes
+                     ? std::max<size_t>(bytes, 1)
+                     : job->request.chunk_bytes;
+    job->chunks_left.store(bytes == 0 ? 1 : CeilDiv(bytes, job->chunk), std::memory_order_relaxed);
     absl::MutexLock lock(&mu_);
     ++jobs_pending_;
-    for (size_t i = 0; i < n; ++i) {
-      const size_t offset = i * chunk;
-      queue_.push_back(Chunk{job, offset, bytes == 0 ? 0 : std::min(chunk, bytes - offset)});
-    }
+    queue_.push_back(job);
   }
 
   void SetPaused(bool paused) {
@@ -151,6 +174,27 @@ class HostBackend::Stream {
   }
 
  private:
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  // The next chunk of the copy at the front; pops the copy with its last chunk.
+  Chunk Claim() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::shared_ptr<Job>& front = queue_.front();
+    Chunk chunk;
+    chunk.job = front;
+    chunk.offset = front->next_offset;
+    chunk.bytes = std::min(front->chunk, front->request.bytes - front->next_offset);
+    front->next_offset += chunk.bytes;  // <= request.bytes
+    if (front->next_offset >= front->request.bytes) queue_.pop_front();
+    return chunk;
+  }
+
   void Run() {
     while (true) {
       Chunk chunk;
@@ -158,8 +202,7 @@ class HostBackend::Stream {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(this, &Stream::HasWorkOrStop));
         if (queue_.empty()) return;  // stop_ and drained
-        chunk = std::move(queue_.front());
-        queue_.pop_front();
+        chunk = Claim();
       }
       Job& job = *chunk.job;
       // A dependency on the other stream (an H2D after its D2H): never one on this stream, so a
@@ -186,7 +229,7 @@ class HostBackend::Stream {
   }
 
   absl::Mutex mu_;
-  std::deque<Chunk> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
   int jobs_pending_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
@@ -195,28 +238,39 @@ class HostBackend::Stream {
 
 absl::StatusOr<std::unique_ptr<HostBackend>> HostBackend::Create(
     const HostBackendOptions& options) {
-  if (options.threads_per_stream < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("host backend: threads_per_stream is ",
-                                                   options.threads_per_stream,
-                                                   "; it must be at least 0 (0: one)"));
+  if (options.threads_per_stream < 0 || options.threads_per_stream > kMaxThreadsPerStream) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host backend: threads_per_stream is ", options.threads_per_stream,
+                     "; it must be in [0, ", kMaxThreadsPerStream, "] (0: one)"));
   }
   std::unique_ptr<HostBackend> backend(new HostBackend());
   backend->threads_per_stream_ = std::max(1, options.threads_per_stream);
-  std::atomic<int> pinned_ok{0};
-  std::latch started(2 * backend->threads_per_stream_);
+  StartCount count;
   for (auto& stream : backend->streams_) {
-    stream =
-        std::make_unique<Stream>(backend->threads_per_stream_, options.cpus, &pinned_ok, &started);
+    stream = std::make_unique<Stream>();
+    if (absl::Status s = stream->Start(backend->threads_per_stream_, options.cpus, &count);
+        !s.ok()) {
+      backend.reset();  // joins every worker started so far: none touches `count` after this
+      return s;
+    }
   }
-  started.wait();
-  if (!options.cpus.empty() && pinned_ok.load() == 2 * backend->threads_per_stream_) {
+  struct Waiting {
+    StartCount* count;
+    int workers;
+  } waiting{&count, 2 * backend->threads_per_stream_};
+  absl::MutexLock lock(&count.mu);
+  count.mu.Await(absl::Condition(
+      +[](Waiting* w) { return w->count->started == w->workers; }, &waiting));
+  if (!options.cpus.empty() && count.pinned == waiting.workers) {
     backend->pinned_cpus_ = options.cpus;
   }
   return backend;
 }
 
 HostBackend::~HostBackend() {
-  for (auto& stream : streams_) stream->SetPaused(false);
+  for (auto& stream : streams_) {
+    if (stream != nullptr) stream->SetPaused(false);
+  }
   Synchronize().IgnoreError();
   for (auto& stream : streams_) stream.reset();
 }
@@ -249,8 +303,10 @@ absl::Status HostBackend::Synchronize() {
 
 absl::StatusOr<void*> HostBackend::AllocateDevice(size_t bytes) {
   constexpr size_t kAlign = 256;
-  const size_t rounded = std::max(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-  void* p = std::aligned_alloc(kAlign, rounded);
+  // Rounded up without wrapping: SIZE_MAX must fail, not become a 256-byte block.
+  const std::optional<size_t> rounded =
+      CheckedMul(std::max<size_t>(CeilDiv(bytes, kAlign), 1), kAlign);
+  void* p = rounded ? std::aligned_alloc(kAlign, *rounded) : nullptr;
   if (p == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("host backend: cannot allocate ", bytes, " bytes of \"device\" memory"));

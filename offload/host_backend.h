@@ -18,7 +18,8 @@
 namespace stowage::offload {
 
 struct HostBackendOptions {
-  // Worker threads per copy stream; chunks of one copy are spread over them. 0: 1.
+  // Worker threads per copy stream, in [0, HostBackend::kMaxThreadsPerStream]; chunks of one copy
+  // are spread over them. 0: 1.
   int threads_per_stream = 1;
   // CPUs the workers are pinned to (the GPU-local CPUs from topology); empty: not pinned.
   // Pinning failures are not errors (a container may forbid them): the workers then float.
@@ -27,7 +28,13 @@ struct HostBackendOptions {
 
 class HostBackend final : public DeviceBackend {
  public:
-  // INVALID_ARGUMENT for a negative thread count. Returns once every worker runs.
+  // Copy workers per stream: memcpy on 64 threads already saturates a socket's memory bandwidth,
+  // and a typo (5000) must be an error before any thread exists.
+  static constexpr int kMaxThreadsPerStream = 64;
+
+  // INVALID_ARGUMENT for a thread count outside [0, kMaxThreadsPerStream]; INTERNAL when the OS
+  // refuses a worker thread (those already started are joined first). Returns once every worker
+  // runs.
   static absl::StatusOr<std::unique_ptr<HostBackend>> Create(const HostBackendOptions& options);
   // Drains both streams, then joins the workers.
   ~HostBackend() override;

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "offload/backend_factory.h"
 #include "runtime/metrics.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
@@ -39,8 +40,20 @@ constexpr uint64_t kInputBytesPerToken = 4 * 4096 * 2;
 constexpr int kReferenceLayers = 45;
 constexpr char kDefaultAddress[] = "127.0.0.1:9464";
 
+// SIGINT/SIGTERM: the first asks the demo to stop (within the step it is in, which is ended so
+// that everything is released); a second one is not ignored but ends the process at once, so a
+// demo that cannot stop is never left running.
 std::atomic<bool> stop_requested{false};
-extern "C" void OnStopSignal(int) { stop_requested.store(true); }
+extern "C" void OnStopSignal(int signal) {
+  if (stop_requested.exchange(true)) {
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+  }
+}
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
+
+// Returned by RunStep when a signal cut the step short.
+absl::Status Interrupted() { return absl::CancelledError("interrupted"); }
 
 std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
@@ -169,6 +182,10 @@ absl::StatusOr<uint64_t> RunStep(stowage_runtime* rt, const Plan& plan, DevicePo
   // blocks go back to the pool once their D2H has landed (two layers in flight at most).
   std::vector<std::pair<stowage_tensor_id, DevicePool::Block*>> draining;
   for (int i = 0; i < n && status.ok(); ++i) {
+    if (stop_requested.load()) {
+      status = Interrupted();
+      break;
+    }
     const LayerPlan& layer = plan.layers[i];
     SleepSeconds(layer.forward_seconds * compute_scale);
     std::vector<std::pair<stowage_tensor_id, DevicePool::Block*>> issued;
@@ -196,6 +213,10 @@ absl::StatusOr<uint64_t> RunStep(stowage_runtime* rt, const Plan& plan, DevicePo
   // says "after j"; then restore j's own tensors (issuing the H2D if nobody prefetched), recompute
   // and run its backward, and free the blocks.
   for (int j = n - 1; j >= 0 && status.ok(); --j) {
+    if (stop_requested.load()) {
+      status = Interrupted();
+      break;
+    }
     for (int i = 0; i < n && status.ok(); ++i) {
       if (plan.layers[i].prefetch_after_layer != j) continue;
       for (Saved& s : saved[i]) {
@@ -230,7 +251,8 @@ absl::StatusOr<uint64_t> RunStep(stowage_runtime* rt, const Plan& plan, DevicePo
       if (s.dst != nullptr) pool.Give(s.dst);
     }
   }
-  // end_step always releases the step, also after a failure above.
+  // end_step always releases the step, also after a failure above (or an interruption: then
+  // copies may still be in flight, which end_step drains and reports; that is expected here).
   absl::Status ended = Check(stowage_end_step(rt), "stowage_end_step");
   if (!status.ok()) return status;
   if (!ended.ok()) return ended;
@@ -287,7 +309,8 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
   absl::StatusOr<double> interval = flags.GetDouble("step-interval", 1, 0, 3600);
   absl::StatusOr<double> compute_scale = flags.GetDouble("compute-scale", 1, 0, 1000);
   absl::StatusOr<double> layer_compute = flags.GetDouble("layer-compute", 0.001, 0, 60);
-  absl::StatusOr<int64_t> copy_threads = flags.GetInt("copy-threads", 0, 0, 256);
+  absl::StatusOr<int64_t> copy_threads =
+      flags.GetInt("copy-threads", 0, 0, offload::kMaxCopyThreads);
   absl::StatusOr<double> hold = flags.GetDouble("hold", 0, 0, 86400);
   for (const absl::Status& s :
        {address_flag.status(), tokens.status(), steps.status(), interval.status(),
@@ -345,6 +368,9 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
   }
   options.metrics_address = endpoint.c_str();
 
+  // Before the runtime exists: a signal during a long arena setup stops the demo right after it.
+  std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGTERM, OnStopSignal);
   stowage_runtime* rt = nullptr;
   if (stowage_status s = stowage_create(plan_json.data(), plan_json.size(), &options, &rt);
       s != STOWAGE_OK) {
@@ -370,13 +396,16 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
                                           : absl::StrCat("running ", *steps, " steps").c_str());
   std::fflush(stdout);
 
-  std::signal(SIGINT, OnStopSignal);
-  std::signal(SIGTERM, OnStopSignal);
   DevicePool pool(fixed);
   int exit_code = kExitOk;
   uint64_t step = 0;
   for (; (*steps == 0 || step < static_cast<uint64_t>(*steps)) && !stop_requested.load(); ++step) {
     absl::StatusOr<uint64_t> peak = RunStep(rt, plan, pool, step, *compute_scale);
+    if (peak.status().code() == absl::StatusCode::kCancelled) {
+      std::printf("interrupted during step %llu; the step was ended and released\n",
+                  static_cast<unsigned long long>(step + 1));
+      break;
+    }
     if (!peak.ok()) {
       std::fprintf(stderr, "stowage demo-runtime: step %llu: %s\n",
                    static_cast<unsigned long long>(step),

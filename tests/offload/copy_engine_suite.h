@@ -189,9 +189,40 @@ TYPED_TEST_P(CopyEngineConformance, NullPointersAreInvalidArgument) {
   EXPECT_EQ(this->engine_->in_flight(), 0u);
 }
 
+// Regression (issue 11, "the runtime hangs forever"): a chunk size of SIZE_MAX (a plan's
+// copy_chunk_bytes of -1 read as 2^64-1) made the host backend's chunk count
+// (bytes + chunk - 1) / chunk wrap to 0, so the copy was never queued and its fence never done.
+// Any chunk size at or above the copy's size is one chunk.
+TYPED_TEST_P(CopyEngineConformance, AChunkSizeNearSizeMaxIsOneChunk) {
+  constexpr size_t kBytes = 8192 + 5;
+  for (size_t chunk : {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX / 2 + 1, kBytes, kBytes - 1}) {
+    offload::CopyEngineOptions options;
+    options.chunk_bytes = chunk;
+    std::unique_ptr<offload::DeviceBackend> backend = TypeParam::Make();
+    offload::DeviceBackend* raw = backend.get();
+    offload::CopyEngine engine(std::move(backend), options, nullptr);
+    const std::vector<uint8_t> pattern = this->Pattern(kBytes, 7);
+    void* src = *raw->AllocateDevice(kBytes);
+    void* back = *raw->AllocateDevice(kBytes);
+    void* host = this->Host(kBytes);
+    ASSERT_TRUE(raw->CopyToDevice(src, pattern.data(), kBytes).ok());
+    auto d2h = engine.DeviceToHost(host, src, kBytes, nullptr);
+    ASSERT_TRUE(d2h.ok()) << d2h.status();
+    auto h2d = engine.HostToDevice(back, host, kBytes, nullptr, *d2h);
+    ASSERT_TRUE(h2d.ok()) << h2d.status();
+    ASSERT_TRUE((*h2d)->Wait().ok());
+    std::vector<uint8_t> out(kBytes);
+    ASSERT_TRUE(raw->CopyFromDevice(out.data(), back, kBytes).ok());
+    EXPECT_EQ(out, pattern) << "chunk " << chunk;
+    raw->FreeDevice(src);
+    raw->FreeDevice(back);
+  }
+}
+
 REGISTER_TYPED_TEST_SUITE_P(CopyEngineConformance, ChunkedRoundTripIsBitExact,
                             EveryCopyIsAccountedOnce, OnLandedRunsBeforeDone,
-                            ConcurrentIssuersRoundTrip, NullPointersAreInvalidArgument);
+                            ConcurrentIssuersRoundTrip, NullPointersAreInvalidArgument,
+                            AChunkSizeNearSizeMaxIsOneChunk);
 
 }  // namespace stowage::testing
 

@@ -66,6 +66,50 @@ TEST(CApi, CreateChecksItsArguments) {
   EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
 }
 
+// Regression (issue 11): copy_chunk_bytes = UINT64_MAX (option or plan) hung the first copy;
+// 1 took about 1 GB of queue for 30 MiB of copies; copy_threads = 5000 aborted the process when
+// thread creation failed. Each is now INVALID_ARGUMENT naming the field and its range.
+TEST(CApi, CopyChunkAndThreadCountOutsideTheirRangeAreInvalidArgument) {
+  const std::string plan = SmallPlan();
+  stowage_runtime* rt = nullptr;
+  for (uint64_t chunk : {UINT64_MAX, uint64_t{1}, uint64_t{4095}, (uint64_t{1} << 30) + 1}) {
+    stowage_options bad = HostOptions();
+    bad.copy_chunk_bytes = chunk;
+    EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT)
+        << chunk;
+    EXPECT_NE(
+        std::string(stowage_last_error()).find("copy_chunk_bytes is " + std::to_string(chunk)),
+        std::string::npos)
+        << stowage_last_error();
+    EXPECT_NE(std::string(stowage_last_error()).find("[4096, 1073741824]"), std::string::npos);
+  }
+  stowage::Plan huge_chunk = stowage::testing::MakeTestPlan(2, 4096);
+  huge_chunk.runtime.copy_chunk_bytes = UINT64_MAX;
+  const std::string huge_json = stowage::PlanToJson(huge_chunk);
+  stowage_options options = HostOptions();
+  EXPECT_EQ(stowage_create(huge_json.data(), huge_json.size(), &options, &rt),
+            STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stowage_last_error()).find("copy_chunk_bytes"), std::string::npos)
+      << stowage_last_error();
+  // The option overrides the plan's value; the bounds themselves are allowed.
+  for (uint64_t chunk : {uint64_t{4096}, uint64_t{1} << 30}) {
+    options.copy_chunk_bytes = chunk;
+    ASSERT_EQ(stowage_create(huge_json.data(), huge_json.size(), &options, &rt), STOWAGE_OK)
+        << stowage_last_error();
+    EXPECT_EQ(stowage::runtime::UnwrapForTesting(rt)->engine().chunk_bytes(), chunk);
+    EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+  }
+  for (int32_t threads : {-1, 65, 5000}) {
+    stowage_options bad = HostOptions();
+    bad.copy_threads = threads;
+    EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(stowage_last_error())
+                  .find("copy_threads is " + std::to_string(threads) + "; it must be in [0, 64]"),
+              std::string::npos)
+        << stowage_last_error();
+  }
+}
+
 TEST(CApi, CudaWithoutAGpuIsUnavailable) {
   if (stowage::testing::GpuAvailable()) GTEST_SKIP() << "a GPU is present";
   const std::string plan = SmallPlan();

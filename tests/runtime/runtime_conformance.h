@@ -597,12 +597,37 @@ TYPED_TEST_P(RuntimeConformance, ArgumentChecks) {
   STOWAGE_ASSERT_OK(stowage_end_step(this->rt_));
 }
 
+// Regression (issue 11, "the runtime hangs forever"): after a 1-byte save, a save of SIZE_MAX
+// bytes returned OK (saved + bytes and offset + bytes wrapped in Runtime::Save) and the step then
+// hung. It is RESOURCE_EXHAUSTED, and the step still ends cleanly.
+TYPED_TEST_P(RuntimeConformance, ASaveWhoseSizeWouldWrapIsResourceExhausted) {
+  ASSERT_EQ(this->Create(MakeTestPlan(1, 4096)), STOWAGE_OK) << stowage_last_error();
+  void* src = this->DeviceAlloc(16);
+  void* dst = this->DeviceAlloc(16);
+  STOWAGE_ASSERT_OK(stowage_begin_step(this->rt_));
+  stowage_tensor_id one = 0, huge = 0;
+  STOWAGE_ASSERT_OK(stowage_save(this->rt_, 0, src, 1, nullptr, &one));
+  for (size_t bytes : {SIZE_MAX, SIZE_MAX - 255, SIZE_MAX / 2 + 1}) {
+    STOWAGE_EXPECT_STATUS(stowage_save(this->rt_, 0, src, bytes, nullptr, &huge),
+                          STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+    EXPECT_NE(std::string(stowage_last_error()).find("the plan reserved 4096"), std::string::npos)
+        << stowage_last_error();
+  }
+  STOWAGE_ASSERT_OK(stowage_restore(this->rt_, one, dst, nullptr));
+  STOWAGE_ASSERT_OK(stowage_end_step(this->rt_));
+  stowage_layer_info info{};
+  info.struct_size = sizeof(info);
+  STOWAGE_ASSERT_OK(stowage_get_layer_info(this->rt_, 0, &info));
+  EXPECT_EQ(info.host_bytes_used, 0u);
+}
+
 REGISTER_TYPED_TEST_SUITE_P(RuntimeConformance, RoundTripsAreBitExactOverSizes,
                             RandomSizesAndOrdersOverManySteps, ThousandsOfStepsDoNotGrowMemory,
                             StaleUnknownAndDoubleRestore, SavingMoreThanReservedIsResourceExhausted,
                             StepStateMachine, EndStepWithCopiesInFlightDrainsAndFails,
                             AnAbandonedStepRetainsNothing, VerifyModeCatchesHostCorruption,
-                            ConcurrentSavesFromSeveralThreads, ArgumentChecks);
+                            ConcurrentSavesFromSeveralThreads, ArgumentChecks,
+                            ASaveWhoseSizeWouldWrapIsResourceExhausted);
 
 }  // namespace stowage::testing
 
