@@ -2,8 +2,8 @@
 """Trains one model under what PyTorch users pick today and under stowage plans, side by side.
 
 Modes: keep everything; full per-layer recompute (torch.utils.checkpoint, non-reentrant);
-torch.autograd.graph.save_on_cpu (pinned on CUDA); stowage plans built by the package's planner
-for several device-memory budgets. Prints a table: step time, peak device memory over the
+torch.autograd.graph.save_on_cpu (pinned on CUDA); stowage plans from the C++ planner (through the
+C ABI, from the profile the package measures) for several device-memory budgets. Prints a table: step time, peak device memory over the
 weights and gradients (torch.cuda.max_memory_allocated minus what is allocated between steps,
 as shared/reference/torch_anchor.py measures it), the plan's predicted peak and step time, and
 the pinned host memory used.
@@ -166,8 +166,9 @@ class Bench:
         if mode == "save_on_cpu":
             row.host = self.save_on_cpu_host_bytes()
         elif mode in ("keep", "recompute"):
-            sim = planner.simulate(self.profile, [mode] * len(self.layers))
-            row.pred_peak, row.pred_s, row.host = sim.peak_bytes, sim.step_seconds, 0
+            sim = planner.evaluate(self.profile, [mode] * len(self.layers))
+            row.pred_peak = sim.peak_device_bytes - sim.fixed_device_bytes
+            row.pred_s, row.host = sim.step_seconds, 0
         return row
 
     def save_on_cpu_host_bytes(self) -> int:
@@ -187,8 +188,10 @@ class Bench:
         row = Row("stowage")
         row.budget = budget
         try:
-            plan = stowage.plan_for_budget(self.layers, self.x0, budget, loss_fn=loss_fn,
-                                           profile=self.profile,
+            # The table's budgets are over the fixed memory; the planner's is the whole device.
+            plan = stowage.plan_for_budget(self.layers, self.x0,
+                                           self.profile.fixed_device_bytes + budget,
+                                           loss_fn=loss_fn, profile=self.profile,
                                            prefetch_distance=self.args.prefetch_distance)
         except stowage.BudgetTooSmallError as e:
             row.note = "infeasible: " + str(e).split(";")[0]
@@ -228,7 +231,7 @@ class Bench:
         a = self.args
         print(f"\n== {self.kind}: {a.layers} layers, {a.tokens} tokens, hidden {a.hidden}, "
               f"{a.dtype}, {self.device} (torch {torch.__version__}) ==", flush=True)
-        self.profile = planner.profile_layers(self.layers, self.x0, loss_fn=loss_fn)
+        self.profile = stowage.profile_layers(self.layers, self.x0, loss_fn=loss_fn)
         p = self.profile
         print(f"profile: saved/layer {_fmt(p.layers[-1].saved_bytes)}, input/layer "
               f"{_fmt(p.layers[-1].input_bytes)}, fwd {p.layers[-1].forward_seconds * 1e3:.2f} "
@@ -251,7 +254,9 @@ class Bench:
         if self.args.budgets_gib:
             return [int(float(b) * 2**30) for b in self.args.budgets_gib.split(",")]
         n = len(self.layers)
-        sim = lambda pol: planner.simulate(self.profile, [pol] * n).peak_bytes  # noqa: E731
+        def sim(policy: str) -> int:  # predicted peak over the fixed memory
+            e = planner.evaluate(self.profile, [policy] * n)
+            return e.peak_device_bytes - e.fixed_device_bytes
         by = {r.mode: r for r in rows}
         keep = by["keep"].peak or sim("keep")
         rec = by["recompute"].peak or sim("recompute")
@@ -301,8 +306,9 @@ def _format_row(r: Row) -> str:
 def _header() -> str:
     u = _UNIT[1]
     return (f"{'mode':<12} {'budget':>9} {'step ms':>10} {'peak':>10} {'pred peak':>10} "
-            f"{'pred ms':>10} {'host':>9}  policies (K keep, R recompute, I offload_input, "
-            f"S offload_saved); memory in {u} over weights+grads")
+            f"{'pred ms':>10} {'host':>9}  policies (K keep, R recompute, s selective_recompute, "
+            f"I offload_input, S offload_saved); memory in {u} over the fixed memory "
+            "(weights, grads, input)")
 
 
 def _targets(rows: list[Row]) -> list[str]:
@@ -345,9 +351,12 @@ def main() -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--steps", type=int, default=3, help="timed steps per mode")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--budgets-gib", help="comma-separated device budgets over weights+grads; "
+    ap.add_argument("--budgets-gib", help="comma-separated device budgets over the fixed memory "
+                    "(weights, grads, input; the planner gets fixed + budget as "
+                    "gpu_budget_bytes); "
                     "default: 1.25x save_on_cpu's peak, recompute's, halfway to keep's, 0.75x keep's")
-    ap.add_argument("--prefetch-distance", type=int, default=1)
+    ap.add_argument("--prefetch-distance", type=int,
+                    help="fix the prefetch distance (default: the planner chooses)")
     ap.add_argument("--plans-dir", help="write each stowage plan's JSON here")
     args = ap.parse_args()
     small = dict(layers=4, tokens=128, hidden=64, dtype="fp32")

@@ -16,7 +16,8 @@ import stowage
 from stowage import _lib
 from stowage import layers as stowage_layers
 from stowage import plan as plan_mod
-from stowage.planner import BudgetTooSmallError, plan_from_policies, profile_layers
+from stowage.planner import BudgetTooSmallError, evaluate
+from stowage.profile import profile_layers
 
 torch.set_num_threads(1)  # deterministic and light on a shared 2-core machine
 
@@ -45,8 +46,9 @@ class Fixture:
         self.profile = profile_layers(self.layers, self.x0, loss_fn=support.loss_fn, repeats=1)
         self.reference = support.train(support.clone_layers(self.layers), self.x0, STEPS)
 
-    def plan(self, policies: list) -> stowage.Plan:
-        return plan_from_policies(self.profile, policies)
+    def plan(self, policies: list, **kwargs) -> stowage.Plan:
+        """The plan of a given assignment, from the C++ planner (stowage_plan_evaluate)."""
+        return evaluate(self.profile, policies, **kwargs).plan
 
 
 _fixtures: dict = {}
@@ -89,8 +91,11 @@ class BitIdenticalTest(unittest.TestCase):
 
     def test_selective_recompute(self) -> None:
         f = fixture("attention")
-        plan = f.plan(["selective_recompute"] + ["keep"] * (LAYERS - 1))
-        plan.layers[0].recompute_modules = ["mlp", "ln1"]
+        plan = f.plan(["selective_recompute"] + ["keep"] * (LAYERS - 1),
+                      recompute_modules={0: ["mlp", "ln1"]})
+        self.assertEqual(plan.layers[0].recompute_modules, ["ln1", "mlp"])
+        keep = f.plan(["keep"] * LAYERS)
+        self.assertLess(plan.layers[0].device_saved_bytes, keep.layers[0].device_saved_bytes)
         layers = support.clone_layers(f.layers)
         got = support.train(layers, f.x0, STEPS, planned=stowage.PlannedLayers(layers, plan))
         assert_same(self, f.reference, got, "selective_recompute")
@@ -104,8 +109,7 @@ class BitIdenticalTest(unittest.TestCase):
         f = fixture("mlp")
         for distance in (1, 2, LAYERS):
             with self.subTest(distance=distance):
-                plan = plan_from_policies(f.profile, ["offload_saved"] * LAYERS,
-                                          prefetch_distance=distance)
+                plan = f.plan(["offload_saved"] * LAYERS, prefetch_distance=distance)
                 layers = support.clone_layers(f.layers)
                 planned = stowage.PlannedLayers(layers, plan)
                 got = support.train(layers, f.x0, STEPS, planned=planned)
@@ -235,7 +239,7 @@ class ErrorsTest(unittest.TestCase):
         # A plan made for half the tokens reserves too little host memory per layer.
         f = fixture("mlp")
         small = profile_layers(f.layers, f.x0[: TOKENS // 2], repeats=1)
-        plan = plan_from_policies(small, ["offload_saved"] * LAYERS)
+        plan = evaluate(small, ["offload_saved"] * LAYERS).plan
         planned = stowage.PlannedLayers(support.clone_layers(f.layers), plan)
         with self.assertRaisesRegex(stowage.PlanError,
                                     r"layer 0 \(MLPBlock, policy offload_saved\) offloads \d+ "
@@ -247,10 +251,18 @@ class ErrorsTest(unittest.TestCase):
 
     def test_budget_too_small(self) -> None:
         f = fixture("mlp")
+        floor = evaluate(f.profile, ["offload_input"] * LAYERS).peak_device_bytes
+        # Fixed memory alone exceeds the budget.
         with self.assertRaisesRegex(BudgetTooSmallError,
-                                    r"budget_bytes is 1000 .*smallest peak any plan reaches.*"
-                                    r"what binds is one layer's backward working set"):
+                                    rf"gpu_budget_bytes is 1000 .*smallest peak any plan "
+                                    rf"reaches is {floor} .*what binds: fixed memory"):
             stowage.plan_for_budget(f.layers, f.x0, 1000, profile=f.profile)
+        # Fixed memory fits, one layer's working set does not.
+        budget = f.profile.fixed_device_bytes + 1
+        with self.assertRaisesRegex(BudgetTooSmallError,
+                                    rf"gpu_budget_bytes is {budget} .*smallest peak any plan "
+                                    rf"reaches is {floor} .*what binds: working set of the "):
+            stowage.plan_for_budget(f.layers, f.x0, budget, profile=f.profile)
 
     def test_forward_outside_step(self) -> None:
         f = fixture("mlp")
@@ -279,7 +291,8 @@ class ErrorsTest(unittest.TestCase):
 
     def test_selective_recompute_unknown_module(self) -> None:
         f = fixture("mlp")
-        plan = f.plan(["selective_recompute"] + ["keep"] * (LAYERS - 1))
+        plan = f.plan(["keep"] * LAYERS)
+        plan.layers[0].policy = "selective_recompute"
         plan.layers[0].recompute_modules = ["attn"]
         planned = stowage.PlannedLayers(support.clone_layers(f.layers), plan)
         with self.assertRaisesRegex(stowage.PlanError, r"names 'attn'.*it has: ln, fc1"):
@@ -287,16 +300,21 @@ class ErrorsTest(unittest.TestCase):
 
 
 class PlannerTest(unittest.TestCase):
+    """Plans and predictions come from the C++ planner through the C ABI."""
+
     def test_plans_fit_their_budget_and_train_identically(self) -> None:
         f = fixture("attention")
-        floor = stowage.simulate(f.profile, ["offload_input"] * LAYERS).peak_bytes
-        keep = stowage.simulate(f.profile, ["keep"] * LAYERS).peak_bytes
+        floor = evaluate(f.profile, ["offload_input"] * LAYERS).peak_device_bytes
+        keep = evaluate(f.profile, ["keep"] * LAYERS).peak_device_bytes
+        self.assertLess(floor, keep)
         seen = set()
         for budget in (floor, (floor + keep) // 2, keep):
             with self.subTest(budget=budget):
                 plan = stowage.plan_for_budget(f.layers, f.x0, budget, profile=f.profile)
-                over = plan.predicted.peak_device_bytes - plan.predicted.fixed_device_bytes
-                self.assertLessEqual(over, budget)
+                # The whole device: fixed memory is inside the budget.
+                self.assertLessEqual(plan.predicted.peak_device_bytes, budget)
+                self.assertEqual(plan.predicted.fixed_device_bytes, f.profile.fixed_device_bytes)
+                self.assertEqual(plan.run.gpu_budget_bytes, budget)
                 self.assertEqual(plan.runtime.host_arena_bytes,
                                  sum(l.host_bytes for l in plan.layers))
                 seen.add(tuple(plan.policies()))
@@ -310,23 +328,54 @@ class PlannerTest(unittest.TestCase):
                 planned.close()
         self.assertGreater(len(seen), 1, "every budget gave the same plan")
 
-    def test_simulator_orders_the_policies(self) -> None:
+    def test_prediction_orders_the_policies(self) -> None:
         f = fixture("mlp")
-        sim = {p: stowage.simulate(f.profile, [p] * LAYERS) for p in POLICIES}
-        peak = {p: s.peak_bytes for p, s in sim.items()}
+        sim = {p: evaluate(f.profile, [p] * LAYERS) for p in POLICIES}
+        peak = {p: s.peak_device_bytes for p, s in sim.items()}
         self.assertGreater(peak["keep"], peak["offload_saved"])
         self.assertGreater(peak["keep"], peak["recompute"])
         self.assertGreaterEqual(peak["recompute"], peak["offload_input"])
         # Recompute reruns every forward; keeping costs no extra compute or copies.
         self.assertGreater(sim["recompute"].step_seconds, sim["keep"].step_seconds)
         self.assertEqual(sim["keep"].host_bytes, 0)
+        self.assertEqual(sim["keep"].copies, [])
         self.assertEqual(sim["offload_input"].host_bytes,
                          sum(p.input_bytes for p in f.profile.layers))
         self.assertEqual(sim["offload_saved"].host_bytes,
                          sum(p.saved_bytes for p in f.profile.layers))
+        # The recorded step: every layer's forward and backward, and a D2H and an H2D per layer.
+        s = sim["offload_saved"]
+        forward = [c["layer"] for c in s.compute if c["phase"] == "forward"]
+        backward = [c["layer"] for c in s.compute if c["phase"] == "backward"]
+        self.assertEqual(forward, list(range(LAYERS)))
+        self.assertEqual(backward, list(reversed(range(LAYERS))))
+        self.assertEqual(sorted((c["layer"], c["direction"]) for c in s.copies),
+                         sorted((i, d) for i in range(LAYERS) for d in ("d2h", "h2d")))
         # Prefetch at distance d: layer i's copy starts when layer min(i + d, last)'s backward does.
-        s = stowage.simulate(f.profile, ["offload_saved"] * LAYERS, prefetch_distance=2)
-        self.assertEqual(s.prefetch_after, [2, 3, 3, 3])
+        plan = evaluate(f.profile, ["offload_saved"] * LAYERS, prefetch_distance=2).plan
+        self.assertEqual([l.prefetch_after_layer for l in plan.layers], [2, 3, 3, 3])
+
+    def test_profile_json_is_what_the_cli_plans(self) -> None:
+        import subprocess
+        import tempfile
+        f = fixture("mlp")
+        cli = os.environ.get("STOWAGE_CLI")
+        if not cli:
+            self.skipTest("STOWAGE_CLI is not set (ctest sets it)")
+        # --gpu-mem is in GiB, at least 0.001: these layers fit several times over.
+        budget = 2 << 20
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "profile.json")
+            f.profile.save(path)
+            out = subprocess.run([cli, "plan", "--profile", path, "--gpu-mem",
+                                  repr(budget / 2**30), "--format", "json"],
+                                 check=True, capture_output=True, text=True).stdout
+        from_cli = stowage.Plan.from_json(out)
+        from_abi = stowage.plan_for_budget(f.layers, f.x0, from_cli.run.gpu_budget_bytes,
+                                           profile=f.profile)
+        self.assertEqual(from_cli.policies(), from_abi.policies())
+        self.assertEqual(from_cli.predicted.peak_device_bytes,
+                         from_abi.predicted.peak_device_bytes)
 
     def test_plan_file_round_trip(self) -> None:
         import tempfile
@@ -344,16 +393,38 @@ class PlannerTest(unittest.TestCase):
         f = fixture("mlp")
         layers = support.clone_layers(f.layers)
         rng = torch.get_rng_state()
-        floor = stowage.simulate(f.profile, ["offload_input"] * LAYERS).peak_bytes
-        planned = stowage.wrap(layers, budget_bytes=int(floor * 1.05), sample_input=f.x0,
+        floor = evaluate(f.profile, ["offload_input"] * LAYERS).peak_device_bytes
+        recompute = evaluate(f.profile, ["recompute"] * LAYERS).peak_device_bytes
+        budget = (floor + recompute) // 2  # full recompute does not fit: something offloads
+        planned = stowage.wrap(layers, gpu_budget_bytes=budget, sample_input=f.x0,
                                loss_fn=support.loss_fn)
         self.assertTrue(torch.equal(rng, torch.get_rng_state()), "profiling moved the RNG")
         self.assertTrue(all(p.grad is None for p in layers.parameters()),
                         "profiling left gradients")
         self.assertTrue(planned.plan.offloads)
+        self.assertLessEqual(planned.plan.predicted.peak_device_bytes, budget)
         got = support.train(layers, f.x0, STEPS, planned=planned)
-        assert_same(self, f.reference, got, "wrap(budget_bytes=...)")
+        assert_same(self, f.reference, got, "wrap(gpu_budget_bytes=...)")
         planned.close()
+
+    def test_old_budget_argument_is_a_clear_error(self) -> None:
+        f = fixture("mlp")
+        with self.assertRaisesRegex(TypeError, r"budget_bytes= is now gpu_budget_bytes=, the "
+                                               r"whole device memory"):
+            stowage.wrap(support.clone_layers(f.layers), budget_bytes=1 << 20, sample_input=f.x0)
+
+    def test_profile_records_modules_and_saved_tensors(self) -> None:
+        f = fixture("attention")
+        for p in f.profile.layers:
+            self.assertTrue(p.saves_input)
+            names = [t.name for t in p.saved]
+            self.assertEqual(len(names), len(set(names)))
+            self.assertIn("mlp", [m.name for m in p.modules])
+            self.assertTrue(all(t.module in {m.name for m in p.modules} | {""} for t in p.saved))
+        d = f.profile.to_dict()
+        self.assertEqual(d["format"], "stowage-layer-profile")
+        self.assertFalse(d["measured_memory"])  # CPU: estimated from sizes
+        self.assertEqual(stowage.ModelProfile.from_dict(d).to_dict(), d)
 
 
 class RuntimeBindingTest(unittest.TestCase):

@@ -19,7 +19,8 @@ import support  # noqa: E402
 import torch  # noqa: E402
 
 import stowage  # noqa: E402
-from stowage.planner import plan_from_policies, profile_layers  # noqa: E402
+from stowage.planner import evaluate  # noqa: E402
+from stowage.profile import profile_layers  # noqa: E402
 
 HIDDEN, TOKENS, LAYERS, STEPS = 256, 512, 4, 3
 POLICIES = ["keep", "recompute", "offload_input", "offload_saved"]
@@ -51,7 +52,7 @@ class CudaTest(unittest.TestCase):
     def check(self, kind: str, policies: list, stream: bool = False) -> None:
         layers, x0, profile, ref = self.fixtures[kind]
         mine = support.clone_layers(layers)
-        planned = stowage.PlannedLayers(mine, plan_from_policies(profile, policies))
+        planned = stowage.PlannedLayers(mine, evaluate(profile, policies).plan)
         try:
             if stream:
                 s = torch.cuda.Stream()
@@ -93,7 +94,7 @@ class CudaTest(unittest.TestCase):
                                ("offload_saved", ["offload_saved"] * LAYERS),
                                ("offload_input", ["offload_input"] * LAYERS)):
             mine = support.clone_layers(layers)
-            planned = stowage.PlannedLayers(mine, plan_from_policies(profile, policies))
+            planned = stowage.PlannedLayers(mine, evaluate(profile, policies).plan)
             after = []
 
             def record(step: int) -> None:

@@ -3,7 +3,7 @@ layer input, offload the saved tensors), driving the runtime library libstowage.
 ABI with ctypes — nothing is compiled against torch, so one build serves any torch version.
 
     import stowage
-    planned = stowage.wrap(model.layers, budget_bytes=8 << 30, sample_input=x)  # or plan=...
+    planned = stowage.wrap(model.layers, gpu_budget_bytes=60 << 30, sample_input=x)  # or plan=
     for batch in data:
         with planned.step():
             loss = loss_fn(planned(embed(batch)))
@@ -11,7 +11,8 @@ ABI with ctypes — nothing is compiled against torch, so one build serves any t
         optimizer.step()
 
 The plan and runtime bindings (stowage.Plan, stowage.Runtime) do not need torch; the wrapper
-(stowage.wrap, stowage.PlannedLayers) and the planner (stowage.plan_for_budget) import it.
+(stowage.wrap, stowage.PlannedLayers), the profiler (stowage.profile_layers) and the planner
+calls (stowage.plan_for_budget, stowage.evaluate: the C++ planner through the C ABI) import it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ __version__ = "0.1.0"
 _TORCH_NAMES = {
     "PlannedLayers": "layers", "StaleTensorError": "layers", "wrap": "layers",
     "check_plan_matches": "layers",
-    "BudgetTooSmallError": "planner", "ModelProfile": "planner", "LayerProfile": "planner",
-    "plan_for_budget": "planner", "plan_from_policies": "planner",
-    "profile_layers": "planner", "simulate": "planner",
+    "BudgetTooSmallError": "planner", "Evaluation": "planner", "evaluate": "planner",
+    "plan_for_budget": "planner", "plan_request": "planner",
+    "ModelProfile": "profile", "LayerProfile": "profile", "profile_layers": "profile",
 }
 
 

@@ -113,6 +113,12 @@ _PROTOTYPES = {
     "stowage_restore": (_status, [_rt, _id, ctypes.c_void_p, ctypes.c_void_p]),
     "stowage_get_stats": (_status, [_rt, ctypes.POINTER(Stats)]),
     "stowage_report_device_peak": (_status, [_rt, ctypes.c_uint64]),
+    # The planning service: the result is a malloc'd string freed with stowage_free_string.
+    "stowage_plan_request": (
+        _status, [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]),
+    "stowage_plan_evaluate": (
+        _status, [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]),
+    "stowage_free_string": (None, [ctypes.c_void_p]),
 }
 
 _lock = threading.Lock()

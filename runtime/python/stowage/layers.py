@@ -457,8 +457,8 @@ def resident_storages(module: nn.Module) -> set:
 
 
 def offloadable(t: torch.Tensor, device: torch.device, param_storages: set) -> bool:
-    """Whether an offload_saved layer sends this saved tensor to the host. The planner's
-    calibration uses the same rule, so plan host_bytes and the bytes saved agree."""
+    """Whether an offload_saved layer sends this saved tensor to the host. The profiler
+    (stowage.profile) uses the same rule, so plan host_bytes and the bytes saved agree."""
     return (t.device == device and t.numel() > 0 and not t.is_sparse
             and _storage_ptr(t) not in param_storages)
 
@@ -509,20 +509,25 @@ def check_plan_matches(plan: Plan, layers: Sequence[nn.Module]) -> None:
 
 
 def wrap(layers: Union[nn.ModuleList, Sequence[nn.Module]], plan: Optional[PlanLike] = None, *,
-         budget_bytes: Optional[int] = None, sample_input: Optional[torch.Tensor] = None,
+         gpu_budget_bytes: Optional[int] = None, sample_input: Optional[torch.Tensor] = None,
          **kwargs: Any) -> PlannedLayers:
-    """Wraps layers under a given plan, or under one built for `budget_bytes` of activation
-    memory (device bytes over the weights and gradients), calibrated on `sample_input`."""
-    if (plan is None) == (budget_bytes is None):
-        raise ValueError("wrap(): give exactly one of plan= and budget_bytes=")
+    """Wraps layers under a given plan, or under the C++ planner's plan for `gpu_budget_bytes`
+    (the whole device memory a step may peak at, weights, gradients and the sample input
+    included, as `stowage plan --gpu-mem`), the layers profiled on `sample_input`."""
+    if "budget_bytes" in kwargs:
+        raise TypeError("wrap(): budget_bytes= is now gpu_budget_bytes=, the whole device memory "
+                        "a step may peak at (fixed memory included), as `stowage plan --gpu-mem`")
+    if (plan is None) == (gpu_budget_bytes is None):
+        raise ValueError("wrap(): give exactly one of plan= and gpu_budget_bytes=")
     if plan is None:
         if sample_input is None:
-            raise ValueError("wrap(budget_bytes=...) needs sample_input= (a batch's first-layer "
-                             "input) to measure the layers")
+            raise ValueError("wrap(gpu_budget_bytes=...) needs sample_input= (a batch's "
+                             "first-layer input) to measure the layers")
         from .planner import plan_for_budget
         plan_kwargs = {k: kwargs.pop(k) for k in list(kwargs)
-                       if k in ("host_budget_bytes", "loss_fn", "prefetch_distance", "profile")}
-        plan = plan_for_budget(layers, sample_input, budget_bytes, **plan_kwargs)
+                       if k in ("host_budget_bytes", "loss_fn", "prefetch_distance", "profile",
+                                "force")}
+        plan = plan_for_budget(layers, sample_input, gpu_budget_bytes, **plan_kwargs)
     return PlannedLayers(layers, plan, **kwargs)
 
 
