@@ -195,6 +195,28 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
       return s;
     p.layers.push_back(std::move(layer));
   }
+  // Every byte figure of the step together stays far inside the simulator's 64-bit sums.
+  uint64_t total = 0;
+  bool overflow = false;
+  auto add = [&](uint64_t bytes) {
+    auto sum = CheckedAdd(total, bytes);
+    overflow |= !sum.has_value() || *sum > kMaxBytes;
+    if (!overflow) total = *sum;
+  };
+  for (uint64_t b :
+       {p.fixed.weights, p.fixed.gradients, p.fixed.optimizer, p.fixed.other, p.loss_peak_bytes}) {
+    add(b);
+  }
+  for (const ProfileLayer& l : p.layers) {
+    for (uint64_t b : {l.input_bytes, l.output_bytes, l.forward_peak_bytes, l.backward_peak_bytes})
+      add(b);
+    for (const ProfileSavedTensor& t : l.saved) add(t.bytes);
+  }
+  if (overflow) {
+    return o.Invalid("layers",
+                     "byte figures (fixed, loss and every layer's) that sum to at most "
+                     "2^56 (64 PiB)");
+  }
   return p;
 }
 

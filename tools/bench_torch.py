@@ -2,10 +2,11 @@
 """Trains one model under what PyTorch users pick today and under stowage plans, side by side.
 
 Modes: keep everything; full per-layer recompute (torch.utils.checkpoint, non-reentrant);
-torch.autograd.graph.save_on_cpu (pinned on CUDA); stowage plans from the C++ planner (through the
-C ABI, from the profile the package measures) for several device-memory budgets. Prints a table: step time, peak device memory over the
-weights and gradients (torch.cuda.max_memory_allocated minus what is allocated between steps,
-as shared/reference/torch_anchor.py measures it), the plan's predicted peak and step time, and
+torch.autograd.graph.save_on_cpu (pinned on CUDA); stowage plans from the C++ planner (through
+the C ABI, from the profile the package measures) for several device-memory budgets. Prints a
+table: step time, peak device memory over the fixed memory (weights, gradients, the input:
+torch.cuda.max_memory_allocated minus what is allocated between steps, as
+shared/reference/torch_anchor.py measures it), the plan's predicted peak and step time, and
 the pinned host memory used.
 
 Default model: torch_anchor.py's (12 MLP blocks, 32K tokens, hidden 4096, bf16), and a

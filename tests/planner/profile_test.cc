@@ -117,6 +117,11 @@ TEST(ProfileReader, ErrorsNameThePathTheValueAndTheRule) {
     j["layers"][1]["modules"].push_back({{"name", absl::StrCat("m", m)}, {"seconds", 0.1}});
   }
   EXPECT_THAT(ErrorOf(j), HasSubstr("at most 8 modules"));
+  // Byte figures that together would overflow the simulator's sums.
+  j = TinyProfile();
+  for (int i = 0; i < 2; ++i) j["layers"][i]["backward_peak_bytes"] = uint64_t{1} << 55;
+  j["fixed_bytes"]["weights"] = uint64_t{1} << 55;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("sum to at most 2^56"));
   // Syntax errors say where.
   auto bad = ParseProfileJson("{\"format\": \n  nope}", "p.json");
   ASSERT_FALSE(bad.ok());

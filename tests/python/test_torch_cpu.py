@@ -328,6 +328,23 @@ class PlannerTest(unittest.TestCase):
                 planned.close()
         self.assertGreater(len(seen), 1, "every budget gave the same plan")
 
+    def test_selective_recompute_is_planned_and_trains_identically(self) -> None:
+        # No host memory: the planner must choose among keep, recompute and rerunning named
+        # modules. Rerunning "mlp" (part of the forward) is cheaper than recomputing the layer.
+        f = fixture("attention")
+        selective = evaluate(f.profile, ["selective_recompute"] * LAYERS,
+                             recompute_modules={i: ["mlp"] for i in range(LAYERS)})
+        plan = stowage.plan_for_budget(f.layers, f.x0, selective.peak_device_bytes,
+                                       profile=f.profile, host_budget_bytes=0)
+        self.assertLessEqual(plan.predicted.peak_device_bytes, selective.peak_device_bytes)
+        self.assertFalse(plan.offloads)
+        chosen = [l for l in plan.layers if l.policy == "selective_recompute"]
+        self.assertTrue(chosen, f"no selective_recompute in {plan.policies()}")
+        self.assertTrue(all(l.recompute_modules for l in chosen))
+        layers = support.clone_layers(f.layers)
+        got = support.train(layers, f.x0, STEPS, planned=stowage.PlannedLayers(layers, plan))
+        assert_same(self, f.reference, got, "planned selective_recompute")
+
     def test_prediction_orders_the_policies(self) -> None:
         f = fixture("mlp")
         sim = {p: evaluate(f.profile, [p] * LAYERS) for p in POLICIES}

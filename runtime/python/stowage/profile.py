@@ -224,7 +224,8 @@ class _ChildTracker:
     def _post(self, name: str) -> Callable:
         def hook(_module: nn.Module, _args: tuple, _out: Any) -> None:
             _sync(self.device)
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - self._start.pop()
+            elapsed = time.perf_counter() - self._start.pop()
+            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
             self.active.pop()
         return hook
 
