@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/report.h"
 
 namespace stowage::planner {
 namespace {
@@ -454,9 +455,8 @@ OptimizeResult Finish(const StepCost& step, const std::vector<LayerOption>& opti
   return r;
 }
 
-std::string Gib(uint64_t bytes) {
-  return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
-}
+// Readable at any scale (a measured profile of small layers is KiB, the reference run TiB).
+std::string Gib(uint64_t bytes) { return FormatBytes(bytes); }
 
 }  // namespace
 
@@ -556,7 +556,8 @@ OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& o) {
   const std::string fixed_parts =
       absl::StrCat("weights ", Gib(step.fixed.weights), ", gradients ", Gib(step.fixed.gradients),
                    ", optimizer state ", Gib(step.fixed.optimizer), ", communication buffers ",
-                   Gib(step.fixed.comm_buffers));
+                   Gib(step.fixed.comm_buffers),
+                   step.fixed.other > 0 ? absl::StrCat(", other ", Gib(step.fixed.other)) : "");
   if (fixed >= o.gpu_budget_bytes) {
     r.binding = "fixed memory";
     r.explanation = absl::StrCat("fixed memory alone is ", Gib(fixed), " (", fixed_parts,
