@@ -92,8 +92,8 @@ class PackagedFolderTest(unittest.TestCase):
             else:
                 self.assertIn(t["name"], names)
         # Then the three fixed steps, in the order of the brief, and each listed by --dry-run.
-        self.assertEqual(names[-3:], ["calibrate", "bench offload (cuda)",
-                                      "bench_torch (anchor size)"])
+        self.assertEqual(names[-4:], ["calibrate", "plan with the calibrated profile",
+                                      "bench offload (cuda)", "bench_torch (anchor size)"])
         for s in steps:
             self.assertRegex(self.packaging.stdout,
                              r"\[\s*%d s\] .*%s" % (s["timeout_s"], re.escape(s["name"])))
@@ -130,6 +130,48 @@ class PackagedFolderTest(unittest.TestCase):
                                       check=True).stdout
             self.assertEqual(sorted({v for vs in info.version_needs.values() for v in vs}),
                              sorted(set(re.findall(r"Name: (\S+)\s+Flags", versions))), rel)
+
+    def test_loads_where_only_the_base_system_libraries_exist(self) -> None:
+        """The device in miniature: a mount namespace whose system library folder holds only the
+        base-system libraries. Every packaged binary must start and libstowage.so must load."""
+        if os.geteuid() != 0 or shutil.which("unshare") is None or subprocess.run(
+                ["unshare", "-m", "true"], capture_output=True).returncode != 0:
+            self.skipTest("needs root and mount namespaces (unshare -m)")
+        if shutil.which("cc") is None:
+            self.skipTest("no C compiler for the dlopen probe")
+        ldd = subprocess.run(["ldd", os.path.join(self.root, "bin", "stowage")],
+                             capture_output=True, text=True, check=True).stdout
+        libc = re.search(r"libc\.so\.6 => (\S+)", ldd).group(1)
+        system_dir = os.path.dirname(os.path.realpath(libc))
+        base = os.path.join(self.tmp, "base-system")
+        os.makedirs(base, exist_ok=True)
+        for name in sorted(run.BASE_SYSTEM_LIBRARIES - {"libcuda.so.1"}):
+            src = os.path.join(system_dir, name)
+            if os.path.exists(src):
+                shutil.copy(os.path.realpath(src), os.path.join(base, name))
+        probe = os.path.join(self.tmp, "dlopen_probe")
+        with open(probe + ".c", "w") as f:
+            f.write('#include <dlfcn.h>\n#include <stdio.h>\n'
+                    'int main(int argc, char** argv) {\n'
+                    '  void* h = dlopen(argv[1], RTLD_NOW);\n'
+                    '  if (!h) { printf("dlopen: %s\\n", dlerror()); return 1; }\n'
+                    '  const char* (*v)(void) = (const char* (*)(void))dlsym(h, "stowage_version");\n'
+                    '  printf("libstowage %s\\n", v ? v() : "?");\n  return v ? 0 : 1;\n}\n')
+        subprocess.run(["cc", "-o", probe, probe + ".c", "-ldl"], check=True)
+        commands = [f"{self.root}/bin/stowage version",
+                    f"{probe} {self.root}/lib/libstowage.so"]
+        for name in sorted(os.listdir(os.path.join(self.root, "bin"))):
+            if name != "stowage":
+                commands.append(f"{self.root}/bin/{name} --gtest_list_tests >/dev/null")
+        script = f"mount --bind {base} {system_dir} && " + " && ".join(commands)
+        out = subprocess.run(["unshare", "-m", "--", "/bin/sh", "-c", script],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("libstowage ", out.stdout)
+        # And the namespace did hide the rest: a Debian library outside the base set is gone.
+        hidden = subprocess.run(["unshare", "-m", "--", "/bin/sh", "-c", f"mount --bind {base} "
+                                 f"{system_dir} && test ! -e {system_dir}/libhwloc.so.15"])
+        self.assertEqual(hidden.returncode, 0)
 
     def test_a_removed_library_is_named(self) -> None:
         root = self.copy()

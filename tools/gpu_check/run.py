@@ -416,9 +416,9 @@ def _gtest_summary(path: str) -> Optional[Tuple[int, int, int]]:
 
 
 # ---- environment --------------------------------------------------------------------------------
-def probe(argv: List[str], timeout: float = 20, env: Optional[dict] = None) -> str:
+def _probe(argv: List[str], timeout: float) -> str:
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"({argv[0]}: {e})"
     text = (out.stdout or "").strip() or (out.stderr or "").strip()
@@ -435,7 +435,12 @@ TORCH_PROBE = (
     "print(json.dumps(d))\n")
 
 
-def environment(values: Dict[str, str], manifest: dict) -> List[Tuple[str, str]]:
+def environment(values: Dict[str, str], manifest: dict,
+                deadline: float) -> List[Tuple[str, str]]:
+    """The machine, driver, CUDA, torch and package versions; each probe within the budget."""
+    def probe(argv: List[str], timeout: float = 15) -> str:
+        return _probe(argv, max(1.0, min(timeout, deadline - time.monotonic() - REPORT_RESERVE_S)))
+
     rows: List[Tuple[str, str]] = []
     pretty = ""
     try:
@@ -473,7 +478,7 @@ def environment(values: Dict[str, str], manifest: dict) -> List[Tuple[str, str]]
     if python:
         rows.append(("python", f"{python}: " + probe([python, "-c",
                                                       "import sys; print(sys.version.split()[0])"])))
-        text = probe([python, "-c", TORCH_PROBE], timeout=60)
+        text = probe([python, "-c", TORCH_PROBE], timeout=45)
         try:
             for key, value in json.loads(text.splitlines()[-1]).items():
                 rows.append((key, str(value)))
@@ -610,10 +615,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     finished = False
     report = os.path.join(out, "report.md")
     try:
-        problems = check_steps(root, steps, values)
-        if problems:
-            extra.append("Folder problems (run `./run --dry-run`): " + "; ".join(problems))
-        env_rows = environment(values, spec.get("manifest", {}))
+        problems, notes = check_folder(root)
+        problems += check_steps(root, steps, values)
+        extra.append("Dependency check: " + "; ".join(notes) + (
+            ". Problems: " + "; ".join(problems) if problems else
+            "; every ELF file resolves each library it needs inside the folder or the base system."))
+        env_rows = environment(values, spec.get("manifest", {}), deadline)
         report = write_report(out, env_rows, steps, budget, time.monotonic() - start, False, extra)
         for step in steps:
             left = deadline - time.monotonic() - REPORT_RESERVE_S
