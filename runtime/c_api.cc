@@ -9,10 +9,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "planner/plan_request.h"
 #include "runtime/metrics.h"
 #include "runtime/runtime.h"
@@ -25,12 +28,63 @@ struct stowage_runtime {
   std::unique_ptr<stowage::runtime::MetricsExporter> exporter;
 };
 
+namespace {
+
+// Note [Handles]. The stowage_runtime* a caller holds is a token, never the address of the
+// object: the registry maps live tokens to their objects, and tokens are never reused. So a
+// destroyed handle (double stowage_destroy, a call after destroy) or a foreign one is looked up,
+// not dereferenced -- INVALID_ARGUMENT instead of a use after free -- and a stale handle can
+// never reach a newer runtime that happens to live at the old address. Each call holds a lease
+// (a shared_ptr) for its duration, so even a destroy that races a call (a caller bug the header
+// forbids) frees the object only when that call returns. Tokens are multiples of 16 below
+// 2^60: they look like aligned pointers to tools and are never valid addresses of ours.
+class HandleRegistry {
+ public:
+  stowage_runtime* Add(std::shared_ptr<stowage_runtime> object) {
+    absl::MutexLock lock(&mu_);
+    const uintptr_t token = ++issued_ << 4;
+    live_.emplace(token, std::move(object));
+    return reinterpret_cast<stowage_runtime*>(token);
+  }
+  // Null for a token that is not live.
+  std::shared_ptr<stowage_runtime> Find(const stowage_runtime* token) {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(reinterpret_cast<uintptr_t>(token));
+    return it == live_.end() ? nullptr : it->second;
+  }
+  // Forgets `token`; null if it was not live (e.g. a concurrent destroy took it).
+  std::shared_ptr<stowage_runtime> Remove(const stowage_runtime* token) {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(reinterpret_cast<uintptr_t>(token));
+    if (it == live_.end()) return nullptr;
+    std::shared_ptr<stowage_runtime> object = std::move(it->second);
+    live_.erase(it);
+    return object;
+  }
+
+ private:
+  absl::Mutex mu_;
+  uintptr_t issued_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unordered_map<uintptr_t, std::shared_ptr<stowage_runtime>> live_ ABSL_GUARDED_BY(mu_);
+};
+
+// Never destroyed: a call from a static destructor elsewhere must still find an empty registry.
+HandleRegistry& Handles() {
+  static HandleRegistry* registry = new HandleRegistry();
+  return *registry;
+}
+
+}  // namespace
+
 namespace stowage::runtime {
 Runtime* UnwrapForTesting(stowage_runtime* rt) {
-  return rt == nullptr ? nullptr : rt->runtime.get();
+  std::shared_ptr<stowage_runtime> object = Handles().Find(rt);
+  return object == nullptr ? nullptr : object->runtime.get();
 }
 std::string MetricsAddressForTesting(stowage_runtime* rt) {
-  return rt == nullptr || rt->exporter == nullptr ? std::string() : rt->exporter->bound_address();
+  std::shared_ptr<stowage_runtime> object = Handles().Find(rt);
+  return object == nullptr || object->exporter == nullptr ? std::string()
+                                                          : object->exporter->bound_address();
 }
 }  // namespace stowage::runtime
 
@@ -94,11 +148,21 @@ stowage_status Guard(stowage_runtime* rt, const char* call, Body&& body) {
   }
 }
 
-#define STOWAGE_CHECK_RUNTIME(rt, call)                                                \
-  do {                                                                                 \
-    if ((rt) == nullptr || (rt)->runtime == nullptr)                                   \
-      return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, std::string(call) + ": rt is NULL"); \
-  } while (0)
+// The handle `rt` names a live runtime, or the call fails INVALID_ARGUMENT (Note [Handles]).
+// Then rebinds `rt` to the object itself, held by a lease until the calling function returns,
+// so the body uses rt->runtime as before. A statement at function scope only.
+stowage_status HandleError(const stowage_runtime* rt, const char* call) {
+  if (rt == nullptr)
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, absl::StrCat(call, ": rt is NULL"));
+  return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
+              absl::StrCat(call,
+                           ": rt is not a live runtime (already destroyed, or not a handle "
+                           "from stowage_create)"));
+}
+#define STOWAGE_CHECK_RUNTIME(rt, call)                                                      \
+  const std::shared_ptr<stowage_runtime> rt##_lease = Handles().Find(rt);                    \
+  if (rt##_lease == nullptr || rt##_lease->runtime == nullptr) return HandleError(rt, call); \
+  rt = rt##_lease.get()
 
 // `metrics_address` is the endpoint option (null: read the environment), for the exporter.
 absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::RuntimeOptions* out,
@@ -225,7 +289,7 @@ stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
     absl::StatusOr<stowage::Plan> plan =
         stowage::ParsePlanJson(std::string_view(plan_json, plan_json_bytes));
     if (!plan.ok()) return plan.status();
-    auto handle = std::make_unique<stowage_runtime>();
+    auto handle = std::make_shared<stowage_runtime>();
     absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Create(*plan, runtime_options);
     if (!runtime.ok()) return runtime.status();
     handle->runtime = *std::move(runtime);
@@ -237,13 +301,14 @@ stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
       if (!exporter.ok()) return exporter.status();
       handle->exporter = *std::move(exporter);
     }
-    *out = handle.release();
+    *out = Handles().Add(std::move(handle));
     return absl::OkStatus();
   });
 }
 
 stowage_status stowage_destroy(stowage_runtime* rt) {
   if (rt == nullptr) return STOWAGE_OK;  // like free(NULL)
+  stowage_runtime* const token = rt;
   STOWAGE_CHECK_RUNTIME(rt, "stowage_destroy");
   if (rt->runtime->in_step()) {
     return Record(rt,
@@ -251,11 +316,9 @@ stowage_status stowage_destroy(stowage_runtime* rt) {
                       "a step is open; call stowage_end_step first (nothing was destroyed)"),
                   "stowage_destroy");
   }
-  try {
-    delete rt;
-  } catch (...) {
-    return Fail(STOWAGE_ERROR_INTERNAL, "stowage_destroy: unexpected exception in teardown");
-  }
+  // From here the token is dead to every other call; the object goes when the last lease does
+  // (this one, unless a call races the destroy).
+  if (Handles().Remove(token) == nullptr) return HandleError(token, "stowage_destroy");
   return STOWAGE_OK;
 }
 

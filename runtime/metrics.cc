@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "CivetServer.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -389,6 +390,35 @@ class ShutdownWaker {
   std::jthread thread_;
 };
 
+// Note [Endpoint under slow clients]. civetweb holds one worker thread per connection from
+// accept until the request has been read. With prometheus-cpp's defaults (2 workers) and
+// civetweb's (30 s to read a request), two idle local connections made a scrape wait 30 s, and two
+// connections trickling header bytes kept every scrape out for as long as they went on. So:
+//   - kServerThreads workers: a handful of slow clients still leaves workers for scrapes;
+//   - kRequestTimeoutMs bounds the whole request read (civetweb measures it from the request's
+//     start, not between bytes), so even more slow clients than workers delay a scrape by at most
+//     that long -- a scrape request arrives in one packet, 3 s is ample on a loaded host;
+//   - keep-alive off: an idle Prometheus connection between scrapes holds no worker (a new TCP
+//     connection per scrape costs microseconds on the scrape interval of seconds).
+// HEAD /metrics (health checks) is answered in civetweb's begin_request hook: prometheus-cpp's
+// handler serves GET only, and HEAD used to fall through to civetweb's file serving.
+constexpr int kServerThreads = 8;
+constexpr int kRequestTimeoutMs = 3000;
+// What prometheus-cpp's GET handler sends, so HEAD and GET agree.
+constexpr char kExpositionContentType[] = "text/plain; charset=utf-8";
+
+int AnswerHead(mg_connection* conn) {
+  const mg_request_info* info = mg_get_request_info(conn);
+  if (info == nullptr || info->request_method == nullptr || info->local_uri == nullptr ||
+      std::strcmp(info->request_method, "HEAD") != 0 ||
+      std::strcmp(info->local_uri, "/metrics") != 0) {
+    return 0;  // civetweb (and prometheus-cpp's GET handler) take it
+  }
+  mg_printf(conn, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nConnection: close\r\n\r\n",
+            kExpositionContentType);
+  return 200;
+}
+
 class CivetMetricsExporter final : public MetricsExporter {
  public:
   CivetMetricsExporter(std::string host, std::unique_ptr<prometheus::Exposer> exposer,
@@ -424,8 +454,15 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   auto collector = std::make_shared<RuntimeCollector>(std::move(counters));
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
-    // Two threads: a scrape is one short request; a second serves a concurrent scraper.
-    exposer = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port), 2);
+    // Note [Endpoint under slow clients].
+    CivetCallbacks callbacks;
+    callbacks.begin_request = AnswerHead;
+    exposer = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", absl::StrCat(host, ":", port),       //
+                                 "num_threads", absl::StrCat(kServerThreads),            //
+                                 "request_timeout_ms", absl::StrCat(kRequestTimeoutMs),  //
+                                 "enable_keep_alive", "no"},
+        &callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("metrics endpoint: cannot listen on ", host, ":", port, ": ", e.what()));

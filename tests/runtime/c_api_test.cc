@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/runtime.h"
 #include "stowage/plan.h"
@@ -108,6 +109,58 @@ TEST(CApi, CopyChunkAndThreadCountOutsideTheirRangeAreInvalidArgument) {
               std::string::npos)
         << stowage_last_error();
   }
+}
+
+// Regression (issue 11, "use after destroy through the C ABI"): a second stowage_destroy, or any
+// call after destroy, read and freed the runtime's memory again (heap use-after-free under ASan).
+// A handle is now looked up, never dereferenced: a dead or foreign one is INVALID_ARGUMENT.
+TEST(CApi, DestroyedAndForeignHandlesAreInvalidArgument) {
+  const std::string plan = SmallPlan();
+  stowage_options options = HostOptions();
+  stowage_runtime* rt = nullptr;
+  ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  ASSERT_EQ(stowage_destroy(rt), STOWAGE_OK);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stowage_last_error()).find("stowage_destroy: rt is not a live runtime"),
+            std::string::npos)
+      << stowage_last_error();
+
+  int foreign_object = 0;
+  stowage_runtime* foreign = reinterpret_cast<stowage_runtime*>(&foreign_object);
+  for (stowage_runtime* dead : {rt, foreign}) {
+    std::vector<std::byte> buffer(64);
+    stowage_tensor_id id = 0;
+    int32_t value = 0;
+    stowage_stats stats{};
+    stowage_layer_info info{};
+    info.struct_size = sizeof(info);
+    EXPECT_EQ(stowage_begin_step(dead), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_save(dead, 0, buffer.data(), 16, nullptr, &id),
+              STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_save_query(dead, id, &value), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_save_wait(dead, id), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_save_wait_stream(dead, id, nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_prefetch(dead, id, buffer.data(), nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_restore(dead, id, buffer.data(), nullptr), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_get_stats(dead, &stats), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_report_device_peak(dead, 1), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_num_layers(dead, &value), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_get_layer_info(dead, 0, &info), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_end_step(dead), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(stowage_destroy(dead), STOWAGE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(stowage_last_error()).find("not a live runtime"), std::string::npos);
+  }
+  EXPECT_EQ(foreign_object, 0);  // looked up, never written
+
+  // A stale handle never reaches a newer runtime, even one created right after.
+  stowage_runtime* next = nullptr;
+  ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &next), STOWAGE_OK);
+  EXPECT_NE(next, rt);
+  EXPECT_EQ(stowage_begin_step(rt), STOWAGE_ERROR_INVALID_ARGUMENT);
+  ASSERT_EQ(stowage_begin_step(next), STOWAGE_OK);
+  EXPECT_EQ(stowage_end_step(next), STOWAGE_OK);
+  EXPECT_EQ(stowage_destroy(next), STOWAGE_OK);
 }
 
 TEST(CApi, CudaWithoutAGpuIsUnavailable) {

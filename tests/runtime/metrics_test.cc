@@ -5,14 +5,18 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -32,27 +36,47 @@ using ::testing::Not;
 using ::testing::StartsWith;
 
 // GET http://<address>/metrics over a plain socket (loopback only); the response body.
-std::string Scrape(const std::string& address) {
+// A connected loopback socket to `address` ("127.0.0.1:port") whose reads and writes give up
+// after `timeout_seconds` (so a stalled server fails the test instead of hanging it); -1 if none.
+int Connect(const std::string& address, int timeout_seconds = 20) {
   const size_t colon = address.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return "";
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return -1;
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
+  if (fd < 0) return -1;
+  const timeval timeout{timeout_seconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The whole response (status line, headers, body) to `method` /metrics; "" on failure.
+std::string Request(const std::string& address, const std::string& method) {
+  const int fd = Connect(address);
+  if (fd < 0) return "";
   std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request =
-        absl::StrCat("GET /metrics HTTP/1.0\r\nHost: ", address, "\r\nConnection: close\r\n\r\n");
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      ssize_t n;
-      while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
-    }
+  const std::string request = absl::StrCat(method, " /metrics HTTP/1.0\r\nHost: ", address,
+                                           "\r\nConnection: close\r\n\r\n");
+  if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
   }
   close(fd);
+  return response;
+}
+
+// The body of GET /metrics; "" on failure.
+std::string Scrape(const std::string& address) {
+  const std::string response = Request(address, "GET");
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
@@ -247,6 +271,56 @@ TEST(MetricsExporterTest, ScrapesSeeLaterUpdates) {
   EXPECT_EQ(Sample(s, R"(stowage_copy_bytes_total{device="0",direction="d2h"})"), 4096);
   // An unknown NUMA node is labelled, not dropped, so per-node panels still show the host.
   EXPECT_EQ(Sample(s, R"(stowage_host_pinned_reserved_bytes{device="0",numa_node="unknown"})"), 0);
+}
+
+// Regression (issue 11, "the metrics endpoint stalls"): with civetweb's defaults (2 workers,
+// 30 s request timeout) two idle local connections made a scrape wait 30 s, and two connections
+// trickling their headers made every scrape time out for as long as they lasted. A handful of
+// such clients now leaves workers free: every scrape made while they hold on succeeds (the
+// scrape's own 20 s socket timeout only keeps a regression from hanging the test).
+TEST(MetricsExporterTest, SlowClientsCannotStarveScrapes) {
+  auto exporter = MetricsExporter::Start("127.0.0.1:0", std::make_shared<RuntimeCounters>());
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  const std::string address = (*exporter)->bound_address();
+  constexpr int kIdle = 3, kTrickling = 3;
+  std::vector<int> idle, trickling;
+  for (int i = 0; i < kIdle; ++i) idle.push_back(Connect(address));
+  for (int i = 0; i < kTrickling; ++i) trickling.push_back(Connect(address));
+  for (int fd : idle) ASSERT_GE(fd, 0);
+  for (int fd : trickling) ASSERT_GE(fd, 0);
+  // The tricklers send a request line, then one header byte at a time, never ending the headers.
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string start = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+    for (int fd : trickling) (void)!write(fd, start.data(), start.size());
+    while (!stop.load()) {
+      for (int fd : trickling) (void)!write(fd, "a", 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_THAT(Scrape(address), HasSubstr("stowage_steps_total")) << "scrape " << i;
+  }
+  EXPECT_THAT(Request(address, "HEAD"), StartsWith("HTTP/1.1 200"));
+  stop.store(true);
+  trickle.join();
+  for (int fd : idle) close(fd);
+  for (int fd : trickling) close(fd);
+}
+
+// HEAD /metrics (load balancers, health checks) answers 200 with the exposition's content type
+// and no body; it used to fall through to civetweb's file serving.
+TEST(MetricsExporterTest, HeadAnswers) {
+  auto exporter = MetricsExporter::Start("127.0.0.1:0", std::make_shared<RuntimeCounters>());
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  const std::string response = Request((*exporter)->bound_address(), "HEAD");
+  EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(response, HasSubstr("Content-Type: text/plain; charset=utf-8"));
+  const size_t end = response.find("\r\n\r\n");
+  ASSERT_NE(end, std::string::npos) << response;
+  EXPECT_EQ(end + 4, response.size()) << "HEAD has no body: " << response;
+  // GET still serves the exposition.
+  EXPECT_THAT(Scrape((*exporter)->bound_address()), HasSubstr("stowage_steps_total"));
 }
 
 TEST(MetricsExporterTest, StopsServingWhenDestroyed) {
