@@ -1,7 +1,10 @@
 #include "base/json_reader.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -66,8 +69,33 @@ absl::Status ReadInteger(const Json& value, std::string_view source, std::string
 }  // namespace
 
 absl::StatusOr<Json> Parse(std::string_view text, std::string_view source) {
+  // Keys seen so far in each object being read, innermost last. A duplicate key is an error: JSON
+  // readers disagree on which copy wins (nlohmann's ordered_json keeps the first, Python's json the
+  // last), so two readers of one file would see two different documents.
+  std::vector<absl::flat_hash_set<std::string>> keys;
+  std::string duplicate;
+  const Json::parser_callback_t track = [&](int /*depth*/, nlohmann::detail::parse_event_t event,
+                                            Json& parsed) {
+    using Event = nlohmann::detail::parse_event_t;
+    if (event == Event::object_start) {
+      keys.emplace_back();
+    } else if (event == Event::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (event == Event::key && !keys.empty() && duplicate.empty()) {
+      if (!keys.back().insert(parsed.get<std::string>()).second) {
+        duplicate = parsed.get<std::string>();
+      }
+    }
+    return true;
+  };
   try {
-    return Json::parse(text.begin(), text.end());
+    Json json = Json::parse(text.begin(), text.end(), track);
+    if (!duplicate.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": duplicate key '",
+                                                     duplicate,
+                                                     "' in one object; each key may appear once"));
+    }
+    return json;
   } catch (const Json::parse_error& e) {
     // e.byte is 1-based, one past the offending character.
     const size_t at = e.byte == 0 ? 0 : std::min<size_t>(e.byte - 1, text.size());
@@ -88,6 +116,14 @@ absl::StatusOr<Json> Parse(std::string_view text, std::string_view source) {
     }
     return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": not valid JSON at line ",
                                                    line, ", column ", column, ": ", what));
+  } catch (const Json::exception& e) {
+    // Not a syntax error but still the parser's: a number such as 1e400 that overflows a double
+    // (out_of_range.406) carries no position.
+    std::string what = e.what();
+    if (auto bracket = what.find("] "); bracket != std::string::npos)
+      what = what.substr(bracket + 2);
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(source), ": not valid JSON: ", what));
   }
 }
 

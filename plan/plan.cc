@@ -1,11 +1,16 @@
 #include "stowage/plan.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/strings/str_format.h"
+#include "base/checked_math.h"
+#include "base/json_reader.h"
 #include "nlohmann/json.hpp"
 
 namespace stowage {
@@ -21,43 +26,102 @@ constexpr std::pair<LayerPolicy, std::string_view> kPolicyNames[] = {
     {LayerPolicy::kOffloadSaved, "offload_saved"},
 };
 
-// Reads a required field of `object` into `out`, naming the full path of the field on error.
-template <typename T>
-absl::Status Get(const ordered_json& object, const std::string& path, const char* key, T& out) {
-  auto it = object.find(key);
-  if (it == object.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("plan: missing field '", path, key, "'"));
-  }
-  try {
-    out = it->template get<T>();
-  } catch (const nlohmann::json::exception&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan: field '", path, key, "' has value ", it->dump(), " of the wrong type"));
-  }
-  return absl::OkStatus();
-}
-
-// Optional field: keeps `out` (its default) when absent.
-template <typename T>
-absl::Status GetOr(const ordered_json& object, const std::string& path, const char* key, T& out) {
-  if (!object.contains(key)) return absl::OkStatus();
-  return Get(object, path, key, out);
-}
-
 #define STOWAGE_PLAN_RETURN_IF_ERROR(expr) \
   do {                                     \
     absl::Status status_ = (expr);         \
     if (!status_.ok()) return status_;     \
   } while (0)
 
-absl::StatusOr<const ordered_json*> Object(const ordered_json& parent, const std::string& path,
-                                           const char* key) {
-  auto it = parent.find(key);
-  if (it == parent.end() || !it->is_object()) {
+// Errors from reading name the source "plan"; ReadPlanFile puts the file's path in front.
+constexpr std::string_view kSource = "plan";
+
+// Each field's range, used by the reader (so a value read from JSON is refused naming its limit)
+// and by ValidatePlan (so a plan built in code obeys the same limit).
+constexpr json::Range<uint64_t> kBytes{0, kPlanMaxBytes};
+constexpr json::Range<double> kSeconds{0, kPlanMaxSeconds};
+constexpr json::Range<int> kParallel{1, kPlanMaxParallelSize};
+constexpr json::Range<uint64_t> kSeqLen{0, kPlanMaxSeqLen};
+constexpr json::Range<uint64_t> kCopyChunk{kPlanMinCopyChunkBytes, kPlanMaxCopyChunkBytes};
+constexpr json::Range<int> kGpusPerNumaNode{1, kPlanMaxGpusPerNumaNode};
+constexpr json::Range<double> kLinkRate{0, kPlanMaxLinkBytesPerSecond};
+constexpr json::Range<int> kPrefetchDistance{1, kPlanMaxLayers};
+constexpr json::Range<int> kFfnChunks{1, kPlanMaxFfnChunks};
+constexpr json::Range<int> kLayerIndex{0, kPlanMaxLayers - 1};
+constexpr json::Range<int> kPrefetchAfterLayer{-1, kPlanMaxLayers - 1};
+constexpr json::Range<int> kSchemaVersion{0, std::numeric_limits<int>::max()};
+
+absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& path) {
+  absl::StatusOr<json::Object> object = json::Object::Of(value, std::string(kSource), path);
+  if (!object.ok()) return object.status();
+  const json::Object& l = *object;
+  LayerPlan layer;
+  std::string policy;
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("index", layer.index, kLayerIndex));
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("type", layer.type));
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("policy", policy));
+  absl::StatusOr<LayerPolicy> parsed = ParseLayerPolicy(policy);
+  if (!parsed.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("plan: field '", path, key, "' is missing or not an object"));
+        absl::StrCat("plan: field '", l.PathOf("policy"), "': ", parsed.status().message()));
   }
-  return &*it;
+  layer.policy = *parsed;
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("device_saved_bytes", layer.device_saved_bytes, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("host_bytes", layer.host_bytes, kBytes));
+  if (l.Has("recompute_modules")) {
+    absl::StatusOr<const json::Json*> modules = l.Array("recompute_modules");
+    if (!modules.ok()) return modules.status();
+    for (size_t k = 0; k < (*modules)->size(); ++k) {
+      std::string module;
+      STOWAGE_PLAN_RETURN_IF_ERROR(
+          json::ReadValue((**modules)[k], kSource,
+                          absl::StrCat(l.PathOf("recompute_modules"), "[", k, "]"), module));
+      layer.recompute_modules.push_back(std::move(module));
+    }
+  }
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("moe_chunks", layer.moe_chunks, kFfnChunks));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      l.ReadOptional("prefetch_after_layer", layer.prefetch_after_layer, kPrefetchAfterLayer));
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("forward_seconds", layer.forward_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      l.ReadOptional("backward_seconds", layer.backward_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      l.ReadOptional("recompute_seconds", layer.recompute_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("d2h_seconds", layer.d2h_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("h2d_seconds", layer.h2d_seconds, kSeconds));
+  if (l.Has("transfers")) {
+    absl::StatusOr<const json::Json*> transfers = l.Array("transfers");
+    if (!transfers.ok()) return transfers.status();
+    for (size_t k = 0; k < (*transfers)->size(); ++k) {
+      absl::StatusOr<json::Object> t = json::Object::Of(
+          (**transfers)[k], std::string(kSource), absl::StrCat(l.PathOf("transfers"), "[", k, "]"));
+      if (!t.ok()) return t.status();
+      PlannedTransfer transfer;
+      STOWAGE_PLAN_RETURN_IF_ERROR(t->ReadOptional("name", transfer.name));
+      STOWAGE_PLAN_RETURN_IF_ERROR(t->Read("bytes", transfer.bytes, kBytes));
+      layer.transfers.push_back(std::move(transfer));
+    }
+  } else if (layer.host_bytes > 0) {
+    // A plan may leave out the transfers of a layer that copies its input as one piece.
+    layer.transfers.push_back({"input", layer.host_bytes});
+  }
+  return layer;
+}
+
+// Range errors read like the JSON reader's, so a plan built in code and a plan read from a file
+// are refused in the same words.
+template <typename T>
+absl::Status CheckRange(std::string_view path, T value, json::Range<T> range) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isfinite(value) && value >= range.min && value <= range.max) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrFormat("plan: field '%s' has value %g; allowed: a finite number in [%g, %g]",
+                        std::string(path), value, range.min, range.max));
+  } else {
+    if (value >= range.min && value <= range.max) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field '", std::string(path), "' has value ", value,
+                     "; allowed: an integer in [", range.min, ", ", range.max, "]"));
+  }
 }
 
 }  // namespace
@@ -137,111 +201,77 @@ std::string PlanToJson(const Plan& plan) {
 }
 
 absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
-  ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("plan: not valid JSON");
-  if (!j.is_object()) return absl::InvalidArgumentError("plan: the top level is not an object");
+  absl::StatusOr<json::Json> parsed = json::Parse(text, kSource);
+  if (!parsed.ok()) return parsed.status();
+  absl::StatusOr<json::Object> root = json::Object::Of(*parsed, std::string(kSource));
+  if (!root.ok()) return root.status();
+  const json::Object& j = *root;
   Plan plan;
-  STOWAGE_PLAN_RETURN_IF_ERROR(Get(j, "", "schema_version", plan.schema_version));
+  // The version first: a plan of another schema may differ anywhere else.
+  STOWAGE_PLAN_RETURN_IF_ERROR(j.Read("schema_version", plan.schema_version, kSchemaVersion));
   if (plan.schema_version != kPlanSchemaVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan: field 'schema_version' is ", plan.schema_version,
                      "; this runtime reads schema_version ", kPlanSchemaVersion));
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(j, "", "generator", plan.generator));
-  STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(j, "", "model", plan.model));
-  STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(j, "", "hardware", plan.hardware));
-  if (j.contains("run")) {
-    auto run = Object(j, "", "run");
+  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("generator", plan.generator));
+  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("model", plan.model));
+  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("hardware", plan.hardware));
+  if (j.Has("run")) {
+    absl::StatusOr<json::Object> run = j.Child("run");
     if (!run.ok()) return run.status();
-    const ordered_json& r = **run;
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "run.", "seq_len", plan.seq_len));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "run.", "micro_batch", plan.micro_batch));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "run.", "tp", plan.tp));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "run.", "cp", plan.cp));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "run.", "ep", plan.ep));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "run.", "gpu_budget_bytes", plan.gpu_budget_bytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "run.", "host_budget_bytes", plan.host_budget_bytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("seq_len", plan.seq_len, kSeqLen));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("micro_batch", plan.micro_batch, kParallel));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("tp", plan.tp, kParallel));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("cp", plan.cp, kParallel));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("ep", plan.ep, kParallel));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        run->ReadOptional("host_budget_bytes", plan.host_budget_bytes, kBytes));
   }
   {
-    auto predicted = Object(j, "", "predicted");
-    if (!predicted.ok()) return predicted.status();
-    const ordered_json& p = **predicted;
+    absl::StatusOr<json::Object> p = j.Child("predicted");
+    if (!p.ok()) return p.status();
     PlanPrediction& out = plan.predicted;
-    STOWAGE_PLAN_RETURN_IF_ERROR(Get(p, "predicted.", "peak_device_bytes", out.peak_device_bytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(p->Read("peak_device_bytes", out.peak_device_bytes, kBytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(p->Read("host_bytes_per_gpu", out.host_bytes_per_gpu, kBytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(p->Read("step_seconds", out.step_seconds, kSeconds));
     STOWAGE_PLAN_RETURN_IF_ERROR(
-        Get(p, "predicted.", "host_bytes_per_gpu", out.host_bytes_per_gpu));
-    STOWAGE_PLAN_RETURN_IF_ERROR(Get(p, "predicted.", "step_seconds", out.step_seconds));
+        p->Read("exposed_copy_seconds", out.exposed_copy_seconds, kSeconds));
     STOWAGE_PLAN_RETURN_IF_ERROR(
-        Get(p, "predicted.", "exposed_copy_seconds", out.exposed_copy_seconds));
+        p->ReadOptional("fixed_device_bytes", out.fixed_device_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
-        GetOr(p, "predicted.", "fixed_device_bytes", out.fixed_device_bytes));
+        p->ReadOptional("host_bytes_per_numa_node", out.host_bytes_per_numa_node, kBytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(p->ReadOptional("baseline", out.baseline));
     STOWAGE_PLAN_RETURN_IF_ERROR(
-        GetOr(p, "predicted.", "host_bytes_per_numa_node", out.host_bytes_per_numa_node));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(p, "predicted.", "baseline", out.baseline));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
-        GetOr(p, "predicted.", "baseline_step_seconds", out.baseline_step_seconds));
+        p->ReadOptional("baseline_step_seconds", out.baseline_step_seconds, kSeconds));
   }
-  if (j.contains("runtime")) {
-    auto runtime = Object(j, "", "runtime");
-    if (!runtime.ok()) return runtime.status();
-    const ordered_json& r = **runtime;
+  if (j.Has("runtime")) {
+    absl::StatusOr<json::Object> r = j.Child("runtime");
+    if (!r.ok()) return r.status();
     RuntimeSettings& out = plan.runtime;
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "runtime.", "prefetch_distance", out.prefetch_distance));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "runtime.", "host_arena_bytes", out.host_arena_bytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(r, "runtime.", "copy_chunk_bytes", out.copy_chunk_bytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
-        GetOr(r, "runtime.", "gpus_per_numa_node", out.gpus_per_numa_node));
+        r->ReadOptional("prefetch_distance", out.prefetch_distance, kPrefetchDistance));
+    STOWAGE_PLAN_RETURN_IF_ERROR(r->ReadOptional("host_arena_bytes", out.host_arena_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
-        GetOr(r, "runtime.", "link_bytes_per_second", out.link_bytes_per_second));
+        r->ReadOptional("copy_chunk_bytes", out.copy_chunk_bytes, kCopyChunk));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        r->ReadOptional("gpus_per_numa_node", out.gpus_per_numa_node, kGpusPerNumaNode));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        r->ReadOptional("link_bytes_per_second", out.link_bytes_per_second, kLinkRate));
   }
-  auto layers = j.find("layers");
-  if (layers == j.end() || !layers->is_array()) {
-    return absl::InvalidArgumentError("plan: field 'layers' is missing or not an array");
+  absl::StatusOr<const json::Json*> layers = j.Array("layers");
+  if (!layers.ok()) return layers.status();
+  if ((*layers)->size() > static_cast<size_t>(kPlanMaxLayers)) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field 'layers' has ", (*layers)->size(),
+                                                   " layers; allowed: at most ", kPlanMaxLayers));
   }
-  for (size_t i = 0; i < layers->size(); ++i) {
-    const ordered_json& l = (*layers)[i];
-    const std::string path = absl::StrCat("layers[", i, "].");
-    if (!l.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("plan: 'layers[", i, "]' is not an object"));
-    }
-    LayerPlan layer;
-    std::string policy;
-    STOWAGE_PLAN_RETURN_IF_ERROR(Get(l, path, "index", layer.index));
-    STOWAGE_PLAN_RETURN_IF_ERROR(Get(l, path, "type", layer.type));
-    STOWAGE_PLAN_RETURN_IF_ERROR(Get(l, path, "policy", policy));
-    auto parsed = ParseLayerPolicy(policy);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("plan: field '", path, "policy': ", parsed.status().message()));
-    }
-    layer.policy = *parsed;
-    STOWAGE_PLAN_RETURN_IF_ERROR(Get(l, path, "device_saved_bytes", layer.device_saved_bytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(Get(l, path, "host_bytes", layer.host_bytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "recompute_modules", layer.recompute_modules));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "moe_chunks", layer.moe_chunks));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
-        GetOr(l, path, "prefetch_after_layer", layer.prefetch_after_layer));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "forward_seconds", layer.forward_seconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "backward_seconds", layer.backward_seconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "recompute_seconds", layer.recompute_seconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "d2h_seconds", layer.d2h_seconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(GetOr(l, path, "h2d_seconds", layer.h2d_seconds));
-    if (auto t = l.find("transfers"); t != l.end()) {
-      if (!t->is_array()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("plan: field '", path, "transfers' is not an array"));
-      }
-      for (size_t k = 0; k < t->size(); ++k) {
-        const std::string tpath = absl::StrCat(path, "transfers[", k, "].");
-        PlannedTransfer transfer;
-        STOWAGE_PLAN_RETURN_IF_ERROR(GetOr((*t)[k], tpath, "name", transfer.name));
-        STOWAGE_PLAN_RETURN_IF_ERROR(Get((*t)[k], tpath, "bytes", transfer.bytes));
-        layer.transfers.push_back(std::move(transfer));
-      }
-    } else if (layer.host_bytes > 0) {
-      layer.transfers.push_back({"input", layer.host_bytes});
-    }
-    plan.layers.push_back(std::move(layer));
+  plan.layers.reserve((*layers)->size());
+  for (size_t i = 0; i < (*layers)->size(); ++i) {
+    absl::StatusOr<LayerPlan> layer = ReadLayer((**layers)[i], absl::StrCat("layers[", i, "]"));
+    if (!layer.ok()) return layer.status();
+    plan.layers.push_back(*std::move(layer));
   }
   STOWAGE_PLAN_RETURN_IF_ERROR(ValidatePlan(plan));
   return plan;
@@ -260,48 +290,130 @@ absl::StatusOr<Plan> ReadPlanFile(const std::string& path) {
 }
 
 absl::Status ValidatePlan(const Plan& plan) {
+  if (plan.schema_version != kPlanSchemaVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field 'schema_version' is ", plan.schema_version,
+                     "; this runtime reads schema_version ", kPlanSchemaVersion));
+  }
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.seq_len", plan.seq_len, kSeqLen));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.micro_batch", plan.micro_batch, kParallel));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.tp", plan.tp, kParallel));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.cp", plan.cp, kParallel));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.ep", plan.ep, kParallel));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.host_budget_bytes", plan.host_budget_bytes, kBytes));
+
+  const PlanPrediction& p = plan.predicted;
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("predicted.peak_device_bytes", p.peak_device_bytes, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("predicted.fixed_device_bytes", p.fixed_device_bytes, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("predicted.host_bytes_per_gpu", p.host_bytes_per_gpu, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("predicted.host_bytes_per_numa_node", p.host_bytes_per_numa_node, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("predicted.step_seconds", p.step_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("predicted.exposed_copy_seconds", p.exposed_copy_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("predicted.baseline_step_seconds", p.baseline_step_seconds, kSeconds));
+
+  const RuntimeSettings& r = plan.runtime;
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("runtime.prefetch_distance", r.prefetch_distance, kPrefetchDistance));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("runtime.host_arena_bytes", r.host_arena_bytes, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("runtime.copy_chunk_bytes", r.copy_chunk_bytes, kCopyChunk));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("runtime.gpus_per_numa_node", r.gpus_per_numa_node, kGpusPerNumaNode));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("runtime.link_bytes_per_second", r.link_bytes_per_second, kLinkRate));
+  // One computation of the per-node figure: every GPU of the node holds host_bytes_per_gpu.
+  // Both factors are bounded (2^60 and 2^10) but their product is not below 2^64: checked.
+  if (p.host_bytes_per_numa_node != 0) {
+    const std::optional<uint64_t> per_node =
+        CheckedMul<uint64_t>(p.host_bytes_per_gpu, static_cast<uint64_t>(r.gpus_per_numa_node));
+    if (!per_node || *per_node != p.host_bytes_per_numa_node) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field 'predicted.host_bytes_per_numa_node' has value ", p.host_bytes_per_numa_node,
+          "; allowed: 0 (not stated) or predicted.host_bytes_per_gpu (", p.host_bytes_per_gpu,
+          ") x runtime.gpus_per_numa_node (", r.gpus_per_numa_node, ")"));
+    }
+  }
+
+  if (plan.layers.size() > static_cast<size_t>(kPlanMaxLayers)) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field 'layers' has ", plan.layers.size(),
+                                                   " layers; allowed: at most ", kPlanMaxLayers));
+  }
+  const int n = static_cast<int>(plan.layers.size());
   uint64_t host_total = 0;
-  for (size_t i = 0; i < plan.layers.size(); ++i) {
+  for (int i = 0; i < n; ++i) {
     const LayerPlan& l = plan.layers[i];
-    if (l.index != static_cast<int>(i)) {
-      return absl::InvalidArgumentError(absl::StrCat("plan: layers[", i, "].index is ", l.index,
+    const std::string path = absl::StrCat("layers[", i, "]");
+    if (l.index != i) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: field '", path, ".index' is ", l.index,
                                                      "; layers must be listed in order from 0"));
     }
+    if (LayerPolicyName(l.policy) == "unknown") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field '", path, ".policy' is not a policy (", static_cast<int>(l.policy),
+          "); allowed: keep, recompute, selective_recompute, offload_input, "
+          "offload_saved"));
+    }
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        CheckRange(absl::StrCat(path, ".moe_chunks"), l.moe_chunks, kFfnChunks));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        CheckRange(absl::StrCat(path, ".device_saved_bytes"), l.device_saved_bytes, kBytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        CheckRange(absl::StrCat(path, ".host_bytes"), l.host_bytes, kBytes));
     uint64_t transfer_sum = 0;
-    for (const PlannedTransfer& t : l.transfers) transfer_sum += t.bytes;
+    for (size_t k = 0; k < l.transfers.size(); ++k) {
+      STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".transfers[", k, "].bytes"),
+                                              l.transfers[k].bytes, kBytes));
+      const std::optional<uint64_t> sum = CheckedAdd(transfer_sum, l.transfers[k].bytes);
+      if (!sum) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan: field '", path, ".transfers' sums past 2^64 bytes at transfers[", k,
+                         "]; their sum must equal host_bytes (", l.host_bytes, ")"));
+      }
+      transfer_sum = *sum;
+    }
     if (transfer_sum != l.host_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("plan: layers[", i, "].transfers sum to ",
+      return absl::InvalidArgumentError(absl::StrCat("plan: field '", path, ".transfers' sum to ",
                                                      transfer_sum, " bytes but host_bytes is ",
                                                      l.host_bytes));
     }
     if (!PolicyOffloads(l.policy) && l.host_bytes != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("plan: layers[", i, "].host_bytes is ", l.host_bytes, " but policy '",
+          absl::StrCat("plan: field '", path, ".host_bytes' is ", l.host_bytes, " but policy '",
                        std::string(LayerPolicyName(l.policy)),
                        "' offloads nothing; only offload_input and offload_saved may"));
     }
-    if (l.moe_chunks < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("plan: layers[", i, "].moe_chunks is ",
-                                                     l.moe_chunks, "; it must be at least 1"));
+    if (l.prefetch_after_layer != -1 &&
+        (l.prefetch_after_layer < i || l.prefetch_after_layer >= n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field '", path, ".prefetch_after_layer' has value ", l.prefetch_after_layer,
+          "; allowed: -1 (restore on demand) or a layer from ", i, " to ", n - 1));
     }
-    host_total += l.host_bytes;
+    for (const auto& [name, seconds] :
+         {std::pair<const char*, double>{"forward_seconds", l.forward_seconds},
+          {"backward_seconds", l.backward_seconds},
+          {"recompute_seconds", l.recompute_seconds},
+          {"d2h_seconds", l.d2h_seconds},
+          {"h2d_seconds", l.h2d_seconds}}) {
+      STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".", name), seconds, kSeconds));
+    }
+    const std::optional<uint64_t> total = CheckedAdd(host_total, l.host_bytes);
+    if (!total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: the layers' host_bytes sum past 2^64 bytes at ", path,
+                       "; runtime.host_arena_bytes must hold them all"));
+    }
+    host_total = *total;
   }
-  if (plan.runtime.prefetch_distance < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("plan: runtime.prefetch_distance is ",
-                                                   plan.runtime.prefetch_distance,
-                                                   "; it must be at least 1"));
-  }
-  if (!(plan.runtime.link_bytes_per_second >= 0)) {  // also rejects NaN
-    return absl::InvalidArgumentError(absl::StrCat("plan: runtime.link_bytes_per_second is ",
-                                                   plan.runtime.link_bytes_per_second,
-                                                   "; it must be 0 (unknown) or positive"));
-  }
-  if (plan.runtime.copy_chunk_bytes == 0) {
-    return absl::InvalidArgumentError("plan: runtime.copy_chunk_bytes is 0; it must be positive");
-  }
-  if (plan.runtime.host_arena_bytes < host_total) {
+  if (r.host_arena_bytes < host_total) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "plan: runtime.host_arena_bytes is ", plan.runtime.host_arena_bytes,
+        "plan: field 'runtime.host_arena_bytes' is ", r.host_arena_bytes,
         " but the layers offload ", host_total, " bytes in all; the arena must hold them"));
   }
   return absl::OkStatus();

@@ -273,6 +273,20 @@ stowage_status stowage_options_init(stowage_options* options) {
   return STOWAGE_OK;
 }
 
+// The plan validator and the copy engine bound copy_chunk_bytes alike, so that a plan the
+// validator accepts is one the runtime runs, and its option and its plan field mean one range.
+static_assert(stowage::kPlanMinCopyChunkBytes == stowage::offload::kMinCopyChunkBytes);
+static_assert(stowage::kPlanMaxCopyChunkBytes == stowage::offload::kMaxCopyChunkBytes);
+
+stowage_status stowage_plan_validate(const char* plan_json, size_t plan_json_bytes) {
+  if (plan_json == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_plan_validate: plan_json is NULL");
+  }
+  return Guard(nullptr, "stowage_plan_validate", [&]() -> absl::Status {
+    return stowage::ParsePlanJson(std::string_view(plan_json, plan_json_bytes)).status();
+  });
+}
+
 stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
                               const stowage_options* options, stowage_runtime** out) {
   if (out == nullptr) return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_create: out is NULL");

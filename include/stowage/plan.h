@@ -16,6 +16,24 @@ namespace stowage {
 
 inline constexpr int kPlanSchemaVersion = 1;
 
+// The limits ValidatePlan enforces (the README's "Plan format" states them too). They are far
+// above any real run and far below where the runtime's arithmetic could wrap: a plan outside them
+// was written by mistake or by hand, and is refused with the field, its value and the limit.
+inline constexpr int kPlanMaxLayers = 100000;
+inline constexpr uint64_t kPlanMaxBytes = uint64_t{1} << 60;  // any one byte count: 1 EiB
+inline constexpr double kPlanMaxSeconds = 1e9;                // any one predicted duration
+// Copies are split into chunks of copy_chunk_bytes; every chunk is one backend operation, so tiny
+// chunks cost a call per few bytes (1-byte chunks took ~1 GB of queue for 30 MiB) and huge ones
+// stop the directions interleaving. The runtime enforces the same range on its option
+// (offload::kMinCopyChunkBytes / kMaxCopyChunkBytes; runtime/c_api.cc asserts they agree).
+inline constexpr uint64_t kPlanMinCopyChunkBytes = uint64_t{4} << 10;
+inline constexpr uint64_t kPlanMaxCopyChunkBytes = uint64_t{1} << 30;
+inline constexpr double kPlanMaxLinkBytesPerSecond = 1e15;  // 1 PB/s
+inline constexpr int kPlanMaxParallelSize = 1 << 20;        // micro_batch, tp, cp, ep
+inline constexpr uint64_t kPlanMaxSeqLen = uint64_t{1} << 40;
+inline constexpr int kPlanMaxGpusPerNumaNode = 1024;
+inline constexpr int kPlanMaxFfnChunks = 1 << 16;
+
 // What happens to one layer's activations between its forward and its backward.
 enum class LayerPolicy {
   kKeep,                // every tensor saved for backward stays on the GPU
@@ -99,12 +117,19 @@ struct Plan {
 
 // Serialization. PlanToJson is pretty-printed and stable (same plan, same bytes).
 std::string PlanToJson(const Plan& plan);
-// Errors name the offending field, its value and what is allowed.
+// Reads a plan strictly (base/json_reader.h: integers only where integers are meant, no value
+// outside its C++ type, no duplicate keys; unknown fields are ignored), then ValidatePlan()s it.
+// Errors name the offending field (its JSON path), its value and what is allowed.
 absl::StatusOr<Plan> ParsePlanJson(std::string_view json);
+// As ParsePlanJson; errors start with the file's path.
 absl::StatusOr<Plan> ReadPlanFile(const std::string& path);
 
-// Checks the invariants the runtime relies on (indices 0..n-1 in order, transfers summing to
-// host_bytes, arena large enough for every offloaded layer, ...).
+// Every rule a plan obeys, in one place (the C++ planner, the runtime, the C ABI's
+// stowage_plan_validate and Python's Plan all use this): each field within its limit (above),
+// indices 0..n-1 in order, transfers summing to host_bytes without overflow, host bytes only under
+// the offload policies, prefetch_after_layer -1 or a layer from index to n-1,
+// host_bytes_per_numa_node 0 (not stated) or host_bytes_per_gpu x gpus_per_numa_node, and an arena
+// that holds every offloaded byte.
 absl::Status ValidatePlan(const Plan& plan);
 
 }  // namespace stowage

@@ -105,6 +105,13 @@ STOWAGE_API const char* stowage_last_error(void);
 
 STOWAGE_API stowage_status stowage_options_init(stowage_options* options);
 
+/* Reads and validates a plan (JSON text of `plan_json_bytes` bytes, not NUL-terminated) exactly as
+ * stowage_create does, without creating anything: OK, or INVALID_ARGUMENT with
+ * stowage_last_error() naming the field, its value and what is allowed. Every rule of the plan
+ * lives in the C++ validator; bindings (Python's stowage.Plan) validate through this call.
+ * Thread-safe. */
+STOWAGE_API stowage_status stowage_plan_validate(const char* plan_json, size_t plan_json_bytes);
+
 /* Creates a runtime from a plan (JSON text, see the README's "Plan format"). Checks host memory
  * admission, then maps, binds, touches and pins the arena the plan asks for. */
 STOWAGE_API stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,

@@ -59,7 +59,7 @@ TEST(PlanJson, ContractFieldsArePresent) {
 }
 
 TEST(PlanJson, ErrorsNameTheField) {
-  EXPECT_THAT(ParsePlanJson("{").status().message(), HasSubstr("not valid JSON"));
+  EXPECT_THAT(ParsePlanJson("{").status().message(), HasSubstr("plan: not valid JSON at line 1"));
   EXPECT_THAT(ParsePlanJson(R"({"schema_version": 99})").status().message(),
               HasSubstr("'schema_version' is 99"));
 
@@ -80,11 +80,11 @@ TEST(PlanJson, ErrorsNameTheField) {
 TEST(PlanValidation, RejectsInconsistentPlans) {
   Plan plan = TwoLayerPlan();
   plan.layers[1].transfers[0].bytes = 1;
-  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("transfers sum to 101"));
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("layers[1].transfers' sum to 101"));
 
   plan = TwoLayerPlan();
   plan.runtime.host_arena_bytes = 299;
-  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("host_arena_bytes is 299"));
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("'runtime.host_arena_bytes' is 299"));
 
   plan = TwoLayerPlan();
   plan.layers[0].host_bytes = 5;
@@ -94,7 +94,7 @@ TEST(PlanValidation, RejectsInconsistentPlans) {
 
   plan = TwoLayerPlan();
   plan.layers[1].index = 7;
-  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("layers[1].index is 7"));
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("'layers[1].index' is 7"));
 }
 
 TEST(LayerPolicy, NamesRoundTrip) {

@@ -94,6 +94,7 @@ _PROTOTYPES = {
     "stowage_status_string": (ctypes.c_char_p, [_status]),
     "stowage_last_error": (ctypes.c_char_p, []),
     "stowage_options_init": (_status, [ctypes.POINTER(Options)]),
+    "stowage_plan_validate": (_status, [ctypes.c_char_p, ctypes.c_size_t]),
     "stowage_create": (
         _status,
         [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(Options), ctypes.POINTER(_rt)],

@@ -14,7 +14,7 @@ import os
 from typing import Any, Optional, Union
 
 from . import _lib
-from .plan import Plan
+from .plan import Plan, PlanError
 
 
 class StowageError(RuntimeError):
@@ -62,25 +62,71 @@ def version() -> str:
     return _lib.load().stowage_version().decode()
 
 
-def _ptr(value: Optional[int]) -> ctypes.c_void_p:
-    return ctypes.c_void_p(value or None)
+_U64_MAX = 2**64 - 1
+_I32 = (-2**31, 2**31 - 1)
 
 
-PlanLike = Union[Plan, dict, str, "os.PathLike[str]"]
+def _int_arg(name: str, value: Any, low: int, high: int) -> int:
+    """`value` as an int within [low, high], checked here: ctypes would silently wrap or truncate it
+    (nbytes=2**64 became 0)."""
+    if type(value) is int and low <= value <= high:  # the hot path: one check per call
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = value.__index__()  # numpy and torch integers
+        except (AttributeError, TypeError):
+            raise TypeError(f"{name} is {value!r} ({type(value).__name__}); allowed: an integer "
+                            f"in [{low}, {high}]") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} is {value}; allowed: an integer in [{low}, {high}]")
+    return value
+
+
+def _ptr(name: str, value: Optional[int]) -> ctypes.c_void_p:
+    return ctypes.c_void_p(_int_arg(name, value, 0, _U64_MAX) if value else None)
+
+
+PlanLike = Union[Plan, dict, str, bytes, "os.PathLike[str]"]
+
+
+def _looks_like_json(text: str) -> bool:
+    # JSON text of a plan starts (after whitespace and an optional BOM) with '{'; '[' is JSON too,
+    # so that an array is refused as a plan rather than opened as a file name.
+    return text.lstrip("\ufeff \t\r\n")[:1] in ("{", "[")
 
 
 def plan_json_text(plan: PlanLike) -> str:
-    """JSON text of a Plan, a dict in the plan format, JSON text, or a path to a plan file."""
+    """JSON text of a plan given as a Plan, a dict in the plan format, JSON text (str or bytes), or
+    a path to a plan file (os.PathLike, or a str that does not start with '{' or '[')."""
     if isinstance(plan, Plan):
         return plan.to_json()
     if isinstance(plan, dict):
         return json.dumps(plan)
-    if isinstance(plan, os.PathLike) or (isinstance(plan, str) and not plan.lstrip().startswith("{")):
-        with open(plan, encoding="utf-8") as f:
-            return f.read()
-    if isinstance(plan, str):
+    if isinstance(plan, (bytes, bytearray)):
+        try:
+            return bytes(plan).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PlanError(f"plan: not UTF-8 text ({e})") from e
+    if isinstance(plan, str) and _looks_like_json(plan):
         return plan
+    if isinstance(plan, (str, os.PathLike)):
+        path = os.fspath(plan)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            shown = path if len(path) <= 80 else path[:77] + "..."
+            raise PlanError(f"plan {shown!r} is neither plan JSON text (which starts with '{{') "
+                            f"nor a readable plan file: {e.strerror or e}") from e
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PlanError(f"{path}: not UTF-8 text ({e})") from e
     raise TypeError(f"plan must be a stowage.Plan, a dict, JSON text or a path, not {type(plan)!r}")
+
+
+def _id(tensor_id: int) -> int:
+    return _int_arg("tensor_id", tensor_id, 0, _U64_MAX)
 
 
 class Runtime:
@@ -99,15 +145,18 @@ class Runtime:
             raise ValueError(f"backend is {backend!r}; allowed: {', '.join(backends)}")
         self._lib = _lib.load()
         self._handle = ctypes.c_void_p()
-        text = plan_json_text(plan).encode("utf-8")
+        try:
+            text = plan_json_text(plan).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise PlanError(f"plan: not valid UTF-8 text ({e})") from e
         opts = _lib.Options()
         _check("stowage_options_init", self._lib.stowage_options_init(ctypes.byref(opts)))
         opts.backend = backends[backend]
-        opts.device = device
-        opts.numa_node = numa_node
+        opts.device = _int_arg("device", device, 0, _I32[1])
+        opts.numa_node = _int_arg("numa_node", numa_node, -1, _I32[1])
         opts.verify_checksums = 1 if verify_checksums else 0
-        opts.copy_chunk_bytes = copy_chunk_bytes
-        opts.copy_threads = copy_threads
+        opts.copy_chunk_bytes = _int_arg("copy_chunk_bytes", copy_chunk_bytes, 0, _U64_MAX)
+        opts.copy_threads = _int_arg("copy_threads", copy_threads, 0, _I32[1])
         # Keep the bytes alive for the call; NULL means "read STOWAGE_METRICS_ADDR".
         self._metrics = metrics_address.encode() if metrics_address is not None else None
         opts.metrics_address = self._metrics
@@ -160,29 +209,33 @@ class Runtime:
         """Starts the copy of `nbytes` at `src` to the layer's host region; returns its id."""
         out = ctypes.c_uint64()
         _check("stowage_save", self._lib.stowage_save(
-            self._h(), layer, _ptr(src), nbytes, _ptr(stream), ctypes.byref(out)))
+            self._h(), _int_arg("layer", layer, *_I32), _ptr("src", src),
+            _int_arg("nbytes", nbytes, 0, _U64_MAX), _ptr("stream", stream), ctypes.byref(out)))
         return out.value
 
     def save_query(self, tensor_id: int) -> bool:
         done = ctypes.c_int32()
         _check("stowage_save_query",
-               self._lib.stowage_save_query(self._h(), tensor_id, ctypes.byref(done)))
+               self._lib.stowage_save_query(self._h(), _id(tensor_id), ctypes.byref(done)))
         return bool(done.value)
 
     def save_wait(self, tensor_id: int) -> None:
-        _check("stowage_save_wait", self._lib.stowage_save_wait(self._h(), tensor_id))
+        _check("stowage_save_wait", self._lib.stowage_save_wait(self._h(), _id(tensor_id)))
 
     def save_wait_stream(self, tensor_id: int, stream: Optional[int] = None) -> None:
         _check("stowage_save_wait_stream",
-               self._lib.stowage_save_wait_stream(self._h(), tensor_id, _ptr(stream)))
+               self._lib.stowage_save_wait_stream(self._h(), _id(tensor_id),
+                                                  _ptr("stream", stream)))
 
     def prefetch(self, tensor_id: int, dst: int, stream: Optional[int] = None) -> None:
         _check("stowage_prefetch",
-               self._lib.stowage_prefetch(self._h(), tensor_id, _ptr(dst), _ptr(stream)))
+               self._lib.stowage_prefetch(self._h(), _id(tensor_id), _ptr("dst", dst),
+                                          _ptr("stream", stream)))
 
     def restore(self, tensor_id: int, dst: int, stream: Optional[int] = None) -> None:
         _check("stowage_restore",
-               self._lib.stowage_restore(self._h(), tensor_id, _ptr(dst), _ptr(stream)))
+               self._lib.stowage_restore(self._h(), _id(tensor_id), _ptr("dst", dst),
+                                         _ptr("stream", stream)))
 
     # -- observability ----------------------------------------------------------------------
     def stats(self) -> Stats:
@@ -194,4 +247,4 @@ class Runtime:
 
     def report_device_peak(self, nbytes: int) -> None:
         _check("stowage_report_device_peak",
-               self._lib.stowage_report_device_peak(self._h(), int(nbytes)))
+               self._lib.stowage_report_device_peak(self._h(), _int_arg("nbytes", nbytes, 0, _U64_MAX)))

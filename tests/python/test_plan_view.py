@@ -1,0 +1,177 @@
+"""stowage.Plan is a thin typed view: its validation is the C ABI's (stowage_plan_validate), so
+it refuses what the C++ reader refuses, in the C++ reader's words. Also the regressions of issue 11
+item 7 (plan text vs path, non-UTF-8 files, ctypes truncating out-of-range integers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import unittest
+
+import support  # noqa: F401  (puts the package on sys.path)
+
+import stowage
+from stowage import plan as plan_mod
+
+
+def small_plan() -> stowage.Plan:
+    return stowage.Plan(
+        layers=[plan_mod.LayerPlan(index=0, type="t", policy="keep", device_saved_bytes=10),
+                plan_mod.LayerPlan(index=1, type="t", policy="offload_input", host_bytes=4096,
+                                   transfers=[plan_mod.Transfer("input", 4096)],
+                                   prefetch_after_layer=1)],
+        runtime=plan_mod.RuntimeSettings(host_arena_bytes=4096))
+
+
+class PlanViewTest(unittest.TestCase):
+    def test_round_trip(self) -> None:
+        plan = small_plan()
+        plan.validate()
+        self.assertEqual(stowage.Plan.from_json(plan.to_json()), plan)
+        self.assertEqual(stowage.Plan.from_dict(plan.to_dict()), plan)
+        self.assertEqual(stowage.Plan.from_json(plan.to_json().encode()), plan)
+
+    def test_messages_are_the_cpp_readers(self) -> None:
+        d = small_plan().to_dict()
+        d["layers"][1]["host_bytes"] = 1.5
+        with self.assertRaisesRegex(stowage.PlanError,
+                                    r"^plan: field 'layers\[1\].host_bytes' has value 1.5; "
+                                    r"allowed: an integer in \[0, 1152921504606846976\]$"):
+            stowage.Plan.from_dict(d)
+
+    def test_regressions_of_loose_numbers(self) -> None:
+        # Each was accepted (and read as something else) by the old Python reader.
+        cases = [
+            (("layers", 1, "host_bytes"), -4096, r"'layers\[1\].host_bytes' has value -4096"),
+            (("layers", 0, "index"), True, r"'layers\[0\].index' has value true"),
+            (("schema_version",), 1.9, r"'schema_version' has value 1.9"),
+            (("schema_version",), 2**32 + 1, r"'schema_version' has value 4294967297"),
+            (("runtime", "copy_chunk_bytes"), 1, r"'runtime.copy_chunk_bytes' has value 1; "
+                                                 r"allowed: an integer in \[4096, 1073741824\]"),
+            (("runtime", "copy_chunk_bytes"), 2**64 - 1, r"'runtime.copy_chunk_bytes' has value"),
+            (("layers", 1, "d2h_seconds"), float("nan"), r"not valid JSON"),
+        ]
+        for path, value, message in cases:
+            with self.subTest(path=path, value=value):
+                d = small_plan().to_dict()
+                target = d
+                for key in path[:-1]:
+                    target = target[key]
+                target[path[-1]] = value
+                with self.assertRaisesRegex(stowage.PlanError, message):
+                    stowage.Plan.from_dict(d)
+
+    def test_wrapped_transfer_sum(self) -> None:
+        d = small_plan().to_dict()
+        d["layers"][0]["transfers"] = [{"name": "a", "bytes": 2**64 - 1}, {"name": "b", "bytes": 1}]
+        with self.assertRaisesRegex(stowage.PlanError, r"transfers\[0\].bytes' has value "
+                                                       r"18446744073709551615"):
+            stowage.Plan.from_dict(d)
+
+    def test_validate_checks_a_plan_built_in_python(self) -> None:
+        plan = small_plan()
+        plan.layers[1].host_bytes = 4097  # transfers no longer sum to it
+        with self.assertRaisesRegex(stowage.PlanError, r"'layers\[1\].transfers' sum to 4096 "
+                                                       r"bytes but host_bytes is 4097"):
+            plan.validate()
+        plan = small_plan()
+        plan.layers[1].host_bytes = 4096.0  # a float where an integer is meant is not rounded
+        with self.assertRaisesRegex(stowage.PlanError, r"'layers\[1\].host_bytes' has value 4096.0"):
+            plan.validate()
+
+    def test_view_fills_defaults_like_the_cpp_reader(self) -> None:
+        d = small_plan().to_dict()
+        del d["layers"][1]["transfers"]  # one "input" transfer of host_bytes
+        d["runtime"] = {"host_arena_bytes": 4096}
+        d["unknown_future_field"] = [1, 2]
+        plan = stowage.Plan.from_dict(d)
+        self.assertEqual(plan.layers[1].transfers, [plan_mod.Transfer("input", 4096)])
+        self.assertEqual(plan.runtime.copy_chunk_bytes, 16 << 20)
+        self.assertIsInstance(plan.predicted.step_seconds, float)
+
+    def test_duplicate_keys(self) -> None:
+        text = small_plan().to_json().replace('"schema_version": 1,',
+                                              '"schema_version": 1, "schema_version": 2,')
+        with self.assertRaisesRegex(stowage.PlanError, r"duplicate key 'schema_version'"):
+            stowage.Plan.from_json(text)
+
+    def test_from_json_takes_text_not_paths(self) -> None:
+        with self.assertRaisesRegex(stowage.PlanError, r"not valid JSON at line 1, column 1"):
+            stowage.Plan.from_json("plan.json")
+        with self.assertRaises(TypeError):
+            stowage.Plan.from_json(None)  # type: ignore[arg-type]
+
+
+class PlanFileTest(unittest.TestCase):
+    def test_load_non_utf8_file_is_a_plan_error_naming_it(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "latin1.json")
+            with open(path, "wb") as f:
+                f.write(small_plan().to_json().replace('"t"', '"\xe9"').encode("latin-1"))
+            with self.assertRaisesRegex(stowage.PlanError, rf"^{path}: plan: not UTF-8 text"):
+                stowage.Plan.load(path)
+
+    def test_load_with_bom(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "bom.json")
+            with open(path, "wb") as f:
+                f.write(b"\xef\xbb\xbf" + small_plan().to_json().encode())
+            self.assertEqual(stowage.Plan.load(path), small_plan())
+
+    def test_plan_like_text_or_path(self) -> None:
+        from stowage.runtime import plan_json_text
+        text = small_plan().to_json()
+        # A JSON array, or text behind a BOM, is text (and then refused or read), never a path:
+        # both used to be opened as file names ("File name too long").
+        self.assertEqual(plan_json_text("\ufeff" + text), "\ufeff" + text)
+        array = json.dumps([small_plan().to_dict()] * 50)
+        self.assertEqual(plan_json_text(array), array)
+        with self.assertRaisesRegex(stowage.StowageError, r"expected a JSON object, found \["):
+            stowage.Runtime(array, backend="host")
+        with self.assertRaisesRegex(stowage.PlanError, r"plan 'no-such-plan.json' is neither plan "
+                                                       r"JSON text .* nor a readable plan file"):
+            plan_json_text("no-such-plan.json")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "plan.json")
+            small_plan().save(path)
+            self.assertEqual(plan_json_text(path), text)
+            with open(path, "wb") as f:
+                f.write(b"\xff\xfe{")
+            with self.assertRaisesRegex(stowage.PlanError, r"not UTF-8 text"):
+                plan_json_text(path)
+
+
+class RuntimeArgumentRangeTest(unittest.TestCase):
+    def test_out_of_range_integers_are_refused_before_ctypes(self) -> None:
+        # ctypes wraps silently: nbytes=2**64 reached the C ABI as 0.
+        with stowage.Runtime(small_plan(), backend="host") as rt:
+            rt.begin_step()
+            buf = bytearray(4096)
+            import ctypes
+            ptr = ctypes.addressof((ctypes.c_char * 4096).from_buffer(buf))
+            for kwargs, message in [
+                ({"nbytes": 2**64}, r"nbytes is 18446744073709551616; allowed: an integer in "
+                                    r"\[0, 18446744073709551615\]"),
+                ({"nbytes": -1}, r"nbytes is -1"),
+                ({"layer": 2**31}, r"layer is 2147483648"),
+            ]:
+                with self.subTest(**kwargs):
+                    args = {"layer": 1, "src": ptr, "nbytes": 16, **kwargs}
+                    with self.assertRaisesRegex(ValueError, message):
+                        rt.save(**args)
+            with self.assertRaisesRegex(TypeError, r"nbytes is 1.5"):
+                rt.save(1, ptr, 1.5)  # type: ignore[arg-type]
+            with self.assertRaisesRegex(ValueError, r"tensor_id is -1"):
+                rt.save_wait(-1)
+            with self.assertRaisesRegex(ValueError, r"nbytes is 18446744073709551616"):
+                rt.report_device_peak(2**64)
+            tid = rt.save(1, ptr, 16)
+            rt.save_wait(tid)
+            rt.end_step()
+        with self.assertRaisesRegex(ValueError, r"copy_chunk_bytes is 18446744073709551616"):
+            stowage.Runtime(small_plan(), backend="host", copy_chunk_bytes=2**64)
+
+
+if __name__ == "__main__":
+    unittest.main()

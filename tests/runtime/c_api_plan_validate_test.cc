@@ -1,0 +1,64 @@
+// stowage_plan_validate: the C ABI's face of the one plan reader and validator (what Python's
+// stowage.Plan validates through). It must agree with stowage_create on every plan, and never
+// throw or crash on hostile input.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "stowage/plan.h"
+#include "stowage/stowage.h"
+#include "tests/runtime/test_plans.h"
+
+namespace {
+
+std::string LastError() { return stowage_last_error(); }
+
+TEST(CApiPlanValidate, AcceptsAValidPlan) {
+  const std::string json = stowage::PlanToJson(stowage::testing::MakeTestPlan(3, 4096));
+  EXPECT_EQ(stowage_plan_validate(json.data(), json.size()), STOWAGE_OK) << LastError();
+}
+
+TEST(CApiPlanValidate, RefusesWithTheReadersMessage) {
+  std::string json = stowage::PlanToJson(stowage::testing::MakeTestPlan(3, 4096));
+  const std::string field = "\"copy_chunk_bytes\": 65536";
+  ASSERT_NE(json.find(field), std::string::npos);
+  json.replace(json.find(field), field.size(), "\"copy_chunk_bytes\": -1");
+  EXPECT_EQ(stowage_plan_validate(json.data(), json.size()), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(LastError(),
+            "stowage_plan_validate: plan: field 'runtime.copy_chunk_bytes' has value -1; allowed: "
+            "an integer in [4096, 1073741824]");
+  // stowage_create reads the plan the same way and refuses it in the same words.
+  stowage_options options;
+  stowage_options_init(&options);
+  options.backend = STOWAGE_BACKEND_HOST;
+  options.metrics_address = "";
+  stowage_runtime* rt = nullptr;
+  EXPECT_EQ(stowage_create(json.data(), json.size(), &options, &rt),
+            STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(rt, nullptr);
+  EXPECT_NE(LastError().find("plan: field 'runtime.copy_chunk_bytes' has value -1"),
+            std::string::npos)
+      << LastError();
+}
+
+TEST(CApiPlanValidate, LengthIsHonouredAndNullIsAnError) {
+  const std::string json = stowage::PlanToJson(stowage::testing::MakeTestPlan(1, 4096));
+  // Cut short: the text ends mid-object, whatever follows in memory.
+  EXPECT_EQ(stowage_plan_validate(json.data(), json.size() / 2), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("not valid JSON"), std::string::npos) << LastError();
+  EXPECT_EQ(stowage_plan_validate(nullptr, 10), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(LastError().find("plan_json is NULL"), std::string::npos);
+  EXPECT_EQ(stowage_plan_validate(json.data(), 0), STOWAGE_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(CApiPlanValidate, HostileTextIsAnErrorNotACrash) {
+  for (const std::string& text :
+       {std::string("\xff\xfe{}", 4), std::string("{\"a\":\"\xc3\x28\"}"), std::string(100000, '['),
+        std::string("{\"schema_version\":1e400}"), std::string("\0{}", 3)}) {
+    EXPECT_EQ(stowage_plan_validate(text.data(), text.size()), STOWAGE_ERROR_INVALID_ARGUMENT)
+        << text.substr(0, 20);
+    EXPECT_FALSE(LastError().empty());
+  }
+}
+
+}  // namespace
