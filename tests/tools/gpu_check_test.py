@@ -35,9 +35,19 @@ def load(name: str, path: str):
 run = load("gpu_check_run", RUNNER)
 
 
-def has_cuda_backend() -> bool:
+def packageable() -> str:
+    """Why BUILD_DIR is not a tree to package, or "" when it is."""
     cli = os.path.join(BUILD_DIR, "tools", "stowage")
-    return os.path.isfile(cli) and any(n.startswith("libcudart") for n in run.read_elf(cli).needed)
+    if not os.path.isfile(cli):
+        return f"{cli} is not built"
+    needed = run.read_elf(cli).needed
+    if not any(n.startswith("libcudart") for n in needed):
+        return f"{BUILD_DIR} has no CUDA backend to package"
+    # A sanitizer tree is not what goes to a GPU machine: its binaries are several times larger
+    # and its libstowage.so cannot be dlopen()ed without preloading the sanitizer runtime.
+    if any(re.match(r"lib(a|ub|t)san\.so", n) for n in needed):
+        return f"{BUILD_DIR} is a sanitizer build"
+    return ""
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:
@@ -50,7 +60,7 @@ def runner(root: str, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-@unittest.skipUnless(has_cuda_backend(), f"{BUILD_DIR} has no CUDA backend to package")
+@unittest.skipIf(packageable(), packageable())
 class PackagedFolderTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
@@ -172,6 +182,23 @@ class PackagedFolderTest(unittest.TestCase):
         hidden = subprocess.run(["unshare", "-m", "--", "/bin/sh", "-c", f"mount --bind {base} "
                                  f"{system_dir} && test ! -e {system_dir}/libhwloc.so.15"])
         self.assertEqual(hidden.returncode, 0)
+
+    def test_the_runner_runs_a_packaged_gtest_binary(self) -> None:
+        out_dir = os.path.join(self.tmp, "report-gtest")
+        out = runner(self.root, "--only", "^offload_calibrate_gpu_test$", out_dir)
+        with open(os.path.join(out_dir, "results.json")) as f:
+            (step,) = json.load(f)["steps"]
+        # Without a GPU the test skips itself; with one it passes. Either way it ran, once.
+        m = re.search(r"(\d+) passed, (\d+) failed, (\d+) skipped", step["detail"])
+        self.assertIsNotNone(m, step)
+        passed, failed, skipped = (int(g) for g in m.groups())
+        self.assertEqual((passed + skipped, failed), (1, 0), step)
+        self.assertEqual(step["status"], "pass" if passed else "skip")
+        self.assertEqual(out.returncode, 0 if passed else 1)
+        with open(os.path.join(out_dir, "report.md")) as f:
+            report = f.read()
+        self.assertIn("CalibrateGpu.WritesAMeasuredProfile", report)
+        self.assertIn("every ELF file resolves each library it needs", report)
 
     def test_a_removed_library_is_named(self) -> None:
         root = self.copy()
