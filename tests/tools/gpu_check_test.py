@@ -219,6 +219,17 @@ class PackagedFolderTest(unittest.TestCase):
                       out.stdout)
         self.assertIn("bin/stowage: needs libhwloc.so.15", out.stdout)
 
+    def test_a_folder_over_the_size_limit_fails_and_leaves_nothing(self) -> None:
+        packager = load("gpu_check_packager", GPU_CHECK)
+        packager.MAX_FOLDER_BYTES = 2**20
+        root = os.path.join(self.tmp, "too-big")
+        with self.assertRaisesRegex(packager.PackagingError,
+                                    r"MiB, over the 1 MiB a device call can carry; largest: "
+                                    r"(bin|lib)/\S+ [0-9.]+ MiB"):
+            packager.package(BUILD_DIR, root)
+        self.assertFalse(os.path.exists(root))
+        self.assertFalse(os.path.exists(root + ".partial"))
+
     def test_refuses_to_replace_a_folder_that_is_not_its_own(self) -> None:
         other = tempfile.mkdtemp(dir=self.tmp)
         with open(os.path.join(other, "precious.txt"), "w") as f:
