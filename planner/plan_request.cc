@@ -77,6 +77,7 @@ absl::Status ReadRun(const json::Object& o, RunSettings& run) {
   if (absl::Status s = r->ReadOptional("grad_bytes", run.grad_bytes, json::Range<int>{2, 4});
       !s.ok())
     return s;
+  if (run.grad_bytes == 3) return r->Invalid("grad_bytes", "2 (bf16) or 4 (fp32)");
   std::string sharding;
   if (absl::Status s = r->ReadOptional("sharding", sharding); !s.ok()) return s;
   if (!sharding.empty()) {
@@ -105,7 +106,8 @@ absl::StatusOr<Source> ReadSource(const json::Object& o) {
     if (!profile.ok()) return profile.status();
     HardwareProfile hw = HardwareForProfile(*profile);
     src.hardware_label = hw.name;
-    if (o.Has("hardware")) {
+    const bool hardware_given = o.Has("hardware");
+    if (hardware_given) {
       auto given = ReadHardware(o, src.hardware_label);
       if (!given.ok()) return given.status();
       // The link is what the profile measured; the rest (host RAM, GPUs per node) is the
@@ -118,9 +120,7 @@ absl::StatusOr<Source> ReadSource(const json::Object& o) {
     src.step = *std::move(step);
     src.model_label = src.step.model;
     src.profile = true;
-    // Without a host budget every saved byte may go to the host.
-    for (const LayerCost& l : src.step.layers) src.default_host_budget += l.saved_bytes;
-    if (src.default_host_budget == 0) src.default_host_budget = 1;
+    src.default_host_budget = DefaultProfileHostBudget(src.step, hardware_given ? &hw : nullptr);
     return src;
   }
   const json::Json& value = o.json().at("model");
@@ -198,19 +198,14 @@ absl::Status ReadOptions(const json::Object& o, const Source& src, bool budget_r
   return absl::OkStatus();
 }
 
-std::string Labelled(const json::Object& o, const std::string& fallback) {
-  std::string label = fallback;
-  if (o.Has("model_label") && o.json().at("model_label").is_string()) {
-    label = o.json().at("model_label").get<std::string>();
-  }
-  return label;
-}
-
-std::string PlanJson(const Source& src, const json::Object& o, const OptimizeResult& result,
-                     const OptimizerOptions& options, const std::string& generator) {
+absl::StatusOr<std::string> PlanJson(const Source& src, const json::Object& o,
+                                     const OptimizeResult& result, const OptimizerOptions& options,
+                                     const std::string& generator) {
+  std::string model = src.model_label;
+  if (absl::Status s = o.ReadOptional("model_label", model); !s.ok()) return s;
   const Baseline baseline = ComputeBaseline(src.step, options.gpu_budget_bytes);
-  const PlanLabels labels{generator, Labelled(o, src.model_label), src.hardware_label,
-                          options.gpu_budget_bytes, options.host_budget_bytes};
+  const PlanLabels labels{generator, model, src.hardware_label, options.gpu_budget_bytes,
+                          options.host_budget_bytes};
   return PlanToJson(MakePlan(src.step, result, baseline, labels));
 }
 
@@ -375,7 +370,9 @@ absl::StatusOr<std::string> EvaluateRequestJson(std::string_view request,
     timeline.push_back({{"seconds", p.seconds}, {"bytes", p.bytes}});
   }
   out["timeline"] = timeline;
-  out["plan"] = json::Json::parse(PlanJson(*src, *root, result, options, generator));
+  auto plan = PlanJson(*src, *root, result, options, generator);
+  if (!plan.ok()) return plan.status();
+  out["plan"] = json::Json::parse(*plan);
   return out.dump(2) + "\n";
 }
 

@@ -345,6 +345,13 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
   return c;
 }
 
+uint64_t DefaultProfileHostBudget(const StepCost& step, const HardwareProfile* hardware) {
+  if (hardware != nullptr) return hardware->HostBytesPerGpu();
+  uint64_t all = 0;
+  for (const LayerCost& l : step.layers) all += l.saved_bytes;  // bounded by the reader
+  return std::max<uint64_t>(all, 1);
+}
+
 void ApplyProfileSearchOptions(OptimizerOptions& options) { options.chunk_counts = {1}; }
 
 }  // namespace stowage::planner

@@ -86,6 +86,10 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& profile
 // from the profile, host RAM unknown (0).
 HardwareProfile HardwareForProfile(const LayerProfileSet& profile);
 
+// The host budget of a profile planned without one: what `hardware` says one GPU may use when
+// it is given (HostBytesPerGpu), else every saved byte of the step (no limit in effect).
+uint64_t DefaultProfileHostBudget(const StepCost& step, const HardwareProfile* hardware);
+
 // The options that apply to measured layers: chunk count 1 only.
 void ApplyProfileSearchOptions(OptimizerOptions& options);
 

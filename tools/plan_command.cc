@@ -209,9 +209,8 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
   if (!gpu_mem.ok()) return gpu_mem.status();
   in.options.gpu_budget_bytes = static_cast<uint64_t>(*gpu_mem * kGiB);
   // Without --host-mem (and without --hardware) every saved byte may go to the host.
-  uint64_t host_default = 0;
-  for (const planner::LayerCost& l : step->layers) host_default += l.saved_bytes;
-  if (flags.Has("hardware")) host_default = in.hardware.HostBytesPerGpu();
+  const uint64_t host_default =
+      planner::DefaultProfileHostBudget(*step, flags.Has("hardware") ? &in.hardware : nullptr);
   auto host_mem = flags.GetDouble("host-mem", static_cast<double>(host_default) / kGiB, 0, 1e9);
   if (!host_mem.ok()) return host_mem.status();
   in.options.host_budget_bytes =

@@ -147,6 +147,12 @@ TEST(PlanRequest, BadRequestsAreInvalidArguments) {
                     {{"policy", "keep"}}}}});
   EXPECT_THAT(a.text, HasSubstr("'layers[0].recompute_modules[0]' has value \"attn\"; allowed: "
                                 "mlp"));
+  a = Call(false, {{"profile", Profile()}, {"gpu_budget_bytes", 60000}, {"model_label", 7}});
+  EXPECT_THAT(a.text, HasSubstr("'model_label' has value 7"));
+  a = Call(false, {{"model", "llama-3-8b"}, {"run", {{"grad_bytes", 3}}}});
+  EXPECT_THAT(a.text, HasSubstr("'run.grad_bytes' has value 3; allowed: 2 (bf16) or 4 (fp32)"));
+  a = Call(false, {{"model", 5}});
+  EXPECT_THAT(a.text, HasSubstr("'model' has value 5; allowed: a preset name"));
   stowage_free_string(nullptr);  // like free(NULL)
 }
 
