@@ -10,6 +10,7 @@
 //     rt->Restore(*id, dst, stream);                          // backward
 //     step->End();                                            // or let the guard end it
 //   }
+//   auto plan = stowage::PlanRequest(request_json);           // StatusOr<std::string>
 //
 // Semantics, stream rules, thread-safety and error codes are those of the C calls (stowage.h);
 // every method returns a Status (or StatusOr) carrying the C status code and the message of
@@ -210,6 +211,28 @@ class Step {
   explicit Step(Runtime* runtime) : runtime_(runtime) {}
   Runtime* runtime_;
 };
+
+namespace internal {
+inline StatusOr<std::string> PlanningCall(stowage_status (*call)(const char*, size_t, char**),
+                                          std::string_view request_json) {
+  char* out = nullptr;
+  Status s = Check(call(request_json.data(), request_json.size(), &out));
+  if (!s.ok()) return s;
+  std::string text(out);
+  stowage_free_string(out);
+  return text;
+}
+}  // namespace internal
+
+// The planner (stowage_plan_request): the plan JSON for a request (README: "Planning through the
+// C ABI"); RESOURCE_EXHAUSTED, naming the smallest peak and what binds, when nothing fits.
+inline StatusOr<std::string> PlanRequest(std::string_view request_json) {
+  return internal::PlanningCall(stowage_plan_request, request_json);
+}
+// The simulator's prediction for the request's per-layer assignment (stowage_plan_evaluate).
+inline StatusOr<std::string> PlanEvaluate(std::string_view request_json) {
+  return internal::PlanningCall(stowage_plan_evaluate, request_json);
+}
 
 }  // namespace stowage
 

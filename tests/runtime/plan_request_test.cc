@@ -12,6 +12,7 @@
 #include "planner/simulator.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
+#include "stowage/stowage.hpp"
 
 namespace {
 
@@ -210,6 +211,22 @@ TEST(PlanEvaluate, ReturnsTheSimulatorsRecordedStep) {
   ASSERT_EQ(stowage_create(text.data(), text.size(), &options, &rt), STOWAGE_OK)
       << stowage_last_error();
   EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+}
+
+TEST(PlanRequest, CppApi) {
+  const std::string request = Json{{"profile", Profile()}, {"gpu_budget_bytes", 60000}}.dump();
+  stowage::StatusOr<std::string> plan = stowage::PlanRequest(request);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_TRUE(stowage::ParsePlanJson(*plan).ok());
+  const stowage::StatusOr<std::string> small =
+      stowage::PlanRequest(Json{{"profile", Profile()}, {"gpu_budget_bytes", 42000}}.dump());
+  EXPECT_EQ(small.status().code(), STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  EXPECT_THAT(small.status().message(), HasSubstr("smallest peak"));
+  Json evaluate = {{"profile", Profile()},
+                   {"layers", {{{"policy", "keep"}}, {{"policy", "keep"}}, {{"policy", "keep"}}}}};
+  stowage::StatusOr<std::string> result = stowage::PlanEvaluate(evaluate.dump());
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(Json::parse(*result)["host_bytes"].get<uint64_t>(), 0u);
 }
 
 }  // namespace
