@@ -181,12 +181,15 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
   const double pin_seconds =
       hw.pin_seconds_per_gib * static_cast<double>(p.host_bytes_per_gpu) / kGiB;
   absl::StrAppend(
-      &out, absl::StrFormat("pinned host memory     %s per GPU (budget %s), %s per NUMA node "
-                            "(%d GPUs, %s RAM); pinning takes ~%.1f s once\n",
-                            FormatBytes(p.host_bytes_per_gpu), FormatBytes(plan.host_budget_bytes),
-                            FormatBytes(p.host_bytes_per_numa_node), hw.gpus_per_numa_node,
-                            FormatBytes(hw.host_bytes_per_numa_node), pin_seconds));
-  // 0: host RAM unknown (a measured profile planned without --hardware).
+      &out,
+      absl::StrFormat("pinned host memory     %s per GPU (budget %s), %s per NUMA node "
+                      "(%d GPUs, %s RAM); pinning takes ~%.1f s once\n",
+                      FormatBytes(p.host_bytes_per_gpu), FormatBytes(plan.host_budget_bytes),
+                      FormatBytes(p.host_bytes_per_numa_node), hw.gpus_per_numa_node,
+                      // 0: unknown (a measured profile planned without --hardware).
+                      hw.host_bytes_per_numa_node > 0 ? FormatBytes(hw.host_bytes_per_numa_node)
+                                                      : std::string("unknown"),
+                      pin_seconds));
   if (hw.host_bytes_per_numa_node > 0 && p.host_bytes_per_numa_node > hw.host_bytes_per_numa_node) {
     absl::StrAppend(&out, absl::StrFormat("                       WARNING: %s per NUMA node "
                                           "exceeds its %s of RAM\n",
