@@ -393,6 +393,60 @@ stowage_status stowage_restore(stowage_runtime* rt, stowage_tensor_id id, void* 
   return Guard(rt, "stowage_restore", [&] { return rt->runtime->Restore(id, dst, stream); });
 }
 
+// The batched forms are loops over the single calls, here rather than in Runtime: what they
+// save is the per-call cost of the caller's language (a ctypes call from Python costs more than
+// the save itself) and the copy workers' wake-ups, which coalesce when copies are issued back to
+// back.
+stowage_status stowage_save_many(stowage_runtime* rt, int32_t layer, size_t count,
+                                 const void* const* srcs, const size_t* bytes, void* stream,
+                                 stowage_tensor_id* out_ids, size_t* out_saved) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_save_many");
+  if (out_saved != nullptr) *out_saved = 0;
+  if (count > 0 && (srcs == nullptr || bytes == nullptr || out_ids == nullptr)) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
+                absl::StrCat("stowage_save_many: ", count, " tensors but ",
+                             srcs == nullptr    ? "srcs"
+                             : bytes == nullptr ? "bytes"
+                                                : "out_ids",
+                             " is NULL"));
+  }
+  return Guard(rt, "stowage_save_many", [&]() -> absl::Status {
+    for (size_t k = 0; k < count; ++k) {
+      absl::StatusOr<stowage::runtime::TensorId> id =
+          rt->runtime->Save(layer, srcs[k], bytes[k], stream);
+      if (!id.ok()) {
+        return absl::Status(id.status().code(), absl::StrCat("tensor ", k, " of ", count, ": ",
+                                                             std::string(id.status().message())));
+      }
+      out_ids[k] = *id;
+      if (out_saved != nullptr) *out_saved = k + 1;
+    }
+    return absl::OkStatus();
+  });
+}
+
+stowage_status stowage_prefetch_many(stowage_runtime* rt, size_t count,
+                                     const stowage_tensor_id* ids, void* const* dsts, void* stream,
+                                     size_t* out_issued) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_prefetch_many");
+  if (out_issued != nullptr) *out_issued = 0;
+  if (count > 0 && (ids == nullptr || dsts == nullptr)) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
+                absl::StrCat("stowage_prefetch_many: ", count, " tensors but ",
+                             ids == nullptr ? "ids" : "dsts", " is NULL"));
+  }
+  return Guard(rt, "stowage_prefetch_many", [&]() -> absl::Status {
+    for (size_t k = 0; k < count; ++k) {
+      if (absl::Status s = rt->runtime->Prefetch(ids[k], dsts[k], stream); !s.ok()) {
+        return absl::Status(
+            s.code(), absl::StrCat("tensor ", k, " of ", count, ": ", std::string(s.message())));
+      }
+      if (out_issued != nullptr) *out_issued = k + 1;
+    }
+    return absl::OkStatus();
+  });
+}
+
 stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats* out) {
   STOWAGE_CHECK_RUNTIME(rt, "stowage_get_stats");
   if (out == nullptr) return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_get_stats: out is NULL");

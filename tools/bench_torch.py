@@ -27,6 +27,7 @@ import argparse
 import gc
 import math
 import os
+import statistics
 import sys
 import time
 from typing import Callable, Optional
@@ -40,6 +41,7 @@ import torch.nn.functional as F  # noqa: E402
 import torch.utils.checkpoint as ckpt  # noqa: E402
 
 import stowage  # noqa: E402
+from stowage import plan as plan_mod  # noqa: E402
 from stowage import planner  # noqa: E402
 
 
@@ -340,6 +342,113 @@ def _targets(rows: list[Row]) -> list[str]:
     return out
 
 
+# -- --overhead: the wrapper's cost per saved tensor ----------------------------------------------
+class ManySaves(nn.Module):
+    """`saves` elementwise ops in a row, each saving its own input for backward (sin saves x):
+    a layer made of many small saved tensors, so per-tensor costs dominate the step."""
+
+    def __init__(self, saves: int):
+        super().__init__()
+        self.saves = saves
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.saves):
+            x = torch.sin(x)
+        return x
+
+
+def _saved_bytes_per_layer(layers: nn.ModuleList, x0: torch.Tensor) -> list[int]:
+    """Bytes each layer saves for backward (distinct tensors), as an offload_saved layer sends
+    them to the host: what its plan entry must reserve."""
+    out = []
+    x = x0
+    for layer in layers:
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            x = layer(x)
+        out.append(sum(seen.values()))
+    return out
+
+
+def _overhead_row(args: argparse.Namespace, elements: int) -> tuple:
+    layers = nn.ModuleList([ManySaves(args.saves_per_layer) for _ in range(args.layers)])
+    x0 = torch.randn(elements, requires_grad=True)
+    per_layer = _saved_bytes_per_layer(layers, x0)
+    # Every layer offload_saved, each prefetched when the backward of the layer after it starts
+    # (prefetch distance 1), so restores find their bytes landed as in a planned step.
+    last = len(per_layer) - 1
+    plan = stowage.Plan(
+        layers=[stowage.LayerPlan(index=i, type="many_saves", policy="offload_saved",
+                                  host_bytes=b, transfers=[stowage.Transfer("saved", b)],
+                                  prefetch_after_layer=min(i + 1, last))
+                for i, b in enumerate(per_layer)],
+        runtime=plan_mod.RuntimeSettings(host_arena_bytes=sum(per_layer)))
+    planned = stowage.PlannedLayers(layers, plan, backend="host")
+
+    def forward_plain() -> torch.Tensor:
+        x = x0
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    def torch_hooks() -> None:
+        # The baseline: torch's own hooks moving every saved tensor, as a plain copy.
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+            y = forward_plain()
+        y.sum().backward()
+
+    def with_stowage() -> None:
+        with planned.step():
+            planned(x0).sum().backward()
+
+    def no_hooks() -> None:
+        forward_plain().sum().backward()
+
+    modes = (no_hooks, torch_hooks, with_stowage)
+    wall: dict = {m: [] for m in modes}
+    cpu: dict = {m: [] for m in modes}
+    for rep in range(args.warmup + args.repeats):
+        for m in modes:  # interleaved: load on the machine hits every mode alike
+            t, c = time.perf_counter(), time.process_time()
+            m()
+            if rep >= args.warmup:
+                wall[m].append(time.perf_counter() - t)
+                cpu[m].append(time.process_time() - c)
+    before = planned.stats().saves_total
+    with_stowage()
+    n = planned.stats().saves_total - before
+    planned.close()
+    want = args.layers * args.saves_per_layer
+    if n != want:
+        raise RuntimeError(f"stowage saved {n} tensors per step but the layers save {want}")
+    per = lambda v: statistics.median(v) / n * 1e6  # noqa: E731
+    return (elements * 4, n, [per(wall[m]) for m in modes], [per(cpu[m]) for m in modes])
+
+
+def run_overhead(args: argparse.Namespace) -> int:
+    """Per saved tensor: what stowage adds over torch's saved_tensors_hooks doing a plain copy.
+    Wall time is what a step takes; CPU time (all of the process's threads, the copy workers
+    included) is what it costs, and is the steadier figure on a machine shared with other work."""
+    torch.set_num_threads(1)
+    print(f"overhead: {args.layers} offload_saved layers x {args.saves_per_layer} saved tensors, "
+          f"fp32, CPU, host backend, median of {args.repeats} steps (torch {torch.__version__}); "
+          "us per saved tensor; baseline = saved_tensors_hooks(pack=clone)")
+    print(f"{'':>23} {'--------- wall ----------':>34}   {'---------- cpu ----------':>34}")
+    cols = f"{'no hooks':>8} {'baseline':>8} {'stowage':>8} {'added':>7}"
+    print(f"{'tensor bytes':>12} {'saved/step':>10} {cols}   {cols}")
+    for elements in (int(e) for e in args.tensor_elements.split(",")):
+        nbytes, n, wall, cpu = _overhead_row(args, elements)
+        cells = ["   ".join(f"{p:>8.1f} {b:>8.1f} {s:>8.1f} {s - b:>7.1f}" for p, b, s in (v,))
+                 for v in (wall, cpu)]
+        print(f"{nbytes:>12} {n:>10} {cells[0]}   {cells[1]}", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -359,7 +468,17 @@ def main() -> int:
     ap.add_argument("--prefetch-distance", type=int,
                     help="fix the prefetch distance (default: the planner chooses)")
     ap.add_argument("--plans-dir", help="write each stowage plan's JSON here")
+    ap.add_argument("--overhead", action="store_true",
+                    help="instead: per saved tensor, the wrapper's cost over torch's "
+                    "saved_tensors_hooks (CPU, host backend)")
+    ap.add_argument("--saves-per-layer", type=int, default=256, help="--overhead")
+    ap.add_argument("--tensor-elements", default="16,1024,16384",
+                    help="--overhead: comma-separated sizes (fp32 elements) of the saved tensors")
+    ap.add_argument("--repeats", type=int, default=21, help="--overhead: timed steps per mode")
     args = ap.parse_args()
+    if args.overhead:
+        args.layers = args.layers or 8
+        return run_overhead(args)
     small = dict(layers=4, tokens=128, hidden=64, dtype="fp32")
     full = dict(layers=12, tokens=32768, hidden=4096, dtype="bf16")
     for key, value in (small if args.small else full).items():

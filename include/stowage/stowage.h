@@ -147,6 +147,19 @@ STOWAGE_API stowage_status stowage_prefetch(stowage_runtime* rt, stowage_tensor_
 STOWAGE_API stowage_status stowage_restore(stowage_runtime* rt, stowage_tensor_id id, void* dst,
                                            void* stream);
 
+/* The batched forms, for callers whose every call costs (Python through ctypes): the same as
+ * stowage_save for each (srcs[k], bytes[k]) of `layer` in order, writing out_ids[k], and as
+ * stowage_prefetch for each (ids[k], dsts[k]), all on `stream`. They stop at the first failure
+ * and return its status, its message naming the tensor's index; the calls before it took effect
+ * (*out_saved / *out_issued, if not NULL, say how many). */
+STOWAGE_API stowage_status stowage_save_many(stowage_runtime* rt, int32_t layer, size_t count,
+                                             const void* const* srcs, const size_t* bytes,
+                                             void* stream, stowage_tensor_id* out_ids,
+                                             size_t* out_saved);
+STOWAGE_API stowage_status stowage_prefetch_many(stowage_runtime* rt, size_t count,
+                                                 const stowage_tensor_id* ids, void* const* dsts,
+                                                 void* stream, size_t* out_issued);
+
 STOWAGE_API stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats* out);
 
 /* What the plan says about one layer, so a trainer can drive the plan's prefetch schedule:

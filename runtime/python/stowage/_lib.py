@@ -111,6 +111,17 @@ _PROTOTYPES = {
     "stowage_save_wait": (_status, [_rt, _id]),
     "stowage_save_wait_stream": (_status, [_rt, _id, ctypes.c_void_p]),
     "stowage_prefetch": (_status, [_rt, _id, ctypes.c_void_p, ctypes.c_void_p]),
+    "stowage_save_many": (
+        _status,
+        [_rt, ctypes.c_int32, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
+         ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.POINTER(_id),
+         ctypes.POINTER(ctypes.c_size_t)],
+    ),
+    "stowage_prefetch_many": (
+        _status,
+        [_rt, ctypes.c_size_t, ctypes.POINTER(_id), ctypes.POINTER(ctypes.c_void_p),
+         ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)],
+    ),
     "stowage_restore": (_status, [_rt, _id, ctypes.c_void_p, ctypes.c_void_p]),
     "stowage_get_stats": (_status, [_rt, ctypes.POINTER(Stats)]),
     "stowage_report_device_peak": (_status, [_rt, ctypes.c_uint64]),

@@ -16,8 +16,22 @@ this module until its D2H is known complete (stowage_save_query) or the current 
 made to wait for it (stowage_save_wait_stream); only then is the reference dropped, so the
 allocator can never hand the block out while the copy still reads it. Saves are retired lazily:
 before layer i runs, saves of layers <= i - kSaveLag are waited for on the stream, later ones are
-only polled, so copies overlap the next layers' compute. A prefetch destination that was never
-restored is kept until stowage_end_step has drained the copy into it.
+only polled (up to the first still copying), so copies overlap the next layers' compute. A
+prefetch destination that was never restored is kept until stowage_end_step has drained the copy
+into it.
+
+Note [Per-tensor cost]. A layer can save hundreds of small tensors, so what the wrapper does per
+saved tensor is kept to a few attribute reads, one dict lookup and an append: parameters are
+recognised by address (ResidentMemory, a bisection) rather than by building each tensor's
+storage object; duplicates are found by data_ptr, the full saved_key built only when two tensors
+start at one address; the C ABI's functions are bound once per step (_Calls), their arguments
+being ints made here. An offload_saved layer's saves are gathered and issued together
+(stowage_save_many) when kSaveBatchBytes or kSaveBatchTensors have gathered and when the layer's
+forward returns; a layer's prefetches go out in one stowage_prefetch_many. That takes one
+ctypes call per batch instead of one per tensor, and lets the copy workers wake once for many
+copies: on the host backend a worker's wake-up costs more than a small copy. A batch holds
+at most kSaveBatchBytes (a 1 MiB copy takes about 20 us even at 55 GB/s), so large tensors'
+copies start as early as before. `tools/bench_torch.py --overhead` measures the cost.
 
 Note [Bit-identical gradients]. Offloading moves bytes, never values: a restored tensor is a
 byte copy with the original's size, stride and dtype; recompute reruns the same kernels under the
@@ -26,8 +40,11 @@ RNG state checkpoint saved. Loss and gradients therefore equal those of the unwr
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
+import ctypes
+import itertools
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -38,20 +55,29 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from . import plan as plan_mod
 from .plan import Plan, PlanError
+from . import runtime as runtime_mod
 from .runtime import PlanLike, Runtime, Stats, StowageError, plan_json_text
 
 # Saves of layer i - kSaveLag (and earlier) are waited for before layer i runs (see the note).
 kSaveLag = 2
+# An offload_saved layer's saves are issued in batches (see Note [Per-tensor cost]): when this
+# many bytes or tensors have gathered, and when the layer's forward returns.
+kSaveBatchBytes = 1 << 20
+kSaveBatchTensors = 1024
 
 
 class StaleTensorError(RuntimeError):
     """Backward reached a tensor offloaded in a step that has already ended."""
 
 
-def _storage_ptr(t: torch.Tensor) -> int:
+def _storage(t: torch.Tensor) -> Any:
     if hasattr(t, "untyped_storage"):
-        return t.untyped_storage().data_ptr()
-    return t.storage().data_ptr()  # torch 1.x
+        return t.untyped_storage()
+    return t.storage()  # torch 1.x
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return _storage(t).data_ptr()
 
 
 def _is_dense(t: torch.Tensor) -> bool:
@@ -67,16 +93,6 @@ def _is_dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _stream_of(device: torch.device) -> Optional[int]:
-    if device.type == "cuda":
-        return torch.cuda.current_stream(device).cuda_stream
-    return None
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     return torch_checkpoint.checkpoint(fn, *args, use_reentrant=False, **kwargs)
 
@@ -84,47 +100,122 @@ def _checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 class _Stowed:
     """One tensor in the host arena for the current step: its id and how to rebuild it."""
 
-    __slots__ = ("state", "layer", "id", "size", "stride", "dtype", "device", "tensor",
+    __slots__ = ("state", "layer", "id", "size", "stride", "dtype", "saved_stride", "tensor",
                  "restored", "__weakref__")
 
-    def __init__(self, state: "_StepState", layer: int, tensor_id: int, like: torch.Tensor):
+    def __init__(self, state: "_StepState", layer: int, tensor_id: int, like: torch.Tensor,
+                 saved_stride: tuple):
         self.state = state
         self.layer = layer
         self.id = tensor_id
-        self.size = tuple(like.shape)
-        self.stride = tuple(like.stride())
+        self.size = like.shape
+        self.stride = like.stride()
         self.dtype = like.dtype
-        self.device = like.device
+        self.saved_stride = saved_stride  # the saved tensor's, before any .contiguous()
         self.tensor: Optional[torch.Tensor] = None
         self.restored = False
 
-    def _alloc(self) -> torch.Tensor:
-        return torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
-
-    def prefetch(self) -> None:
-        if self.restored or self.tensor is not None or not self.state.active:
-            return
-        self.tensor = self._alloc()
-        self.state.rt.prefetch(self.id, self.tensor.data_ptr(), _stream_of(self.device))
-        self.state.prefetched[self.id] = self  # see Note [Device memory and streams]
+    def alloc_for_prefetch(self) -> bool:
+        """Allocates the buffer a prefetch copies into; False if none is needed (restored, or
+        prefetched already)."""
+        if self.restored or self.tensor is not None:
+            return False
+        self.tensor = torch.empty_strided(self.size, self.stride, dtype=self.dtype,
+                                          device=self.state.device)
+        return True
 
     def get(self) -> torch.Tensor:
+        t = self.tensor
         if self.restored:
-            assert self.tensor is not None
-            return self.tensor
-        if not self.state.active:
+            assert t is not None
+            return t
+        state = self.state
+        if not state.active:
             raise StaleTensorError(
                 f"backward needs a tensor that layer {self.layer} offloaded in a step that has "
                 "ended; run forward and backward inside the same `with layers.step():`")
-        if self.tensor is None:
-            self.tensor = self._alloc()
-        self.state.rt.restore(self.id, self.tensor.data_ptr(), _stream_of(self.device))
+        if self.id == 0:
+            state.flush()  # backward inside the forward that saved it (autograd.grad in a layer)
+        prefetched = t is not None
+        if not prefetched:
+            t = self.tensor = torch.empty_strided(self.size, self.stride, dtype=self.dtype,
+                                                  device=state.device)
+        state.calls.restore(self.id, t.data_ptr(), state.stream())
         self.restored = True
-        self.state.prefetched.pop(self.id, None)
-        return self.tensor
+        if prefetched:
+            del state.prefetched[self.id]
+        return t
 
     def drop(self) -> None:
         self.tensor = None
+
+
+class _Calls:
+    """The per-tensor C ABI calls of one step, bound once. Their arguments are made here
+    (pointers from data_ptr(), sizes from numel(), layer indices from the plan), so the argument
+    checks of the public Runtime methods are not repeated for every saved tensor; a failed call
+    still raises StowageError with the runtime's message."""
+
+    __slots__ = ("_handle", "_save", "_save_many", "_query", "_wait", "_wait_stream",
+                 "_prefetch", "_prefetch_many", "_restore")
+
+    def __init__(self, rt: Runtime):
+        lib, self._handle = rt._lib, rt._handle
+        self._save, self._save_many = lib.stowage_save, lib.stowage_save_many
+        self._query = lib.stowage_save_query
+        self._wait, self._wait_stream = lib.stowage_save_wait, lib.stowage_save_wait_stream
+        self._prefetch, self._prefetch_many = lib.stowage_prefetch, lib.stowage_prefetch_many
+        self._restore = lib.stowage_restore
+
+    def save(self, layer: int, src: int, nbytes: int, stream: Optional[int]) -> int:
+        out = ctypes.c_uint64()
+        code = self._save(self._handle, layer, src, nbytes, stream, ctypes.byref(out))
+        if code:
+            runtime_mod._check("stowage_save", code)
+        return out.value
+
+    def save_many(self, layer: int, srcs: list, sizes: list,
+                  stream: Optional[int]) -> tuple[list, int]:
+        """(ids of the tensors saved, status): on a failure, the ids of those saved before it
+        (their copies are under way) and the failure's code for _check."""
+        n = len(srcs)
+        ids = (ctypes.c_uint64 * n)()
+        saved = ctypes.c_size_t()
+        code = self._save_many(self._handle, layer, n, (ctypes.c_void_p * n)(*srcs),
+                               (ctypes.c_size_t * n)(*sizes), stream, ids, ctypes.byref(saved))
+        return (ids[:] if not code else ids[:saved.value]), code
+
+    def prefetch_many(self, ids: list, dsts: list, stream: Optional[int]) -> tuple[int, int]:
+        """(how many prefetches were issued, status)."""
+        n = len(ids)
+        issued = ctypes.c_size_t()
+        code = self._prefetch_many(self._handle, n, (ctypes.c_uint64 * n)(*ids),
+                                   (ctypes.c_void_p * n)(*dsts), stream, ctypes.byref(issued))
+        return (n if not code else issued.value), code
+
+    def query(self, tensor_id: int) -> bool:
+        done = ctypes.c_int32()
+        code = self._query(self._handle, tensor_id, ctypes.byref(done))
+        if code:
+            runtime_mod._check("stowage_save_query", code)
+        return bool(done.value)
+
+    def wait(self, tensor_id: int, stream: Optional[int]) -> None:
+        # No streams on the host: the CPU itself must not reuse the block before the copy.
+        code = (self._wait(self._handle, tensor_id) if stream is None
+                else self._wait_stream(self._handle, tensor_id, stream))
+        if code:
+            runtime_mod._check("stowage_save_wait", code)
+
+    def prefetch(self, tensor_id: int, dst: int, stream: Optional[int]) -> None:
+        code = self._prefetch(self._handle, tensor_id, dst, stream)
+        if code:
+            runtime_mod._check("stowage_prefetch", code)
+
+    def restore(self, tensor_id: int, dst: int, stream: Optional[int]) -> None:
+        code = self._restore(self._handle, tensor_id, dst, stream)
+        if code:
+            runtime_mod._check("stowage_restore", code)
 
 
 class _InputBox:
@@ -159,86 +250,161 @@ class _StepState:
     def __init__(self, owner: "PlannedLayers", rt: Optional[Runtime]):
         self.owner = owner
         self.rt = rt  # type: ignore[assignment]
+        self.calls = _Calls(rt) if rt is not None else None  # type: ignore[assignment]
         self.active = True
-        # (layer, id, tensor) of saves whose D2H may still read `tensor`.
+        # Issued batches of saves whose D2H may still read their tensors, in the order issued:
+        # [layer, ids, tensors, k], the saves before k being known complete (their tensors None).
         self.pending: collections.deque = collections.deque()
+        # Saves gathered but not issued yet, all of one layer and stream (see flush).
+        self.batch: list = []  # tensors
+        self.batch_handles: list = []
+        self.batch_sizes: list = []
+        self.batch_bytes = 0
+        self.batch_layer = -1
+        self.batch_stream: Optional[int] = None
         self.handles: dict[int, list[weakref.ref]] = collections.defaultdict(list)
         self.prefetched: dict[int, _Stowed] = {}
-        self.host_used: dict[int, int] = collections.defaultdict(int)
-        self.device: Optional[torch.device] = None
+        self.host_used = [0] * len(owner.plan.layers)
+        self.host_limit = [l.host_bytes for l in owner.plan.layers]
+        self.cuda = owner._backend == "cuda"
+        self.device: Optional[torch.device] = None  # the offloading layers' device
         # An error raised inside a saved-tensor hook reaches the caller as a plain RuntimeError
         # (torch converts it on its way through C++); forward re-raises the original from here.
         self.hook_error: Optional[BaseException] = None
-        self._param_storages: Optional[set] = None
+        self._resident: Optional[ResidentMemory] = None
+
+    def stream(self) -> Optional[int]:
+        """The stream copies are ordered on: torch's current one (None on the host backend)."""
+        return torch.cuda.current_stream(self.device).cuda_stream if self.cuda else None
 
     # -- forward ----------------------------------------------------------------------------
-    def save(self, layer: int, t: torch.Tensor) -> _Stowed:
+    def enter_layer(self, layer: int, device: torch.device) -> None:
+        """Before an offloading layer runs on `device`: the runtime copies from one kind of
+        memory, and a tensor of the other kind must never reach it (a device pointer read as
+        host memory crashes)."""
         backend = self.owner._backend
-        if t.device.type != ("cuda" if backend == "cuda" else "cpu"):
+        if (device.type == "cuda") != self.cuda or (self.device is not None
+                                                    and device != self.device):
+            where = "" if self.device is None else f" and earlier layers offloaded on {self.device}"
             raise RuntimeError(
-                f"layer {layer} offloads a tensor on {t.device} but the runtime uses the "
-                f"{backend} backend (chosen from where the layers were when wrapped); wrap the "
-                "layers after moving them to the device they train on")
-        if not _is_dense(t):
+                f"layer {layer} offloads tensors on {device} but the runtime uses the "
+                f"{backend} backend (chosen from where the layers were when wrapped){where}; "
+                "wrap the layers after moving them to the one device they train on")
+        self.device = device
+
+    def save(self, layer: int, t: torch.Tensor, now: bool = False) -> _Stowed:
+        """Offloads `t` (on the step's device; enter_layer checked it): its D2H is issued with
+        the layer's batch, or at once with `now`."""
+        saved_stride = t.stride()
+        if not (t.is_contiguous() or _is_dense(t)):
             t = t.contiguous()
-        nbytes = _nbytes(t)
-        lp = self.owner.plan.layers[layer]
+        nbytes = t.numel() * t.element_size()
         used = self.host_used[layer] + nbytes
-        if used > lp.host_bytes:
+        if used > self.host_limit[layer]:
+            lp = self.owner.plan.layers[layer]
             raise PlanError(
                 f"layer {layer} ({type(self.owner.layers[layer]).__name__}, policy "
                 f"{lp.policy}) offloads {used} bytes this step but the plan reserves "
                 f"layers[{layer}].host_bytes = {lp.host_bytes}: the plan was made for another "
                 "model, shape or batch; rebuild it for this one")
-        assert self.rt is not None
-        tensor_id = self.rt.save(layer, t.data_ptr(), nbytes, _stream_of(t.device))
+        stream = self.stream()
+        if self.batch and (layer != self.batch_layer or stream != self.batch_stream):
+            self.flush()  # a save is ordered after its producer's stream: one stream per batch
         self.host_used[layer] = used
-        self.pending.append((layer, tensor_id, t))
-        self.device = t.device
-        h = _Stowed(self, layer, tensor_id, t)
+        h = _Stowed(self, layer, 0, t, saved_stride)  # the id comes when the batch is issued
         self.handles[layer].append(weakref.ref(h))
+        self.batch.append(t)
+        self.batch_handles.append(h)
+        self.batch_sizes.append(nbytes)
+        self.batch_bytes += nbytes
+        self.batch_layer, self.batch_stream = layer, stream
+        if now or self.batch_bytes >= kSaveBatchBytes or len(self.batch) >= kSaveBatchTensors:
+            self.flush()
         return h
 
-    def param_storages(self) -> set:
-        """Storages of every parameter and buffer of the wrapped layers (shared or tied weights
-        included): saved tensors in them stay on the device. Computed once per step."""
-        if self._param_storages is None:
-            self._param_storages = resident_storages(self.owner.layers)
-        return self._param_storages
+    def _drop_batch(self) -> None:
+        self.batch, self.batch_handles, self.batch_sizes, self.batch_bytes = [], [], [], 0
 
-    def _wait(self, tensor_id: int, device: torch.device) -> None:
-        assert self.rt is not None
-        if device.type == "cuda":
-            self.rt.save_wait_stream(tensor_id, _stream_of(device))
-        else:  # no streams on the host: the CPU itself must not reuse the block before the copy
-            self.rt.save_wait(tensor_id)
+    def flush(self) -> None:
+        """Issues the gathered saves, in the order they were made, in one call."""
+        tensors = self.batch
+        if not tensors:
+            return
+        handles, sizes = self.batch_handles, self.batch_sizes
+        self._drop_batch()
+        layer = self.batch_layer
+        ids, code = self.calls.save_many(layer, [t.data_ptr() for t in tensors], sizes,
+                                         self.batch_stream)
+        for h, tensor_id in zip(handles, ids):
+            h.id = tensor_id
+        if ids:  # copies under way, failure or not
+            self.pending.append([layer, ids, tensors[:len(ids)] if code else tensors, 0])
+        if code:
+            runtime_mod._check("stowage_save_many", code)
+
+    def resident(self) -> "ResidentMemory":
+        """Memory of every parameter and buffer of the wrapped layers (shared or tied weights
+        included): saved tensors in it stay on the device. Computed once per step."""
+        if self._resident is None:
+            self._resident = ResidentMemory(self.owner.layers)
+        return self._resident
 
     def retire(self, before_layer: Optional[int]) -> None:
         """Drops references to saved tensors whose D2H is over; waits for those of layers
-        <= before_layer - kSaveLag (all of them when before_layer is None)."""
-        if self.rt is None:
+        <= before_layer - kSaveLag (all of them when before_layer is None). Saves complete
+        roughly in the order issued, so polling stops at the first one still copying: each
+        save is polled about once, not once per later layer."""
+        if self.calls is None:
             return
-        keep = collections.deque()
-        while self.pending:
-            layer, tensor_id, t = self.pending.popleft()
-            if before_layer is None or layer <= before_layer - kSaveLag:
-                self._wait(tensor_id, t.device)
-            elif not self.rt.save_query(tensor_id):
-                keep.append((layer, tensor_id, t))
-        self.pending = keep
+        self.flush()
+        pending, calls = self.pending, self.calls
+        last = None if before_layer is None else before_layer - kSaveLag
+        stream = self.stream() if pending else None
+        # A tensor is dropped only after its wait or query returned: the reference is what
+        # keeps its memory from reuse while the copy may still read it.
+        while pending:
+            entry = pending[0]
+            ids, tensors, k = entry[1], entry[2], entry[3]
+            if last is None or entry[0] <= last:
+                while k < len(ids):
+                    calls.wait(ids[k], stream)
+                    tensors[k] = None
+                    k += 1
+                    entry[3] = k
+            else:
+                while k < len(ids) and calls.query(ids[k]):
+                    tensors[k] = None
+                    k += 1
+                    entry[3] = k
+                if k < len(ids):
+                    return
+            pending.popleft()
 
     # -- backward ---------------------------------------------------------------------------
     def on_backward_of(self, layer: int) -> None:
         """Called when the gradient of `layer`'s output is ready, i.e. its backward starts."""
         if not self.active:
             return
+        self.flush()
         if layer == len(self.owner.plan.layers) - 1:
             self.retire(None)
         for k in self.owner._prefetch_after.get(layer, ()):
+            todo = []
             for ref in self.handles.get(k, ()):
                 h = ref()
-                if h is not None:
-                    h.prefetch()
+                if h is not None and h.alloc_for_prefetch():
+                    todo.append(h)
+            if not todo:
+                continue
+            issued, code = self.calls.prefetch_many([h.id for h in todo],
+                                                    [h.tensor.data_ptr() for h in todo],
+                                                    self.stream())
+            for h in todo[:issued]:
+                self.prefetched[h.id] = h  # see Note [Device memory and streams]
+            for h in todo[issued:]:
+                h.tensor = None  # never written: restore allocates again
+            if code:
+                runtime_mod._check("stowage_prefetch_many", code)
 
     # -- end --------------------------------------------------------------------------------
     def close(self, failing: bool = False) -> None:
@@ -246,18 +412,21 @@ class _StepState:
         tensor the step held. With `failing` (the step body raised), errors here are reported
         as warnings so they do not hide the body's exception."""
         self.active = False
+        if failing:
+            self._drop_batch()  # never issued: nothing reads these tensors
         try:
             if self.rt is not None:
                 self.retire(None)
                 # A prefetch the graph never asked for: restore it into its own buffer so its
                 # copy has landed before the buffer goes back to the allocator.
                 for h in list(self.prefetched.values()):
-                    self.rt.restore(h.id, h.tensor.data_ptr(), _stream_of(h.device))
+                    self.calls.restore(h.id, h.tensor.data_ptr(), self.stream())
         except Exception as e:  # noqa: BLE001
             if not failing:
                 raise
             warnings.warn(f"stowage: while ending a failed step: {e}", RuntimeWarning)
         finally:
+            self._drop_batch()
             self.pending.clear()
             try:
                 if self.rt is not None:
@@ -389,12 +558,15 @@ class PlannedLayers(nn.Module):
             with _checkpointed_submodules(i, layer, self.plan.layers[i].recompute_modules):
                 return layer(x, *args, **kwargs)
         assert state is not None
+        state.enter_layer(i, x.device)
         if policy == plan_mod.OFFLOAD_SAVED:
-            with torch.autograd.graph.saved_tensors_hooks(*_saved_hooks(state, i, layer, x)):
-                return layer(x, *args, **kwargs)
+            with torch.autograd.graph.saved_tensors_hooks(*_saved_hooks(state, i, x.device)):
+                out = layer(x, *args, **kwargs)
+            state.flush()
+            return out
         if policy == plan_mod.OFFLOAD_INPUT:
             box = _InputBox(x, i)
-            handle = state.save(i, x)  # the D2H overlaps this layer's forward
+            handle = state.save(i, x, now=True)  # the D2H overlaps this layer's forward
             # A zero-size tensor on the input's device: checkpoint looks at its tensor arguments
             # to decide whose RNG state to save for the recompute.
             anchor = torch.empty(0, device=x.device)
@@ -419,48 +591,86 @@ class _BackwardStart:
             state.on_backward_of(self.layer)
 
 
-def _saved_hooks(state: _StepState, layer_index: int, layer: nn.Module,
-                 x: torch.Tensor) -> tuple[Callable, Callable]:
+def _saved_hooks(state: _StepState, layer_index: int, device: torch.device,
+                 ) -> tuple[Callable, Callable]:
     """pack/unpack for an offload_saved layer. Parameters (and views of them) stay where they
-    are; each distinct saved tensor is offloaded once however many ops save it."""
-    param_storages = state.param_storages()
-    device = x.device
-    seen: dict[tuple, _Stowed] = {}  # lives for this layer's forward only
+    are; each distinct saved tensor (saved_key) is offloaded once however many ops save it."""
+    resident = state.resident()
+    save = state.save
+    # data_ptr -> handle of the first save at that address, this layer only. Its tensor is
+    # referenced until the save retires, so no address is reused meanwhile.
+    seen: dict = {}
+    views: dict = {}  # saved_key -> handle for other views at an address already seen
 
     def pack(t: torch.Tensor) -> Any:
-        if not offloadable(t, device, param_storages):
+        if not offloadable(t, device, resident):
             return t
-        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
-        h = seen.get(key)
-        if h is None:
-            try:
-                h = state.save(layer_index, t)
-            except Exception as e:
-                state.hook_error = e
-                raise
-            seen[key] = h
+        ptr = t.data_ptr()
+        first = seen.get(ptr)
+        if first is None:
+            key = None
+        else:
+            key = saved_key(t)
+            if key == (ptr, tuple(first.size), tuple(first.saved_stride), first.dtype):
+                return first
+            h = views.get(key)
+            if h is not None:
+                return h
+        try:
+            h = save(layer_index, t)
+        except Exception as e:
+            state.hook_error = e
+            raise
+        if first is None:
+            seen[ptr] = h  # keys are built only when another tensor starts here
+        else:
+            views[key] = h
         return h
 
     def unpack(packed: Any) -> torch.Tensor:
-        if isinstance(packed, torch.Tensor):
-            return packed
-        return packed.get()
+        if type(packed) is _Stowed:
+            return packed.get()
+        return packed
 
     return pack, unpack
 
 
-def resident_storages(module: nn.Module) -> set:
-    """Storage addresses of a module's parameters and buffers."""
-    out = {_storage_ptr(p) for p in module.parameters()}
-    out.update(_storage_ptr(b) for b in module.buffers())
-    return out
+def saved_key(t: torch.Tensor) -> tuple:
+    """What makes two saved tensors the same tensor to offload: one copy serves both."""
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def offloadable(t: torch.Tensor, device: torch.device, param_storages: set) -> bool:
+class ResidentMemory:
+    """The address ranges of the storages of a module's parameters and buffers: a saved tensor
+    that lies in one (the weight itself, its transpose, a slice) stays on the device. Looked up
+    by address (a bisection), as a saved tensor's own storage object costs more to build."""
+
+    def __init__(self, module: nn.Module):
+        spans: dict[int, int] = {}
+        for t in itertools.chain(module.parameters(), module.buffers()):
+            storage = _storage(t)
+            start, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes > 0:
+                spans[start] = max(spans.get(start, 0), nbytes)
+        self._starts = sorted(spans)
+        self._ends = [start + spans[start] for start in self._starts]
+
+    def holds(self, t: torch.Tensor) -> bool:
+        ptr = t.data_ptr()
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        return i >= 0 and ptr < self._ends[i]
+
+
+def resident_storages(module: nn.Module) -> ResidentMemory:
+    """The memory of a module's parameters and buffers (see ResidentMemory)."""
+    return ResidentMemory(module)
+
+
+def offloadable(t: torch.Tensor, device: torch.device, resident: ResidentMemory) -> bool:
     """Whether an offload_saved layer sends this saved tensor to the host. The profiler
     (stowage.profile) uses the same rule, so plan host_bytes and the bytes saved agree."""
-    return (t.device == device and t.numel() > 0 and not t.is_sparse
-            and _storage_ptr(t) not in param_storages)
+    return (t.layout is torch.strided and t.device == device and t.numel() > 0
+            and not resident.holds(t))
 
 
 @contextlib.contextmanager
@@ -531,5 +741,6 @@ def wrap(layers: Union[nn.ModuleList, Sequence[nn.Module]], plan: Optional[PlanL
     return PlannedLayers(layers, plan, **kwargs)
 
 
-__all__ = ["PlannedLayers", "StaleTensorError", "check_plan_matches", "offloadable", "wrap",
+__all__ = ["PlannedLayers", "ResidentMemory", "StaleTensorError", "check_plan_matches", "offloadable",
+           "saved_key", "wrap",
            "StowageError"]

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .layers import _storage_ptr, offloadable, resident_storages
+from .layers import _storage_ptr, offloadable, resident_storages, saved_key
 from .plan import PlanError
 
 FORMAT = "stowage-layer-profile"
@@ -262,7 +262,7 @@ def _measure_layer(i: int, layer: nn.Module, x: torch.Tensor, args: tuple, kwarg
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             if offloadable(t, device, resident):
-                key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+                key = saved_key(t)
                 if key not in seen:
                     seen.add(key)
                     nbytes = t.numel() * t.element_size()
