@@ -243,6 +243,11 @@ std::string DescribeHostMemory(const HostMemorySnapshot& s) {
   return out;
 }
 
+uint64_t AdmissionMarginBytes(uint64_t total_bytes) {
+  const double fraction = kAdmissionMarginFraction * static_cast<double>(total_bytes);
+  return std::max(kAdmissionMarginMinBytes, static_cast<uint64_t>(fraction));
+}
+
 absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest& request) {
   const std::string where =
       request.numa_node >= 0 ? absl::StrCat(" on NUMA node ", request.numa_node) : "";
@@ -252,19 +257,31 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
         request.numa_node, " (", s.online_nodes, " nodes)"));
   }
   std::vector<std::string> binding;
-  if (request.bytes > s.mem_available_bytes) {
-    binding.push_back(absl::StrCat("MemAvailable is ", FormatBytes(s.mem_available_bytes)));
+  // `available` less the margin of `total` (Note [Admission margin]); the request must fit in it.
+  auto usable = [](uint64_t available, uint64_t total) {
+    const uint64_t margin = AdmissionMarginBytes(total);
+    return available > margin ? available - margin : 0;
+  };
+  auto kept = [](uint64_t total, const char* of) {
+    return absl::StrCat(", of which ", FormatBytes(AdmissionMarginBytes(total)),
+                        " is kept as the admission margin (5% of ", of, ", at least 1 GiB)");
+  };
+  if (request.bytes > usable(s.mem_available_bytes, s.mem_total_bytes)) {
+    binding.push_back(absl::StrCat("MemAvailable is ", FormatBytes(s.mem_available_bytes),
+                                   kept(s.mem_total_bytes, "MemTotal")));
   }
   if (const std::optional<uint64_t> headroom = s.cgroup.headroom_bytes();
-      headroom.has_value() && request.bytes > *headroom) {
-    binding.push_back(absl::StrCat("cgroup ", s.cgroup.limiting_path, " limit ",
-                                   FormatBytes(*s.cgroup.limit_bytes), " leaves ",
-                                   FormatBytes(*headroom)));
+      headroom.has_value() && request.bytes > usable(*headroom, *s.cgroup.limit_bytes)) {
+    binding.push_back(absl::StrCat(
+        "cgroup ", s.cgroup.limiting_path, " limit ", FormatBytes(*s.cgroup.limit_bytes),
+        " leaves ", FormatBytes(*headroom), kept(*s.cgroup.limit_bytes, "the limit")));
   }
   if (request.numa_node >= 0 && s.online_nodes > 1 && s.node_available_bytes.has_value() &&
-      request.bytes > *s.node_available_bytes) {
-    binding.push_back(absl::StrCat("node ", request.numa_node, " has ",
-                                   FormatBytes(*s.node_available_bytes), " available"));
+      request.bytes >
+          usable(*s.node_available_bytes, s.node_total_bytes.value_or(*s.node_available_bytes))) {
+    binding.push_back(absl::StrCat(
+        "node ", request.numa_node, " has ", FormatBytes(*s.node_available_bytes), " available",
+        kept(s.node_total_bytes.value_or(*s.node_available_bytes), "the node's memory")));
   }
   if (request.memlock == MemlockUse::kLocked && !s.cap_ipc_lock &&
       s.memlock_limit_bytes.has_value()) {

@@ -18,6 +18,15 @@
 //    mlock() and RDMA registration of the same buffers (ibv_reg_mr, e.g. by NCCL's network
 //    transport) for a process without CAP_IPC_LOCK. So it is always read and reported, and
 //    enforced only when the request says the pages will be locked that way (MemlockUse::kLocked).
+//
+// Note [Admission margin]. A request never gets a budget to its last byte: the trainer goes on
+// allocating after the arena is set up (the CUDA context and its staging buffers, the framework's
+// CPU tensors, data loader workers in the same cgroup), and with the arena at 100% of the cgroup's
+// headroom the first of those is the OOM kill admission exists to prevent. So each of the three
+// memory budgets (cgroup headroom, MemAvailable, the node's available memory) keeps back
+// AdmissionMarginBytes(its total): 5% of the cgroup limit / MemTotal / the node's total, at least
+// 1 GiB. The error names the margin. RLIMIT_MEMLOCK is a hard count of pages, not a pool others
+// draw from, and keeps none.
 #ifndef STOWAGE_OFFLOAD_HOST_MEMORY_H_
 #define STOWAGE_OFFLOAD_HOST_MEMORY_H_
 
@@ -75,12 +84,18 @@ struct AdmissionRequest {
   std::string what = "pinned host arena";  // names the request in messages
 };
 
+inline constexpr double kAdmissionMarginFraction = 0.05;
+inline constexpr uint64_t kAdmissionMarginMinBytes = uint64_t{1} << 30;
+// max(kAdmissionMarginMinBytes, kAdmissionMarginFraction x total_bytes) (Note [Admission margin]).
+uint64_t AdmissionMarginBytes(uint64_t total_bytes);
+
 // Reads /proc/meminfo, /proc/self/status, /proc/self/cgroup, the cgroup files, the node's
 // meminfo and getrlimit. Missing optional sources leave their fields empty; NOT_FOUND only when
 // <proc>/meminfo cannot be read.
 absl::StatusOr<HostMemorySnapshot> ReadHostMemory(int numa_node, const HostRoots& roots = {});
 
-// Pure: OK, or RESOURCE_EXHAUSTED naming the requested bytes, every limit read and the node.
+// Pure: OK, or RESOURCE_EXHAUSTED naming the requested bytes, every limit read, the margin kept
+// (Note [Admission margin]) and the node.
 absl::Status CheckAdmission(const HostMemorySnapshot& snapshot, const AdmissionRequest& request);
 
 // ReadHostMemory + CheckAdmission.

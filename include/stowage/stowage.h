@@ -72,8 +72,8 @@ typedef struct stowage_options {
   int32_t device;            /* CUDA device ordinal (default 0) */
   int32_t numa_node;         /* -1 (default): the GPU's own node from topology */
   int32_t verify_checksums;  /* non-zero: checksum every save, verify on restore */
-  uint64_t copy_chunk_bytes; /* 0: the plan's value */
-  int32_t copy_threads;      /* host backend / arena touch threads; 0: the node's CPUs */
+  uint64_t copy_chunk_bytes; /* 0: the plan's value; else 4 KiB to 1 GiB (INVALID_ARGUMENT) */
+  int32_t copy_threads;      /* host backend / arena touch threads, 0 to 64; 0: the node's CPUs */
   /* Prometheus endpoint, "host:port". NULL: read STOWAGE_METRICS_ADDR; empty or unset: no
    * endpoint. Bound to the address given (127.0.0.1 unless asked otherwise). */
   const char* metrics_address;
@@ -116,7 +116,9 @@ STOWAGE_API stowage_status stowage_plan_validate(const char* plan_json, size_t p
  * admission, then maps, binds, touches and pins the arena the plan asks for. */
 STOWAGE_API stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
                                           const stowage_options* options, stowage_runtime** out);
-/* Fails with FAILED_PRECONDITION (and destroys nothing) inside a step: end the step first. */
+/* Fails with FAILED_PRECONDITION (and destroys nothing) inside a step: end the step first.
+ * A handle is dead after destroy: every call with it (destroy again included) is
+ * INVALID_ARGUMENT, as for a pointer that never came from stowage_create. */
 STOWAGE_API stowage_status stowage_destroy(stowage_runtime* rt);
 
 STOWAGE_API stowage_status stowage_begin_step(stowage_runtime* rt);

@@ -58,6 +58,30 @@ TEST(CheckAdmission, CgroupLimitBindsWithEveryNumberNamed) {
       << status;
 }
 
+// Regression (issue 11): admission let a request take 100% of the cgroup's headroom, so the
+// trainer's next allocation was an OOM kill. A margin of 5% of the limit (at least 1 GiB) is kept
+// back, and the error says so.
+TEST(CheckAdmission, ARequestNeverTakesTheWholeCgroupHeadroom) {
+  absl::StatusOr<HostMemorySnapshot> s = ReadHostMemory(0, Tree("cgroup_v2"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->cgroup.headroom_bytes(), 16 * kGiB);
+  const uint64_t margin = AdmissionMarginBytes(32 * kGiB);
+  EXPECT_EQ(margin, static_cast<uint64_t>(0.05 * 32 * kGiB));  // 1.6 GiB: above the 1 GiB floor
+  EXPECT_TRUE(CheckAdmission(*s, {.bytes = 16 * kGiB - margin, .numa_node = 0}).ok());
+  for (uint64_t bytes : {16 * kGiB - margin + 1, 16 * kGiB}) {
+    const absl::Status status = CheckAdmission(*s, {.bytes = bytes, .numa_node = 0});
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << bytes;
+    EXPECT_THAT(std::string(status.message()),
+                AllOf(HasSubstr("leaves 16.00 GiB"),
+                      HasSubstr("1.60 GiB (1717986918 bytes) is kept as the admission margin "
+                                "(5% of the limit, at least 1 GiB)")))
+        << status;
+  }
+  // The floor: small limits keep 1 GiB.
+  EXPECT_EQ(AdmissionMarginBytes(4 * kGiB), kGiB);
+  EXPECT_EQ(AdmissionMarginBytes(0), kGiB);
+}
+
 TEST(CheckAdmission, NodeFreeMemoryBindsOnAManyNodeMachine) {
   absl::StatusOr<HostMemorySnapshot> s = ReadHostMemory(1, Tree("cgroup_v2"));
   ASSERT_TRUE(s.ok()) << s.status();
