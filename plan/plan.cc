@@ -151,6 +151,7 @@ std::string PlanToJson(const Plan& plan) {
   j["schema_version"] = plan.schema_version;
   j["generator"] = plan.generator;
   j["model"] = plan.model;
+  j["model_parameters"] = plan.model_parameters;
   j["hardware"] = plan.hardware;
   j["run"] = {{"seq_len", plan.seq_len},
               {"micro_batch", plan.micro_batch},
@@ -216,6 +217,7 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
   }
   STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("generator", plan.generator));
   STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("model", plan.model));
+  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("model_parameters", plan.model_parameters));
   STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("hardware", plan.hardware));
   if (j.Has("run")) {
     absl::StatusOr<json::Object> run = j.Child("run");

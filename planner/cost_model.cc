@@ -61,9 +61,33 @@ void Attention(Builder& b, const LayerSpec& spec) {
   switch (spec.attention) {
     case AttentionKind::kAttention: {
       const double hq = m.heads / tp, hkv = std::max(1.0, m.kv_heads / tp), d = m.head_dim;
+      // Megatron-Core attention.py SelfAttention + TE DotProductAttention (flash): q, k, v
+      // and the output with its fp32 softmax statistics are saved whatever keys a query
+      // sees: sliding windows, chunks, sinks (an extra logit per head folded into the
+      // statistics) and logit soft-capping (flash_attn's softcap, applied in the kernel)
+      // change the work, not the saved tensors.
       b.Save("attn.qkv", "", (hq + 2 * hkv) * d * dt);
+      if (m.qk_norm != QkNorm::kNone) {
+        // Megatron-Core q_layernorm / k_layernorm (TE RMSNorm) keep their inputs for backward.
+        b.Save("attn.qk_norm_in", "", (hq + hkv) * d * dt);
+      }
       b.Save("attn.core_out", "attn_core", hq * d * dt + hq * 4);
-      const double core = 4 * hq * d * kv_len * t;
+      if (m.attention_output_gate) {
+        // modeling_qwen3_next.py Qwen3NextAttention: out = core * sigmoid(gate); the gate
+        // half of q_proj's output is kept for backward.
+        b.Save("attn.out_gate", "", hq * d * dt);
+      }
+      double keys = kv_len;
+      if (spec.span == AttentionSpan::kSliding) {
+        // Each query sees min(position, window) earlier keys.
+        const double w = std::min<double>(m.sliding_window, static_cast<double>(b.run.seq_len));
+        keys = w - w * w / (2.0 * static_cast<double>(b.run.seq_len));
+      } else if (spec.span == AttentionSpan::kChunked) {
+        // modeling_llama4.py: a RoPE layer attends causally within its attention_chunk_size
+        // chunk, so a query sees half a chunk on average.
+        keys = 0.5 * std::min<double>(m.attention_chunk, static_cast<double>(b.run.seq_len));
+      }
+      const double core = 4 * hq * d * keys * t;
       b.core_flops += core;
       AddModule(b, "attn_core", b.Seconds(core), false);
       b.cost.attn_forward_transient = static_cast<uint64_t>(hq * d * dt * t);
@@ -120,6 +144,30 @@ void Attention(Builder& b, const LayerSpec& spec) {
       b.cost.attn_backward_transient = states + static_cast<uint64_t>(4 * inner * dt * t);
       break;
     }
+    case AttentionKind::kGdn: {
+      // Gated DeltaNet as Megatron-Core's gated_delta_net.py / fla's chunk_gated_delta_rule
+      // run it: the fused in_proj output (q, k, v, the z gate, beta and the decay input a)
+      // and the short-conv output are kept; the core output feeds the gated RMSNorm, whose
+      // input is kept; the chunk states are rebuilt in backward.
+      const double hk = m.gdn_key_heads / tp, hv = m.gdn_value_heads / tp;
+      const double key = hk * m.gdn_key_head_dim, value = hv * m.gdn_value_head_dim;
+      b.Save("attn.in_proj", "", (2 * key + 2 * value + 2 * hv) * dt);
+      b.Save("attn.conv_out", "gdn_conv", (2 * key + value) * dt);
+      b.Save("attn.core_out", "attn_core", value * dt);
+      b.Save("attn.norm_out", "", value * dt);
+      const double dk = m.gdn_key_head_dim, dv = m.gdn_value_head_dim;
+      const double core = 2 * hv * (4 * dk * dv + kKdaChunk * (dk + dv)) * t;
+      b.core_flops += core;
+      const double conv_flops = 2 * (2 * key + value) * m.short_conv_kernel * t;
+      AddModule(b, "gdn_conv",
+                b.Seconds(conv_flops) + (2 * key + value) * dt * t * 3 / b.hw.hbm_bytes_per_second,
+                false);
+      AddModule(b, "attn_core", b.Seconds(core), false);
+      const uint64_t states = static_cast<uint64_t>(hv * dk * dv * dt * t / kKdaChunk);
+      b.cost.attn_forward_transient = states;
+      b.cost.attn_backward_transient = states + static_cast<uint64_t>(4 * value * dt * t);
+      break;
+    }
   }
 }
 
@@ -139,7 +187,7 @@ void Ffn(Builder& b, const LayerSpec& spec) {
     b.cost.ffn_backward_transient = static_cast<uint64_t>(3 * f * dt * t);
   } else {
     const double routed = m.experts_per_token * b.run.moe_imbalance / tp;  // per token
-    const double fe = m.moe_intermediate, fs = m.moe_intermediate * m.shared_experts / tp;
+    const double fe = m.moe_intermediate, fs = m.shared_intermediate / tp;
     b.Save("moe.router", "", m.experts * 4.0 / tp);
     b.Save("moe.dispatched", "", routed * h * dt);
     b.Save("moe.gate_up", "", (routed * 2 * fe + 2 * fs) * dt);
@@ -267,6 +315,7 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   if (absl::Status s = ValidateRun(m, run); !s.ok()) return s;
   StepCost c;
   c.model = m.name;
+  c.model_parameters = ModelParameters(m);
   c.run = run;
   c.hardware = hw;
   c.tokens_per_rank =
@@ -279,8 +328,9 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   const double tp = run.tp;
   const double dense_group = static_cast<double>(run.gpus) / tp;
   const double expert_group = static_cast<double>(run.gpus) / run.ep;
-  double dense = static_cast<double>(m.vocab) * m.hidden * (m.tied_embeddings ? 1 : 2) / tp;
-  double experts = 0, max_layer = 0;
+  // Embedding, head and final norm, and the multi-token-prediction modules (model.cc).
+  double dense = static_cast<double>(EmbeddingParams(m) + MtpDenseParams(m)) / tp;
+  double experts = static_cast<double>(MtpRoutedExpertParams(m)) / run.ep, max_layer = 0;
   for (const LayerSpec& l : m.layers) {
     const double d = static_cast<double>(DenseLayerParams(m, l)) / tp;
     const double e = static_cast<double>(RoutedExpertParams(m, l)) / run.ep;
@@ -309,8 +359,11 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   const double chunk = run.loss_chunk_tokens == 0
                            ? tokens
                            : std::min(tokens, static_cast<double>(run.loss_chunk_tokens));
-  c.tail_bytes =
-      static_cast<uint64_t>(tokens * (m.hc_mult + 2) * h * dt / tp + chunk * v * (dt + 4 + 4));
+  // Final-logit soft-capping (Gemma 2: logits = cap * tanh(logits / cap), modeling_gemma2.py
+  // Gemma2ForCausalLM.forward) keeps the tanh output, one more fp32 logits chunk.
+  const double softcap_bytes = m.final_logit_softcap > 0 ? 4 : 0;
+  c.tail_bytes = static_cast<uint64_t>(tokens * (m.hc_mult + 2) * h * dt / tp +
+                                       chunk * v * (dt + 4 + 4 + softcap_bytes));
   const double head_flops = 2 * h * v * tokens;
   const double passes = run.loss_chunk_tokens == 0 ? 3 : 4;
   c.tail_seconds =

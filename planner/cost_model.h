@@ -91,6 +91,7 @@ struct FixedMemory {
 // Everything the simulator and optimizer need about one step on one rank.
 struct StepCost {
   std::string model;
+  uint64_t model_parameters = 0;  // ModelParameters(model)
   RunSettings run;
   HardwareProfile hardware;
   uint64_t tokens_per_rank = 0;

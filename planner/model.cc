@@ -2,292 +2,30 @@
 
 #include <algorithm>
 #include <fstream>
-#include <functional>
-#include <iterator>
 #include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "nlohmann/json.hpp"
 
 namespace stowage::planner {
-namespace {
 
-using nlohmann::json;
-
-// GLM-5.3-Flash (text model): the facts of the reference config, compiled in so the binary
-// never reads files to plan the reference run.
-ModelConfig GlmFlash() {
-  ModelConfig m;
-  m.name = "glm-5.3-flash";
-  m.hidden = 4096;
-  m.vocab = 154880;
-  m.hc_mult = 4;
-  m.heads = 64;
-  m.kv_heads = 64;
-  m.head_dim = 256;
-  m.q_lora_rank = 1536;
-  m.kv_lora_rank = 512;
-  m.qk_nope_head_dim = 256;
-  m.qk_rope_head_dim = 0;
-  m.v_head_dim = 256;
-  m.index_heads = 32;
-  m.index_head_dim = 128;
-  m.index_topk = 2048;
-  m.linear_heads = 64;
-  m.linear_head_dim = 128;
-  m.short_conv_kernel = 4;
-  m.intermediate = 12288;
-  m.experts = 288;
-  m.experts_per_token = 8;
-  m.shared_experts = 1;
-  m.moe_intermediate = 2048;
-  for (int i = 0; i < 45; ++i) {
-    m.layers.push_back({i % 4 == 3 ? AttentionKind::kDsa : AttentionKind::kKda,
-                        i < 3 ? FfnKind::kDense : FfnKind::kMoe});
-  }
-  return m;
-}
-
-ModelConfig Llama3_8B() {
-  ModelConfig m;
-  m.name = "llama-3-8b";
-  m.hidden = 4096;
-  m.vocab = 128256;
-  m.heads = 32;
-  m.kv_heads = 8;
-  m.head_dim = 128;
-  m.intermediate = 14336;
-  m.layers.assign(32, {AttentionKind::kAttention, FfnKind::kDense});
-  return m;
-}
-
-ModelConfig Qwen3_30B_A3B() {
-  ModelConfig m;
-  m.name = "qwen3-30b-a3b";
-  m.hidden = 2048;
-  m.vocab = 151936;
-  m.heads = 32;
-  m.kv_heads = 4;
-  m.head_dim = 128;
-  m.intermediate = 6144;
-  m.experts = 128;
-  m.experts_per_token = 8;
-  m.moe_intermediate = 768;
-  m.layers.assign(48, {AttentionKind::kAttention, FfnKind::kMoe});
-  return m;
-}
-
-ModelConfig DeepSeekV3() {
-  ModelConfig m;
-  m.name = "deepseek-v3";
-  m.hidden = 7168;
-  m.vocab = 129280;
-  m.heads = 128;
-  m.kv_heads = 128;
-  m.q_lora_rank = 1536;
-  m.kv_lora_rank = 512;
-  m.qk_nope_head_dim = 128;
-  m.qk_rope_head_dim = 64;
-  m.v_head_dim = 128;
-  m.intermediate = 18432;
-  m.experts = 256;
-  m.experts_per_token = 8;
-  m.shared_experts = 1;
-  m.moe_intermediate = 2048;
-  for (int i = 0; i < 61; ++i) {
-    m.layers.push_back({AttentionKind::kMla, i < 3 ? FfnKind::kDense : FfnKind::kMoe});
-  }
-  return m;
-}
-
-// Reads HF config fields, naming the family and field in errors.
-class Fields {
- public:
-  Fields(const json& j, std::string family) : j_(j), family_(std::move(family)) {}
-
-  absl::Status Int(const char* key, int& out) const {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model config (", family_, "): missing field '", key, "'"));
-    }
-    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("model config (", family_, "): field '", key,
-                                                     "' is ", it->dump(),
-                                                     "; it must be a non-negative integer"));
-    }
-    out = it->get<int>();
-    return absl::OkStatus();
-  }
-  absl::Status IntOr(const char* key, int fallback, int& out) const {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) {
-      out = fallback;
-      return absl::OkStatus();
-    }
-    return Int(key, out);
-  }
-  bool BoolOr(const char* key, bool fallback) const {
-    auto it = j_.find(key);
-    return (it != j_.end() && it->is_boolean()) ? it->get<bool>() : fallback;
-  }
-  const json& raw() const { return j_; }
-  const std::string& family() const { return family_; }
-
- private:
-  const json& j_;
-  std::string family_;
+// Presets: Hugging Face config.json text (model_presets.cc), read like any user's config.
+struct PresetText {
+  const char* name;
+  const char* json;
 };
+extern const PresetText kModelPresets[];
+extern const int kModelPresetCount;
+
+namespace {
 
 #define STOWAGE_MODEL_RETURN_IF_ERROR(expr) \
   do {                                      \
     absl::Status status_ = (expr);          \
     if (!status_.ok()) return status_;      \
   } while (0)
-
-absl::Status ReadCommon(const Fields& f, ModelConfig& m, int& layers) {
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("hidden_size", m.hidden));
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("vocab_size", m.vocab));
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("num_hidden_layers", layers));
-  m.tied_embeddings = f.BoolOr("tie_word_embeddings", false);
-  return absl::OkStatus();
-}
-
-absl::Status ReadAttention(const Fields& f, ModelConfig& m) {
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("num_attention_heads", m.heads));
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.IntOr("num_key_value_heads", m.heads, m.kv_heads));
-  STOWAGE_MODEL_RETURN_IF_ERROR(
-      f.IntOr("head_dim", m.heads > 0 ? m.hidden / m.heads : 0, m.head_dim));
-  return absl::OkStatus();
-}
-
-absl::Status ReadMla(const Fields& f, ModelConfig& m) {
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("num_attention_heads", m.heads));
-  m.kv_heads = m.heads;
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.IntOr("q_lora_rank", 0, m.q_lora_rank));
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("kv_lora_rank", m.kv_lora_rank));
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("qk_nope_head_dim", m.qk_nope_head_dim));
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("qk_rope_head_dim", m.qk_rope_head_dim));
-  STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("v_head_dim", m.v_head_dim));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<ModelConfig> FromHf(const json& j, const std::string& family,
-                                   const std::string& name) {
-  static const char* const kFamilies[] = {"llama",   "qwen2",       "qwen3",    "qwen3_moe",
-                                          "mixtral", "deepseek_v3", "glm5_next"};
-  if (std::find(std::begin(kFamilies), std::end(kFamilies), family) == std::end(kFamilies)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: field 'model_type' is '", family,
-        "'; supported: llama, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, glm5_next"));
-  }
-  Fields f(j, family);
-  ModelConfig m;
-  m.name = name;
-  int n = 0;
-  STOWAGE_MODEL_RETURN_IF_ERROR(ReadCommon(f, m, n));
-  if (family == "llama" || family == "qwen2" || family == "qwen3") {
-    STOWAGE_MODEL_RETURN_IF_ERROR(ReadAttention(f, m));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("intermediate_size", m.intermediate));
-    m.layers.assign(n, {AttentionKind::kAttention, FfnKind::kDense});
-  } else if (family == "qwen3_moe") {
-    STOWAGE_MODEL_RETURN_IF_ERROR(ReadAttention(f, m));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.IntOr("intermediate_size", 0, m.intermediate));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("num_experts", m.experts));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("num_experts_per_tok", m.experts_per_token));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("moe_intermediate_size", m.moe_intermediate));
-    int step = 1;
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.IntOr("decoder_sparse_step", 1, step));
-    std::vector<int> mlp_only;
-    if (auto it = j.find("mlp_only_layers"); it != j.end() && it->is_array()) {
-      for (const json& v : *it) {
-        if (v.is_number_integer()) mlp_only.push_back(v.get<int>());
-      }
-    }
-    for (int i = 0; i < n; ++i) {
-      bool dense = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end() || step <= 0 ||
-                   (i + 1) % step != 0;
-      m.layers.push_back({AttentionKind::kAttention, dense ? FfnKind::kDense : FfnKind::kMoe});
-    }
-  } else if (family == "mixtral") {
-    STOWAGE_MODEL_RETURN_IF_ERROR(ReadAttention(f, m));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("num_local_experts", m.experts));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("num_experts_per_tok", m.experts_per_token));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("intermediate_size", m.moe_intermediate));
-    m.layers.assign(n, {AttentionKind::kAttention, FfnKind::kMoe});
-  } else if (family == "deepseek_v3" || family == "glm5_next") {
-    STOWAGE_MODEL_RETURN_IF_ERROR(ReadMla(f, m));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("intermediate_size", m.intermediate));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("n_routed_experts", m.experts));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("num_experts_per_tok", m.experts_per_token));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.IntOr("n_shared_experts", 0, m.shared_experts));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("moe_intermediate_size", m.moe_intermediate));
-    int first_dense = 0, freq = 1;
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.IntOr("first_k_dense_replace", 0, first_dense));
-    STOWAGE_MODEL_RETURN_IF_ERROR(f.IntOr("moe_layer_freq", 1, freq));
-    std::vector<AttentionKind> kinds(n, AttentionKind::kMla);
-    if (family == "glm5_next") {
-      auto types = j.find("layer_types");
-      if (types == j.end() || !types->is_array()) {
-        return absl::InvalidArgumentError(
-            "model config (glm5_next): missing field 'layer_types' (a list with one entry per "
-            "layer)");
-      }
-      if (static_cast<int>(types->size()) != n) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("model config (glm5_next): field 'layer_types' has ", types->size(),
-                         " entries but num_hidden_layers is ", n));
-      }
-      for (int i = 0; i < n; ++i) {
-        const json& t = (*types)[i];
-        std::string kind = t.is_string() ? t.get<std::string>() : t.dump();
-        if (kind == "linear_attention") {
-          kinds[i] = AttentionKind::kKda;
-        } else if (kind == "deepseek_sparse_attention") {
-          kinds[i] = AttentionKind::kDsa;
-        } else if (kind == "full_attention" || kind == "mla") {
-          kinds[i] = AttentionKind::kMla;
-        } else {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "model config (glm5_next): field 'layer_types[", i, "]' is '", kind,
-              "'; allowed: linear_attention, deepseek_sparse_attention, full_attention"));
-        }
-      }
-      bool any_kda = std::count(kinds.begin(), kinds.end(), AttentionKind::kKda) > 0;
-      bool any_dsa = std::count(kinds.begin(), kinds.end(), AttentionKind::kDsa) > 0;
-      if (any_kda) {
-        auto lin = j.find("linear_attn_config");
-        if (lin == j.end() || !lin->is_object()) {
-          return absl::InvalidArgumentError(
-              "model config (glm5_next): missing field 'linear_attn_config' (layer_types has "
-              "linear_attention layers)");
-        }
-        Fields lf(*lin, "glm5_next linear_attn_config");
-        STOWAGE_MODEL_RETURN_IF_ERROR(lf.Int("num_heads", m.linear_heads));
-        STOWAGE_MODEL_RETURN_IF_ERROR(lf.Int("head_dim", m.linear_head_dim));
-        STOWAGE_MODEL_RETURN_IF_ERROR(lf.IntOr("short_conv_kernel_size", 4, m.short_conv_kernel));
-      }
-      if (any_dsa) {
-        STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("index_n_heads", m.index_heads));
-        STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("index_head_dim", m.index_head_dim));
-        STOWAGE_MODEL_RETURN_IF_ERROR(f.Int("index_topk", m.index_topk));
-      }
-      if (f.BoolOr("mhc", false)) STOWAGE_MODEL_RETURN_IF_ERROR(f.IntOr("hc_mult", 4, m.hc_mult));
-    }
-    for (int i = 0; i < n; ++i) {
-      bool moe = i >= first_dense && freq > 0 && i % freq == 0;
-      m.layers.push_back({kinds[i], moe ? FfnKind::kMoe : FfnKind::kDense});
-    }
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: field 'model_type' is '", family,
-        "'; supported: llama, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, glm5_next"));
-  }
-  STOWAGE_MODEL_RETURN_IF_ERROR(ValidateModel(m));
-  return m;
-}
 
 absl::Status RequirePositive(const ModelConfig& m, const char* field, int value) {
   if (value > 0) return absl::OkStatus();
@@ -307,6 +45,8 @@ const char* AttentionKindName(AttentionKind kind) {
       return "dsa";
     case AttentionKind::kKda:
       return "kda";
+    case AttentionKind::kGdn:
+      return "gdn";
   }
   return "unknown";
 }
@@ -314,21 +54,64 @@ const char* AttentionKindName(AttentionKind kind) {
 const char* FfnKindName(FfnKind kind) { return kind == FfnKind::kMoe ? "moe" : "dense_ffn"; }
 
 std::string LayerSpec::TypeName() const {
-  return absl::StrCat(AttentionKindName(attention), "+", FfnKindName(ffn));
+  std::string attn = AttentionKindName(attention);
+  if (attention == AttentionKind::kAttention) {
+    if (cross_attention) {
+      attn = "cross_attention";
+    } else if (span == AttentionSpan::kSliding) {
+      attn = "sliding_attention";
+    } else if (span == AttentionSpan::kChunked) {
+      attn = "chunked_attention";
+    }
+  }
+  return absl::StrCat(attn, "+", FfnKindName(ffn));
 }
 
 std::vector<std::string> ModelPresetNames() {
-  return {"glm-5.3-flash", "llama-3-8b", "qwen3-30b-a3b", "deepseek-v3"};
+  std::vector<std::string> names;
+  for (int i = 0; i < kModelPresetCount; ++i) names.push_back(kModelPresets[i].name);
+  return names;
 }
 
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name) {
-  if (name == "glm-5.3-flash") return GlmFlash();
-  if (name == "llama-3-8b") return Llama3_8B();
-  if (name == "qwen3-30b-a3b") return Qwen3_30B_A3B();
-  if (name == "deepseek-v3") return DeepSeekV3();
+  for (int i = 0; i < kModelPresetCount; ++i) {
+    if (name == kModelPresets[i].name) {
+      auto m = ParseHfConfigJson(kModelPresets[i].json, name);
+      if (!m.ok()) {
+        // A preset that does not read is a bug of this build, said as such.
+        return absl::InternalError(absl::StrCat("model preset ", name, ": ", m.status().message()));
+      }
+      // A preset's numbers are its published config's; nothing was defaulted or nested that
+      // the user should hear about.
+      m->notes.clear();
+      return m;
+    }
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown model preset '", name, "'; allowed: ", absl::StrJoin(ModelPresetNames(), ", "),
-      ", or a Hugging Face config.json path"));
+      ", or a Hugging Face config.json path (stowage plan --list-models)"));
+}
+
+std::string ListModelsText() {
+  std::string out = "Hugging Face config.json families (--model path/to/config.json):\n";
+  for (const ModelFamilyInfo& f : ModelFamilies()) {
+    std::vector<std::string> names;
+    for (const std::string& a : f.architectures) names.push_back(a);
+    for (const std::string& t : f.model_types) {
+      if (t != f.family) names.push_back(t);
+    }
+    absl::StrAppend(&out, "  ", f.family, names.empty() ? "" : ": ", absl::StrJoin(names, ", "),
+                    "\n");
+  }
+  absl::StrAppend(&out, "\nPresets (--model NAME): parameters\n");
+  for (const std::string& name : ModelPresetNames()) {
+    auto m = ModelPreset(name);
+    if (!m.ok()) continue;
+    absl::StrAppend(&out, "  ", name, " (", m->family,
+                    "): ", absl::StrFormat("%.2fB", static_cast<double>(ModelParameters(*m)) / 1e9),
+                    "\n");
+  }
+  return out;
 }
 
 absl::Status ValidateModel(const ModelConfig& m) {
@@ -345,6 +128,14 @@ absl::Status ValidateModel(const ModelConfig& m) {
         STOWAGE_MODEL_RETURN_IF_ERROR(RequirePositive(m, "num_attention_heads", m.heads));
         STOWAGE_MODEL_RETURN_IF_ERROR(RequirePositive(m, "num_key_value_heads", m.kv_heads));
         STOWAGE_MODEL_RETURN_IF_ERROR(RequirePositive(m, "head_dim", m.head_dim));
+        if (m.heads % m.kv_heads != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("model '", m.name, "': field 'num_key_value_heads' is ", m.kv_heads,
+                           "; it must divide num_attention_heads (", m.heads, ")"));
+        }
+        if (l.span == AttentionSpan::kSliding) {
+          STOWAGE_MODEL_RETURN_IF_ERROR(RequirePositive(m, "sliding_window", m.sliding_window));
+        }
         break;
       case AttentionKind::kDsa:
         STOWAGE_MODEL_RETURN_IF_ERROR(RequirePositive(m, "index_n_heads", m.index_heads));
@@ -364,6 +155,20 @@ absl::Status ValidateModel(const ModelConfig& m) {
         STOWAGE_MODEL_RETURN_IF_ERROR(
             RequirePositive(m, "linear_attn_config.head_dim", m.linear_head_dim));
         break;
+      case AttentionKind::kGdn:
+        STOWAGE_MODEL_RETURN_IF_ERROR(RequirePositive(m, "linear_num_key_heads", m.gdn_key_heads));
+        STOWAGE_MODEL_RETURN_IF_ERROR(
+            RequirePositive(m, "linear_num_value_heads", m.gdn_value_heads));
+        STOWAGE_MODEL_RETURN_IF_ERROR(
+            RequirePositive(m, "linear_key_head_dim", m.gdn_key_head_dim));
+        STOWAGE_MODEL_RETURN_IF_ERROR(
+            RequirePositive(m, "linear_value_head_dim", m.gdn_value_head_dim));
+        if (m.gdn_value_heads % m.gdn_key_heads != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "model '", m.name, "': field 'linear_num_key_heads' is ", m.gdn_key_heads,
+              "; it must divide linear_num_value_heads (", m.gdn_value_heads, ")"));
+        }
+        break;
     }
     if (l.ffn == FfnKind::kDense) {
       STOWAGE_MODEL_RETURN_IF_ERROR(RequirePositive(m, "intermediate_size", m.intermediate));
@@ -382,51 +187,48 @@ absl::Status ValidateModel(const ModelConfig& m) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std::string& name) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError("model config: not a JSON object");
-  }
-  std::string family;
-  if (auto it = j.find("model_type"); it != j.end() && it->is_string()) family = *it;
-  const json* body = &j;
-  if (auto tc = j.find("text_config"); tc != j.end() && tc->is_object()) {
-    body = &*tc;
-    if (auto it = tc->find("model_type"); it != tc->end() && it->is_string()) family = *it;
-  }
-  if (family.empty()) {
-    return absl::InvalidArgumentError(
-        "model config: missing field 'model_type'; supported: llama, qwen2, qwen3, qwen3_moe, "
-        "mixtral, deepseek_v3, glm5_next");
-  }
-  return FromHf(*body, family, name);
-}
-
 absl::StatusOr<ModelConfig> ReadHfConfigFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open model config '", path, "'"));
   std::stringstream buffer;
   buffer << in.rdbuf();
-  auto model = ParseHfConfigJson(buffer.str(), path);
-  if (!model.ok()) {
-    return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
-  }
-  return model;
+  return ParseHfConfigJson(buffer.str(), path);
 }
 
+// Note [Parameter counts]
+// Counted as transformers builds each module (the file named beside each term), so the total
+// equals sum(p.numel() for p in model.parameters()) of the real model; tests/python/
+// test_hf_models.py checks that on every config in tests/planner/data/hf. Buffers are not
+// parameters: DeepSeek-V3's and GLM's router e_score_correction_bias (nn.Buffer in
+// modeling_deepseek_v3.py DeepseekV3TopkRouter) gets no gradient and no optimizer state.
 uint64_t DenseLayerParams(const ModelConfig& m, const LayerSpec& layer) {
   const uint64_t h = m.hidden;
-  uint64_t p = 2 * h;  // two RMSNorms
+  uint64_t p = uint64_t(m.norms_per_layer) * h;
   switch (layer.attention) {
-    case AttentionKind::kAttention:
-      p += h * m.heads * m.head_dim + 2 * h * m.kv_heads * m.head_dim +
-           uint64_t(m.heads) * m.head_dim * h;
+    case AttentionKind::kAttention: {
+      // modeling_llama.py LlamaAttention (q/k/v/o_proj); Qwen3-Next's q_proj doubles for its
+      // output gate (modeling_qwen3_next.py Qwen3NextAttention).
+      const uint64_t q = uint64_t(m.heads) * m.head_dim * (m.attention_output_gate ? 2 : 1);
+      const uint64_t kv = uint64_t(m.kv_heads) * m.head_dim;
+      p += h * q + 2 * h * kv + uint64_t(m.heads) * m.head_dim * h;
+      if (m.qkv_bias) p += q + 2 * kv;
+      if (m.o_bias) p += h;
+      if (m.qk_norm == QkNorm::kPerHead) p += 2 * uint64_t(m.head_dim);
+      if (m.qk_norm == QkNorm::kWhole) p += uint64_t(m.heads) * m.head_dim + kv;
+      if (m.attention_sinks) p += m.heads;  // modeling_gpt_oss.py GptOssAttention.sinks
+      // modeling_mllama.py MllamaTextCrossAttention: q/k norms over head_dim, and the
+      // decoder layer's cross_attn_attn_gate and cross_attn_mlp_gate (one scalar each).
+      if (layer.cross_attention) p += 2 * uint64_t(m.head_dim) + 2;
       break;
+    }
     case AttentionKind::kDsa:
+      // modeling_glm_moe_dsa.py GlmMoeDsaIndexer: wq_b (from the q latent), wk, k_norm
+      // (LayerNorm: weight and bias), weights_proj.
       p += uint64_t(m.q_lora_rank > 0 ? m.q_lora_rank : h) * m.index_heads * m.index_head_dim +
-           h * m.index_head_dim + h * m.index_heads;
+           h * m.index_head_dim + 2 * uint64_t(m.index_head_dim) + h * m.index_heads;
       [[fallthrough]];
     case AttentionKind::kMla: {
+      // modeling_deepseek_v3.py DeepseekV3Attention.
       const uint64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
       p += m.q_lora_rank > 0
                ? h * m.q_lora_rank + m.q_lora_rank + uint64_t(m.q_lora_rank) * m.heads * qk
@@ -437,18 +239,37 @@ uint64_t DenseLayerParams(const ModelConfig& m, const LayerSpec& layer) {
       break;
     }
     case AttentionKind::kKda: {
+      // modeling_kimi_linear.py KimiLinearDeltaAttention: q/k/v_proj, depthwise conv1d over
+      // q, k, v (no bias), the low-rank forget gate (f_a, f_b, dt_bias, A_log), b_proj, the
+      // low-rank output gate (g_a, g_b), o_norm over head_dim, o_proj.
       const uint64_t inner = uint64_t(m.linear_heads) * m.linear_head_dim;
       p += 3 * h * inner + 3 * inner * m.short_conv_kernel;
-      // Forget and output gates are low rank (hidden -> head_dim -> inner); beta is per head.
-      p += 2 * (h * m.linear_head_dim + uint64_t(m.linear_head_dim) * inner) + h * m.linear_heads;
-      p += inner * h + m.linear_head_dim;
+      p += h * m.linear_head_dim + uint64_t(m.linear_head_dim) * inner + inner + m.linear_heads;
+      p += h * m.linear_heads;
+      p += h * m.linear_head_dim + uint64_t(m.linear_head_dim) * inner;
+      p += m.linear_head_dim + inner * h;
+      break;
+    }
+    case AttentionKind::kGdn: {
+      // modeling_qwen3_next.py Qwen3NextGatedDeltaNet: in_proj_qkvz (q, k, v and the z gate),
+      // in_proj_ba (beta and the decay input a, one per value head), depthwise conv1d over q,
+      // k, v (no bias), dt_bias and A_log per value head, the gated RMSNorm over
+      // head_v_dim, out_proj.
+      const uint64_t key = uint64_t(m.gdn_key_heads) * m.gdn_key_head_dim;
+      const uint64_t value = uint64_t(m.gdn_value_heads) * m.gdn_value_head_dim;
+      p += h * (2 * key + 2 * value) + h * 2 * m.gdn_value_heads;
+      p += (2 * key + value) * m.short_conv_kernel + 2 * uint64_t(m.gdn_value_heads);
+      p += m.gdn_value_head_dim + value * h;
       break;
     }
   }
   if (layer.ffn == FfnKind::kDense) {
     p += 3 * h * m.intermediate;
+    if (m.mlp_bias) p += 2 * uint64_t(m.intermediate) + h;
   } else {
-    p += h * m.experts + 3 * h * m.moe_intermediate * uint64_t(m.shared_experts);
+    p += h * m.experts + 3 * h * m.shared_intermediate;
+    if (m.router_bias) p += m.experts;  // modeling_gpt_oss.py GptOssTopKRouter.bias
+    if (m.shared_expert_gate) p += h;   // modeling_qwen2_moe.py shared_expert_gate
   }
   if (m.hc_mult > 1) {
     // Two hyper-connections per layer, each mapping hc_mult*hidden to n*n + 2n coefficients.
@@ -460,7 +281,36 @@ uint64_t DenseLayerParams(const ModelConfig& m, const LayerSpec& layer) {
 
 uint64_t RoutedExpertParams(const ModelConfig& m, const LayerSpec& layer) {
   if (layer.ffn != FfnKind::kMoe) return 0;
-  return uint64_t(m.experts) * 3 * m.hidden * m.moe_intermediate;
+  uint64_t p = uint64_t(m.experts) * 3 * m.hidden * m.moe_intermediate;
+  // modeling_gpt_oss.py GptOssExperts: gate_up_proj_bias and down_proj_bias.
+  if (m.expert_bias) p += uint64_t(m.experts) * (2 * uint64_t(m.moe_intermediate) + m.hidden);
+  return p;
+}
+
+uint64_t EmbeddingParams(const ModelConfig& m) {
+  const uint64_t h = m.hidden;
+  return (uint64_t(m.vocab) + m.extra_embedding_rows) * h + (m.tied_embeddings ? 0 : m.vocab * h) +
+         h;
+}
+
+// Megatron-Core multi_token_prediction.py MultiTokenPredictionLayer (DeepSeek-V3's MTP module):
+// enorm and hnorm, eh_proj (2*hidden -> hidden), one transformer layer, final_layernorm; the
+// embedding and output layer are the main model's.
+uint64_t MtpDenseParams(const ModelConfig& m) {
+  if (m.mtp_layers == 0) return 0;
+  const uint64_t h = m.hidden;
+  return uint64_t(m.mtp_layers) * (3 * h + 2 * h * h + DenseLayerParams(m, m.layers.back()));
+}
+
+uint64_t MtpRoutedExpertParams(const ModelConfig& m) {
+  if (m.mtp_layers == 0) return 0;
+  return uint64_t(m.mtp_layers) * RoutedExpertParams(m, m.layers.back());
+}
+
+uint64_t ModelParameters(const ModelConfig& m) {
+  uint64_t p = EmbeddingParams(m) + MtpDenseParams(m) + MtpRoutedExpertParams(m);
+  for (const LayerSpec& l : m.layers) p += DenseLayerParams(m, l) + RoutedExpertParams(m, l);
+  return p;
 }
 
 }  // namespace stowage::planner

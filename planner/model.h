@@ -16,6 +16,21 @@ enum class AttentionKind {
   kMla,        // multi-head latent attention (DeepSeek-V3)
   kDsa,        // MLA with a lightning indexer choosing index_topk keys per query
   kKda,        // Kimi Delta Attention: gated delta-rule linear attention with short convs
+  kGdn,        // gated DeltaNet (Qwen3-Next, Qwen3.5): delta-rule linear attention, scalar gates
+};
+
+// Which keys a softmax-attention query sees (kAttention only).
+enum class AttentionSpan {
+  kFull,     // every earlier key (causal)
+  kSliding,  // the last sliding_window keys (Mistral, Gemma 2/3, gpt-oss, OLMo 3)
+  kChunked,  // keys of its own attention_chunk-token chunk (Llama 4's RoPE layers)
+};
+
+// How per-head query/key RMSNorms are shaped.
+enum class QkNorm {
+  kNone,
+  kPerHead,  // one head_dim weight shared by all heads (Qwen3, Gemma 3, GLM-4.5)
+  kWhole,    // over the whole projection: heads * head_dim weights (OLMo 2/3)
 };
 
 enum class FfnKind {
@@ -23,18 +38,28 @@ enum class FfnKind {
   kMoe,    // top-k routed experts plus shared experts
 };
 
-// "attention", "mla", "dsa", "kda" / "dense_ffn", "moe".
+// "attention", "mla", "dsa", "kda", "gdn" / "dense_ffn", "moe".
 const char* AttentionKindName(AttentionKind kind);
 const char* FfnKindName(FfnKind kind);
 
 struct LayerSpec {
   AttentionKind attention = AttentionKind::kAttention;
   FfnKind ffn = FfnKind::kDense;
-  std::string TypeName() const;  // e.g. "kda+moe"; the plan's layers[].type
+  AttentionSpan span = AttentionSpan::kFull;
+  // Mllama's cross-attention layers: keys and values come from the vision encoder's states;
+  // the text-only step plans them as gated attention over the text (see hf_config.cc).
+  bool cross_attention = false;
+  // e.g. "kda+moe", "sliding_attention+dense_ffn"; the plan's layers[].type
+  std::string TypeName() const;
 };
 
 struct ModelConfig {
   std::string name;
+  // The family the config was read as (hf_config.cc's table), and what the reader wants the
+  // user to know: only the text decoder of a multimodal config is planned, which fields took
+  // transformers' defaults, a quantization_config that training does not use.
+  std::string family;
+  std::vector<std::string> notes;
   int hidden = 0;
   int vocab = 0;
   bool tied_embeddings = false;
@@ -43,10 +68,27 @@ struct ModelConfig {
   int hc_mult = 1;
   std::vector<LayerSpec> layers;
 
+  // Extra embedding rows beyond vocab (Mllama's 8 image tokens).
+  int extra_embedding_rows = 0;
+  int norms_per_layer = 2;  // RMSNorms on the residual path of one layer (Gemma 2/3: 4)
+  // Multi-token prediction modules (DeepSeek-V3, GLM-4.5, GLM-5): each is one more decoder layer
+  // of the last layer's kind plus two norms, a 2*hidden -> hidden projection and a final norm.
+  int mtp_layers = 0;
+  // Final-logit soft-capping (Gemma 2): logits * cap * tanh(logits / cap); 0: none.
+  double final_logit_softcap = 0;
+
   // Softmax attention (kAttention).
   int heads = 0;
   int kv_heads = 0;
   int head_dim = 0;
+  bool qkv_bias = false;
+  bool o_bias = false;
+  QkNorm qk_norm = QkNorm::kNone;
+  bool attention_sinks = false;        // a learned logit per head (gpt-oss)
+  bool attention_output_gate = false;  // q_proj also yields a sigmoid output gate (Qwen3-Next)
+  int sliding_window = 0;              // keys a kSliding query sees
+  int attention_chunk = 0;             // chunk length of kChunked layers
+  double attn_logit_softcap = 0;       // Gemma 2; applied inside the flash kernel
   // MLA / DSA.
   int q_lora_rank = 0;  // 0: q is projected directly from the hidden state
   int kv_lora_rank = 0;
@@ -60,28 +102,53 @@ struct ModelConfig {
   // KDA.
   int linear_heads = 0;
   int linear_head_dim = 0;
-  int short_conv_kernel = 0;
+  int short_conv_kernel = 0;  // also the gated DeltaNet's
+  // Gated DeltaNet (kGdn).
+  int gdn_key_heads = 0;
+  int gdn_value_heads = 0;
+  int gdn_key_head_dim = 0;
+  int gdn_value_head_dim = 0;
   // Dense FFN.
   int intermediate = 0;
+  bool mlp_bias = false;
   // MoE.
   int experts = 0;
   int experts_per_token = 0;
-  int shared_experts = 0;
   int moe_intermediate = 0;
+  // Shared experts: their total intermediate width (DeepSeek: n_shared_experts x
+  // moe_intermediate_size; Qwen2-MoE: shared_expert_intermediate_size); 0: none.
+  int shared_intermediate = 0;
+  bool shared_expert_gate = false;  // a sigmoid hidden -> 1 gate on the shared expert (Qwen)
+  bool router_bias = false;         // the router linear has a trained bias (gpt-oss)
+  bool expert_bias = false;         // expert projections have biases (gpt-oss)
 
   int num_layers() const { return static_cast<int>(layers.size()); }
 };
 
-// Names accepted by ModelPreset, in the order --help lists them.
+// Names accepted by ModelPreset, in the order --help lists them. Presets are Hugging Face
+// config.json text (model_presets.cc), read by ParseHfConfigJson like any user's config.
 std::vector<std::string> ModelPresetNames();
 absl::StatusOr<ModelConfig> ModelPreset(const std::string& name);
+
+// The families ParseHfConfigJson reads, with the architectures and model_types that name each.
+struct ModelFamilyInfo {
+  std::string family;  // the text decoder's model_type in transformers
+  std::string config_class;
+  std::vector<std::string> architectures;
+  std::vector<std::string> model_types;
+};
+std::vector<ModelFamilyInfo> ModelFamilies();
+// `stowage plan --list-models`: families with their aliases, and presets.
+std::string ListModelsText();
 
 // Checks the fields the layer kinds present need; errors name the field and its value.
 absl::Status ValidateModel(const ModelConfig& model);
 
-// Families: llama, qwen2, qwen3, qwen3_moe, mixtral, deepseek_v3, glm5_next. A nested
-// `text_config` (multimodal configs) is read in place of the top level. Errors name the missing
-// or bad field and the family.
+// The family is found by `architectures[0]`, then `text_config.model_type`, then `model_type`
+// (ModelFamilies()). A nested `text_config` (multimodal configs) is read in place of the top
+// level; fields it leaves out take the defaults of transformers' configuration class
+// (hf_defaults.inc). Numbers are read strictly (base/json_reader.h); errors name the source, the
+// field's JSON path, the value and what is allowed.
 absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& json, const std::string& name);
 absl::StatusOr<ModelConfig> ReadHfConfigFile(const std::string& path);
 
@@ -89,6 +156,14 @@ absl::StatusOr<ModelConfig> ReadHfConfigFile(const std::string& path);
 // split by TP), and the routed experts (split by EP).
 uint64_t DenseLayerParams(const ModelConfig& model, const LayerSpec& layer);
 uint64_t RoutedExpertParams(const ModelConfig& model, const LayerSpec& layer);
+// Embedding, LM head (unless tied) and final norm.
+uint64_t EmbeddingParams(const ModelConfig& model);
+// One multi-token-prediction module, all of it but its routed experts / its routed experts (the
+// embedding and output head are shared with the main model, as Megatron-Core trains them).
+uint64_t MtpDenseParams(const ModelConfig& model);
+uint64_t MtpRoutedExpertParams(const ModelConfig& model);
+// Every trained parameter: what `model_parameters` in the plan and the table report.
+uint64_t ModelParameters(const ModelConfig& model);
 
 }  // namespace stowage::planner
 

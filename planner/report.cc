@@ -68,6 +68,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   Plan plan;
   plan.generator = labels.generator;
   plan.model = labels.model;
+  plan.model_parameters = step.model_parameters;
   plan.hardware = labels.hardware;
   plan.seq_len = step.run.seq_len;
   plan.micro_batch = step.run.micro_batch;
@@ -158,6 +159,9 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
   const PlanPrediction& p = plan.predicted;
   const HardwareProfile& hw = step.hardware;
   std::string out;
+  absl::StrAppend(&out,
+                  absl::StrFormat("model parameters       %d (%.2fB)\n", plan.model_parameters,
+                                  static_cast<double>(plan.model_parameters) / 1e9));
   absl::StrAppend(
       &out,
       absl::StrFormat("tokens per GPU         %d (%d x %d / CP %d), TP %d, EP %d, "

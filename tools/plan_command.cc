@@ -38,7 +38,7 @@ cli::FlagParser MakeParser() {
                     "time. With no flags: GLM-5.3-Flash, 1M tokens, B200, CP 8, EP 8.");
   p.Add({"model", "NAME|PATH",
          absl::StrCat("model preset (", absl::StrJoin(planner::ModelPresetNames(), ", "),
-                      ") or a Hugging Face config.json"),
+                      ") or a Hugging Face config.json (families: --list-models)"),
          "glm-5.3-flash"});
   p.Add({"profile", "PATH",
          "plan from a measured layer profile (as stowage.profile_layers writes) instead of "
@@ -75,6 +75,7 @@ cli::FlagParser MakeParser() {
          "offload (inputs offloaded, full recompute)",
          ""});
   p.Add({"max-seq-len", "", "find the longest sequence that fits the budgets", ""});
+  p.Add({"list-models", "", "list the config.json families (with aliases) and the presets", ""});
   p.Add({"format", "table|json", "stdout format", "table"});
   p.Add({"out", "PATH", "also write the plan JSON to PATH", ""});
   p.Add({"timeline", "PATH", "write an SVG of device memory and copies over the step", ""});
@@ -87,6 +88,7 @@ struct Inputs {
   planner::RunSettings run;
   planner::OptimizerOptions options;
   std::string model_label, hardware_label;
+  std::vector<std::string> model_notes;  // what the config reader wants the user to know
 };
 
 absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& options) {
@@ -113,6 +115,7 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
   auto m = LooksLikePath(*model) ? planner::ReadHfConfigFile(*model) : planner::ModelPreset(*model);
   if (!m.ok()) return m.status();
   in.model = *m;
+  in.model_notes = in.model.notes;
   auto hardware = flags.GetString("hardware", "b200");
   if (!hardware.ok()) return hardware.status();
   in.hardware_label = *hardware;
@@ -248,6 +251,10 @@ int RunPlanCommand(int argc, char** argv) {
     std::fprintf(stderr, "stowage plan: unexpected argument '%s'\n", flags.positional()[0].c_str());
     return kExitUsage;
   }
+  if (flags.GetBool("list-models")) {
+    std::fputs(planner::ListModelsText().c_str(), stdout);
+    return kExitOk;
+  }
   auto format = flags.GetString("format", "table");
   if (!format.ok() || (*format != "table" && *format != "json")) {
     std::fprintf(stderr, "stowage plan: --format is '%s'; allowed: table, json\n",
@@ -270,6 +277,11 @@ int RunPlanCommand(int argc, char** argv) {
       return kExitUsage;
     }
     in = *std::move(inputs);
+  }
+  // With --format json stdout carries only the plan.
+  for (const std::string& note : in.model_notes) {
+    std::fprintf(*format == "json" ? stderr : stdout, "note: %s: %s\n", in.model_label.c_str(),
+                 note.c_str());
   }
 
   if (flags.GetBool("max-seq-len")) {

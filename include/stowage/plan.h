@@ -104,6 +104,8 @@ struct Plan {
   std::string generator;  // "stowage <version>"
   std::string model;      // preset name or config path
   std::string hardware;   // preset name or profile path
+  // Every trained parameter of the model (planner/model.h ModelParameters).
+  uint64_t model_parameters = 0;
   // Run settings the plan was made for (echoed so a plan file explains itself).
   uint64_t seq_len = 0;
   int micro_batch = 1;

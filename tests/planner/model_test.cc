@@ -7,11 +7,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace stowage::planner {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kDataDir = std::string(STOWAGE_SOURCE_DIR) + "/tests/planner/data/";
 
@@ -110,33 +112,222 @@ TEST(HfConfig, MoeFamilies) {
   EXPECT_EQ(DenseLayerParams(*ds, ds->layers[10]), DenseLayerParams(preset, preset.layers[10]));
 }
 
-TEST(HfConfig, NestedTextConfigIsRead) {
+TEST(HfConfig, NestedTextConfigIsReadAndSaidSo) {
   auto m = ParseHfConfigJson(R"({"model_type": "some_vlm", "vision_config": {},
       "text_config": {"model_type": "qwen2", "hidden_size": 1024, "vocab_size": 1000,
-      "num_hidden_layers": 2, "num_attention_heads": 8, "intermediate_size": 4096}})",
+      "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8,
+      "intermediate_size": 4096}})",
                              "vlm");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->hidden, 1024);
   EXPECT_EQ(m->num_layers(), 2);
+  EXPECT_EQ(m->family, "qwen2");
+  EXPECT_THAT(absl::StrJoin(m->notes, "\n"),
+              HasSubstr("only the text decoder (text_config, qwen2) is planned"));
+  EXPECT_THAT(absl::StrJoin(m->notes, "\n"), HasSubstr("from text_config.model_type 'qwen2'"));
 }
 
-TEST(HfConfig, ErrorsNameTheField) {
+// Kimi-K2 is DeepSeek-V3's graph under model_type kimi_k2; the architecture decides.
+TEST(HfConfig, ArchitectureDecidesTheFamily) {
+  auto kimi = ReadHfConfigFile(kDataDir + "hf/kimi-k2-instruct.json");
+  ASSERT_TRUE(kimi.ok()) << kimi.status();
+  EXPECT_EQ(kimi->family, "deepseek_v3");
+  EXPECT_THAT(absl::StrJoin(kimi->notes, "\n"),
+              HasSubstr("from architectures[0] 'DeepseekV3ForCausalLM'"));
+  EXPECT_THAT(absl::StrJoin(kimi->notes, "\n"), HasSubstr("quantization_config (fp8)"));
+  EXPECT_EQ(kimi->layers[0].TypeName(), "mla+dense_ffn");
+  EXPECT_EQ(kimi->layers[1].TypeName(), "mla+moe");
+  EXPECT_EQ(kimi->q_lora_rank, 1536);
+
+  auto mistral = ReadHfConfigFile(kDataDir + "hf/mistral-7b-v0.3.json");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->family, "mistral");
+  // sliding_window: null is transformers' None: every layer attends to the whole sequence.
+  EXPECT_EQ(mistral->layers[0].TypeName(), "attention+dense_ffn");
+}
+
+TEST(HfConfig, EveryReferenceConfigIsAccepted) {
+  for (const char* name : {"deepseek-v2-lite-chat", "gemma-2-9b", "gemma-3-1b-it", "glm-4.5-fp8",
+                           "glm-5.1", "gpt-oss-20b", "kimi-k2-instruct", "llama-4-scout",
+                           "mistral-7b-v0.3", "olmo-3.1-32b-instruct", "phi-4", "qwen3-vl-8b"}) {
+    auto m = ReadHfConfigFile(absl::StrCat(kDataDir, "hf/", name, ".json"));
+    EXPECT_TRUE(m.ok()) << name << ": " << m.status();
+  }
+}
+
+// Layer placement follows each family's configuration class (layer_types, or its rule).
+TEST(HfConfig, SlidingChunkedAndInterleavedLayersAreWhereTheConfigSays) {
+  auto gemma2 = *ReadHfConfigFile(kDataDir + "hf/gemma-2-9b.json");
+  EXPECT_EQ(gemma2.layers[0].TypeName(), "sliding_attention+dense_ffn");
+  EXPECT_EQ(gemma2.layers[1].TypeName(), "attention+dense_ffn");
+  EXPECT_EQ(gemma2.sliding_window, 4096);
+  EXPECT_EQ(gemma2.norms_per_layer, 4);
+  EXPECT_DOUBLE_EQ(gemma2.final_logit_softcap, 30.0);
+  EXPECT_TRUE(gemma2.tied_embeddings);  // Gemma2Config's default, named in the notes
+  EXPECT_THAT(absl::StrJoin(gemma2.notes, "\n"),
+              HasSubstr("Gemma2Config defaults: tie_word_embeddings=true"));
+
+  auto gemma3 = *ReadHfConfigFile(kDataDir + "hf/gemma-3-1b-it.json");  // pattern 6
+  for (int i = 0; i < gemma3.num_layers(); ++i) {
+    EXPECT_EQ(gemma3.layers[i].span,
+              (i + 1) % 6 == 0 ? AttentionSpan::kFull : AttentionSpan::kSliding)
+        << i;
+  }
+  EXPECT_EQ(gemma3.qk_norm, QkNorm::kPerHead);
+
+  auto olmo = *ReadHfConfigFile(kDataDir + "hf/olmo-3.1-32b-instruct.json");
+  EXPECT_EQ(olmo.layers[3].span, AttentionSpan::kFull);
+  EXPECT_EQ(olmo.layers[4].span, AttentionSpan::kSliding);
+  EXPECT_EQ(olmo.qk_norm, QkNorm::kWhole);
+
+  auto oss = *ReadHfConfigFile(kDataDir + "hf/gpt-oss-20b.json");
+  EXPECT_EQ(oss.layers[0].TypeName(), "sliding_attention+moe");
+  EXPECT_EQ(oss.layers[1].TypeName(), "attention+moe");
+  EXPECT_TRUE(oss.attention_sinks);
+  EXPECT_TRUE(oss.router_bias);
+  EXPECT_TRUE(oss.expert_bias);
+  EXPECT_EQ(oss.sliding_window, 128);
+
+  auto scout = *ReadHfConfigFile(kDataDir + "hf/llama-4-scout.json");
+  EXPECT_EQ(scout.family, "llama4_text");
+  EXPECT_EQ(scout.layers[0].TypeName(), "chunked_attention+moe");
+  EXPECT_EQ(scout.layers[3].TypeName(), "attention+moe");  // every 4th layer: NoPE, global
+  EXPECT_EQ(scout.attention_chunk, 8192);
+  EXPECT_EQ(scout.shared_intermediate, 8192);
+
+  // Llama 4 Maverick-style interleaving: MoE every second layer, dense MLP in between.
+  auto maverick = ParseHfConfigJson(R"({"architectures": ["Llama4ForCausalLM"],
+      "model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100,
+      "intermediate_size": 32, "intermediate_size_mlp": 128, "num_local_experts": 4,
+      "num_experts_per_tok": 1, "interleave_moe_layer_step": 2})",
+                                    "maverick");
+  ASSERT_TRUE(maverick.ok()) << maverick.status();
+  EXPECT_EQ(maverick->layers[0].ffn, FfnKind::kDense);
+  EXPECT_EQ(maverick->layers[1].ffn, FfnKind::kMoe);
+  EXPECT_EQ(maverick->layers[3].ffn, FfnKind::kMoe);
+  EXPECT_EQ(maverick->intermediate, 128);
+
+  auto next = *ReadHfConfigFile(kDataDir + "hf/synthetic/qwen3-next-small.json");
+  EXPECT_EQ(next.layers[0].TypeName(), "gdn+moe");
+  EXPECT_EQ(next.layers[1].TypeName(), "gdn+dense_ffn");  // mlp_only_layers [1]
+  EXPECT_EQ(next.layers[3].TypeName(), "attention+moe");  // full_attention_interval 4
+  EXPECT_TRUE(next.attention_output_gate);
+
+  auto kimi_linear = *ReadHfConfigFile(kDataDir + "hf/synthetic/kimi-linear-small.json");
+  EXPECT_EQ(kimi_linear.layers[0].TypeName(), "kda+dense_ffn");
+  EXPECT_EQ(kimi_linear.layers[4].TypeName(), "mla+moe");
+  EXPECT_EQ(kimi_linear.q_lora_rank, 0);  // null: q projected straight from the hidden state
+}
+
+TEST(HfConfig, MtpModulesAreCounted) {
+  auto glm = *ReadHfConfigFile(kDataDir + "hf/glm-5.1.json");
+  EXPECT_EQ(glm.mtp_layers, 1);
+  EXPECT_EQ(glm.layers.back().TypeName(), "dsa+moe");
+  const uint64_t h = glm.hidden;
+  EXPECT_EQ(MtpDenseParams(glm), 3 * h + 2 * h * h + DenseLayerParams(glm, glm.layers.back()));
+  EXPECT_EQ(MtpRoutedExpertParams(glm), RoutedExpertParams(glm, glm.layers.back()));
+  uint64_t layers = 0;
+  for (const LayerSpec& l : glm.layers) {
+    layers += DenseLayerParams(glm, l) + RoutedExpertParams(glm, l);
+  }
+  EXPECT_EQ(ModelParameters(glm),
+            EmbeddingParams(glm) + layers + MtpDenseParams(glm) + MtpRoutedExpertParams(glm));
+  // The published 753.9B includes the MTP module; the main model alone is ~744B.
+  EXPECT_NEAR(static_cast<double>(ModelParameters(glm)), 753.9e9, 0.05e9);
+}
+
+// Presets are published config.json numbers; their counts against the published totals.
+TEST(ModelPreset, ParameterCountsMatchThePublishedOnes) {
+  const std::pair<const char*, double> kPublished[] = {
+      {"llama-3.1-8b", 8.03e9},
+      {"llama-3.1-70b", 70.55e9},
+      {"llama-3.1-405b", 405.85e9},
+      {"qwen3-8b", 8.19e9},
+      {"qwen3-32b", 32.76e9},
+      {"qwen3-30b-a3b", 30.53e9},
+      {"qwen3-235b-a22b", 235.09e9},
+      {"kimi-k2", 1026.41e9},
+      {"gpt-oss-120b", 116.83e9},
+      {"mixtral-8x22b", 140.63e9},
+      {"glm-4.5", 356.79e9},
+      // 671B main model + the MTP module's 11.6B (its published 14B counts its own copies of
+      // the embedding and head, which training shares with the main model).
+      {"deepseek-v3", 682.64e9}};
+  for (const auto& [name, published] : kPublished) {
+    auto m = ModelPreset(name);
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status();
+    EXPECT_NEAR(static_cast<double>(ModelParameters(*m)) / published, 1.0, 1e-3) << name;
+  }
+}
+
+TEST(HfConfig, ListModelsNamesFamiliesAliasesAndPresets) {
+  const std::string text = ListModelsText();
+  EXPECT_THAT(text, HasSubstr("deepseek_v3: DeepseekV3ForCausalLM, kimi_k2"));
+  EXPECT_THAT(text, HasSubstr("llama4_text: Llama4ForCausalLM, Llama4ForConditionalGeneration"));
+  EXPECT_THAT(text, HasSubstr("gpt-oss-120b (gpt_oss): 116.83B"));
+}
+
+// Issue 11 item 4: numbers are read strictly, syntax errors say where.
+TEST(HfConfig, NumbersAreStrict) {
+  auto with = [](const std::string& field, const std::string& value) {
+    std::string base = R"({"model_type": "llama", "hidden_size": 4096, "vocab_size": 1000,
+        "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 14336})";
+    const size_t at = base.find(absl::StrCat("\"", field, "\""));
+    const size_t colon = base.find(':', at);
+    const size_t end = base.find_first_of(",}", colon);
+    base.replace(colon + 1, end - colon - 1, value);
+    return ParseHfConfigJson(base, "x").status();
+  };
+  // 2^32 + 4096 once planned as 4096; 2^32 + 2 layers as 2.
+  EXPECT_THAT(with("hidden_size", "4294971392").message(),
+              HasSubstr("field 'hidden_size' has value 4294971392; allowed: an integer in [1, "));
+  EXPECT_THAT(with("num_hidden_layers", "4294967298").message(),
+              HasSubstr("field 'num_hidden_layers' has value 4294967298"));
+  EXPECT_THAT(with("num_attention_heads", "-8").message(), HasSubstr("has value -8"));
+  EXPECT_THAT(with("intermediate_size", "1.5").message(), HasSubstr("has value 1.5"));
+  EXPECT_THAT(with("vocab_size", "true").message(), HasSubstr("has value true"));
+  EXPECT_THAT(with("vocab_size", "\"big\"").message(), HasSubstr("has value \"big\""));
+  EXPECT_TRUE(with("vocab_size", "1000").ok());
+  EXPECT_THAT(
+      ParseHfConfigJson("{\n  \"model_type\": \"llama\",\n  \"hidden_size\": 4096,,\n}", "x")
+          .status()
+          .message(),
+      HasSubstr("not valid JSON at line 3, column"));
+  EXPECT_THAT(ParseHfConfigJson("[1, 2]", "x").status().message(),
+              HasSubstr("expected a JSON object"));
+  auto nested = ParseHfConfigJson(R"({"architectures": ["Qwen3VLForConditionalGeneration"],
+      "text_config": {"hidden_size": -1}})",
+                                  "vl");
+  EXPECT_THAT(nested.status().message(), HasSubstr("field 'text_config.hidden_size' has value -1"));
+}
+
+TEST(HfConfig, ErrorsNameTheArchitectureTheFieldAndTheSupportedList) {
   EXPECT_THAT(ParseHfConfigJson(R"({"model_type": "gpt2"})", "x").status().message(),
-              HasSubstr("'model_type' is 'gpt2'; supported: llama"));
+              HasSubstr("unsupported model: 'gpt2' (model_type); supported families: llama"));
+  EXPECT_THAT(ParseHfConfigJson(R"({"architectures": ["FalconForCausalLM"],
+      "model_type": "falcon"})",
+                                "x")
+                  .status()
+                  .message(),
+              HasSubstr("architecture 'FalconForCausalLM' (architectures[0]), 'falcon' "
+                        "(model_type); supported families:"));
+  EXPECT_THAT(ParseHfConfigJson(R"({"model_type": "fancy_vlm",
+      "text_config": {"model_type": "fancy_text"}})",
+                                "x")
+                  .status()
+                  .message(),
+              HasSubstr("'fancy_text' (text_config.model_type), 'fancy_vlm' (model_type)"));
   EXPECT_THAT(ParseHfConfigJson(R"({"hidden_size": 1})", "x").status().message(),
-              HasSubstr("missing field 'model_type'"));
+              HasSubstr("missing fields 'architectures' and 'model_type'"));
+  // An explicit null is transformers' None, not its default.
   EXPECT_THAT(ParseHfConfigJson(R"({"model_type": "llama", "hidden_size": 4096,
-      "num_hidden_layers": 2})",
+      "vocab_size": null, "num_hidden_layers": 2})",
                                 "x")
                   .status()
                   .message(),
               HasSubstr("missing field 'vocab_size'"));
-  EXPECT_THAT(ParseHfConfigJson(R"({"model_type": "llama", "hidden_size": "big",
-      "vocab_size": 10, "num_hidden_layers": 2})",
-                                "x")
-                  .status()
-                  .message(),
-              HasSubstr("'hidden_size' is \"big\""));
   // glm5_next without its linear-attention block.
   EXPECT_THAT(ParseHfConfigJson(R"({"model_type": "glm5_next", "hidden_size": 64,
       "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 4, "kv_lora_rank": 8,
@@ -147,7 +338,25 @@ TEST(HfConfig, ErrorsNameTheField) {
                   .status()
                   .message(),
               HasSubstr("missing field 'linear_attn_config'"));
+  EXPECT_THAT(ParseHfConfigJson(R"({"model_type": "gemma2", "layer_types": ["sliding"],
+      "num_hidden_layers": 1})",
+                                "x")
+                  .status()
+                  .message(),
+              HasSubstr("field 'layer_types[0]' has value \"sliding\"; allowed: full_attention"));
   EXPECT_FALSE(ReadHfConfigFile(kDataDir + "no-such-config.json").ok());
+}
+
+// A sparse nested config takes what transformers would fill in, and says which fields.
+TEST(HfConfig, SparseConfigsTakeTransformersDefaults) {
+  auto m = ReadHfConfigFile(kDataDir + "hf/synthetic/qwen3-vl-moe-sparse.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::string notes = absl::StrJoin(m->notes, "\n");
+  EXPECT_THAT(notes, HasSubstr("Qwen3VLMoeTextConfig defaults: "));
+  EXPECT_THAT(notes, HasSubstr("decoder_sparse_step=1"));
+  // The wrapper's own tie_word_embeddings (false) wins over the text class default (true).
+  EXPECT_FALSE(m->tied_embeddings);
+  EXPECT_THAT(notes, Not(HasSubstr("tie_word_embeddings=")));
 }
 
 }  // namespace

@@ -1,0 +1,234 @@
+// The layer kinds and features of issue 13, each checked against a hand count of what its
+// Megatron-Core/TE layer keeps per token (cost_model.cc names the code each term comes from), and
+// the parameter terms they add. One rank, TP 1, CP 1, bf16 activations: a tensor of width w
+// keeps 2w bytes per token.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "planner/cost_model.h"
+
+namespace stowage::planner {
+namespace {
+
+const std::string kData = std::string(STOWAGE_SOURCE_DIR) + "/tests/planner/data/hf/";
+constexpr uint64_t kSeq = 16384;
+
+StepCost Step(const ModelConfig& m, uint64_t seq = kSeq) {
+  RunSettings run;
+  run.seq_len = seq;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 1;
+  auto step = BuildStepCost(m, *HardwarePreset("h200"), run);
+  EXPECT_TRUE(step.ok()) << step.status();
+  return *step;
+}
+
+ModelConfig Read(const std::string& file) {
+  auto m = ReadHfConfigFile(kData + file);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+ModelConfig Parse(const std::string& json) {
+  auto m = ParseHfConfigJson(json, "test");
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+// Bytes per token of one saved tensor of layer `index` (0 when the layer does not keep it).
+double PerToken(const StepCost& s, int index, const std::string& name) {
+  for (const SavedTensor& t : s.layers[index].saved) {
+    if (t.name == name) return static_cast<double>(t.bytes) / static_cast<double>(kSeq);
+  }
+  return 0;
+}
+
+double LayerPerToken(const StepCost& s, int index) {
+  return static_cast<double>(s.layers[index].saved_bytes) / static_cast<double>(kSeq);
+}
+
+// Llama-shaped: hidden 256, 4 heads of 64, 2 KV heads, FFN 512.
+std::string Dense(const std::string& family, const std::string& extra = "") {
+  return absl::StrCat(R"({"model_type": ")", family, R"(", "hidden_size": 256,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+      "intermediate_size": 512, "vocab_size": 1000)",
+                      extra, "}");
+}
+
+TEST(LayerKinds, DenseAttentionLayerByHand) {
+  const StepCost s = Step(Parse(Dense("llama")));
+  // input, attn.norm, mid, ffn.norm: 4 x 256 x 2; qkv (4 + 2 x 2) x 64 x 2; core out 4 x 64 x 2
+  // + 4 fp32 softmax statistics; gate/up 2 x 512 x 2; act 512 x 2.
+  EXPECT_DOUBLE_EQ(LayerPerToken(s, 0),
+                   4 * 256 * 2 + 8 * 64 * 2 + (4 * 64 * 2 + 16) + 2 * 512 * 2 + 512 * 2);
+}
+
+// Mistral / Gemma 2/3 / gpt-oss / OLMo 3: a window changes the attention work, not what flash
+// attention keeps; so does Gemma 2's attention logit soft-capping (applied in the kernel).
+TEST(LayerKinds, SlidingWindowKeepsTheSameTensorsAndDoesLessWork) {
+  const ModelConfig m = Parse(Dense("gemma2", R"(, "sliding_window": 1024,
+      "attn_logit_softcapping": 50.0, "final_logit_softcapping": 0.0)"));
+  ASSERT_EQ(m.layers[0].span, AttentionSpan::kSliding);
+  ASSERT_EQ(m.layers[1].span, AttentionSpan::kFull);
+  const StepCost s = Step(m);
+  EXPECT_EQ(s.layers[0].saved_bytes, s.layers[1].saved_bytes);
+  // Core FLOPs: 4 x heads x head_dim x keys per query x tokens; a sliding query sees
+  // W - W^2 / 2S keys on average, a full one S / 2.
+  const double w = 1024, seq = kSeq;
+  const double full = 4.0 * 4 * 64 * (seq / 2) * seq;
+  const double sliding = 4.0 * 4 * 64 * (w - w * w / (2 * seq)) * seq;
+  EXPECT_NEAR(s.layers[1].forward_flops - s.layers[0].forward_flops, full - sliding, 1.0);
+}
+
+// Llama 4: RoPE layers attend within their attention_chunk_size chunk (half a chunk on average).
+TEST(LayerKinds, ChunkedAttentionSeesHalfAChunk) {
+  const ModelConfig m = Parse(R"({"architectures": ["Llama4ForCausalLM"], "hidden_size": 256,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+      "intermediate_size": 128, "intermediate_size_mlp": 512, "num_local_experts": 4,
+      "num_experts_per_tok": 1, "attention_chunk_size": 2048, "vocab_size": 1000})");
+  ASSERT_EQ(m.layers[0].span, AttentionSpan::kChunked);
+  ASSERT_EQ(m.layers[3].span, AttentionSpan::kFull);
+  const StepCost s = Step(m);
+  EXPECT_EQ(s.layers[0].saved_bytes, s.layers[3].saved_bytes);
+  const double seq = kSeq;
+  EXPECT_NEAR(s.layers[3].forward_flops - s.layers[0].forward_flops,
+              4.0 * 4 * 64 * (seq / 2 - 1024) * seq, 1.0);
+  // The shared expert (intermediate_size wide) is saved beside the routed one:
+  // gate/up 2 x (1 x 128 + 128) x 2, act (128 + 128) x 2.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "moe.gate_up"), 2 * (128 + 128) * 2);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "moe.act"), (128 + 128) * 2);
+}
+
+// Qwen3 / Gemma 3 / OLMo: q_layernorm and k_layernorm keep their inputs, (heads + kv) x d wide.
+TEST(LayerKinds, QkNormKeepsItsInputs) {
+  const StepCost llama = Step(Parse(Dense("llama")));
+  const StepCost qwen3 = Step(Parse(Dense("qwen3")));
+  EXPECT_DOUBLE_EQ(PerToken(qwen3, 0, "attn.qk_norm_in"), (4 + 2) * 64 * 2);
+  EXPECT_DOUBLE_EQ(LayerPerToken(qwen3, 0) - LayerPerToken(llama, 0), (4 + 2) * 64 * 2);
+  // Parameters: one head_dim weight each for q and k per layer.
+  const ModelConfig q = Parse(Dense("qwen3")), l = Parse(Dense("llama"));
+  EXPECT_EQ(DenseLayerParams(q, q.layers[0]) - DenseLayerParams(l, l.layers[0]), 2u * 64);
+}
+
+// gpt-oss: sinks are one learned logit per head folded into the softmax statistics; nothing
+// more is kept per token. Biases and router biases are parameters, not activations.
+TEST(LayerKinds, GptOssLayerByHand) {
+  const ModelConfig m = Read("gpt-oss-20b.json");
+  const StepCost s = Step(m);
+  const double h = 2880, hq = 64, hkv = 8, d = 64, e = 32, k = 4, f = 2880;
+  const double expected = 4 * h * 2 + (hq + 2 * hkv) * d * 2 + (hq * d * 2 + hq * 4) +
+                          e * 4 +          // router logits, fp32
+                          k * h * 2 +      // dispatched tokens
+                          k * 2 * f * 2 +  // expert gate/up
+                          k * f * 2 +      // expert activation
+                          k * h * 2;       // expert outputs
+  EXPECT_DOUBLE_EQ(LayerPerToken(s, 0), expected);
+  EXPECT_EQ(s.layers[0].saved_bytes, s.layers[1].saved_bytes);  // sliding and full alike
+  // Parameters the feature adds: sinks (64), q/k/v/o biases, router bias (32), expert biases.
+  ModelConfig plain = m;
+  plain.attention_sinks = plain.qkv_bias = plain.o_bias = false;
+  plain.router_bias = plain.expert_bias = false;
+  EXPECT_EQ(DenseLayerParams(m, m.layers[0]) - DenseLayerParams(plain, plain.layers[0]),
+            64u + (64 + 2 * 8) * 64 + 2880 + 32);
+  EXPECT_EQ(RoutedExpertParams(m, m.layers[0]) - RoutedExpertParams(plain, plain.layers[0]),
+            32u * (2 * 2880 + 2880));
+}
+
+// Gemma 2: final-logit soft-capping keeps the tanh output, one more fp32 logits chunk.
+TEST(LayerKinds, FinalLogitSoftcapKeepsOneMoreLogitsChunk) {
+  ModelConfig m = Read("gemma-2-9b.json");
+  ASSERT_GT(m.final_logit_softcap, 0);
+  const StepCost capped = Step(m);
+  m.final_logit_softcap = 0;
+  const StepCost plain = Step(m);
+  EXPECT_EQ(capped.tail_bytes - plain.tail_bytes, 8192ull * 256000 * 4);
+}
+
+// Qwen3-Next: the attention layers' q_proj also yields a sigmoid output gate, kept for backward.
+// The gated DeltaNet layers keep in_proj's output (q, k, v, z, b, a), the conv output, the core
+// output and the gated norm's input.
+TEST(LayerKinds, GatedDeltaNetAndGatedAttentionByHand) {
+  const ModelConfig m = Read("synthetic/qwen3-next-small.json");
+  ASSERT_EQ(m.layers[0].attention, AttentionKind::kGdn);
+  ASSERT_EQ(m.layers[3].attention, AttentionKind::kAttention);
+  const StepCost s = Step(m);
+  const double key = 2 * 32, value = 4 * 32;  // 2 key heads x 32, 4 value heads x 32
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.in_proj"), (2 * key + 2 * value + 2 * 4) * 2);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.conv_out"), (2 * key + value) * 2);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.core_out"), value * 2);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.norm_out"), value * 2);
+  EXPECT_DOUBLE_EQ(PerToken(s, 3, "attn.out_gate"), 4 * 32 * 2);
+  // Shared expert (64 wide) beside 2 routed experts of 64: gate/up 2 x (2 x 64 + 64) x 2.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "moe.gate_up"), 2 * (2 * 64 + 64) * 2);
+  // gdn_conv is a recompute module of its own.
+  bool found = false;
+  for (const RecomputeModule& mod : s.layers[0].modules) found |= mod.name == "gdn_conv";
+  EXPECT_TRUE(found);
+}
+
+// DeepSeek-V2-Lite: MLA without q-LoRA keeps no q latent (q comes from the normed input,
+// already kept); two shared experts are 2 x 1408 wide.
+TEST(LayerKinds, MlaWithoutQLoraAndSeveralSharedExperts) {
+  const ModelConfig m = Read("deepseek-v2-lite-chat.json");
+  ASSERT_EQ(m.q_lora_rank, 0);
+  ASSERT_EQ(m.shared_intermediate, 2 * 1408);
+  const StepCost s = Step(m);
+  EXPECT_DOUBLE_EQ(PerToken(s, 1, "attn.q_latent"), 0);
+  EXPECT_DOUBLE_EQ(PerToken(s, 1, "attn.kv_latent"), (2 * 512 + 64) * 2);
+  // 6 routed experts of 1408 plus the shared 2816: gate/up 2 x (6 x 1408 + 2816) x 2.
+  EXPECT_DOUBLE_EQ(PerToken(s, 1, "moe.gate_up"), 2 * (6 * 1408 + 2816) * 2);
+}
+
+// GLM-5 (glm_moe_dsa): the DSA indexer on MLA keeps its q/k (bf16) and head weights (fp32), and
+// the top-k indices (int32) per query.
+TEST(LayerKinds, DsaIndexerOnMla) {
+  const ModelConfig m = Read("glm-5.1.json");
+  ASSERT_EQ(m.layers[0].attention, AttentionKind::kDsa);
+  const StepCost s = Step(m);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.index_qk"), (32 * 128 + 128) * 2 + 32 * 4);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.topk_indices"), 2048 * 4);
+  // Indexer parameters: wq_b (q_lora 2048 -> 32 x 128), wk (6144 -> 128), k_norm (LayerNorm
+  // 128: weight and bias), weights_proj (6144 -> 32).
+  ModelConfig mla = m;
+  LayerSpec plain = m.layers[0];
+  plain.attention = AttentionKind::kMla;
+  EXPECT_EQ(DenseLayerParams(m, m.layers[0]) - DenseLayerParams(mla, plain),
+            2048u * 32 * 128 + 6144 * 128 + 2 * 128 + 6144 * 32);
+}
+
+// DeepSeek-V3 / GLM: the MTP module's weights, gradients and optimizer state are fixed memory.
+TEST(LayerKinds, MtpModuleIsInFixedMemory) {
+  ModelConfig m = *ModelPreset("deepseek-v3");
+  ASSERT_EQ(m.mtp_layers, 1);
+  RunSettings run;
+  run.seq_len = 4096;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  const StepCost with = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  EXPECT_EQ(with.model_parameters, ModelParameters(m));
+  EXPECT_NEAR(static_cast<double>(with.fixed.weights), 2.0 * ModelParameters(m), 8.0);
+  m.mtp_layers = 0;
+  const StepCost without = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  const double mtp = static_cast<double>(MtpDenseParams(*ModelPreset("deepseek-v3")) +
+                                         MtpRoutedExpertParams(*ModelPreset("deepseek-v3")));
+  EXPECT_NEAR(static_cast<double>(with.fixed.weights - without.fixed.weights), 2 * mtp, 8.0);
+}
+
+// Mllama: cross-attention layers carry q/k norms and two scalar gates.
+TEST(LayerKinds, CrossAttentionLayerParameters) {
+  const ModelConfig m = Read("synthetic/mllama-small.json");
+  ASSERT_TRUE(m.layers[1].cross_attention);
+  ASSERT_FALSE(m.layers[0].cross_attention);
+  EXPECT_EQ(m.layers[1].TypeName(), "cross_attention+dense_ffn");
+  EXPECT_EQ(DenseLayerParams(m, m.layers[1]) - DenseLayerParams(m, m.layers[0]),
+            2u * m.head_dim + 2);
+}
+
+}  // namespace
+}  // namespace stowage::planner
