@@ -105,6 +105,29 @@ TEST_F(PlanCommand, MaxSeqLen) {
   EXPECT_THAT(run.out, HasSubstr("longest sequence that fits:"));
 }
 
+// Issue 13: the families, their aliases and the presets; a real config's notes and count.
+TEST_F(PlanCommand, ListModelsAndConfigNotes) {
+  const Result list = Stowage("plan --list-models");
+  EXPECT_EQ(list.code, 0) << list.out;
+  EXPECT_THAT(list.out, HasSubstr("deepseek_v3: DeepseekV3ForCausalLM, kimi_k2"));
+  EXPECT_THAT(list.out, HasSubstr("llama-3.1-405b (llama): 405.85B"));
+  const Result oss = Stowage("plan --model " + std::string(STOWAGE_SOURCE_DIR) +
+                             "/tests/planner/data/hf/gpt-oss-20b.json --seq-len 32K --cp 1 "
+                             "--gpus 8 --ep 8 --hardware h200");
+  EXPECT_EQ(oss.code, 0) << oss.out;
+  EXPECT_THAT(oss.out, HasSubstr("from architectures[0] 'GptOssForCausalLM'"));
+  EXPECT_THAT(oss.out, HasSubstr("quantization_config (mxfp4) is not used for training"));
+  EXPECT_THAT(oss.out, HasSubstr("model parameters       20914757184 (20.91B)"));
+  EXPECT_THAT(oss.out, HasSubstr("sliding_attention+moe"));
+  const Result bad = Stowage("plan --model " + Path("falcon.json"));
+  EXPECT_EQ(bad.code, 2);
+  std::ofstream(Path("falcon.json")) << R"({"architectures": ["FalconForCausalLM"]})";
+  const Result falcon = Stowage("plan --model " + Path("falcon.json"));
+  EXPECT_EQ(falcon.code, 2);
+  EXPECT_THAT(falcon.out,
+              HasSubstr("unsupported model: architecture 'FalconForCausalLM' (architectures[0])"));
+}
+
 TEST_F(PlanCommand, OtherModelsAndProfiles) {
   const Result llama =
       Stowage("plan --model llama-3-8b --seq-len 128K --cp 2 --gpus 8 --hardware h200");
