@@ -34,7 +34,7 @@ def measure(layers: Sequence[nn.Module], x: torch.Tensor, *args: Any,
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             if stowage_layers.offloadable(t, x.device, resident):
-                seen[stowage_layers.saved_key(t)] = t.numel() * t.element_size()
+                seen[stowage_layers.saved_key(t)] = stowage_layers.offload_nbytes(t)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

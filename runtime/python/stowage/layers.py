@@ -80,17 +80,16 @@ def _storage_ptr(t: torch.Tensor) -> int:
     return _storage(t).data_ptr()
 
 
-def _is_dense(t: torch.Tensor) -> bool:
-    """True if t's elements fill exactly numel() slots of its storage, from data_ptr() upward."""
-    if t.is_contiguous():
-        return True
-    dims = sorted((s, n) for n, s in zip(t.shape, t.stride()) if n != 1)
-    expected = 1
-    for stride, size in dims:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+def offload_nbytes(t: torch.Tensor) -> int:
+    """The bytes offloading `t` moves: the span of memory its elements lie in, from data_ptr()
+    up (numel() elements for a dense tensor; fewer for an expanded one, more for one with
+    gaps). The copy keeps the tensor's strides, so backward sees the same layout and runs the
+    same kernels: copying into a contiguous tensor (as a clone in torch's own saved-tensor hooks
+    does) changed gradient bits of Hugging Face MoE layers. The profiler counts saved bytes
+    with this function too, so plans reserve what is moved."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
 def _checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -111,7 +110,7 @@ class _Stowed:
         self.size = like.shape
         self.stride = like.stride()
         self.dtype = like.dtype
-        self.saved_stride = saved_stride  # the saved tensor's, before any .contiguous()
+        self.saved_stride = saved_stride
         self.tensor: Optional[torch.Tensor] = None
         self.restored = False
 
@@ -296,9 +295,7 @@ class _StepState:
         """Offloads `t` (on the step's device; enter_layer checked it): its D2H is issued with
         the layer's batch, or at once with `now`."""
         saved_stride = t.stride()
-        if not (t.is_contiguous() or _is_dense(t)):
-            t = t.contiguous()
-        nbytes = t.numel() * t.element_size()
+        nbytes = offload_nbytes(t)  # the restore buffer, empty_strided alike, spans as much
         used = self.host_used[layer] + nbytes
         if used > self.host_limit[layer]:
             lp = self.owner.plan.layers[layer]
@@ -447,7 +444,9 @@ class _StepState:
 
 class PlannedLayers(nn.Module):
     """A sequence of layers run under a plan. Call it like the layers in sequence:
-    `y = planned(x, *args, **kwargs)` runs `x = layer(x, *args, **kwargs)` for each layer.
+    `y = planned(x, *args, **kwargs)` runs `x = layer(x, *args, **kwargs)` for each layer; or
+    use it where the model keeps its ModuleList of layers (`model.model.layers = planned`):
+    indexing and iterating give each layer under its plan (PlannedLayer).
 
     Every training step that runs forward and backward through offloading layers must be inside
     `with planned.step():` (the runtime's begin/end step; the end always runs, so an exception
@@ -458,7 +457,14 @@ class PlannedLayers(nn.Module):
                  runtime: Optional[Runtime] = None, backend: Optional[str] = None,
                  **runtime_options: Any):
         super().__init__()
-        self.layers = layers if isinstance(layers, nn.ModuleList) else nn.ModuleList(list(layers))
+        # The layers are this module's children "0", "1", ... as in the ModuleList they came
+        # from, so parameter names and checkpoints are the same whether a model holds its
+        # layers or the planned ones (model.model.layers = planned).
+        layer_list = layers if isinstance(layers, nn.ModuleList) else nn.ModuleList(list(layers))
+        self.__dict__["layers"] = layer_list  # a view of the children, not one itself
+        for i, layer in enumerate(layer_list):
+            self.add_module(str(i), layer)
+        self._views = [PlannedLayer(self, i) for i in range(len(layer_list))]
         if not isinstance(plan, Plan):
             plan = Plan.from_json(plan_json_text(plan))
         self.plan: Plan = plan
@@ -518,11 +524,31 @@ class PlannedLayers(nn.Module):
         state.close()
 
     # -- forward ----------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Runs every layer in order on `x`, passing `args` and `kwargs` unchanged to each; a
+        layer may return a tensor or a tuple whose first element is the next layer's input.
+        Returns what the last layer returned."""
+        out: Any = x
+        for view in self:
+            out = view(x, *args, **kwargs)
+            x = _hidden(out, view.index, view.layer)
+        return out
+
+    # -- a sequence of layers, as a model's ModuleList is used ------------------------------
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self) -> Iterator["PlannedLayer"]:
+        return iter(self._views)
+
+    def __getitem__(self, index: Union[int, slice]) -> Any:
+        return self._views[index]
+
+    def _run(self, i: int, x: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+        """Layer i under its policy (see PlannedLayer)."""
+        layer = self.layers[i]
         if not torch.is_grad_enabled():
-            for layer in self.layers:
-                x = layer(x, *args, **kwargs)
-            return x
+            return layer(x, *args, **kwargs)
         state = self._state
         if state is None and self._runtime is not None:
             offloading = [l.index for l in self.plan.layers
@@ -530,23 +556,19 @@ class PlannedLayers(nn.Module):
             raise RuntimeError(
                 f"the plan offloads layers {offloading}: run forward and backward inside "
                 "`with planned.step():`")
-        last = len(self.layers) - 1
-        for i, (layer, lp) in enumerate(zip(self.layers, self.plan.layers)):
-            if state is not None:
-                state.retire(i)
-            try:
-                x = self._run_layer(i, layer, lp.policy, x, args, kwargs, state)
-            except RuntimeError:
-                if state is not None and state.hook_error is not None:
-                    raise state.hook_error from None
-                raise
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"layer {i} ({type(layer).__name__}) returned "
-                                f"{type(x).__name__}; PlannedLayers passes one tensor from layer "
-                                "to layer")
-            if state is not None and x.requires_grad and (i in self._prefetch_after or i == last):
-                x.register_hook(_BackwardStart(state, i))
-        return x
+        if state is not None:
+            state.retire(i)
+        try:
+            out = self._run_layer(i, layer, self.plan.layers[i].policy, x, args, kwargs, state)
+        except RuntimeError:
+            if state is not None and state.hook_error is not None:
+                raise state.hook_error from None
+            raise
+        y = _hidden(out, i, layer)
+        if state is not None and y.requires_grad and (i in self._prefetch_after
+                                                      or i == len(self.layers) - 1):
+            y.register_hook(_BackwardStart(state, i))
+        return out
 
     def _run_layer(self, i: int, layer: nn.Module, policy: str, x: torch.Tensor,
                    args: tuple, kwargs: dict, state: Optional[_StepState]) -> torch.Tensor:
@@ -576,6 +598,48 @@ class PlannedLayers(nn.Module):
             return out
         raise PlanError(f"plan: layers[{i}].policy is {policy!r}; allowed: "
                         f"{', '.join(plan_mod.POLICIES)}")
+
+
+class PlannedLayer:
+    """Layer `index` of a PlannedLayers, run under its policy: what iterating or indexing the
+    PlannedLayers gives, so a model that loops over its layers itself (Hugging Face's
+    `for decoder_layer in self.layers[:n]: hidden = decoder_layer(hidden, **kwargs)`) runs each
+    one under the plan. Call it as the layer: extra positional and keyword arguments pass
+    through unchanged, and it returns what the layer returns (a tensor, or a tuple whose first
+    element is the hidden state). Other attributes are the layer's (e.g. `attention_type`).
+    Layers must run in order within a step, as the model's forward runs them."""
+
+    __slots__ = ("owner", "index")
+
+    def __init__(self, owner: "PlannedLayers", index: int):
+        self.owner = owner
+        self.index = index
+
+    @property
+    def layer(self) -> nn.Module:
+        return self.owner.layers[self.index]
+
+    def __call__(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return self.owner._run(self.index, x, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.owner.layers[self.index], name)
+
+    def __repr__(self) -> str:
+        return (f"PlannedLayer({self.index}, {self.owner.plan.layers[self.index].policy}, "
+                f"{type(self.layer).__name__})")
+
+
+def _hidden(out: Any, i: int, layer: nn.Module) -> torch.Tensor:
+    """The hidden state a layer returned: the tensor itself, or a tuple's first element (the
+    Hugging Face convention before transformers 4.54, and of many decoder layers still)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise TypeError(f"layer {i} ({type(layer).__name__}) returned {type(out).__name__}; "
+                    "PlannedLayers passes a tensor, or a tuple's first element, from layer to "
+                    "layer")
 
 
 class _BackwardStart:
@@ -741,6 +805,7 @@ def wrap(layers: Union[nn.ModuleList, Sequence[nn.Module]], plan: Optional[PlanL
     return PlannedLayers(layers, plan, **kwargs)
 
 
-__all__ = ["PlannedLayers", "ResidentMemory", "StaleTensorError", "check_plan_matches", "offloadable",
+__all__ = ["PlannedLayer", "PlannedLayers", "ResidentMemory", "StaleTensorError",
+           "check_plan_matches", "offload_nbytes", "offloadable",
            "saved_key", "wrap",
            "StowageError"]

@@ -27,7 +27,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .layers import _storage_ptr, offloadable, resident_storages, saved_key
+from .layers import (_hidden, _storage_ptr, offload_nbytes, offloadable, resident_storages,
+                     saved_key)
 from .plan import PlanError
 
 FORMAT = "stowage-layer-profile"
@@ -265,7 +266,7 @@ def _measure_layer(i: int, layer: nn.Module, x: torch.Tensor, args: tuple, kwarg
                 key = saved_key(t)
                 if key not in seen:
                     seen.add(key)
-                    nbytes = t.numel() * t.element_size()
+                    nbytes = offload_nbytes(t)
                     if (_storage_ptr(t) == in_storage and nbytes == in_bytes
                             and not any(s.name == "input" for s in tensors)):
                         tensors.append(SavedTensor("input", nbytes, ""))
@@ -289,10 +290,7 @@ def _measure_layer(i: int, layer: nn.Module, x: torch.Tensor, args: tuple, kwarg
             t1 = time.perf_counter()
         finally:
             tracker.remove()
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"layer {i} ({type(layer).__name__}) returned "
-                            f"{type(out).__name__}; stowage plans sequences of layers "
-                            "that pass one tensor along")
+        out = _hidden(out, i, layer)  # a tensor, or a tuple's first element, as PlannedLayers
         if cuda:
             fwd_peak = torch.cuda.max_memory_allocated(device) - before
         inputs = ([x] if x.requires_grad else []) + params
