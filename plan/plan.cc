@@ -50,6 +50,11 @@ constexpr json::Range<int> kLayerIndex{0, kPlanMaxLayers - 1};
 constexpr json::Range<int> kPrefetchAfterLayer{-1, kPlanMaxLayers - 1};
 constexpr json::Range<int> kSchemaVersion{0, std::numeric_limits<int>::max()};
 
+// Old name -> new name (issue 10: moe_chunks also chunks dense FFNs).
+constexpr std::pair<std::string_view, std::string_view> kRenamedLayerFields[] = {
+    {"moe_chunks", "ffn_chunks"},
+};
+
 absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& path) {
   absl::StatusOr<json::Object> object = json::Object::Of(value, std::string(kSource), path);
   if (!object.ok()) return object.status();
@@ -78,7 +83,16 @@ absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& 
       layer.recompute_modules.push_back(std::move(module));
     }
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("moe_chunks", layer.moe_chunks, kFfnChunks));
+  // Renamed fields: a plan that still uses the old word is refused naming the new one (not ignored
+  // as unknown, which would silently drop its value).
+  for (const auto& [old_name, new_name] : kRenamedLayerFields) {
+    if (l.Has(old_name)) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: field '", l.PathOf(old_name),
+                                                     "' is now called '", std::string(new_name),
+                                                     "'; rename it in the plan"));
+    }
+  }
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("ffn_chunks", layer.ffn_chunks, kFfnChunks));
   STOWAGE_PLAN_RETURN_IF_ERROR(
       l.ReadOptional("prefetch_after_layer", layer.prefetch_after_layer, kPrefetchAfterLayer));
   STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("forward_seconds", layer.forward_seconds, kSeconds));
@@ -188,7 +202,7 @@ std::string PlanToJson(const Plan& plan) {
                           {"host_bytes", l.host_bytes},
                           {"transfers", transfers},
                           {"prefetch_after_layer", l.prefetch_after_layer},
-                          {"moe_chunks", l.moe_chunks},
+                          {"ffn_chunks", l.ffn_chunks},
                           {"forward_seconds", l.forward_seconds},
                           {"backward_seconds", l.backward_seconds},
                           {"recompute_seconds", l.recompute_seconds},
@@ -363,7 +377,7 @@ absl::Status ValidatePlan(const Plan& plan) {
           "offload_saved"));
     }
     STOWAGE_PLAN_RETURN_IF_ERROR(
-        CheckRange(absl::StrCat(path, ".moe_chunks"), l.moe_chunks, kFfnChunks));
+        CheckRange(absl::StrCat(path, ".ffn_chunks"), l.ffn_chunks, kFfnChunks));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         CheckRange(absl::StrCat(path, ".device_saved_bytes"), l.device_saved_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(

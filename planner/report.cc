@@ -103,7 +103,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
     lp.index = i;
     lp.type = l.type;
     lp.policy = o.policy;
-    lp.moe_chunks = o.chunks;
+    lp.ffn_chunks = o.chunks;
     for (size_t m = 0; m < l.modules.size(); ++m) {
       if (o.policy == LayerPolicy::kSelectiveRecompute && (o.module_mask & (1u << m))) {
         lp.recompute_modules.push_back(l.modules[m].name);
@@ -148,7 +148,7 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
     absl::StrAppend(&out,
                     absl::StrFormat("%5d  %-14s  %-52s  %6d  %10s  %10s  %9s  %15s  %8s\n", l.index,
                                     l.type, PolicyText(step.layers[i], result.schedule.options[i]),
-                                    l.moe_chunks, FormatBytes(l.device_saved_bytes),
+                                    l.ffn_chunks, FormatBytes(l.device_saved_bytes),
                                     l.host_bytes ? FormatBytes(l.host_bytes) : "-",
                                     Ms(l.recompute_seconds), prefetch, Ms(stall[i])));
   }

@@ -143,9 +143,12 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
         });
   Gauge("stowage_plan_device_budget_bytes", "GPU memory budget the plan was made for.", on_device,
         [](const RuntimeCounters& r) { return static_cast<double>(r.gpu_budget_bytes); });
-  Gauge("stowage_plan_host_bytes", "Pinned host memory the plan needs on this GPU's NUMA node.",
-        on_node,
-        [](const RuntimeCounters& r) { return static_cast<double>(r.predicted_host_bytes); });
+  Gauge("stowage_plan_host_per_gpu_bytes",
+        "Pinned host memory the plan needs for this GPU (predicted.host_bytes_per_gpu); a NUMA "
+        "node needs the sum over its GPUs.",
+        on_node, [](const RuntimeCounters& r) {
+          return static_cast<double>(r.predicted_host_bytes_per_gpu);
+        });
   Gauge("stowage_plan_step_seconds", "Step time the plan predicts.", on_device,
         [](const RuntimeCounters& r) { return r.predicted_step_seconds; });
 
@@ -207,10 +210,11 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
       m.gauge.value = seconds > 0 ? Load((r.*member).bytes) / seconds : 0;
     });
   }
-  Gauge("stowage_copy_link_ceiling_bytes_per_second",
-        "Host<->device link bandwidth per direction the plan assumed (0: unknown); the ceiling "
-        "stowage_copy_achieved_bandwidth_bytes_per_second is compared against.",
-        on_device, [](const RuntimeCounters& r) { return r.link_ceiling_bytes_per_second; });
+  Gauge(
+      "stowage_copy_link_bytes_per_second",
+      "Host<->device link bandwidth per direction the plan assumed (runtime.link_bytes_per_second; "
+      "0: unknown), to compare stowage_copy_achieved_bandwidth_bytes_per_second against.",
+      on_device, [](const RuntimeCounters& r) { return r.link_bytes_per_second; });
   Gauge("stowage_copy_in_flight", "Copies issued and not yet completed.", on_device,
         [](const RuntimeCounters& r) { return Load(r.copies_in_flight); });
 
@@ -223,7 +227,7 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
   for (size_t i = 0; i < c.layer_types.size(); ++i) {
     const Labels labels = with(on_device, "layer_type", c.layer_types[i]->layer_type);
     Series(saved, labels, [i](const RuntimeCounters& r, ClientMetric& m) {
-      m.counter.value = Load(r.layer_types[i]->offloaded_bytes);
+      m.counter.value = Load(r.layer_types[i]->saved_bytes);
     });
     Series(restored, labels, [i](const RuntimeCounters& r, ClientMetric& m) {
       m.counter.value = Load(r.layer_types[i]->restored_bytes);

@@ -78,8 +78,8 @@ std::shared_ptr<RuntimeCounters> Runtime::MakeCounters(const Plan& plan,
   counters->device = options.device;
   counters->backend = backend.name();
   counters->predicted_peak_device_bytes = plan.predicted.peak_device_bytes;
-  counters->link_ceiling_bytes_per_second = plan.runtime.link_bytes_per_second;
-  counters->predicted_host_bytes = plan.predicted.host_bytes_per_gpu;
+  counters->link_bytes_per_second = plan.runtime.link_bytes_per_second;
+  counters->predicted_host_bytes_per_gpu = plan.predicted.host_bytes_per_gpu;
   counters->predicted_step_seconds = plan.predicted.step_seconds;
   counters->gpu_budget_bytes = plan.gpu_budget_bytes;
   std::map<std::string, LayerTypeCounters*> types;
@@ -289,7 +289,7 @@ absl::Status Runtime::FinishSave(TensorEntry* entry,
   entry->state = TensorState::kSaved;
   counters_->saves_total.fetch_add(1, std::memory_order_relaxed);
   if (LayerTypeCounters* t = layer_type_of_[entry->layer]; t != nullptr) {
-    t->offloaded_bytes.fetch_add(entry->bytes, std::memory_order_relaxed);
+    t->saved_bytes.fetch_add(entry->bytes, std::memory_order_relaxed);
   }
   return absl::OkStatus();
 }

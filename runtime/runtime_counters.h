@@ -30,7 +30,7 @@ struct CopyCounters {  // one per direction: "d2h", "h2d"
 
 struct LayerTypeCounters {  // one per distinct layer type in the plan (bounded label)
   std::string layer_type;
-  std::atomic<uint64_t> offloaded_bytes{0};  // D2H bytes saved for layers of this type
+  std::atomic<uint64_t> saved_bytes{0};  // D2H bytes saved for layers of this type
   std::atomic<uint64_t> restored_bytes{0};
 };
 
@@ -44,11 +44,10 @@ struct RuntimeCounters {
   int numa_node = -1;
   std::string backend;                       // "host" or "cuda"
   uint64_t predicted_peak_device_bytes = 0;  // from the plan
-  uint64_t predicted_host_bytes = 0;
+  uint64_t predicted_host_bytes_per_gpu = 0;
   double predicted_step_seconds = 0;
   uint64_t gpu_budget_bytes = 0;
-  double link_ceiling_bytes_per_second =
-      0;  // per direction, from the plan (runtime.link_bytes_per_second); 0 unknown
+  double link_bytes_per_second = 0;  // per direction, the plan's runtime.*; 0 unknown
 
   // Pinned host arena.
   std::atomic<uint64_t> arena_capacity_bytes{0};

@@ -72,7 +72,7 @@ cli::FlagParser MakeParser() {
          "8192"});
   p.Add({"force", "POLICY",
          "evaluate one uniform policy instead of optimising: keep, recompute (inputs kept), "
-         "offload (inputs offloaded, full recompute)",
+         "selective_recompute, offload_input (inputs offloaded, full recompute), offload_saved",
          ""});
   p.Add({"max-seq-len", "", "find the longest sequence that fits the budgets", ""});
   p.Add({"list-models", "", "list the config.json families (with aliases) and the presets", ""});
@@ -91,18 +91,22 @@ struct Inputs {
   std::vector<std::string> model_notes;  // what the config reader wants the user to know
 };
 
+// --force takes a policy's own name (plan.h), as the plan file and the C ABI's "force" do.
 absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& options) {
   if (auto force = flags.Get("force"); force.has_value()) {
-    if (*force == "keep") {
-      options.force = LayerPolicy::kKeep;
-    } else if (*force == "recompute") {
-      options.force = LayerPolicy::kRecompute;
-    } else if (*force == "offload") {
-      options.force = LayerPolicy::kOffloadInput;
-    } else {
+    if (*force == "offload") {  // the old spelling: it always meant offload_input
       return absl::InvalidArgumentError(
-          absl::StrCat("--force is '", *force, "'; allowed: keep, recompute, offload"));
+          "--force offload is now --force offload_input (every layer input offloaded, full "
+          "recompute); use offload_input, or offload_saved for saved tensors without recompute");
     }
+    absl::StatusOr<LayerPolicy> policy = ParseLayerPolicy(*force);
+    if (!policy.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--force is '", *force,
+                                                     "'; allowed: keep, "
+                                                     "recompute, selective_recompute, "
+                                                     "offload_input, offload_saved"));
+    }
+    options.force = *policy;
   }
   return absl::OkStatus();
 }

@@ -241,8 +241,26 @@ TEST(PlanValidator, LimitsOfRunSettings) {
   j["runtime"]["gpus_per_numa_node"] = 0;
   EXPECT_THAT(ErrorOf(j), HasSubstr("'runtime.gpus_per_numa_node' has value 0"));
   j = PlanObject();
-  j["layers"][1]["moe_chunks"] = 0;
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].moe_chunks' has value 0"));
+  j["layers"][1]["ffn_chunks"] = 0;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].ffn_chunks' has value 0"));
+}
+
+}  // namespace
+}  // namespace stowage
+
+namespace stowage {
+namespace {
+
+TEST(PlanReader, OldFieldNameIsRefusedNamingTheNewOne) {
+  Json j = Json::parse(PlanToJson(OffloadingPlan()));
+  j["layers"][1]["moe_chunks"] = 2;  // issue 10 item 6: it chunks dense FFNs too
+  EXPECT_THAT(ErrorOf(j), HasSubstr("plan: field 'layers[1].moe_chunks' is now called "
+                                    "'ffn_chunks'; rename it in the plan"));
+  j["layers"][1].erase("moe_chunks");
+  j["layers"][1]["ffn_chunks"] = 2;
+  absl::StatusOr<Plan> plan = ParsePlanJson(j.dump());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->layers[1].ffn_chunks, 2);
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ TEST_F(PlanCommand, ForcedPoliciesCompare) {
   const Result keep = Stowage("plan --seq-len 256K --force keep");
   EXPECT_EQ(keep.code, 1) << keep.out;  // keeping everything does not fit a B200
   EXPECT_THAT(keep.out, HasSubstr("DOES NOT FIT"));
-  const Result offload = Stowage("plan --seq-len 256K --force offload --format json");
+  const Result offload = Stowage("plan --seq-len 256K --force offload_input --format json");
   ASSERT_EQ(offload.code, 0) << offload.out;
   auto plan = stowage::ParsePlanJson(offload.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -151,7 +151,12 @@ TEST_F(PlanCommand, BadInputIsAUsageError) {
   EXPECT_THAT(run.out, HasSubstr("seq-len"));
   run = Stowage("plan --force sometimes");
   EXPECT_EQ(run.code, 2);
-  EXPECT_THAT(run.out, HasSubstr("--force is 'sometimes'; allowed: keep, recompute, offload"));
+  EXPECT_THAT(run.out, HasSubstr("--force is 'sometimes'; allowed: keep, recompute, "
+                                 "selective_recompute, offload_input, offload_saved"));
+  // The old spelling names the policy it meant (issue 10 item 6).
+  run = Stowage("plan --force offload");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("--force offload is now --force offload_input"));
   run = Stowage("plan --model nope");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("unknown model preset 'nope'"));

@@ -104,7 +104,7 @@ TEST_F(PlanProfileCommand, JsonOutAndTimeline) {
   EXPECT_LE(plan->predicted.peak_device_bytes, 2ull << 30);
   EXPECT_EQ(plan->predicted.fixed_device_bytes, 1140850688u);
   ASSERT_EQ(plan->layers.size(), 4u);
-  for (const stowage::LayerPlan& l : plan->layers) EXPECT_EQ(l.moe_chunks, 1);
+  for (const stowage::LayerPlan& l : plan->layers) EXPECT_EQ(l.ffn_chunks, 1);
   auto file = stowage::ReadPlanFile(Path("plan.json"));
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(stowage::PlanToJson(*file), run.out);

@@ -67,7 +67,7 @@ def base_plans() -> list[tuple[str, str]]:
                 L(index=1, type="attention+swiglu", policy="selective_recompute",
                   device_saved_bytes=1 << 20, recompute_modules=["attn", "mlp"]),
                 L(index=2, type="mla+moe", policy="offload_input", host_bytes=1 << 16,
-                  transfers=[T("input", 1 << 16)], prefetch_after_layer=2, moe_chunks=4),
+                  transfers=[T("input", 1 << 16)], prefetch_after_layer=2, ffn_chunks=4),
                 L(index=3, type="mla+moe", policy="recompute", device_saved_bytes=4096)],
         predicted=plan_mod.Prediction(peak_device_bytes=1 << 30, fixed_device_bytes=1 << 29,
                                       host_bytes_per_gpu=12288 + (1 << 16),

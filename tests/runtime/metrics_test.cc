@@ -112,10 +112,10 @@ std::shared_ptr<RuntimeCounters> KnownCounters() {
   c->numa_node = 1;
   c->backend = "host";
   c->predicted_peak_device_bytes = 98ull << 30;
-  c->predicted_host_bytes = 45ull << 30;
+  c->predicted_host_bytes_per_gpu = 45ull << 30;
   c->predicted_step_seconds = 2.5;
   c->gpu_budget_bytes = 140ull << 30;
-  c->link_ceiling_bytes_per_second = 55.3e9;
+  c->link_bytes_per_second = 55.3e9;
   for (const char* type : {"kda+moe", "dsa+moe"}) {
     c->layer_types.push_back(std::make_unique<LayerTypeCounters>());
     c->layer_types.back()->layer_type = type;
@@ -135,9 +135,9 @@ std::shared_ptr<RuntimeCounters> KnownCounters() {
   c->saves_total = 4;
   c->restores_total = 3;
   AddSeconds(c->stall_nanos, 0.25);
-  c->layer_types[0]->offloaded_bytes = 2500;
+  c->layer_types[0]->saved_bytes = 2500;
   c->layer_types[0]->restored_bytes = 2000;
-  c->layer_types[1]->offloaded_bytes = 1500;
+  c->layer_types[1]->saved_bytes = 1500;
   c->layer_types[1]->restored_bytes = 1000;
   c->RecordStep(0.02);   // bucket 0.025
   c->RecordStep(0.3);    // bucket 0.5
@@ -205,7 +205,7 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
   EXPECT_EQ(at(R"(stowage_runtime_info{backend="host",device="3",numa_node="1"})"), 1);
   EXPECT_EQ(at("stowage_plan_peak_device_bytes{" + dev + "}"), 98.0 * (1ull << 30));
   EXPECT_EQ(at("stowage_plan_device_budget_bytes{" + dev + "}"), 140.0 * (1ull << 30));
-  EXPECT_EQ(at("stowage_plan_host_bytes{" + node + "}"), 45.0 * (1ull << 30));
+  EXPECT_EQ(at("stowage_plan_host_per_gpu_bytes{" + node + "}"), 45.0 * (1ull << 30));
   EXPECT_EQ(at("stowage_plan_step_seconds{" + dev + "}"), 2.5);
   EXPECT_EQ(at("stowage_device_observed_peak_bytes{" + dev + "}"), 97.0 * (1ull << 30));
   EXPECT_EQ(at("stowage_device_offloaded_bytes{" + dev + "}"), 300);  // 400 used - 100 pending
@@ -223,7 +223,7 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
             2000);
   EXPECT_EQ(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{device="3",direction="h2d"})"),
             6000);
-  EXPECT_EQ(at("stowage_copy_link_ceiling_bytes_per_second{" + dev + "}"), 55.3e9);
+  EXPECT_EQ(at("stowage_copy_link_bytes_per_second{" + dev + "}"), 55.3e9);
   EXPECT_EQ(at("stowage_copy_in_flight{" + dev + "}"), 2);
 
   EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{device="3",layer_type="kda+moe"})"), 2500);
@@ -415,7 +415,7 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
 
   EXPECT_EQ(at("stowage_steps_total{" + dev + "}"), kSteps);
   // The ceiling the plan assumed is exported next to the achieved bandwidth.
-  EXPECT_EQ(at("stowage_copy_link_ceiling_bytes_per_second{" + dev + "}"), 52e9);
+  EXPECT_EQ(at("stowage_copy_link_bytes_per_second{" + dev + "}"), 52e9);
   EXPECT_EQ(at("stowage_step_duration_seconds_count{" + dev + "}"), kSteps);
   EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="0",le="+Inf"})"), kSteps);
   EXPECT_EQ(at(R"(stowage_copy_bytes_total{device="0",direction="d2h"})"), kSteps * kStepBytes);
@@ -443,7 +443,7 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
   EXPECT_EQ(at("stowage_copy_in_flight{" + dev + "}"), 0);
   EXPECT_EQ(at("stowage_host_pinned_peak_bytes{" + node + "}"), kStepBytes);
   EXPECT_GE(at("stowage_host_pinned_reserved_bytes{" + node + "}").value_or(0), kStepBytes);
-  EXPECT_EQ(at("stowage_plan_host_bytes{" + node + "}"), kStepBytes);
+  EXPECT_EQ(at("stowage_plan_host_per_gpu_bytes{" + node + "}"), kStepBytes);
   EXPECT_EQ(at("stowage_plan_peak_device_bytes{" + dev + "}"), 70.0 * (1ull << 30));
   EXPECT_EQ(at("stowage_plan_device_budget_bytes{" + dev + "}"), 80.0 * (1ull << 30));
   EXPECT_EQ(at("stowage_plan_step_seconds{" + dev + "}"), 0.5);

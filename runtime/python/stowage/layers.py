@@ -776,8 +776,8 @@ def check_plan_matches(plan: Plan, layers: Sequence[nn.Module]) -> None:
         if lp.policy == plan_mod.SELECTIVE_RECOMPUTE and not lp.recompute_modules:
             raise PlanError(f"plan: layers[{i}].policy is selective_recompute but "
                             "recompute_modules is empty")
-        if lp.moe_chunks > 1:
-            warnings.warn(f"plan: layers[{i}].moe_chunks is {lp.moe_chunks}; PlannedLayers "
+        if lp.ffn_chunks > 1:
+            warnings.warn(f"plan: layers[{i}].ffn_chunks is {lp.ffn_chunks}; PlannedLayers "
                           "runs each layer as the model defines it, so chunking its MoE/FFN is "
                           "up to the model", RuntimeWarning, stacklevel=3)
 

@@ -45,7 +45,7 @@ class LayerPlan:
     host_bytes: int = 0
     transfers: list[Transfer] = dataclasses.field(default_factory=list)
     prefetch_after_layer: int = -1
-    moe_chunks: int = 1
+    ffn_chunks: int = 1
     recompute_modules: list[str] = dataclasses.field(default_factory=list)
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
@@ -107,7 +107,7 @@ class Plan:
                 "index": l.index, "type": l.type, "policy": l.policy,
                 "device_saved_bytes": l.device_saved_bytes, "host_bytes": l.host_bytes,
                 "transfers": [{"name": t.name, "bytes": t.bytes} for t in l.transfers],
-                "prefetch_after_layer": l.prefetch_after_layer, "moe_chunks": l.moe_chunks,
+                "prefetch_after_layer": l.prefetch_after_layer, "ffn_chunks": l.ffn_chunks,
                 "forward_seconds": l.forward_seconds, "backward_seconds": l.backward_seconds,
                 "recompute_seconds": l.recompute_seconds, "d2h_seconds": l.d2h_seconds,
                 "h2d_seconds": l.h2d_seconds,
@@ -199,7 +199,7 @@ class Plan:
                 device_saved_bytes=l["device_saved_bytes"], host_bytes=host_bytes,
                 transfers=transfers,
                 prefetch_after_layer=get(l, "prefetch_after_layer", -1),
-                moe_chunks=get(l, "moe_chunks", 1),
+                ffn_chunks=get(l, "ffn_chunks", 1),
                 recompute_modules=list(get(l, "recompute_modules", [])),
                 **{k: float(get(l, k, 0.0)) for k in _LAYER_SECONDS}))
         return Plan(
