@@ -238,7 +238,15 @@ stowage_status PlanningCall(const char* call, const char* request, size_t bytes,
 
 extern "C" {
 
-const char* stowage_version(void) { return "0.1.0"; }
+const char* stowage_version(void) { return STOWAGE_VERSION_STRING; }
+
+stowage_status stowage_get_version(int32_t* major, int32_t* minor, int32_t* patch, int32_t* abi) {
+  if (major != nullptr) *major = STOWAGE_VERSION_MAJOR;
+  if (minor != nullptr) *minor = STOWAGE_VERSION_MINOR;
+  if (patch != nullptr) *patch = STOWAGE_VERSION_PATCH;
+  if (abi != nullptr) *abi = STOWAGE_ABI_VERSION;
+  return STOWAGE_OK;
+}
 
 const char* stowage_status_string(stowage_status status) {
   switch (status) {

@@ -34,6 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "stowage/version.h" /* STOWAGE_VERSION_MAJOR, _MINOR, _PATCH, _STRING */
+
 #if defined(_WIN32)
 #define STOWAGE_API
 #else
@@ -98,7 +100,13 @@ typedef struct stowage_stats {
   int32_t backend;   /* stowage_backend actually in use */
 } stowage_stats;
 
+/* The library's version, "MAJOR.MINOR.PATCH" (STOWAGE_VERSION_STRING of the build). */
 STOWAGE_API const char* stowage_version(void);
+/* The library's version and its ABI number (STOWAGE_ABI_VERSION: bumped when this header changes
+ * incompatibly). A caller compiled against another header compares them with its own macros. Any
+ * pointer may be NULL. Always OK. */
+STOWAGE_API stowage_status stowage_get_version(int32_t* major, int32_t* minor, int32_t* patch,
+                                               int32_t* abi);
 STOWAGE_API const char* stowage_status_string(stowage_status status);
 /* Message of the last failed call on this thread ("" if none). Valid until the next call. */
 STOWAGE_API const char* stowage_last_error(void);

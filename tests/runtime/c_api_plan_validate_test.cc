@@ -62,3 +62,20 @@ TEST(CApiPlanValidate, HostileTextIsAnErrorNotACrash) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CApiVersion, OneVersionFromTheBuild) {
+  int32_t major = -1, minor = -1, patch = -1, abi = -1;
+  ASSERT_EQ(stowage_get_version(&major, &minor, &patch, &abi), STOWAGE_OK);
+  EXPECT_EQ(major, STOWAGE_VERSION_MAJOR);
+  EXPECT_EQ(minor, STOWAGE_VERSION_MINOR);
+  EXPECT_EQ(patch, STOWAGE_VERSION_PATCH);
+  EXPECT_EQ(abi, STOWAGE_ABI_VERSION);
+  EXPECT_EQ(std::string(stowage_version()),
+            std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch));
+  EXPECT_STREQ(stowage_version(), STOWAGE_VERSION_STRING);
+  EXPECT_EQ(stowage_get_version(nullptr, nullptr, nullptr, nullptr), STOWAGE_OK);
+}
+
+}  // namespace

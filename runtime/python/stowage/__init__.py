@@ -23,7 +23,6 @@ from ._lib import LibraryNotFoundError
 from .plan import LayerPlan, Plan, PlanError, Transfer
 from .runtime import Runtime, Stats, StowageError, version
 
-__version__ = "0.1.0"
 
 _TORCH_NAMES = {
     "PlannedLayers": "layers", "StaleTensorError": "layers", "wrap": "layers",
@@ -35,6 +34,10 @@ _TORCH_NAMES = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        # The version exists once, in the build (CMake's project(VERSION) -> stowage/version.h):
+        # read from the runtime library this package drives, not a second literal here.
+        return version()
     # Torch-dependent parts load on first use so `import stowage` works without torch.
     module = _TORCH_NAMES.get(name)
     if module is None:

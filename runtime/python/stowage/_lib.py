@@ -91,6 +91,7 @@ _id = ctypes.c_uint64
 # name -> (restype, argtypes)
 _PROTOTYPES = {
     "stowage_version": (ctypes.c_char_p, []),
+    "stowage_get_version": (_status, [ctypes.POINTER(ctypes.c_int32)] * 4),
     "stowage_status_string": (ctypes.c_char_p, [_status]),
     "stowage_last_error": (ctypes.c_char_p, []),
     "stowage_options_init": (_status, [ctypes.POINTER(Options)]),
