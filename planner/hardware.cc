@@ -8,12 +8,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "nlohmann/json.hpp"
+#include "base/json_reader.h"
 
 namespace stowage::planner {
 namespace {
 
-using nlohmann::ordered_json;
+using ordered_json = json::Json;
 
 constexpr uint64_t kGiB = 1ull << 30;
 constexpr uint64_t kMiB = 1ull << 20;
@@ -85,21 +85,20 @@ HardwareProfile GB200() {
   return p;
 }
 
-template <typename T>
-absl::Status Read(const ordered_json& j, const char* key, bool required, T& out) {
-  auto it = j.find(key);
-  if (it == j.end()) {
-    if (!required) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("hardware profile: missing field '", key, "'"));
-  }
-  try {
-    out = it->template get<T>();
-  } catch (const nlohmann::json::exception&) {
-    return absl::InvalidArgumentError(absl::StrCat("hardware profile: field '", key, "' has value ",
-                                                   it->dump(), " of the wrong type"));
-  }
-  return absl::OkStatus();
-}
+// Note [Hardware limits]
+// The range every hardware field must lie in, read or built: wide enough for any GPU and host
+// of the next decade (1 PiB of HBM, 1 PB/s of bandwidth, 1e18 FLOP/s), narrow enough that the
+// cost model's products of bytes, tokens and rates stay far from overflowing (README "Limits").
+// One table serves the JSON reader (which names the field, its JSON path and the range) and
+// ValidateHardwareProfile (presets and profiles built in code).
+constexpr json::Range<uint64_t> kHbmBytes{1ull << 20, 1ull << 50};
+constexpr json::Range<double> kFraction{1e-6, 1.0};
+constexpr json::Range<double> kBytesPerSecond{1e3, 1e15};
+constexpr json::Range<double> kFlops{1e6, 1e18};
+constexpr json::Range<uint64_t> kChunkBytes{1, 1ull << 40};
+constexpr json::Range<double> kPinSecondsPerGib{0, 1e3};
+constexpr json::Range<uint64_t> kHostBytes{0, 1ull << 50};
+constexpr json::Range<int> kGpusPerNumaNode{1, 1024};
 
 #define STOWAGE_HW_RETURN_IF_ERROR(expr) \
   do {                                   \
@@ -107,10 +106,11 @@ absl::Status Read(const ordered_json& j, const char* key, bool required, T& out)
     if (!status_.ok()) return status_;   \
   } while (0)
 
-absl::Status Positive(const char* field, double value) {
-  if (value > 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("hardware profile: field '", field, "' is ", value, "; it must be positive"));
+template <typename T>
+absl::Status InRange(const std::string& field, T value, json::Range<T> range) {
+  if (value >= range.min && value <= range.max) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("hardware profile: field '", field, "' is ", value,
+                                                 "; allowed: [", range.min, ", ", range.max, "]"));
 }
 
 }  // namespace
@@ -143,39 +143,33 @@ absl::Status ValidateHardwareProfile(const HardwareProfile& p) {
     return absl::InvalidArgumentError(absl::StrCat("hardware profile: field 'source' is '",
                                                    p.source, "'; allowed: measured, datasheet"));
   }
-  STOWAGE_HW_RETURN_IF_ERROR(Positive("hbm_bytes", static_cast<double>(p.hbm_bytes)));
-  if (!(p.usable_fraction > 0 && p.usable_fraction <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("hardware profile: field 'usable_fraction' is ",
-                                                   p.usable_fraction, "; it must be in (0, 1]"));
-  }
-  if (!(p.matmul_efficiency > 0 && p.matmul_efficiency <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hardware profile: field 'matmul_efficiency' is ", p.matmul_efficiency,
-                     "; it must be in (0, 1]"));
-  }
-  STOWAGE_HW_RETURN_IF_ERROR(Positive("hbm_bytes_per_second", p.hbm_bytes_per_second));
-  STOWAGE_HW_RETURN_IF_ERROR(Positive("dense_bf16_flops", p.dense_bf16_flops));
-  STOWAGE_HW_RETURN_IF_ERROR(Positive("d2h_bytes_per_second", p.d2h_bytes_per_second));
-  STOWAGE_HW_RETURN_IF_ERROR(Positive("h2d_bytes_per_second", p.h2d_bytes_per_second));
-  STOWAGE_HW_RETURN_IF_ERROR(Positive("bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second));
-  STOWAGE_HW_RETURN_IF_ERROR(Positive("bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second));
-  if (p.pin_seconds_per_gib < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hardware profile: field 'pin_seconds_per_gib' is ", p.pin_seconds_per_gib,
-                     "; it must not be negative"));
-  }
-  if (p.gpus_per_numa_node < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hardware profile: field 'gpus_per_numa_node' is ", p.gpus_per_numa_node,
-                     "; it must be at least 1"));
-  }
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("hbm_bytes", p.hbm_bytes, kHbmBytes));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("usable_fraction", p.usable_fraction, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("matmul_efficiency", p.matmul_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("hbm_bytes_per_second", p.hbm_bytes_per_second, kBytesPerSecond));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("dense_bf16_flops", p.dense_bf16_flops, kFlops));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("d2h_bytes_per_second", p.d2h_bytes_per_second, kBytesPerSecond));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("h2d_bytes_per_second", p.h2d_bytes_per_second, kBytesPerSecond));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second, kBytesPerSecond));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second, kBytesPerSecond));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("pin_seconds_per_gib", p.pin_seconds_per_gib, kPinSecondsPerGib));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("host_bytes_per_numa_node", p.host_bytes_per_numa_node, kHostBytes));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("gpus_per_numa_node", p.gpus_per_numa_node, kGpusPerNumaNode));
   for (size_t i = 0; i < p.chunk_bandwidth.size(); ++i) {
     const ChunkBandwidth& c = p.chunk_bandwidth[i];
-    if (c.chunk_bytes == 0 || c.d2h_bytes_per_second <= 0 || c.h2d_bytes_per_second <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hardware profile: chunk_bandwidth[", i,
-          "] needs a positive chunk_bytes, d2h_bytes_per_second and h2d_bytes_per_second"));
-    }
+    const std::string at = absl::StrCat("chunk_bandwidth[", i, "].");
+    STOWAGE_HW_RETURN_IF_ERROR(InRange(at + "chunk_bytes", c.chunk_bytes, kChunkBytes));
+    STOWAGE_HW_RETURN_IF_ERROR(
+        InRange(at + "d2h_bytes_per_second", c.d2h_bytes_per_second, kBytesPerSecond));
+    STOWAGE_HW_RETURN_IF_ERROR(
+        InRange(at + "h2d_bytes_per_second", c.h2d_bytes_per_second, kBytesPerSecond));
     if (i > 0 && c.chunk_bytes <= p.chunk_bandwidth[i - 1].chunk_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("hardware profile: chunk_bandwidth[", i,
                                                      "].chunk_bytes is ", c.chunk_bytes,
@@ -211,51 +205,66 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
   return j.dump(2) + "\n";
 }
 
-absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& text) {
-  ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("hardware profile: not valid JSON");
-  if (!j.is_object()) {
-    return absl::InvalidArgumentError("hardware profile: the top level is not an object");
-  }
+absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& text,
+                                                         const std::string& source) {
+  absl::StatusOr<json::Json> parsed = json::Parse(text, source);
+  if (!parsed.ok()) return parsed.status();
+  absl::StatusOr<json::Object> root = json::Object::Of(*parsed, source);
+  if (!root.ok()) return root.status();
+  const json::Object& j = *root;
   HardwareProfile p;
   p.source = "measured";
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "name", false, p.name));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "source", false, p.source));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "hbm_bytes", true, p.hbm_bytes));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "usable_fraction", false, p.usable_fraction));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "hbm_bytes_per_second", true, p.hbm_bytes_per_second));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "dense_bf16_flops", true, p.dense_bf16_flops));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "matmul_efficiency", false, p.matmul_efficiency));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "d2h_bytes_per_second", true, p.d2h_bytes_per_second));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "h2d_bytes_per_second", true, p.h2d_bytes_per_second));
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("name", p.name));
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("source", p.source));
+  if (p.source != "measured" && p.source != "datasheet") {
+    return j.Invalid("source", "measured, datasheet");
+  }
+  STOWAGE_HW_RETURN_IF_ERROR(j.Read("hbm_bytes", p.hbm_bytes, kHbmBytes));
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("usable_fraction", p.usable_fraction, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.Read("hbm_bytes_per_second", p.hbm_bytes_per_second, kBytesPerSecond));
+  STOWAGE_HW_RETURN_IF_ERROR(j.Read("dense_bf16_flops", p.dense_bf16_flops, kFlops));
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("matmul_efficiency", p.matmul_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.Read("d2h_bytes_per_second", p.d2h_bytes_per_second, kBytesPerSecond));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.Read("h2d_bytes_per_second", p.h2d_bytes_per_second, kBytesPerSecond));
   p.bidir_d2h_bytes_per_second = p.d2h_bytes_per_second;
   p.bidir_h2d_bytes_per_second = p.h2d_bytes_per_second;
   STOWAGE_HW_RETURN_IF_ERROR(
-      Read(j, "bidir_d2h_bytes_per_second", false, p.bidir_d2h_bytes_per_second));
+      j.ReadOptional("bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second, kBytesPerSecond));
   STOWAGE_HW_RETURN_IF_ERROR(
-      Read(j, "bidir_h2d_bytes_per_second", false, p.bidir_h2d_bytes_per_second));
-  if (auto it = j.find("chunk_bandwidth"); it != j.end()) {
-    if (!it->is_array()) {
-      return absl::InvalidArgumentError(
-          "hardware profile: field 'chunk_bandwidth' is not an array");
-    }
-    for (size_t i = 0; i < it->size(); ++i) {
-      const ordered_json& e = (*it)[i];
-      if (!e.is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("hardware profile: chunk_bandwidth[", i, "] is not an object"));
-      }
+      j.ReadOptional("bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second, kBytesPerSecond));
+  if (j.Has("chunk_bandwidth") && !j.json().at("chunk_bandwidth").is_null()) {
+    absl::StatusOr<const json::Json*> chunks = j.Array("chunk_bandwidth");
+    if (!chunks.ok()) return chunks.status();
+    // A table longer than any real sweep (each entry a chunk size) is a broken file.
+    if ((*chunks)->size() > 64)
+      return j.Invalid("chunk_bandwidth", "an array of at most 64 entries");
+    for (size_t i = 0; i < (*chunks)->size(); ++i) {
+      absl::StatusOr<json::Object> e = json::Object::Of(
+          (**chunks)[i], source, absl::StrCat(j.PathOf("chunk_bandwidth"), "[", i, "]"));
+      if (!e.ok()) return e.status();
       ChunkBandwidth c;
-      STOWAGE_HW_RETURN_IF_ERROR(Read(e, "chunk_bytes", true, c.chunk_bytes));
-      STOWAGE_HW_RETURN_IF_ERROR(Read(e, "d2h_bytes_per_second", true, c.d2h_bytes_per_second));
-      STOWAGE_HW_RETURN_IF_ERROR(Read(e, "h2d_bytes_per_second", true, c.h2d_bytes_per_second));
+      STOWAGE_HW_RETURN_IF_ERROR(e->Read("chunk_bytes", c.chunk_bytes, kChunkBytes));
+      STOWAGE_HW_RETURN_IF_ERROR(
+          e->Read("d2h_bytes_per_second", c.d2h_bytes_per_second, kBytesPerSecond));
+      STOWAGE_HW_RETURN_IF_ERROR(
+          e->Read("h2d_bytes_per_second", c.h2d_bytes_per_second, kBytesPerSecond));
+      if (i > 0 && c.chunk_bytes <= p.chunk_bandwidth.back().chunk_bytes) {
+        return e->Invalid("chunk_bytes", absl::StrCat("more than the previous entry's ",
+                                                      p.chunk_bandwidth.back().chunk_bytes,
+                                                      " (entries ascend by chunk_bytes)"));
+      }
       p.chunk_bandwidth.push_back(c);
     }
   }
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "pin_seconds_per_gib", false, p.pin_seconds_per_gib));
   STOWAGE_HW_RETURN_IF_ERROR(
-      Read(j, "host_bytes_per_numa_node", false, p.host_bytes_per_numa_node));
-  STOWAGE_HW_RETURN_IF_ERROR(Read(j, "gpus_per_numa_node", false, p.gpus_per_numa_node));
+      j.ReadOptional("pin_seconds_per_gib", p.pin_seconds_per_gib, kPinSecondsPerGib));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("host_bytes_per_numa_node", p.host_bytes_per_numa_node, kHostBytes));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("gpus_per_numa_node", p.gpus_per_numa_node, kGpusPerNumaNode));
   STOWAGE_HW_RETURN_IF_ERROR(ValidateHardwareProfile(p));
   return p;
 }
@@ -267,11 +276,8 @@ absl::StatusOr<HardwareProfile> ReadHardwareProfileFile(const std::string& path)
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
-  auto profile = ParseHardwareProfileJson(buffer.str());
-  if (!profile.ok()) {
-    return absl::Status(profile.status().code(),
-                        absl::StrCat(path, ": ", profile.status().message()));
-  }
+  auto profile = ParseHardwareProfileJson(buffer.str(), absl::StrCat("hardware profile ", path));
+  if (!profile.ok()) return profile.status();
   if (profile->name.empty()) profile->name = path;
   return profile;
 }

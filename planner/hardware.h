@@ -61,8 +61,11 @@ absl::Status ValidateHardwareProfile(const HardwareProfile& profile);
 std::string HardwareProfileToJson(const HardwareProfile& profile);
 // Required: hbm_bytes, hbm_bytes_per_second, dense_bf16_flops, d2h_bytes_per_second,
 // h2d_bytes_per_second. The bidirectional rates default to the one-way rates, the rest to the
-// defaults above. Errors name the field, its value and what is allowed.
-absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& json);
+// defaults above. Read with base/json_reader.h: integers only where integers are meant, every
+// field range-checked (Note [Hardware limits] in hardware.cc; README "Limits"). Errors name
+// `source`, the JSON path, the value and the allowed range.
+absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(
+    const std::string& json, const std::string& source = "hardware profile");
 absl::StatusOr<HardwareProfile> ReadHardwareProfileFile(const std::string& path);
 
 }  // namespace stowage::planner

@@ -3,6 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
 namespace stowage::planner {
 namespace {
 
@@ -46,7 +51,7 @@ TEST(HardwareProfileJson, RoundTripsExactly) {
 }
 
 TEST(HardwareProfileJson, MinimalProfileGetsDefaults) {
-  auto p = ParseHardwareProfileJson(R"({"hbm_bytes": 1000, "hbm_bytes_per_second": 1e12,
+  auto p = ParseHardwareProfileJson(R"({"hbm_bytes": 1073741824, "hbm_bytes_per_second": 1e12,
       "dense_bf16_flops": 1e15, "d2h_bytes_per_second": 5e10, "h2d_bytes_per_second": 4e10})");
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->source, "measured");
@@ -56,17 +61,86 @@ TEST(HardwareProfileJson, MinimalProfileGetsDefaults) {
 
 TEST(HardwareProfileJson, ErrorsNameTheField) {
   EXPECT_THAT(ParseHardwareProfileJson("[").status().message(), HasSubstr("not valid JSON"));
-  EXPECT_THAT(ParseHardwareProfileJson(R"({"hbm_bytes": 1})").status().message(),
+  EXPECT_THAT(ParseHardwareProfileJson(R"({"hbm_bytes": 1073741824})").status().message(),
               HasSubstr("missing field 'hbm_bytes_per_second'"));
   std::string json = HardwareProfileToJson(*HardwarePreset("h200"));
   std::string bad = json;
   bad.replace(bad.find("\"usable_fraction\": 0.92"), 23, "\"usable_fraction\": 1.5");
   EXPECT_THAT(ParseHardwareProfileJson(bad).status().message(),
-              HasSubstr("'usable_fraction' is 1.5"));
+              HasSubstr("field 'usable_fraction' has value 1.5; allowed: a finite number in"));
   bad = json;
   bad.replace(bad.find("\"source\": \"measured\""), 20, "\"source\": \"guess\"");
   EXPECT_THAT(ParseHardwareProfileJson(bad).status().message(), HasSubstr("allowed: measured"));
   EXPECT_FALSE(ReadHardwareProfileFile("no/such/profile.json").ok());
+}
+
+// A profile with one field replaced by `value` (JSON text).
+std::string WithField(const std::string& field, const std::string& value) {
+  nlohmann::ordered_json j =
+      nlohmann::ordered_json::parse(HardwareProfileToJson(*HardwarePreset("h200")));
+  j[field] = nlohmann::ordered_json::parse(value);
+  return j.dump();
+}
+
+// Regression (issue 11): the old reader took `hbm_bytes: -1` as 2^64-1 and planned against a
+// 16 EiB budget; 1.5 became 1, true became 1, and 1e30 for a uint64 field was undefined
+// behaviour inside nlohmann's conversion.
+TEST(HardwareProfileJson, LooseNumbersAreErrorsNamingFieldValueAndRange) {
+  struct Case {
+    std::string field, value, shown;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"hbm_bytes", "-1", "-1"},
+           {"hbm_bytes", "1.5", "1.5"},
+           {"hbm_bytes", "true", "true"},
+           {"hbm_bytes", "1e30", "1e+30"},
+           {"hbm_bytes", "\"80G\"", "\"80G\""},
+           {"hbm_bytes", "18446744073709551615", "18446744073709551615"},
+           {"gpus_per_numa_node", "4294967297", "4294967297"},
+           {"gpus_per_numa_node", "0", "0"},
+           {"host_bytes_per_numa_node", "-5", "-5"},
+           {"d2h_bytes_per_second", "-1", "-1"},
+           {"d2h_bytes_per_second", "0", "0"},
+           {"dense_bf16_flops", "1e300", "1e+300"},
+           {"usable_fraction", "0", "0"},
+           {"matmul_efficiency", "false", "false"},
+           {"name", "7", "7"},
+       }) {
+    auto p = ParseHardwareProfileJson(WithField(c.field, c.value), "hardware profile x.json");
+    ASSERT_FALSE(p.ok()) << c.field << " = " << c.value;
+    EXPECT_THAT(p.status().message(),
+                HasSubstr("hardware profile x.json: field '" + c.field + "' has value " + c.shown))
+        << c.value;
+    EXPECT_THAT(p.status().message(), HasSubstr("allowed: ")) << c.value;
+  }
+}
+
+TEST(HardwareProfileJson, ChunkTableErrorsNameTheElementPath) {
+  auto p = ParseHardwareProfileJson(
+      WithField("chunk_bandwidth",
+                R"([{"chunk_bytes": 1024, "d2h_bytes_per_second": 1e9, "h2d_bytes_per_second": 1e9},
+                    {"chunk_bytes": -1, "d2h_bytes_per_second": 1e9, "h2d_bytes_per_second": 1e9}])"));
+  EXPECT_THAT(p.status().message(),
+              HasSubstr("field 'chunk_bandwidth[1].chunk_bytes' has value -1"));
+  p = ParseHardwareProfileJson(WithField("chunk_bandwidth", "[3]"));
+  EXPECT_THAT(p.status().message(), HasSubstr("field 'chunk_bandwidth[0]' has value 3"));
+  p = ParseHardwareProfileJson(WithField("chunk_bandwidth", "{}"));
+  EXPECT_THAT(p.status().message(), HasSubstr("allowed: a JSON array"));
+}
+
+TEST(HardwareProfileJson, SyntaxErrorsGiveLineAndColumn) {
+  auto p = ParseHardwareProfileJson("{\n  \"hbm_bytes\": 1,\n  oops\n}", "hardware profile y.json");
+  EXPECT_THAT(p.status().message(), HasSubstr("hardware profile y.json: not valid JSON at line 3"));
+}
+
+TEST(HardwareProfile, ValidateUsesTheReadersRanges) {
+  HardwareProfile p = *HardwarePreset("h200");
+  p.hbm_bytes = ~0ull;
+  EXPECT_THAT(ValidateHardwareProfile(p).message(),
+              HasSubstr("'hbm_bytes' is 18446744073709551615"));
+  p = *HardwarePreset("h200");
+  p.gpus_per_numa_node = 0;
+  EXPECT_THAT(ValidateHardwareProfile(p).message(), HasSubstr("'gpus_per_numa_node' is 0"));
 }
 
 }  // namespace
