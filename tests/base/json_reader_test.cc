@@ -90,5 +90,16 @@ TEST(CheckedMath, OverflowIsDetected) {
               HasSubstr("bytes overflows"));
 }
 
+// Regression (found by the hardware_profile fuzzer): a number literal beyond double's range is
+// nlohmann's out_of_range.406, which Parse did not catch; the exception aborted the process.
+TEST(JsonParse, NumberBeyondDoubleIsAnErrorNotAnException) {
+  auto parsed = Parse(R"({"hbm_bytes_per_second": 1e1232})", "hardware profile h.json");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(
+      parsed.status().message(),
+      HasSubstr("hardware profile h.json: not valid JSON: number overflow parsing '1e1232'"));
+  EXPECT_FALSE(Parse("[-1e400]", "x").ok());
+}
+
 }  // namespace
 }  // namespace stowage::json
