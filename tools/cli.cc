@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,8 +43,14 @@ absl::Status FlagParser::Parse(int argc, char** argv, int first) {
     if (!value.has_value()) {
       if (flag->value_name.empty()) {
         value = "true";
-      } else if (i + 1 < argc) {
+      } else if (i + 1 < argc && std::string_view(argv[i + 1]).rfind("--", 0) != 0) {
         value = argv[++i];
+      } else if (i + 1 < argc) {
+        // `--tp --format json` would otherwise read "--format" as the value of --tp and then
+        // report "json" as an unexpected argument, far from the actual mistake.
+        return absl::InvalidArgumentError(absl::StrCat("flag '--", name, "' needs a value (",
+                                                       flag->value_name, ") but is followed by '",
+                                                       argv[i + 1], "'"));
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat("flag '--", name, "' needs a value (", flag->value_name, ")"));
@@ -96,13 +103,15 @@ absl::StatusOr<double> FlagParser::GetDouble(const std::string& name, double fal
   return out;
 }
 
-absl::StatusOr<uint64_t> FlagParser::GetCount(const std::string& name, uint64_t fallback) const {
+absl::StatusOr<uint64_t> FlagParser::GetCount(const std::string& name, uint64_t fallback,
+                                              uint64_t min) const {
   auto v = Get(name);
   if (!v) return fallback;
-  return ParseCount(*v, "--" + name);
+  return ParseCount(*v, "--" + name, min);
 }
 
-absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& what) {
+absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& what,
+                                    uint64_t min) {
   std::string digits = text;
   uint64_t multiplier = 1;
   if (!digits.empty()) {
@@ -122,10 +131,15 @@ absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& 
     if (multiplier != 1) digits.pop_back();
   }
   uint64_t value = 0;
-  if (digits.empty() || !absl::SimpleAtoi(digits, &value) || value == 0 ||
-      value > std::numeric_limits<uint64_t>::max() / multiplier) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, "=", text, ": expected a positive count such as 262144, 256K, 1M or 2G"));
+  // SimpleAtoi takes a leading '+' and surrounding whitespace; a count is digits only.
+  const bool digits_only =
+      !digits.empty() && std::all_of(digits.begin(), digits.end(),
+                                     [](unsigned char c) { return std::isdigit(c) != 0; });
+  if (!digits_only || !absl::SimpleAtoi(digits, &value) ||
+      value > std::numeric_limits<uint64_t>::max() / multiplier || value * multiplier < min) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "=", text,
+                                                   ": expected a count of at least ", min,
+                                                   " such as 262144, 256K, 1M or 2G"));
   }
   return value * multiplier;
 }

@@ -1,5 +1,6 @@
 // Command-line plumbing shared by every `stowage` subcommand: a small flag parser that accepts
-// `--name=value` and `--name value`, rejects unknown flags with a message naming them, and
+// `--name=value` and `--name value` (a value never starts with "--": `--tp --format json` is "--tp
+// needs a value"), rejects unknown flags with a message naming them, and
 // renders --help from the same table, so a flag cannot be documented but not parsed (or the
 // reverse).
 #ifndef STOWAGE_TOOLS_CLI_H_
@@ -42,8 +43,10 @@ class FlagParser {
                                  int64_t max) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback, double min,
                                    double max) const;
-  // Accepts plain integers and K/M/G suffixes (binary: 256K = 262144), e.g. "1M", "1048576".
-  absl::StatusOr<uint64_t> GetCount(const std::string& name, uint64_t fallback) const;
+  // Accepts plain integers and K/M/G suffixes (binary: 256K = 262144), e.g. "1M", "1048576",
+  // of at least `min`.
+  absl::StatusOr<uint64_t> GetCount(const std::string& name, uint64_t fallback,
+                                    uint64_t min = 1) const;
 
   const std::vector<std::string>& positional() const { return positional_; }
   bool help_requested() const { return help_requested_; }
@@ -58,8 +61,9 @@ class FlagParser {
   bool help_requested_ = false;
 };
 
-// Parses "256K", "1M", "2G", "1048576" (binary multiples). Errors name `what`.
-absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& what);
+// Parses "256K", "1M", "2G", "1048576" (binary multiples), at least `min`. Errors name `what`.
+absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& what,
+                                    uint64_t min = 1);
 
 }  // namespace stowage::cli
 

@@ -163,7 +163,7 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
         absl::StrCat("--grad-dtype is '", *grad, "'; allowed: fp32, bf16"));
   }
   r.grad_bytes = *grad == "fp32" ? 4 : 2;
-  auto loss_chunk = flags.GetCount("loss-chunk-tokens", 8192);
+  auto loss_chunk = flags.GetCount("loss-chunk-tokens", 8192, /*min=*/0);
   if (!loss_chunk.ok()) return loss_chunk.status();
   r.loss_chunk_tokens = *loss_chunk;
 

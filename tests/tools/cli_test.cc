@@ -64,5 +64,29 @@ TEST(ParseCount, Suffixes) {
   EXPECT_FALSE(ParseCount("", "x").ok());
 }
 
+// Regression (issue 11): `--tp --format json` took "--format" as the value of --tp and then
+// reported "unexpected argument 'json'".
+TEST(FlagParser, FlagFollowedByAnotherFlagSaysItNeedsAValue) {
+  FlagParser parser = MakeParser();
+  parser.Add({"format", "table|json", "stdout format", "table"});
+  const absl::Status s = ParseArgs(parser, {"plan", "--cp", "--format", "json"});
+  EXPECT_THAT(s.message(),
+              HasSubstr("flag '--cp' needs a value (N) but is followed by '--format'"));
+  // A negative number is still a value (and then fails its own range check).
+  FlagParser p2 = MakeParser();
+  ASSERT_TRUE(ParseArgs(p2, {"plan", "--cp", "-3"}).ok());
+  EXPECT_THAT(p2.GetInt("cp", 8, 1, 1024).status().message(), HasSubstr("--cp=-3"));
+}
+
+TEST(ParseCount, ZeroWhereAllowedAndNothingButDigits) {
+  EXPECT_EQ(*ParseCount("0", "--loss-chunk-tokens", 0), 0u);
+  EXPECT_THAT(ParseCount("0", "--seq-len").status().message(),
+              HasSubstr("--seq-len=0: expected a count of at least 1"));
+  EXPECT_FALSE(ParseCount("+5", "x").ok());
+  EXPECT_FALSE(ParseCount(" 5", "x").ok());
+  EXPECT_FALSE(ParseCount("17179869184G", "x").ok());  // 2^64: overflows
+  EXPECT_EQ(*ParseCount("17179869183G", "x"), 17179869183ull << 30);
+}
+
 }  // namespace
 }  // namespace stowage::cli
