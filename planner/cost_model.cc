@@ -5,6 +5,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/checked_math.h"
 
 namespace stowage::planner {
 namespace {
@@ -23,6 +25,18 @@ namespace {
 // on average, under CP too; backward 2.5x forward as in flash kernels); element-wise work as
 // three passes over the saved bytes at HBM bandwidth. Communication is assumed overlapped.
 
+// Note [Limits]
+// Byte counts are products of shapes, dtypes and tokens computed in double (exact up to 2^53,
+// and what the formulas need for fractional terms such as moe_imbalance), then converted once
+// to uint64 by Builder::Bytes, which refuses anything negative, not finite or above
+// kMaxTensorBytes instead of converting it (a double beyond uint64's range converts to
+// whatever the hardware gives: `--seq-len 9007199254740992` once planned "keep ... 0 B").
+// Sums of converted counts use base/checked_math.h. CheckStepCostBounds then bounds the
+// whole step by kMaxStepBytes, which is what lets the simulator and optimizer add any subset of
+// a step's bytes in uint64/int64 without checks of their own. The up-front limits on the run and
+// the model (ValidateRun) make a refusal here rare; when it happens the error names the tensor,
+// its size and the inputs it grows with.
+
 constexpr double kChunkOverheadSeconds = 100e-6;  // two all-to-all launches + kernel tails
 constexpr uint64_t kIndexerQueryBlock = 1024;     // DSA indexer scores this many queries at once
 constexpr int kKdaChunk = 64;                     // delta-rule chunk length
@@ -36,10 +50,29 @@ struct Builder {
   LayerCost cost;
   double matmul_flops = 0;  // forward
   double core_flops = 0;    // forward, attention cores (backward 2.5x)
+  absl::Status status;      // the first count that broke a limit (Note [Limits])
 
+  // `bytes` as a byte count, or 0 and an error (kept in `status`) naming `what`.
+  uint64_t Bytes(double bytes, const std::string& what) {
+    if (bytes >= 0 && bytes <= static_cast<double>(kMaxTensorBytes)) {
+      return static_cast<uint64_t>(std::llround(bytes));
+    }
+    if (status.ok()) {
+      const std::string where = cost.index >= 0 ? absl::StrCat(" of layer ", cost.index) : "";
+      status = absl::InvalidArgumentError(absl::StrFormat(
+          "%s%s would be %g bytes, beyond the limit of %d bytes (2^56) per tensor: it grows "
+          "with --seq-len %d x --micro-batch %d / --cp %d = %.0f tokens per rank and the "
+          "model's widths (hidden %d); see README \"Limits\"",
+          what, where, bytes, kMaxTensorBytes, run.seq_len, run.micro_batch, run.cp, tokens,
+          m.hidden));
+    }
+    return 0;
+  }
+  uint64_t Sum(uint64_t a, uint64_t c, const std::string& what) {
+    return Bytes(static_cast<double>(a) + static_cast<double>(c), what);
+  }
   void Save(const std::string& name, const std::string& module, double bytes_per_token) {
-    const uint64_t bytes = static_cast<uint64_t>(std::llround(bytes_per_token * tokens));
-    cost.saved.push_back({name, module, bytes});
+    cost.saved.push_back({name, module, Bytes(bytes_per_token * tokens, "tensor '" + name + "'")});
   }
   double Seconds(double flops) const { return flops / flops_rate; }
 };
@@ -47,7 +80,7 @@ struct Builder {
 void AddModule(Builder& b, const std::string& name, double seconds, bool in_ffn) {
   uint64_t bytes = 0;
   for (const SavedTensor& t : b.cost.saved) {
-    if (t.module == name) bytes += t.bytes;
+    if (t.module == name) bytes = b.Sum(bytes, t.bytes, "the saved tensors of module " + name);
   }
   b.cost.modules.push_back({name, bytes, seconds, in_ffn});
 }
@@ -90,9 +123,9 @@ void Attention(Builder& b, const LayerSpec& spec) {
       const double core = 4 * hq * d * keys * t;
       b.core_flops += core;
       AddModule(b, "attn_core", b.Seconds(core), false);
-      b.cost.attn_forward_transient = static_cast<uint64_t>(hq * d * dt * t);
-      b.cost.attn_backward_transient =
-          static_cast<uint64_t>((hq + 2 * hkv) * d * dt * t + hq * d * 4 * t);
+      b.cost.attn_forward_transient = b.Bytes(hq * d * dt * t, "the attention forward working set");
+      b.cost.attn_backward_transient = b.Bytes((hq + 2 * hkv) * d * dt * t + hq * d * 4 * t,
+                                               "the attention backward working set");
       break;
     }
     case AttentionKind::kMla:
@@ -112,7 +145,9 @@ void Attention(Builder& b, const LayerSpec& spec) {
         b.Save("attn.topk_indices", "", m.index_topk * 4.0);
         // Scores of one query block against every key (fp32), the top-k taken block by block.
         b.cost.attn_forward_transient =
-            std::min<uint64_t>(kIndexerQueryBlock, static_cast<uint64_t>(t)) * b.run.seq_len * 4;
+            b.Bytes(std::min(static_cast<double>(kIndexerQueryBlock), t) *
+                        static_cast<double>(b.run.seq_len) * 4,
+                    "the indexer's score block");
         // The indexer runs in fp8: half the bf16 cost.
         b.core_flops += 0.5 * 2 * m.index_heads * m.index_head_dim * kv_len * t;
       }
@@ -120,9 +155,11 @@ void Attention(Builder& b, const LayerSpec& spec) {
       b.core_flops += core;
       AddModule(b, "mla_up_proj", b.Seconds(up_flops), false);
       AddModule(b, "attn_core", b.Seconds(core), false);
-      b.cost.attn_forward_transient += static_cast<uint64_t>(h * dv * dt * t);
+      b.cost.attn_forward_transient +=
+          b.Bytes(h * dv * dt * t, "the attention forward working set");
       b.cost.attn_backward_transient =
-          static_cast<uint64_t>((2 * h * dqk + 2 * h * dv) * dt * t + h * dqk * 4 * t);
+          b.Bytes((2 * h * dqk + 2 * h * dv) * dt * t + h * dqk * 4 * t,
+                  "the attention backward working set");
       break;
     }
     case AttentionKind::kKda: {
@@ -139,9 +176,10 @@ void Attention(Builder& b, const LayerSpec& spec) {
                 b.Seconds(conv_flops) + 3 * inner * dt * t * 3 / b.hw.hbm_bytes_per_second, false);
       AddModule(b, "attn_core", b.Seconds(core), false);
       // Chunk states (heads x d x d per chunk), rebuilt in backward as well.
-      const uint64_t states = static_cast<uint64_t>(heads * d * d * dt * t / kKdaChunk);
+      const uint64_t states = b.Bytes(heads * d * d * dt * t / kKdaChunk, "the KDA chunk states");
       b.cost.attn_forward_transient = states;
-      b.cost.attn_backward_transient = states + static_cast<uint64_t>(4 * inner * dt * t);
+      b.cost.attn_backward_transient =
+          states + b.Bytes(4 * inner * dt * t, "the attention backward working set");
       break;
     }
     case AttentionKind::kGdn: {
@@ -163,9 +201,11 @@ void Attention(Builder& b, const LayerSpec& spec) {
                 b.Seconds(conv_flops) + (2 * key + value) * dt * t * 3 / b.hw.hbm_bytes_per_second,
                 false);
       AddModule(b, "attn_core", b.Seconds(core), false);
-      const uint64_t states = static_cast<uint64_t>(hv * dk * dv * dt * t / kKdaChunk);
+      const uint64_t states =
+          b.Bytes(hv * dk * dv * dt * t / kKdaChunk, "the delta-rule chunk states");
       b.cost.attn_forward_transient = states;
-      b.cost.attn_backward_transient = states + static_cast<uint64_t>(4 * value * dt * t);
+      b.cost.attn_backward_transient =
+          states + b.Bytes(4 * value * dt * t, "the attention backward working set");
       break;
     }
   }
@@ -183,8 +223,8 @@ void Ffn(Builder& b, const LayerSpec& spec) {
     b.Save("ffn.gate_up", "", 2 * f * dt);
     b.Save("ffn.act", "ffn_act", f * dt);
     AddModule(b, "ffn_act", 3 * f * dt * t / b.hw.hbm_bytes_per_second, true);
-    b.cost.ffn_forward_transient = static_cast<uint64_t>(2 * f * dt * t);
-    b.cost.ffn_backward_transient = static_cast<uint64_t>(3 * f * dt * t);
+    b.cost.ffn_forward_transient = b.Bytes(2 * f * dt * t, "the FFN forward working set");
+    b.cost.ffn_backward_transient = b.Bytes(3 * f * dt * t, "the FFN backward working set");
   } else {
     const double routed = m.experts_per_token * b.run.moe_imbalance / tp;  // per token
     const double fe = m.moe_intermediate, fs = m.shared_intermediate / tp;
@@ -196,19 +236,21 @@ void Ffn(Builder& b, const LayerSpec& spec) {
     AddModule(b, "moe_act", 3 * (routed * fe + fs) * dt * t / b.hw.hbm_bytes_per_second, true);
     b.matmul_flops += 2 * 3 * h * fe * routed * t;
     // All-to-all send and receive buffers for dispatch and combine, plus expert intermediates.
-    b.cost.ffn_forward_transient =
-        static_cast<uint64_t>((3 * routed * h + routed * 2 * fe + 2 * fs) * dt * t);
-    b.cost.ffn_backward_transient =
-        static_cast<uint64_t>((4 * routed * h + routed * 3 * fe + 3 * fs) * dt * t);
+    b.cost.ffn_forward_transient = b.Bytes((3 * routed * h + routed * 2 * fe + 2 * fs) * dt * t,
+                                           "the MoE forward working set");
+    b.cost.ffn_backward_transient = b.Bytes((4 * routed * h + routed * 3 * fe + 3 * fs) * dt * t,
+                                            "the MoE backward working set");
   }
-  for (size_t i = first; i < b.cost.saved.size(); ++i)
-    b.cost.ffn_saved_bytes += b.cost.saved[i].bytes;
+  for (size_t i = first; i < b.cost.saved.size(); ++i) {
+    b.cost.ffn_saved_bytes =
+        b.Sum(b.cost.ffn_saved_bytes, b.cost.saved[i].bytes, "the FFN's saved tensors");
+  }
 }
 
-LayerCost BuildLayer(const ModelConfig& m, const HardwareProfile& hw, const RunSettings& run,
-                     int index, double tokens) {
+absl::StatusOr<LayerCost> BuildLayer(const ModelConfig& m, const HardwareProfile& hw,
+                                     const RunSettings& run, int index, double tokens) {
   const LayerSpec& spec = m.layers[index];
-  Builder b{m, hw, run, tokens, hw.EffectiveFlops(), {}};
+  Builder b{m, hw, run, tokens, hw.EffectiveFlops(), {}, 0, 0, absl::OkStatus()};
   b.cost.index = index;
   b.cost.type = spec.TypeName();
   const double tp = run.tp, dt = run.activation_bytes, h = m.hidden, n = m.hc_mult;
@@ -223,14 +265,31 @@ LayerCost BuildLayer(const ModelConfig& m, const HardwareProfile& hw, const RunS
   b.matmul_flops += 2.0 * static_cast<double>(DenseLayerParams(m, spec)) / tp * tokens;
   b.cost.input_bytes = b.cost.saved.front().bytes;
   b.cost.output_bytes = b.cost.input_bytes;  // a residual layer: output as wide as its input
-  for (const SavedTensor& s : b.cost.saved) b.cost.saved_bytes += s.bytes;
+  for (const SavedTensor& s : b.cost.saved) {
+    b.cost.saved_bytes = b.Sum(b.cost.saved_bytes, s.bytes, "the saved tensors");
+  }
   const double elementwise =
       3.0 * static_cast<double>(b.cost.saved_bytes) / hw.hbm_bytes_per_second;
   b.cost.forward_flops = b.matmul_flops + b.core_flops;
   b.cost.forward_seconds = b.Seconds(b.matmul_flops + b.core_flops) + elementwise;
   b.cost.backward_seconds = b.Seconds(2 * b.matmul_flops + 2.5 * b.core_flops) + 2 * elementwise;
   b.cost.chunk_overhead_seconds = kChunkOverheadSeconds;
+  if (!b.status.ok()) return b.status;
   return b.cost;
+}
+
+// Largest bytes any option of the layer holds at once (EvaluateOption's terms, all together):
+// what CheckStepCostBounds adds up.
+absl::StatusOr<uint64_t> LayerCeiling(const LayerCost& l) {
+  uint64_t total = 0;
+  for (uint64_t part :
+       {l.saved_bytes, l.attn_forward_transient, l.ffn_forward_transient, l.attn_backward_transient,
+        l.ffn_backward_transient, l.input_bytes, l.output_bytes}) {
+    auto sum = AddOrError(total, part, absl::StrCat("the bytes of layer ", l.index));
+    if (!sum.ok()) return sum.status();
+    total = *sum;
+  }
+  return total;
 }
 
 double Rate(const HardwareProfile& hw, uint64_t chunk, bool d2h) {
@@ -245,7 +304,145 @@ double Rate(const HardwareProfile& hw, uint64_t chunk, bool d2h) {
   return rate;
 }
 
+// The model's sizes within the limits of cost_model.h, so that parameter counts
+// (DenseLayerParams: products of up to three widths) and per-token bytes stay exact.
+absl::Status CheckModelLimits(const ModelConfig& m) {
+  if (m.num_layers() < 1 || m.num_layers() > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", m.name, "' has ", m.layers.size(),
+                                                   " layers; allowed: 1 to ", kMaxLayers,
+                                                   " (README \"Limits\")"));
+  }
+  struct Field {
+    const char* name;
+    int value;
+    int max;
+  };
+  for (const Field& f : {Field{"hidden_size", m.hidden, kMaxModelDim},
+                         {"vocab_size", m.vocab, kMaxVocab},
+                         {"hc_mult", m.hc_mult, 64},
+                         {"num_attention_heads", m.heads, kMaxHeads},
+                         {"num_key_value_heads", m.kv_heads, kMaxHeads},
+                         {"head_dim", m.head_dim, kMaxModelDim},
+                         {"q_lora_rank", m.q_lora_rank, kMaxModelDim},
+                         {"kv_lora_rank", m.kv_lora_rank, kMaxModelDim},
+                         {"qk_nope_head_dim", m.qk_nope_head_dim, kMaxModelDim},
+                         {"qk_rope_head_dim", m.qk_rope_head_dim, kMaxModelDim},
+                         {"v_head_dim", m.v_head_dim, kMaxModelDim},
+                         {"index_n_heads", m.index_heads, kMaxHeads},
+                         {"index_head_dim", m.index_head_dim, kMaxModelDim},
+                         {"index_topk", m.index_topk, 1 << 30},
+                         {"linear_num_heads", m.linear_heads, kMaxHeads},
+                         {"linear_head_dim", m.linear_head_dim, kMaxModelDim},
+                         {"short_conv_kernel_size", m.short_conv_kernel, 1 << 10},
+                         {"intermediate_size", m.intermediate, kMaxModelDim},
+                         {"n_routed_experts", m.experts, kMaxHeads},
+                         {"num_experts_per_tok", m.experts_per_token, kMaxHeads},
+                         {"shared expert intermediate size", m.shared_intermediate, kMaxModelDim},
+                         {"linear_num_key_heads", m.gdn_key_heads, kMaxHeads},
+                         {"linear_num_value_heads", m.gdn_value_heads, kMaxHeads},
+                         {"linear_key_head_dim", m.gdn_key_head_dim, kMaxModelDim},
+                         {"linear_value_head_dim", m.gdn_value_head_dim, kMaxModelDim},
+                         {"sliding_window", m.sliding_window, 1 << 30},
+                         {"attention_chunk_size", m.attention_chunk, 1 << 30},
+                         {"extra embedding rows", m.extra_embedding_rows, kMaxVocab},
+                         {"norms per layer", m.norms_per_layer, 64},
+                         {"num_nextn_predict_layers", m.mtp_layers, 64},
+                         {"moe_intermediate_size", m.moe_intermediate, kMaxModelDim}}) {
+    if (f.value < 0 || f.value > f.max) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", m.name, "': field '", f.name,
+                                                     "' is ", f.value, "; allowed: 0 to ", f.max,
+                                                     " (README \"Limits\")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status CheckStepCostBounds(const StepCost& step) {
+  if (step.layers.empty() || step.layers.size() > static_cast<size_t>(kMaxLayers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the step has ", step.layers.size(), " layers; allowed: 1 to ", kMaxLayers));
+  }
+  uint64_t total = 0;
+  auto add = [&](uint64_t bytes, const std::string& what) -> absl::Status {
+    if (bytes > kMaxTensorBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is ", bytes,
+                                                     " bytes; allowed: at most ", kMaxTensorBytes,
+                                                     " (2^56, README \"Limits\")"));
+    }
+    auto sum = AddOrError(total, bytes, "the step's bytes");
+    if (!sum.ok()) return sum.status();
+    total = *sum;
+    return absl::OkStatus();
+  };
+  for (auto [what, bytes] : {std::pair<const char*, uint64_t>{"fixed weights", step.fixed.weights},
+                             {"fixed gradients", step.fixed.gradients},
+                             {"fixed optimizer state", step.fixed.optimizer},
+                             {"communication buffers", step.fixed.comm_buffers},
+                             {"the LM head and loss working set", step.tail_bytes}}) {
+    if (absl::Status s = add(bytes, what); !s.ok()) return s;
+  }
+  auto finite = [](double x) { return x >= 0 && x < 1e300; };  // NaN fails both
+  for (const LayerCost& l : step.layers) {
+    const std::string what = absl::StrCat("layer ", l.index);
+    for (uint64_t part :
+         {l.input_bytes, l.output_bytes, l.saved_bytes, l.attn_forward_transient,
+          l.ffn_forward_transient, l.attn_backward_transient, l.ffn_backward_transient}) {
+      if (part > kMaxTensorBytes) return add(part, absl::StrCat("a byte count of ", what));
+    }
+    // The sums EvaluateOption subtracts from must be what they claim: a wrapped sum (tensors
+    // of [2^64-1, 1] "adding up" to 0) would turn into a huge difference there.
+    if (l.saved.size() > 64 || l.modules.size() > 16) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " has ", l.saved.size(),
+                                                     " saved tensors and ", l.modules.size(),
+                                                     " recompute modules; allowed: 64 and 16"));
+    }
+    uint64_t saved = 0, in_modules = 0;
+    for (const SavedTensor& t : l.saved) {
+      if (t.bytes > kMaxTensorBytes) return add(t.bytes, absl::StrCat(what, "'s ", t.name));
+      saved += t.bytes;  // at most 64 of at most 2^56 each
+    }
+    for (const RecomputeModule& mod : l.modules) {
+      if (mod.saved_bytes > kMaxTensorBytes) return add(mod.saved_bytes, what + "'s " + mod.name);
+      in_modules += mod.saved_bytes;
+    }
+    if (saved != l.saved_bytes || l.ffn_saved_bytes > l.saved_bytes || in_modules > l.saved_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "'s saved tensors add up to ", saved, " bytes but it claims ", l.saved_bytes,
+          " (FFN part ", l.ffn_saved_bytes, ", recompute modules ", in_modules, ")"));
+    }
+    auto ceiling = LayerCeiling(l);
+    if (!ceiling.ok()) return ceiling.status();
+    if (absl::Status s = add(*ceiling, absl::StrCat("the largest option of ", what)); !s.ok()) {
+      return s;
+    }
+    if (!finite(l.forward_seconds) || !finite(l.backward_seconds) ||
+        !finite(l.chunk_overhead_seconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " has a negative or non-finite time (forward ", l.forward_seconds,
+                       " s, backward ", l.backward_seconds, " s)"));
+    }
+    for (const RecomputeModule& mod : l.modules) {
+      if (mod.saved_bytes > l.saved_bytes || !finite(mod.seconds)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, "'s module ", mod.name, " has ",
+                                                       mod.saved_bytes, " bytes and ", mod.seconds,
+                                                       " s"));
+      }
+    }
+  }
+  if (total > kMaxStepBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the step's bytes add up to ", total, "; allowed: at most ", kMaxStepBytes,
+                     " (2^62, README \"Limits\"): fewer tokens per rank or layers"));
+  }
+  if (!finite(step.tail_seconds) || !finite(step.embedding_seconds) ||
+      !(step.d2h_bytes_per_second > 0) || !(step.h2d_bytes_per_second > 0) ||
+      !(step.bidir_d2h_bytes_per_second > 0) || !(step.bidir_h2d_bytes_per_second > 0)) {
+    return absl::InvalidArgumentError("the step has a negative or non-finite time or link rate");
+  }
+  return absl::OkStatus();
+}
 
 const char* ShardingName(Sharding sharding) {
   switch (sharding) {
@@ -274,18 +471,36 @@ absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   auto bad = [](const char* flag, auto value, const std::string& rule) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, " is ", value, "; ", rule));
   };
-  if (r.seq_len == 0) return bad("seq-len", r.seq_len, "it must be positive");
-  if (r.micro_batch < 1) return bad("micro-batch", r.micro_batch, "it must be at least 1");
-  if (r.tp < 1) return bad("tp", r.tp, "it must be at least 1");
-  if (r.cp < 1) return bad("cp", r.cp, "it must be at least 1");
-  if (r.ep < 1) return bad("ep", r.ep, "it must be at least 1");
-  if (r.gpus < 1) return bad("gpus", r.gpus, "it must be at least 1");
+  if (r.seq_len == 0 || r.seq_len > kMaxSeqLen) {
+    return bad("seq-len", r.seq_len, absl::StrCat("allowed: 1 to ", kMaxSeqLen, " (2^30)"));
+  }
+  for (auto [flag, value] : {std::pair<const char*, int>{"micro-batch", r.micro_batch},
+                             {"tp", r.tp},
+                             {"cp", r.cp},
+                             {"ep", r.ep},
+                             {"gpus", r.gpus}}) {
+    if (value < 1 || value > kMaxParallel) {
+      return bad(flag, value, absl::StrCat("allowed: 1 to ", kMaxParallel));
+    }
+  }
+  if (r.seq_len * static_cast<uint64_t>(r.micro_batch) > kMaxTokensPerMicroBatch) {
+    return bad("micro-batch", r.micro_batch,
+               absl::StrCat("--seq-len x --micro-batch may be at most ", kMaxTokensPerMicroBatch,
+                            " (2^32) tokens"));
+  }
+  for (auto [flag, value] : {std::pair<const char*, int>{"activation bytes", r.activation_bytes},
+                             {"weight bytes", r.weight_bytes},
+                             {"grad-dtype bytes", r.grad_bytes},
+                             {"optimizer bytes", r.optimizer_bytes}}) {
+    if (value < 1 || value > 64) return bad(flag, value, "allowed: 1 to 64 bytes per element");
+  }
+  if (absl::Status s = CheckModelLimits(m); !s.ok()) return s;
   if (r.seq_len % static_cast<uint64_t>(r.cp) != 0) {
     return bad("seq-len", r.seq_len, absl::StrCat("it must be a multiple of --cp (", r.cp, ")"));
   }
-  if (r.gpus % (r.tp * r.cp) != 0) {
-    return bad("gpus", r.gpus,
-               absl::StrCat("it must be a multiple of --tp x --cp (", r.tp * r.cp, ")"));
+  const int64_t tp_cp = int64_t{r.tp} * r.cp;
+  if (r.gpus % tp_cp != 0) {
+    return bad("gpus", r.gpus, absl::StrCat("it must be a multiple of --tp x --cp (", tp_cp, ")"));
   }
   if (r.gpus % r.ep != 0) {
     return bad("gpus", r.gpus, absl::StrCat("it must be a multiple of --ep (", r.ep, ")"));
@@ -321,7 +536,15 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   c.tokens_per_rank =
       run.seq_len * static_cast<uint64_t>(run.micro_batch) / static_cast<uint64_t>(run.cp);
   const double tokens = static_cast<double>(c.tokens_per_rank);
-  for (int i = 0; i < m.num_layers(); ++i) c.layers.push_back(BuildLayer(m, hw, run, i, tokens));
+  c.layers.reserve(m.layers.size());
+  for (int i = 0; i < m.num_layers(); ++i) {
+    absl::StatusOr<LayerCost> layer = BuildLayer(m, hw, run, i, tokens);
+    if (!layer.ok()) return layer.status();
+    c.layers.push_back(*std::move(layer));
+  }
+  // Fixed memory and the loss are whole-step counts: the same checked conversion as a layer's.
+  Builder whole{m, hw, run, tokens, hw.EffectiveFlops(), {}, 0, 0, absl::OkStatus()};
+  whole.cost.index = -1;
 
   // Fixed memory. Dense parameters shard over the data-parallel ranks of a TP group (DP x CP),
   // routed experts over the expert-data-parallel ranks (gpus / ep).
@@ -338,20 +561,22 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
     experts += e;
     max_layer = std::max(max_layer, d + e);
   }
-  auto shard = [&](double bytes_per_param, bool sharded) {
-    return static_cast<uint64_t>(
-        bytes_per_param *
-        (sharded ? dense / dense_group + experts / expert_group : dense + experts));
+  auto shard = [&](double bytes_per_param, bool sharded, const char* what) {
+    return whole.Bytes(bytes_per_param * (sharded ? dense / dense_group + experts / expert_group
+                                                  : dense + experts),
+                       what);
   };
-  c.fixed.weights = shard(run.weight_bytes, run.sharding == Sharding::kOptimGradsParams);
-  c.fixed.gradients = shard(run.grad_bytes, run.sharding >= Sharding::kOptimGrads);
-  c.fixed.optimizer = shard(run.optimizer_bytes, run.sharding >= Sharding::kOptim);
+  c.fixed.weights =
+      shard(run.weight_bytes, run.sharding == Sharding::kOptimGradsParams, "the weights");
+  c.fixed.gradients = shard(run.grad_bytes, run.sharding >= Sharding::kOptimGrads, "the gradients");
+  c.fixed.optimizer =
+      shard(run.optimizer_bytes, run.sharding >= Sharding::kOptim, "the optimizer state");
   // Sharded weights are gathered a layer at a time, the next one prefetched; sharded gradients
   // exist whole for one layer until reduce-scattered.
   double comm = 0;
   if (run.sharding == Sharding::kOptimGradsParams) comm += 2 * max_layer * run.weight_bytes;
   if (run.sharding >= Sharding::kOptimGrads) comm += max_layer * run.grad_bytes;
-  c.fixed.comm_buffers = static_cast<uint64_t>(comm);
+  c.fixed.comm_buffers = whole.Bytes(comm, "the communication buffers");
 
   // Tail: final norm, LM head (vocab split by TP) and cross-entropy over loss chunks; backward
   // recomputes each chunk's logits when the loss is chunked.
@@ -362,10 +587,14 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   // Final-logit soft-capping (Gemma 2: logits = cap * tanh(logits / cap), modeling_gemma2.py
   // Gemma2ForCausalLM.forward) keeps the tanh output, one more fp32 logits chunk.
   const double softcap_bytes = m.final_logit_softcap > 0 ? 4 : 0;
-  c.tail_bytes = static_cast<uint64_t>(tokens * (m.hc_mult + 2) * h * dt / tp +
-                                       chunk * v * (dt + 4 + 4 + softcap_bytes));
+  c.tail_bytes =
+      whole.Bytes(tokens * (m.hc_mult + 2) * h * dt / tp + chunk * v * (dt + 4 + 4 + softcap_bytes),
+                  "the LM head and loss working set");
   const double head_flops = 2 * h * v * tokens;
-  const double passes = run.loss_chunk_tokens == 0 ? 3 : 4;
+  // Forward, and backward's two GEMMs (input and weight gradients); a chunked loss recomputes
+  // each chunk's logits in backward (a fourth pass) unless one chunk covers every token, when
+  // the logits are kept as with 0 (issue 11: that case was charged four passes).
+  const double passes = chunk >= tokens ? 3 : 4;
   c.tail_seconds =
       passes * head_flops / hw.EffectiveFlops() + 3 * tokens * v * 4 / hw.hbm_bytes_per_second;
   c.embedding_seconds = 3 * tokens * h * dt * m.hc_mult / hw.hbm_bytes_per_second;
@@ -377,6 +606,8 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   const double bidir_scale_h = hw.bidir_h2d_bytes_per_second / hw.h2d_bytes_per_second;
   c.bidir_d2h_bytes_per_second = c.d2h_bytes_per_second * std::min(1.0, bidir_scale_d);
   c.bidir_h2d_bytes_per_second = c.h2d_bytes_per_second * std::min(1.0, bidir_scale_h);
+  if (!whole.status.ok()) return whole.status;
+  if (absl::Status s = CheckStepCostBounds(c); !s.ok()) return s;
   return c;
 }
 

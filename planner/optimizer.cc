@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/checked_math.h"
 #include "planner/report.h"
 
 namespace stowage::planner {
@@ -26,8 +27,35 @@ namespace {
 // Leaves are simulated in full. The bound ignores copy waits, so the search is exact whatever
 // the waits are; it is fast when they are small, which is when offloading pays.
 
+// Note [Bounded work]
+// Left alone, the knapsack tables cost layers x options x buckets^2 in time and layers x
+// buckets^2 in memory, and hill climbing costs layers^2 x options simulated layers: 1,000
+// layers took 11.7 s, 5,000 took 234 s and 1.3 GB, 100,000 ran out of memory. So:
+//  - the bucket count per table dimension shrinks with depth so one table costs at most
+//    kTableWork cell updates (coarser buckets give a weaker but still valid lower bound:
+//    bytes stay rounded down in it, up in the incumbent's table);
+//  - Seed rebuilds its table at most until kSeedTableWork cell updates are spent;
+//  - Improve stops after kImproveSimulatedLayers layer-simulations;
+//  - the search itself stops after node_limit nodes, as before, or once its leaves have cost
+//    kSearchSimulatedLayers layer-simulations (deep models reach a leaf every few nodes).
+// None of these changes what a completed search proves; a search cut short reports the plan
+// it found, unproven, with the root bound as its gap (OptimizeResult::lower_bound_seconds).
+// Models deeper than kMaxLayers are refused before any of this (CheckStepCostBounds).
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr int kBuckets = 4096;
+constexpr int kMaxBuckets = 128;
+constexpr int kMinBuckets = 4;
+constexpr double kTableWork = 3e7;
+constexpr double kSeedTableWork = 1.2e8;
+constexpr double kImproveSimulatedLayers = 3e5;
+constexpr double kSearchSimulatedLayers = 4e5;
+
+// a + b + c <= limit, where a sum that would wrap does not fit.
+bool FitsBudget(uint64_t a, uint64_t b, uint64_t c, uint64_t limit) {
+  const auto ab = CheckedAdd(a, b);
+  if (!ab) return false;
+  const auto abc = CheckedAdd(*ab, c);
+  return abc && *abc <= limit;
+}
 
 struct Candidate {
   LayerOption option;
@@ -42,7 +70,9 @@ std::vector<std::vector<Candidate>> Candidates(const StepCost& step, const Optim
       if (o.force.has_value() && option.policy != *o.force) continue;
       const OptionCost c = EvaluateOption(step.layers[i], option);
       // An option whose own bytes cannot fit next to the fixed memory never helps.
-      if (fixed + std::max(c.forward_peak, c.backward_peak) > o.gpu_budget_bytes) continue;
+      if (!FitsBudget(fixed, std::max(c.forward_peak, c.backward_peak), 0, o.gpu_budget_bytes)) {
+        continue;
+      }
       if (c.host_bytes > o.host_budget_bytes) continue;
       bool duplicate = false;
       for (const Candidate& other : out[i]) {
@@ -77,10 +107,16 @@ class Table {
     const uint64_t fixed = step.fixed.total();
     const uint64_t used = fixed + step.tail_bytes;
     const uint64_t resident_room = o.gpu_budget_bytes > used ? o.gpu_budget_bytes - used : 0;
-    qr_ = resident_room / kBuckets + 1;
-    qh_ = o.host_budget_bytes / kBuckets + 1;
+    // Note [Bounded work]: buckets^2 x (all options of all layers) <= kTableWork.
+    double options = 1;
+    for (const auto& c : cand) options += static_cast<double>(c.size());
+    const int buckets =
+        std::clamp(static_cast<int>(std::sqrt(kTableWork / options)), kMinBuckets, kMaxBuckets);
+    qr_ = resident_room / static_cast<uint64_t>(buckets) + 1;
+    qh_ = o.host_budget_bytes / static_cast<uint64_t>(buckets) + 1;
     rb_ = static_cast<int>(resident_room / qr_);
-    hb_ = static_cast<int>(std::min<uint64_t>(o.host_budget_bytes / qh_, kBuckets));
+    hb_ = static_cast<int>(std::min<uint64_t>(o.host_budget_bytes / qh_, kMaxBuckets));
+    work_ = options * (rb_ + 1) * (hb_ + 1);
     room_ = o.gpu_budget_bytes > fixed ? o.gpu_budget_bytes - fixed : 0;
     tail_ = step.tail_bytes;
     // Offloaded bytes stay on the GPU until their D2H completes, and the D2H engine moves at
@@ -171,6 +207,8 @@ class Table {
     return Fits(i, r, 0, c.backward_peak) && Fits(i, r, h, c.forward_peak);
   }
 
+  // Cell updates this table cost to fill (Note [Bounded work]).
+  double work() const { return work_; }
   int Resident(const OptionCost& c) const { return Buckets(c.resident_bytes, qr_); }
   int Host(const OptionCost& c) const { return Buckets(c.host_bytes, qh_); }
   double Bound(int i, int r, int h) const {
@@ -211,9 +249,8 @@ class Table {
   }
 
  private:
-  static constexpr int kBuckets = 128;
   int Buckets(uint64_t bytes, uint64_t q) const {
-    const uint64_t b = round_up_ ? (bytes + q - 1) / q : bytes / q;
+    const uint64_t b = round_up_ ? CeilDiv(bytes, q) : bytes / q;
     return static_cast<int>(std::min<uint64_t>(b, 1u << 30));
   }
   double& At(int i, int r, int h) {
@@ -226,6 +263,7 @@ class Table {
   uint64_t qr_ = 1, qh_ = 1;
   int rb_ = 0, hb_ = 0;
   uint64_t room_ = 0, tail_ = 0;
+  double work_ = 0;
   std::vector<double> drained_;
   std::vector<uint64_t> next_peak_;  // the next layer's least working set
   std::vector<std::vector<uint64_t>>
@@ -291,8 +329,10 @@ class Search {
       }
     }
     OptimizerOptions tighter = o_;
-    for (int attempt = 0; attempt < 12; ++attempt) {
+    double table_work = 0;
+    for (int attempt = 0; attempt < 12 && table_work < kSeedTableWork; ++attempt) {
       Table upper(step_, tighter, cand_, /*round_up=*/true);
+      table_work += upper.work();
       std::vector<int> pick = upper.Choice();
       if (pick.empty()) return;
       uint64_t overshoot = ~0ull;
@@ -314,10 +354,12 @@ class Search {
   // cuts more; the answer stays the search's.
   void Improve() {
     if (best_pick_.empty()) return;
+    const double start = simulated_layers_;
     for (int pass = 0; pass < 8; ++pass) {
       bool improved = false;
       for (int i = 0; i < n_; ++i) {
         for (size_t k = 0; k < cand_[i].size(); ++k) {
+          if (simulated_layers_ - start > kImproveSimulatedLayers) return;
           if (static_cast<int>(k) == best_pick_[i]) continue;
           // Without copy waits only less compute can shorten the step.
           if (best_stall_ == 0 && cand_[i][k].cost.compute_seconds() >=
@@ -339,6 +381,7 @@ class Search {
     std::vector<OptionCost> costs(n_);
     for (int i = 0; i < n_; ++i) costs[i] = cand_[i][pick[i]].cost;
     SimResult sim = Simulate(step_, costs, distance, /*record=*/false);
+    simulated_layers_ += n_;
     if (sim.peak_bytes <= o_.gpu_budget_bytes && sim.host_bytes <= o_.host_budget_bytes &&
         sim.step_seconds < best_seconds_) {
       best_seconds_ = sim.step_seconds;
@@ -349,6 +392,9 @@ class Search {
     return sim;
   }
 
+  // The search's own budget (Note [Bounded work]) counts from here, over every distance.
+  void BeginSearch() { search_start_ = simulated_layers_; }
+
   void Run(int distance) {
     distance_ = distance;
     pick_.assign(n_, -1);
@@ -356,7 +402,9 @@ class Search {
     Dfs(0, 0.0, 0, 0, 0, 0, step_.embedding_seconds / 3, 0.0);
   }
 
-  bool exhausted() const { return nodes_ > o_.node_limit; }
+  bool exhausted() const {
+    return nodes_ > o_.node_limit || simulated_layers_ - search_start_ > kSearchSimulatedLayers;
+  }
   int64_t nodes() const { return nodes_; }
   double best_seconds() const { return best_seconds_; }
   const std::vector<int>& best_pick() const { return best_pick_; }
@@ -371,7 +419,7 @@ class Search {
 
   void Dfs(int i, double compute, uint64_t resident, uint64_t host, int r_buckets, int h_buckets,
            double now, double d2h_free) {
-    if (nodes_++ > o_.node_limit) return;
+    if (nodes_++ > o_.node_limit || exhausted()) return;
     if (i == n_) {
       TryLeaf(pick_, distance_);
       return;
@@ -391,11 +439,15 @@ class Search {
     children.reserve(cand_[i].size());
     for (size_t k = 0; k < cand_[i].size(); ++k) {
       const OptionCost& c = cand_[i][k].cost;
-      if (host + c.host_bytes > o_.host_budget_bytes) continue;
-      if (fixed + pool + c.forward_peak > o_.gpu_budget_bytes) continue;
+      // Sums of a step's bytes cannot wrap (CheckStepCostBounds), but a budget near 2^64 (the
+      // "unlimited" of a forced policy) must not make one: FitsBudget treats a wrap as too big.
+      if (!FitsBudget(host, c.host_bytes, 0, o_.host_budget_bytes)) continue;
+      if (!FitsBudget(fixed, pool, c.forward_peak, o_.gpu_budget_bytes)) continue;
       // During layer i's backward the previous layer's reload has already started (its H2D
       // follows layer i's in the same queue and is triggered no later than layer i starts).
-      if (fixed + resident + previous_host + c.backward_peak > o_.gpu_budget_bytes) continue;
+      if (!FitsBudget(fixed + resident, previous_host, c.backward_peak, o_.gpu_budget_bytes)) {
+        continue;
+      }
       const uint64_t r = resident + c.resident_bytes;
       if (r > capacity_ || r > prefix_limit_[i + 1]) continue;
       const double rest =
@@ -441,6 +493,8 @@ class Search {
   std::vector<int> pick_;
   std::vector<Pending> pending_;
   int64_t nodes_ = 0;
+  double simulated_layers_ = 0;  // Note [Bounded work]
+  double search_start_ = 0;      // simulated_layers_ when the search began
   double best_seconds_ = kInf;
   double best_stall_ = 0;
   std::vector<int> best_pick_;
@@ -461,12 +515,20 @@ std::string Gib(uint64_t bytes) { return FormatBytes(bytes); }
 }  // namespace
 
 OptimizeResult Optimize(const StepCost& step, const OptimizerOptions& o) {
+  // Everything below adds bytes and simulates layers on the strength of these bounds.
+  if (absl::Status bounds = CheckStepCostBounds(step); !bounds.ok()) {
+    OptimizeResult r;
+    r.binding = "input limits";
+    r.explanation = std::string(bounds.message());
+    return r;
+  }
   Search search(step, o, Candidates(step, o));
   bool any_layer_empty = false;
   for (const auto& c : search.candidates()) any_layer_empty |= c.empty();
   if (!any_layer_empty && search.RootBound() < kInf) {
     search.Seed();
     search.Improve();
+    search.BeginSearch();
     for (int d : o.prefetch_distances) {
       search.Run(d);
       if (search.exhausted()) break;

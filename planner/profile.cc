@@ -342,6 +342,9 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
   c.h2d_bytes_per_second = p.h2d_bytes_per_second;
   c.bidir_d2h_bytes_per_second = std::min(p.bidir_d2h_bytes_per_second, p.d2h_bytes_per_second);
   c.bidir_h2d_bytes_per_second = std::min(p.bidir_h2d_bytes_per_second, p.h2d_bytes_per_second);
+  // What the simulator and optimizer assume of any step (README "Limits"): the sums above are
+  // rechecked there, so a profile whose sizes wrap is refused rather than planned.
+  if (absl::Status s = CheckStepCostBounds(c); !s.ok()) return s;
   return c;
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/checked_math.h"
 
 namespace stowage::planner {
 namespace {
@@ -46,7 +47,7 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
     if (record) r.compute.push_back({Phase::kForward, i, now, end, 0});
     forward_end[i] = end;
     now = end;
-    r.host_bytes += c.host_bytes;
+    r.host_bytes = CheckedAdd(r.host_bytes, c.host_bytes).value_or(~0ull);
     r.compute_seconds += c.compute_seconds();
   }
   const double tail_start = now;
@@ -175,7 +176,10 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   Phase current_phase = Phase::kEmbedding;
   if (record) r.timeline.push_back({0, static_cast<uint64_t>(level)});
   for (const MemEvent& e : mem) {
-    level += e.delta;
+    // Byte counts fit int64 and their sums cannot wrap when the step keeps within
+    // CheckStepCostBounds (kMaxStepBytes = 2^62); a step that does not saturates the level
+    // (a peak that fits no budget) instead of wrapping to a small one.
+    level = CheckedAdd(level, e.delta).value_or(std::numeric_limits<int64_t>::max());
     if (e.what >= 0 || e.what == -1) {
       current_layer = e.what;
       current_phase = e.phase;

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "planner/optimizer.h"
 
 namespace stowage::planner {
@@ -181,6 +183,109 @@ TEST(CostModel, BadRunSettingsNameTheFlag) {
   EXPECT_THAT(ValidateRun(m, run).message(), HasSubstr("--moe-imbalance is 0.5"));
   run = RunSettings();
   EXPECT_THAT(ValidateRun(*ModelPreset("llama-3-8b"), run).message(), HasSubstr("--ep is 8"));
+}
+
+RunSettings DenseRun(uint64_t seq_len) {
+  RunSettings run;
+  run.seq_len = seq_len;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 8;
+  return run;
+}
+
+// Regression (issue 11): `stowage plan --model llama-3-8b --seq-len 9007199254740992` printed
+// every layer "keep ... 0 B" and exit 0; UBSan reported signed overflow in the cost model.
+TEST(CostModel, HugeSequenceIsRefusedNamingTheFlagAndLimit) {
+  const ModelConfig m = *ModelPreset("llama-3-8b");
+  auto step = BuildStepCost(m, *HardwarePreset("b200"), DenseRun(9007199254740992ull));
+  ASSERT_FALSE(step.ok());
+  EXPECT_THAT(step.status().message(),
+              HasSubstr("--seq-len is 9007199254740992; allowed: 1 to 1073741824"));
+  RunSettings run = DenseRun(kMaxSeqLen);
+  run.micro_batch = 8;
+  EXPECT_THAT(ValidateRun(m, run).message(), HasSubstr("--seq-len x --micro-batch may be at most"));
+  run = DenseRun(65536);
+  run.tp = 1 << 20;
+  run.cp = 1 << 20;  // tp x cp once overflowed int
+  EXPECT_THAT(ValidateRun(m, run).message(),
+              HasSubstr("--seq-len is 65536; it must be a multiple"));
+  run.tp = (1 << 20) + 1;
+  EXPECT_THAT(ValidateRun(m, run).message(), HasSubstr("--tp is 1048577; allowed: 1 to 1048576"));
+}
+
+// Within the run limits a wide enough model still overflows a tensor: the error names the
+// tensor, the layer and the inputs it grows with, instead of a wrapped byte count.
+TEST(CostModel, TensorBeyondTheLimitNamesTheTensorAndInputs) {
+  ModelConfig m = *ModelPreset("llama-3-8b");
+  m.hidden = kMaxModelDim;
+  m.intermediate = kMaxModelDim;
+  m.heads = 8;
+  m.kv_heads = 8;
+  m.head_dim = kMaxModelDim;
+  RunSettings run = DenseRun(kMaxSeqLen);
+  run.micro_batch = 4;
+  auto step = BuildStepCost(m, *HardwarePreset("b200"), run);
+  ASSERT_FALSE(step.ok());
+  EXPECT_THAT(step.status().message(), HasSubstr("of layer 0 would be"));
+  EXPECT_THAT(step.status().message(),
+              HasSubstr("--seq-len 1073741824 x --micro-batch 4 / --cp 1"));
+  m = *ModelPreset("llama-3-8b");
+  m.hidden = kMaxModelDim + 1;
+  EXPECT_THAT(ValidateRun(m, DenseRun(8192)).message(),
+              HasSubstr("field 'hidden_size' is 1048577; allowed: 0 to 1048576"));
+}
+
+// Regression (issue 11): 2^31 layers aborted in std::length_error, 100,000 in bad_alloc.
+TEST(CostModel, TooManyLayersAreRefusedUpFront) {
+  ModelConfig m = *ModelPreset("llama-3-8b");
+  m.layers.assign(kMaxLayers + 1, m.layers[0]);
+  auto step = BuildStepCost(m, *HardwarePreset("b200"), DenseRun(8192));
+  EXPECT_THAT(step.status().message(), HasSubstr("has 10001 layers; allowed: 1 to 10000"));
+}
+
+// A step cost not built here (a measured profile, a test) is checked before it is planned.
+TEST(CostModel, StepCostBoundsCatchWhatBuildStepCostWouldRefuse) {
+  StepCost step =
+      *BuildStepCost(*ModelPreset("llama-3-8b"), *HardwarePreset("b200"), DenseRun(8192));
+  EXPECT_TRUE(CheckStepCostBounds(step).ok());
+  StepCost bad = step;
+  bad.layers[3].saved_bytes = ~0ull;  // tensors that do not add up to it
+  EXPECT_THAT(CheckStepCostBounds(bad).message(), HasSubstr("layer 3"));
+  bad = step;
+  for (LayerCost& l : bad.layers) l.saved_bytes = kMaxTensorBytes;  // 32 x 2^56 > 2^62
+  EXPECT_THAT(CheckStepCostBounds(bad).message(), HasSubstr("allowed: at most"));
+  bad = step;
+  bad.layers[0].forward_seconds = std::nan("");
+  EXPECT_THAT(CheckStepCostBounds(bad).message(), HasSubstr("non-finite time"));
+  bad = step;
+  bad.layers[1].backward_seconds = -1;
+  OptimizerOptions unlimited;
+  unlimited.gpu_budget_bytes = ~0ull;
+  unlimited.host_budget_bytes = ~0ull;
+  const OptimizeResult r = Optimize(bad, unlimited);
+  EXPECT_FALSE(r.feasible);
+  EXPECT_EQ(r.binding, "input limits");
+}
+
+// Regression (issue 11): --loss-chunk-tokens 0 ("materializes all logits") was rejected; and a
+// chunk covering every token was charged a fourth LM-head pass (the logits recomputed in
+// backward) although nothing is recomputed then.
+TEST(CostModel, OneLossChunkOverAllTokensCostsThreePasses) {
+  const ModelConfig m = *ModelPreset("llama-3-8b");
+  const HardwareProfile hw = *HardwarePreset("b200");
+  RunSettings run = DenseRun(8192);
+  run.loss_chunk_tokens = 0;
+  const StepCost whole = *BuildStepCost(m, hw, run);
+  run.loss_chunk_tokens = 8192;
+  const StepCost one_chunk = *BuildStepCost(m, hw, run);
+  run.loss_chunk_tokens = 4096;
+  const StepCost two_chunks = *BuildStepCost(m, hw, run);
+  EXPECT_DOUBLE_EQ(one_chunk.tail_seconds, whole.tail_seconds);
+  EXPECT_EQ(one_chunk.tail_bytes, whole.tail_bytes);
+  // The fourth pass: one more LM-head GEMM over every token.
+  const double head = 2.0 * m.hidden * m.vocab * 8192 / hw.EffectiveFlops();
+  EXPECT_NEAR(two_chunks.tail_seconds - whole.tail_seconds, head, head * 1e-9);
 }
 
 }  // namespace

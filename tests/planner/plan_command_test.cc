@@ -170,4 +170,22 @@ TEST_F(PlanCommand, BadInputIsAUsageError) {
   EXPECT_THAT(run.out, HasSubstr("--moe-imbalance"));
 }
 
+// Regressions (issue 11): wrapped numbers planned "fits" with exit 0; --loss-chunk-tokens 0 was
+// documented but rejected; `--tp --format json` blamed "json".
+TEST_F(PlanCommand, HostileNumbersAreClearUsageErrors) {
+  Result run = Stowage("plan --model llama-3-8b --seq-len 9007199254740992");
+  EXPECT_EQ(run.code, 2) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("--seq-len is 9007199254740992; allowed: 1 to 1073741824"));
+  run = Stowage("plan --model llama-3-8b --tp --format json");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("flag '--tp' needs a value (N) but is followed by '--format'"));
+  run = Stowage("plan --model llama-3-8b --seq-len 32K --cp 1 --gpus 8 --loss-chunk-tokens 0");
+  EXPECT_EQ(run.code, 0) << run.out;
+  std::ofstream(Path("neg.json")) << R"({"hbm_bytes": -1, "hbm_bytes_per_second": 4e12,
+      "dense_bf16_flops": 1e15, "d2h_bytes_per_second": 5e10, "h2d_bytes_per_second": 5e10})";
+  run = Stowage("plan --hardware " + Path("neg.json"));
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("field 'hbm_bytes' has value -1; allowed: an integer in"));
+}
+
 }  // namespace
