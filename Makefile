@@ -1,12 +1,13 @@
 # The two Quickstart commands, plus the steps they are made of.
 #   make demo   install what is missing, configure, build, run `stowage plan` on its default
 #   make test   install what is missing, configure, build, run every test (GPU tests skip cleanly)
+#   make fuzz   build the libFuzzer harnesses with clang and run each for FUZZ_SECONDS
 # PRESET picks a CMakePresets.json preset (dev, dev-nocuda, release, asan).
 PRESET ?= dev
 BUILD_DIR := build/$(PRESET)
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build demo test format tidy clean
+.PHONY: all deps configure build demo test fuzz format tidy clean
 
 all: build
 
@@ -24,6 +25,12 @@ demo: build
 
 test: build
 	ctest --preset $(PRESET) -j $(JOBS)
+
+# Builds the libFuzzer harnesses (clang, build/fuzz) and runs each for FUZZ_SECONDS (default 60)
+# over its seed corpus in tests/fuzz/corpus/; FUZZERS="plan hardware_profile" picks some.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) tests/fuzz/run_fuzzers.sh $(FUZZERS)
 
 format:
 	@git ls-files '*.h' '*.cc' '*.cu' | xargs clang-format -i
