@@ -253,7 +253,12 @@ TEST(CostModel, StepCostBoundsCatchWhatBuildStepCostWouldRefuse) {
   bad.layers[3].saved_bytes = ~0ull;  // tensors that do not add up to it
   EXPECT_THAT(CheckStepCostBounds(bad).message(), HasSubstr("layer 3"));
   bad = step;
-  for (LayerCost& l : bad.layers) l.saved_bytes = kMaxTensorBytes;  // 32 x 2^56 > 2^62
+  for (LayerCost& l : bad.layers) {  // 32 layers x 2^56 > 2^62
+    l.saved = {{"input", "", kMaxTensorBytes}};
+    l.saved_bytes = kMaxTensorBytes;
+    l.ffn_saved_bytes = 0;
+    l.modules.clear();
+  }
   EXPECT_THAT(CheckStepCostBounds(bad).message(), HasSubstr("allowed: at most"));
   bad = step;
   bad.layers[0].forward_seconds = std::nan("");
