@@ -34,7 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   schedule.options.assign(step->layers.size(),
                           LayerOption{stowage::LayerPolicy::kOffloadInput, 0, 2});
   const SimResult sim = Simulate(*step, schedule, /*record=*/false);
-  STOWAGE_FUZZ_CHECK(sim.step_seconds >= 0 && sim.step_seconds == sim.step_seconds,
-                     "step time %g", sim.step_seconds);
+  STOWAGE_FUZZ_CHECK(sim.step_seconds >= 0 && sim.step_seconds == sim.step_seconds, "step time %g",
+                     sim.step_seconds);
   return 0;
 }
