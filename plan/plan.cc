@@ -169,6 +169,7 @@ std::string PlanToJson(const Plan& plan) {
   j["hardware"] = plan.hardware;
   j["run"] = {{"seq_len", plan.seq_len},
               {"micro_batch", plan.micro_batch},
+              {"framework", plan.framework},
               {"tp", plan.tp},
               {"cp", plan.cp},
               {"ep", plan.ep},
@@ -238,6 +239,11 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     if (!run.ok()) return run.status();
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("seq_len", plan.seq_len, kSeqLen));
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("micro_batch", plan.micro_batch, kParallel));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("framework", plan.framework));
+    if (plan.framework != "megatron" && plan.framework != "hf") {
+      return absl::InvalidArgumentError(absl::StrCat("plan: field 'run.framework' has value '",
+                                                     plan.framework, "'; allowed: megatron, hf"));
+    }
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("tp", plan.tp, kParallel));
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("cp", plan.cp, kParallel));
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("ep", plan.ep, kParallel));

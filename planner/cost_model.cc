@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/checked_math.h"
+#include "planner/framework_hf.h"
 
 namespace stowage::planner {
 namespace {
@@ -467,6 +468,49 @@ absl::StatusOr<Sharding> ParseSharding(const std::string& name) {
       "--sharding is '", name, "'; allowed: no_shard, optim, optim_grads, optim_grads_params"));
 }
 
+const char* FrameworkName(Framework framework) {
+  return framework == Framework::kHf ? "hf" : "megatron";
+}
+
+absl::StatusOr<Framework> ParseFramework(const std::string& name) {
+  if (name == "megatron") return Framework::kMegatron;
+  if (name == "hf") return Framework::kHf;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--framework is '", name, "'; allowed: megatron, hf"));
+}
+
+const char* OptimizerKindName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdam:
+      return "adam";
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
+  for (OptimizerKind k : {OptimizerKind::kAdam, OptimizerKind::kSgd, OptimizerKind::kNone}) {
+    if (name == OptimizerKindName(k)) return k;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--optimizer is '", name, "'; allowed: adam, sgd, none"));
+}
+
+int OptimizerBytesPerParam(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdam:
+      return 12;  // fp32 master weights, m, v
+    case OptimizerKind::kSgd:
+      return 8;  // fp32 master weights, momentum
+    case OptimizerKind::kNone:
+      return 0;
+  }
+  return 0;
+}
+
 absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   auto bad = [](const char* flag, auto value, const std::string& rule) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, " is ", value, "; ", rule));
@@ -536,8 +580,16 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   c.tokens_per_rank =
       run.seq_len * static_cast<uint64_t>(run.micro_batch) / static_cast<uint64_t>(run.cp);
   const double tokens = static_cast<double>(c.tokens_per_rank);
+  const bool hf = run.framework == Framework::kHf;
+  if (hf) {
+    if (absl::Status s = ValidateHfRun(m, run); !s.ok()) return s;
+  }
   c.layers.reserve(m.layers.size());
   for (int i = 0; i < m.num_layers(); ++i) {
+    if (hf) {
+      c.layers.push_back(BuildHfLayer(m, hw, run, i, tokens));
+      continue;
+    }
     absl::StatusOr<LayerCost> layer = BuildLayer(m, hw, run, i, tokens);
     if (!layer.ok()) return layer.status();
     c.layers.push_back(*std::move(layer));
@@ -569,8 +621,23 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   c.fixed.weights =
       shard(run.weight_bytes, run.sharding == Sharding::kOptimGradsParams, "the weights");
   c.fixed.gradients = shard(run.grad_bytes, run.sharding >= Sharding::kOptimGrads, "the gradients");
-  c.fixed.optimizer =
-      shard(run.optimizer_bytes, run.sharding >= Sharding::kOptim, "the optimizer state");
+  const uint64_t optimizer = shard(OptimizerBytesPerParam(run.optimizer),
+                                   run.sharding >= Sharding::kOptim, "the optimizer state");
+  if (run.optimizer_offload) {
+    // Megatron's CPU optimizer offload: the state stays in pinned host memory; each step the
+    // gradients go D2H and the updated weights H2D, after the backward and before the next
+    // forward, so the copies do not overlap compute.
+    c.optimizer_host_bytes = optimizer;
+    c.optimizer_copy_seconds =
+        static_cast<double>(
+            shard(run.grad_bytes, run.sharding >= Sharding::kOptim, "the gradients")) /
+            hw.d2h_bytes_per_second +
+        static_cast<double>(
+            shard(run.weight_bytes, run.sharding >= Sharding::kOptim, "the weights")) /
+            hw.h2d_bytes_per_second;
+  } else {
+    c.fixed.optimizer = optimizer;
+  }
   // Sharded weights are gathered a layer at a time, the next one prefetched; sharded gradients
   // exist whole for one layer until reduce-scattered.
   double comm = 0;
@@ -598,6 +665,7 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   c.tail_seconds =
       passes * head_flops / hw.EffectiveFlops() + 3 * tokens * v * 4 / hw.hbm_bytes_per_second;
   c.embedding_seconds = 3 * tokens * h * dt * m.hc_mult / hw.hbm_bytes_per_second;
+  if (hf) ApplyHfStep(m, hw, run, c);
 
   c.copy_chunk_bytes = 16ull << 20;
   c.d2h_bytes_per_second = Rate(hw, c.copy_chunk_bytes, true);

@@ -22,6 +22,20 @@ enum class Sharding { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
 const char* ShardingName(Sharding sharding);
 absl::StatusOr<Sharding> ParseSharding(const std::string& name);
 
+// Whose code runs the layers, which decides what a layer holds for backward and when gradients
+// exist. kMegatron: Megatron-Core with TransformerEngine kernels (Note [Cost model]); kHf:
+// Hugging Face transformers eager code with SDPA and its default loss (framework_hf.cc).
+enum class Framework { kMegatron, kHf };
+const char* FrameworkName(Framework framework);  // "megatron", "hf"
+absl::StatusOr<Framework> ParseFramework(const std::string& name);
+
+// The optimizer's state per parameter. kAdam: fp32 master weights + m + v; kSgd (with
+// momentum): fp32 master weights + momentum; kNone: no optimizer state at all.
+enum class OptimizerKind { kAdam, kSgd, kNone };
+const char* OptimizerKindName(OptimizerKind kind);  // "adam", "sgd", "none"
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
+int OptimizerBytesPerParam(OptimizerKind kind);  // 12, 8, 0
+
 struct RunSettings {
   uint64_t seq_len = 1048576;  // tokens per sequence
   int micro_batch = 1;         // sequences per micro-batch
@@ -33,7 +47,11 @@ struct RunSettings {
   int activation_bytes = 2;    // bf16 activations
   int weight_bytes = 2;        // bf16 weights
   int grad_bytes = 4;          // fp32 main gradients
-  int optimizer_bytes = 12;    // fp32 master weights + Adam m and v, per parameter
+  OptimizerKind optimizer = OptimizerKind::kAdam;  // its state: OptimizerBytesPerParam
+  // Optimizer state lives in pinned host memory and the step runs on the CPU (Megatron's
+  // --optimizer-cpu-offload): gradients go D2H and updated weights H2D once per step.
+  bool optimizer_offload = false;
+  Framework framework = Framework::kMegatron;
   Sharding sharding = Sharding::kOptimGradsParams;
   // The LM head and loss run over this many tokens at a time (a fused/chunked cross-entropy);
   // 0 materializes the logits of every token at once.
@@ -94,6 +112,9 @@ struct LayerCost {
   double backward_seconds = 0;
   double chunk_overhead_seconds = 0;  // per extra FFN/MoE chunk, per pass
   double forward_flops = 0;
+  // Parameter gradients this layer's backward creates (StepCost::gradients_in_backward): they
+  // exist from its backward to the end of the step.
+  uint64_t grad_bytes = 0;
 };
 
 struct FixedMemory {
@@ -122,6 +143,16 @@ struct StepCost {
   double bidir_d2h_bytes_per_second = 0;
   double bidir_h2d_bytes_per_second = 0;
   uint64_t copy_chunk_bytes = 16ull << 20;
+  // Eager PyTorch creates each parameter's gradient when backward reaches it (fixed.gradients
+  // is then 0): the LM head's at the end of the tail, each layer's at the end of its backward,
+  // the embedding's last.
+  bool gradients_in_backward = false;
+  uint64_t tail_grad_bytes = 0;
+  uint64_t embedding_grad_bytes = 0;
+  // --optimizer-offload: the optimizer state in host memory and the once-per-step copies
+  // (gradients D2H, weights H2D) that do not overlap the forward and backward.
+  uint64_t optimizer_host_bytes = 0;
+  double optimizer_copy_seconds = 0;
 };
 
 absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& model, const HardwareProfile& hardware,

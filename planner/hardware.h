@@ -30,6 +30,17 @@ struct HardwareProfile {
   // Share of dense_bf16_flops that training kernels reach (the PyTorch anchor on H200 reaches
   // 607 of 989 TFLOP/s in an MLP stack).
   double matmul_efficiency = 0.6;
+  // Per-op-class rates (Note [Step time] in framework_hf.cc): the share of dense_bf16_flops a
+  // causal flash-attention kernel reaches forward and backward, the share grouped expert GEMMs
+  // reach with many tokens per expert and the tokens per expert at which they reach half of it,
+  // the share of hbm_bytes_per_second memory-bound element-wise kernels reach, and the floor of
+  // one kernel however little it does.
+  double flash_forward_efficiency = 0.62;
+  double flash_backward_efficiency = 0.48;
+  double grouped_gemm_efficiency = 0.6;
+  double grouped_gemm_half_tokens = 128;
+  double elementwise_efficiency = 0.8;
+  double kernel_seconds = 4e-6;
   // Pinned host link, large chunks, one direction at a time.
   double d2h_bytes_per_second = 0;
   double h2d_bytes_per_second = 0;

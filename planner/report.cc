@@ -72,6 +72,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   plan.hardware = labels.hardware;
   plan.seq_len = step.run.seq_len;
   plan.micro_batch = step.run.micro_batch;
+  plan.framework = FrameworkName(step.run.framework);
   plan.tp = step.run.tp;
   plan.cp = step.run.cp;
   plan.ep = step.run.ep;
@@ -168,6 +169,13 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                       "%d GPUs, sharding %s\n",
                       step.tokens_per_rank, step.run.seq_len, step.run.micro_batch, step.run.cp,
                       step.run.tp, step.run.ep, step.run.gpus, ShardingName(step.run.sharding)));
+  absl::StrAppend(
+      &out,
+      absl::StrFormat("framework              %s, optimizer %s%s, gradients %s%s\n",
+                      FrameworkName(step.run.framework), OptimizerKindName(step.run.optimizer),
+                      step.run.optimizer_offload ? " (state offloaded to host)" : "",
+                      step.run.grad_bytes == 2 ? "bf16" : "fp32",
+                      step.gradients_in_backward ? " (created during backward)" : ""));
   absl::StrAppend(
       &out, absl::StrFormat("peak device memory     %s of %s budget (%s), at the %s\n",
                             FormatBytes(p.peak_device_bytes), FormatBytes(plan.gpu_budget_bytes),

@@ -54,6 +54,9 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   const double tail_end = now + step.tail_seconds;
   add(tail_start, static_cast<int64_t>(step.tail_bytes), -1, Phase::kTail);
   add(tail_end, -static_cast<int64_t>(step.tail_bytes), -2, Phase::kTail);
+  // Gradients created in backward (eager PyTorch) stay to the end of the step.
+  const bool grads = step.gradients_in_backward;
+  if (grads) add(tail_end, static_cast<int64_t>(step.tail_grad_bytes), -2, Phase::kBackward);
   if (record) r.compute.push_back({Phase::kTail, -1, tail_start, tail_end, 0});
   r.compute_seconds += step.tail_seconds + step.embedding_seconds;
 
@@ -103,7 +106,10 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
       const double end = start + c.recompute_seconds + c.backward_seconds;
       add(start,
           static_cast<int64_t>(c.backward_peak) -
-              static_cast<int64_t>(c.resident_bytes + c.host_bytes),
+              static_cast<int64_t>(c.resident_bytes + c.host_bytes) +
+              (grads && next_b < static_cast<int>(step.layers.size())
+                   ? static_cast<int64_t>(step.layers[next_b].grad_bytes)
+                   : 0),
           next_b, Phase::kBackward);
       add(end, -static_cast<int64_t>(c.backward_peak), -2, Phase::kBackward);
       const double stall = start - reach[next_b];
@@ -159,7 +165,10 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
     }
     t = next;
   }
-  r.step_seconds = step_end + step.embedding_seconds * 2 / 3;
+  if (grads) add(step_end, static_cast<int64_t>(step.embedding_grad_bytes), -2, Phase::kBackward);
+  // --optimizer-offload: the step's gradient and weight copies run after the backward.
+  r.step_seconds = step_end + step.embedding_seconds * 2 / 3 + step.optimizer_copy_seconds;
+  r.host_bytes += step.optimizer_host_bytes;
   if (record) {
     r.compute.push_back({Phase::kEmbedding, -1, step_end, r.step_seconds, 0});
   }

@@ -68,8 +68,20 @@ cli::FlagParser MakeParser() {
          "optim_grads_params",
          "optim_grads_params"});
   p.Add({"grad-dtype", "fp32|bf16", "main gradient precision", "fp32"});
+  p.Add({"framework", "megatron|hf",
+         "whose layers run: Megatron-Core/TransformerEngine, or Hugging Face transformers eager "
+         "(SDPA, its default loss; gradients created during backward)",
+         "megatron"});
+  p.Add({"optimizer", "adam|sgd|none",
+         "optimizer state per parameter: adam (fp32 master + m + v), sgd (fp32 master + "
+         "momentum), none",
+         "adam"});
+  p.Add({"optimizer-offload", "",
+         "optimizer state in pinned host memory, stepped on the CPU (gradients D2H, weights H2D "
+         "once per step)",
+         ""});
   p.Add({"loss-chunk-tokens", "N", "tokens per LM-head/loss chunk (0: whole sequence at once)",
-         "8192"});
+         "8192 (megatron), 0 (hf)"});
   p.Add({"force", "POLICY",
          "evaluate one uniform policy instead of optimising: keep, recompute (inputs kept), "
          "selective_recompute, offload_input (inputs offloaded, full recompute), offload_saved",
@@ -163,7 +175,20 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
         absl::StrCat("--grad-dtype is '", *grad, "'; allowed: fp32, bf16"));
   }
   r.grad_bytes = *grad == "fp32" ? 4 : 2;
-  auto loss_chunk = flags.GetCount("loss-chunk-tokens", 8192, /*min=*/0);
+  auto framework = flags.GetString("framework", "megatron");
+  if (!framework.ok()) return framework.status();
+  auto parsed_framework = planner::ParseFramework(*framework);
+  if (!parsed_framework.ok()) return parsed_framework.status();
+  r.framework = *parsed_framework;
+  auto optimizer = flags.GetString("optimizer", "adam");
+  if (!optimizer.ok()) return optimizer.status();
+  auto parsed_optimizer = planner::ParseOptimizerKind(*optimizer);
+  if (!parsed_optimizer.ok()) return parsed_optimizer.status();
+  r.optimizer = *parsed_optimizer;
+  r.optimizer_offload = flags.GetBool("optimizer-offload");
+  // transformers computes its loss over every token at once; Megatron chunks it.
+  const uint64_t chunk_default = r.framework == planner::Framework::kHf ? 0 : 8192;
+  auto loss_chunk = flags.GetCount("loss-chunk-tokens", chunk_default, /*min=*/0);
   if (!loss_chunk.ok()) return loss_chunk.status();
   r.loss_chunk_tokens = *loss_chunk;
 
@@ -182,9 +207,9 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
 // --profile: the step cost comes from a measured layer profile; only the budgets, --force and
 // (optionally) --hardware apply. Run-setting flags belong to a model config and are refused.
 absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags, Inputs& in) {
-  for (const char* flag :
-       {"model", "seq-len", "micro-batch", "tp", "cp", "ep", "gpus", "moe-imbalance", "sharding",
-        "grad-dtype", "loss-chunk-tokens", "max-seq-len"}) {
+  for (const char* flag : {"model", "seq-len", "micro-batch", "tp", "cp", "ep", "gpus",
+                           "moe-imbalance", "sharding", "grad-dtype", "loss-chunk-tokens",
+                           "max-seq-len", "framework", "optimizer", "optimizer-offload"}) {
     if (flags.Has(flag)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--", flag, " describes a model config; with --profile the layers are measured"));

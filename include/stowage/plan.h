@@ -109,6 +109,7 @@ struct Plan {
   // Run settings the plan was made for (echoed so a plan file explains itself).
   uint64_t seq_len = 0;
   int micro_batch = 1;
+  std::string framework = "megatron";  // the planner's framework profile: "megatron" or "hf"
   int tp = 1, cp = 1, ep = 1;
   uint64_t gpu_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;

@@ -1,0 +1,32 @@
+// The `hf` framework profile: what a Hugging Face transformers decoder holds and spends when it
+// trains in eager PyTorch (SDPA attention, the model's default loss). See Note [hf profile] in
+// framework_hf.cc for the recipe of each module kind and the code each term comes from.
+#ifndef STOWAGE_PLANNER_FRAMEWORK_HF_H_
+#define STOWAGE_PLANNER_FRAMEWORK_HF_H_
+
+#include "absl/status/status.h"
+#include "planner/cost_model.h"
+#include "planner/hardware.h"
+#include "planner/model.h"
+
+namespace stowage::planner {
+
+// transformers eager runs one model replica per GPU: --tp, --cp and --ep must be 1, the loss is
+// computed over every token at once (--loss-chunk-tokens 0), and every layer must be a kind the
+// profile has a recipe for (softmax attention with a dense SwiGLU or a routed-expert MLP).
+// Errors name the flag or the layer kind and what is allowed.
+absl::Status ValidateHfRun(const ModelConfig& model, const RunSettings& run);
+
+// One decoder layer's bytes and seconds under the hf profile (tokens: per rank).
+LayerCost BuildHfLayer(const ModelConfig& model, const HardwareProfile& hardware,
+                       const RunSettings& run, int index, double tokens);
+
+// The step-level parts of the hf profile: the final norm, LM head and loss (the tail), the
+// embedding, parameter gradients created during backward, the cuBLAS workspaces and the RoPE
+// tables. Fixed memory's weights and optimizer state are already counted in `step`.
+void ApplyHfStep(const ModelConfig& model, const HardwareProfile& hardware, const RunSettings& run,
+                 StepCost& step);
+
+}  // namespace stowage::planner
+
+#endif  // STOWAGE_PLANNER_FRAMEWORK_HF_H_
