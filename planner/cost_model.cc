@@ -534,8 +534,7 @@ absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   }
   for (auto [flag, value] : {std::pair<const char*, int>{"activation bytes", r.activation_bytes},
                              {"weight bytes", r.weight_bytes},
-                             {"grad-dtype bytes", r.grad_bytes},
-                             {"optimizer bytes", r.optimizer_bytes}}) {
+                             {"grad-dtype bytes", r.grad_bytes}}) {
     if (value < 1 || value > 64) return bad(flag, value, "allowed: 1 to 64 bytes per element");
   }
   if (absl::Status s = CheckModelLimits(m); !s.ok()) return s;
