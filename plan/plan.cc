@@ -1,6 +1,7 @@
 #include "stowage/plan.h"
 
 #include <cmath>
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -48,6 +49,8 @@ constexpr json::Range<int> kPrefetchDistance{1, kPlanMaxLayers};
 constexpr json::Range<int> kFfnChunks{1, kPlanMaxFfnChunks};
 constexpr json::Range<int> kLayerIndex{0, kPlanMaxLayers - 1};
 constexpr json::Range<int> kPrefetchAfterLayer{-1, kPlanMaxLayers - 1};
+constexpr json::Range<int> kSaveLag{1, kPlanMaxLayers};
+constexpr json::Range<int> kSaveWaitBeforeLayer{-1, kPlanMaxLayers};
 constexpr json::Range<int> kSchemaVersion{0, std::numeric_limits<int>::max()};
 
 // Old name -> new name (issue 10: moe_chunks also chunks dense FFNs).
@@ -55,7 +58,14 @@ constexpr std::pair<std::string_view, std::string_view> kRenamedLayerFields[] = 
     {"moe_chunks", "ffn_chunks"},
 };
 
-absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& path) {
+// The protocol fields a layer gives (Note [Runtime protocol]); the reader fills in the others.
+struct ProtocolGiven {
+  bool save_wait_before_layer = false;
+  bool prefetch_after_layer = false;
+};
+
+absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& path,
+                                    ProtocolGiven* given) {
   absl::StatusOr<json::Object> object = json::Object::Of(value, std::string(kSource), path);
   if (!object.ok()) return object.status();
   const json::Object& l = *object;
@@ -93,6 +103,10 @@ absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& 
     }
   }
   STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("ffn_chunks", layer.ffn_chunks, kFfnChunks));
+  given->save_wait_before_layer = l.Has("save_wait_before_layer");
+  given->prefetch_after_layer = l.Has("prefetch_after_layer");
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("save_wait_before_layer",
+                                              layer.save_wait_before_layer, kSaveWaitBeforeLayer));
   STOWAGE_PLAN_RETURN_IF_ERROR(
       l.ReadOptional("prefetch_after_layer", layer.prefetch_after_layer, kPrefetchAfterLayer));
   STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("forward_seconds", layer.forward_seconds, kSeconds));
@@ -156,6 +170,36 @@ absl::StatusOr<LayerPolicy> ParseLayerPolicy(std::string_view name) {
       "'; allowed: keep, recompute, selective_recompute, offload_input, offload_saved"));
 }
 
+LayerProtocol LayerProtocolFor(int layer, int num_layers, bool offloads, int prefetch_distance,
+                               int save_lag) {
+  LayerProtocol p;
+  if (!offloads || layer < 0 || layer >= num_layers) return p;
+  // 64-bit sums: a hand-written plan may carry distances near INT_MAX.
+  p.save_wait_before_layer =
+      static_cast<int>(std::min<int64_t>(int64_t{layer} + std::max(save_lag, 1), num_layers));
+  p.prefetch_after_layer = static_cast<int>(
+      std::min<int64_t>(int64_t{layer} + std::max(prefetch_distance, 1), num_layers - 1));
+  return p;
+}
+
+std::string_view StepEventKindName(StepEventKind kind) {
+  switch (kind) {
+    case StepEventKind::kSaveIssued:
+      return "save_issued";
+    case StepEventKind::kSaveLanded:
+      return "save_landed";
+    case StepEventKind::kSaveWait:
+      return "save_wait";
+    case StepEventKind::kPrefetchIssued:
+      return "prefetch_issued";
+    case StepEventKind::kPrefetchLanded:
+      return "prefetch_landed";
+    case StepEventKind::kRestore:
+      return "restore";
+  }
+  return "unknown";
+}
+
 bool PolicyOffloads(LayerPolicy policy) {
   return policy == LayerPolicy::kOffloadInput || policy == LayerPolicy::kOffloadSaved;
 }
@@ -186,6 +230,7 @@ std::string PlanToJson(const Plan& plan) {
                     {"baseline_step_seconds", p.baseline_step_seconds}};
   const RuntimeSettings& r = plan.runtime;
   j["runtime"] = {{"prefetch_distance", r.prefetch_distance},
+                  {"save_lag", r.save_lag},
                   {"host_arena_bytes", r.host_arena_bytes},
                   {"copy_chunk_bytes", r.copy_chunk_bytes},
                   {"gpus_per_numa_node", r.gpus_per_numa_node},
@@ -202,6 +247,7 @@ std::string PlanToJson(const Plan& plan) {
                           {"device_saved_bytes", l.device_saved_bytes},
                           {"host_bytes", l.host_bytes},
                           {"transfers", transfers},
+                          {"save_wait_before_layer", l.save_wait_before_layer},
                           {"prefetch_after_layer", l.prefetch_after_layer},
                           {"ffn_chunks", l.ffn_chunks},
                           {"forward_seconds", l.forward_seconds},
@@ -275,6 +321,7 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     RuntimeSettings& out = plan.runtime;
     STOWAGE_PLAN_RETURN_IF_ERROR(
         r->ReadOptional("prefetch_distance", out.prefetch_distance, kPrefetchDistance));
+    STOWAGE_PLAN_RETURN_IF_ERROR(r->ReadOptional("save_lag", out.save_lag, kSaveLag));
     STOWAGE_PLAN_RETURN_IF_ERROR(r->ReadOptional("host_arena_bytes", out.host_arena_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         r->ReadOptional("copy_chunk_bytes", out.copy_chunk_bytes, kCopyChunk));
@@ -290,10 +337,21 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
                                                    " layers; allowed: at most ", kPlanMaxLayers));
   }
   plan.layers.reserve((*layers)->size());
+  std::vector<ProtocolGiven> given((*layers)->size());
   for (size_t i = 0; i < (*layers)->size(); ++i) {
-    absl::StatusOr<LayerPlan> layer = ReadLayer((**layers)[i], absl::StrCat("layers[", i, "]"));
+    absl::StatusOr<LayerPlan> layer =
+        ReadLayer((**layers)[i], absl::StrCat("layers[", i, "]"), &given[i]);
     if (!layer.ok()) return layer.status();
     plan.layers.push_back(*std::move(layer));
+  }
+  // A protocol field a plan leaves out (one written before it existed) is the protocol's value.
+  const int n = static_cast<int>(plan.layers.size());
+  for (int i = 0; i < n; ++i) {
+    LayerPlan& layer = plan.layers[i];
+    const LayerProtocol p = LayerProtocolFor(i, n, layer.host_bytes > 0,
+                                             plan.runtime.prefetch_distance, plan.runtime.save_lag);
+    if (!given[i].save_wait_before_layer) layer.save_wait_before_layer = p.save_wait_before_layer;
+    if (!given[i].prefetch_after_layer) layer.prefetch_after_layer = p.prefetch_after_layer;
   }
   STOWAGE_PLAN_RETURN_IF_ERROR(ValidatePlan(plan));
   return plan;
@@ -343,6 +401,7 @@ absl::Status ValidatePlan(const Plan& plan) {
   const RuntimeSettings& r = plan.runtime;
   STOWAGE_PLAN_RETURN_IF_ERROR(
       CheckRange("runtime.prefetch_distance", r.prefetch_distance, kPrefetchDistance));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("runtime.save_lag", r.save_lag, kSaveLag));
   STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("runtime.host_arena_bytes", r.host_arena_bytes, kBytes));
   STOWAGE_PLAN_RETURN_IF_ERROR(
       CheckRange("runtime.copy_chunk_bytes", r.copy_chunk_bytes, kCopyChunk));
@@ -411,11 +470,27 @@ absl::Status ValidatePlan(const Plan& plan) {
                        std::string(LayerPolicyName(l.policy)),
                        "' offloads nothing; only offload_input and offload_saved may"));
     }
-    if (l.prefetch_after_layer != -1 &&
-        (l.prefetch_after_layer < i || l.prefetch_after_layer >= n)) {
+    // Note [Runtime protocol]: the fields are LayerProtocolFor's, so the simulator (which
+    // computes them) and the runtime and wrapper (which read them) run one protocol; a prefetch
+    // may also be left to the restore (-1).
+    const LayerProtocol want = LayerProtocolFor(static_cast<int>(i), static_cast<int>(n),
+                                                l.host_bytes > 0, r.prefetch_distance, r.save_lag);
+    if (l.save_wait_before_layer != want.save_wait_before_layer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field '", path, ".save_wait_before_layer' has value ", l.save_wait_before_layer,
+          "; allowed: ", want.save_wait_before_layer,
+          l.host_bytes > 0 ? " (min(index + runtime.save_lag, number of layers))"
+                           : " (the layer offloads nothing)"));
+    }
+    if (l.prefetch_after_layer != want.prefetch_after_layer &&
+        !(l.host_bytes > 0 && l.prefetch_after_layer == -1)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan: field '", path, ".prefetch_after_layer' has value ", l.prefetch_after_layer,
-          "; allowed: -1 (restore on demand) or a layer from ", i, " to ", n - 1));
+          "; allowed: ",
+          l.host_bytes > 0
+              ? absl::StrCat("-1 (restore on demand) or ", want.prefetch_after_layer,
+                             " (min(index + runtime.prefetch_distance, last layer))")
+              : "-1 (the layer offloads nothing)"));
     }
     for (const auto& [name, seconds] :
          {std::pair<const char*, double>{"forward_seconds", l.forward_seconds},

@@ -724,6 +724,7 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
     case LayerPolicy::kOffloadInput:
       c.resident_bytes = o.policy == LayerPolicy::kRecompute ? l.input_bytes : 0;
       c.host_bytes = o.policy == LayerPolicy::kOffloadInput ? l.input_bytes : 0;
+      c.save_at_forward_start = o.policy == LayerPolicy::kOffloadInput;
       c.recompute_seconds = c.forward_seconds;
       // Forward saves nothing but the input; the recompute in backward regenerates the FFN/MoE
       // part chunk by chunk.

@@ -175,8 +175,11 @@ struct LayerOption {
 struct OptionCost {
   uint64_t resident_bytes = 0;  // on the GPU from forward end to backward start (after D2H)
   uint64_t host_bytes = 0;      // copied D2H after forward and H2D before backward
-  uint64_t forward_peak = 0;    // the layer's own bytes during its forward (input included)
-  uint64_t backward_peak = 0;   // the layer's own bytes during its recompute + backward
+  // The save is issued when the forward starts (offload_input: the input exists already), not
+  // when it ends (offload_saved: tensors are saved as the forward makes them).
+  bool save_at_forward_start = false;
+  uint64_t forward_peak = 0;   // the layer's own bytes during its forward (input included)
+  uint64_t backward_peak = 0;  // the layer's own bytes during its recompute + backward
   double forward_seconds = 0;
   double recompute_seconds = 0;
   double backward_seconds = 0;

@@ -92,6 +92,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   p.baseline = baseline.name;
   p.baseline_step_seconds = baseline.sim.step_seconds;
   plan.runtime.prefetch_distance = distance;
+  plan.runtime.save_lag = result.schedule.save_lag;
   plan.runtime.host_arena_bytes = sim.host_bytes;  // every offloaded byte is live at the loss
   plan.runtime.copy_chunk_bytes = step.copy_chunk_bytes;
   plan.runtime.gpus_per_numa_node = step.hardware.gpus_per_numa_node;
@@ -113,7 +114,10 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
     lp.device_saved_bytes = c.resident_bytes;
     lp.host_bytes = c.host_bytes;
     lp.transfers = OptionTransfers(l, o);
-    lp.prefetch_after_layer = c.host_bytes > 0 ? std::min(i + distance, n - 1) : -1;
+    const LayerProtocol protocol =
+        LayerProtocolFor(i, n, c.host_bytes > 0, distance, result.schedule.save_lag);
+    lp.save_wait_before_layer = protocol.save_wait_before_layer;
+    lp.prefetch_after_layer = protocol.prefetch_after_layer;
     lp.forward_seconds = c.forward_seconds;
     lp.backward_seconds = c.backward_seconds;
     lp.recompute_seconds = c.recompute_seconds;

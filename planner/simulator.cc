@@ -21,31 +21,85 @@ struct MemEvent {
 
 }  // namespace
 
+std::vector<LayerProtocol> ProtocolFor(const std::vector<OptionCost>& costs, int prefetch_distance,
+                                       int save_lag) {
+  const int n = static_cast<int>(costs.size());
+  std::vector<LayerProtocol> out(n);
+  for (int i = 0; i < n; ++i) {
+    out[i] = LayerProtocolFor(i, n, costs[i].host_bytes > 0, prefetch_distance, save_lag);
+  }
+  return out;
+}
+
 SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
                    int prefetch_distance, bool record) {
+  return Simulate(step, costs, ProtocolFor(costs, prefetch_distance), record);
+}
+
+SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
+                   const std::vector<LayerProtocol>& protocol, bool record) {
   SimResult r;
   const int n = static_cast<int>(costs.size());
-  const int distance = std::max(1, prefetch_distance);
   std::vector<MemEvent> mem;
   mem.reserve(8 * n + 8);
   auto add = [&](double t, int64_t delta, int what, Phase phase) {
     if (delta != 0) mem.push_back({t, delta, what, phase});
   };
+  auto event = [&](StepEventKind kind, int layer, double t) {
+    if (record) r.events.push_back({kind, layer, costs[layer].host_bytes, t});
+  };
+  // Who waits for whom (Note [Runtime protocol]): waits_before[j] = the layers whose saves the
+  // forward of j (j == n: backward) waits for, in layer order; prefetch_at[j] = the layers
+  // prefetched when the backward of j starts, highest first.
+  std::vector<std::vector<int>> waits_before(n + 1), prefetch_at(n);
+  for (int i = 0; i < n; ++i) {
+    if (costs[i].host_bytes == 0) continue;
+    const LayerProtocol& p = protocol[i];
+    waits_before[std::clamp(p.save_wait_before_layer, i + 1, n)].push_back(i);
+    if (p.prefetch_after_layer >= i && p.prefetch_after_layer < n) {
+      prefetch_at[p.prefetch_after_layer].push_back(i);
+    }
+  }
+  for (std::vector<int>& at : prefetch_at) std::reverse(at.begin(), at.end());
 
-  // Forward: never waits on copies.
+  std::vector<double> d2h_done(n, 0), h2d_done(n, kNever);
+  // Waits for the saves the protocol makes compute wait for at `now`; frees their device bytes
+  // when each has landed. Returns the time compute goes on.
+  auto wait_for_saves = [&](const std::vector<int>& layers, double now, Phase phase) {
+    for (int k : layers) {
+      event(StepEventKind::kSaveWait, k, now);
+      now = std::max(now, d2h_done[k]);
+      add(now, -static_cast<int64_t>(costs[k].host_bytes), -2, phase);
+    }
+    return now;
+  };
+
+  // Forward.
   double now = step.embedding_seconds / 3;
   if (record) r.compute.push_back({Phase::kEmbedding, -1, 0, now, 0});
-  std::vector<double> forward_end(n);
+  double d2h_free = 0;
   for (int i = 0; i < n; ++i) {
     const OptionCost& c = costs[i];
-    add(now, static_cast<int64_t>(c.forward_peak), i, Phase::kForward);
-    const double end = now + c.forward_seconds;
+    const double ready = now;
+    now = wait_for_saves(waits_before[i], now, Phase::kForward);
+    r.exposed_copy_seconds += now - ready;
+    const double start = now;
+    const double end = start + c.forward_seconds;
+    add(start, static_cast<int64_t>(c.forward_peak), i, Phase::kForward);
     add(end,
         static_cast<int64_t>(c.resident_bytes + c.host_bytes) -
             static_cast<int64_t>(c.forward_peak),
         -2, Phase::kForward);
-    if (record) r.compute.push_back({Phase::kForward, i, now, end, 0});
-    forward_end[i] = end;
+    if (c.host_bytes > 0) {
+      const double issued = c.save_at_forward_start ? start : end;
+      const double copy_start = std::max(issued, d2h_free);
+      d2h_done[i] = copy_start + static_cast<double>(c.host_bytes) / step.d2h_bytes_per_second;
+      d2h_free = d2h_done[i];
+      event(StepEventKind::kSaveIssued, i, issued);
+      event(StepEventKind::kSaveLanded, i, d2h_done[i]);
+      if (record) r.copies.push_back({i, true, c.host_bytes, copy_start, d2h_done[i]});
+    }
+    if (record) r.compute.push_back({Phase::kForward, i, start, end, start - ready});
     now = end;
     r.host_bytes = CheckedAdd(r.host_bytes, c.host_bytes).value_or(~0ull);
     r.compute_seconds += c.compute_seconds();
@@ -59,118 +113,60 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   if (grads) add(tail_end, static_cast<int64_t>(step.tail_grad_bytes), -2, Phase::kBackward);
   if (record) r.compute.push_back({Phase::kTail, -1, tail_start, tail_end, 0});
   r.compute_seconds += step.tail_seconds + step.embedding_seconds;
+  now = tail_end;
 
-  // Copy jobs in issue order: D2H in forward order, H2D in backward order.
-  std::vector<int> d2h_jobs, h2d_jobs;
-  for (int i = 0; i < n; ++i) {
-    if (costs[i].host_bytes > 0) d2h_jobs.push_back(i);
-  }
-  for (int i = n - 1; i >= 0; --i) {
-    if (costs[i].host_bytes > 0) h2d_jobs.push_back(i);
-  }
-  std::vector<double> d2h_done(n, kNever), h2d_done(n, kNever), reach(n, kNever);
-  if (n > 0) reach[n - 1] = tail_end;
-
-  struct Engine {
-    size_t next = 0;  // next job to start
-    int active = -1;  // layer being copied
-    double remaining = 0;
-    double started = 0;
-  } d2h, h2d;
-
-  auto h2d_ready = [&](int layer) {
-    const int trigger = std::min(layer + distance, n - 1);
-    return std::max(reach[trigger], d2h_done[layer]);
+  // Backward. The saves still in flight are waited for when it starts.
+  double reach = now;
+  now = wait_for_saves(waits_before[n], now, Phase::kBackward);
+  double h2d_free = 0;
+  auto issue_h2d = [&](int k, double t) {
+    const double copy_start = std::max({t, h2d_free, d2h_done[k]});
+    h2d_done[k] = copy_start + static_cast<double>(costs[k].host_bytes) / step.h2d_bytes_per_second;
+    h2d_free = h2d_done[k];
+    add(t, static_cast<int64_t>(costs[k].host_bytes), -2, Phase::kBackward);
+    event(StepEventKind::kPrefetchIssued, k, t);
+    event(StepEventKind::kPrefetchLanded, k, h2d_done[k]);
+    if (record) r.copies.push_back({k, false, costs[k].host_bytes, copy_start, h2d_done[k]});
   };
-
-  int next_b = n - 1;
-  double t = 0;
-  double step_end = tail_end;
-  while (true) {
-    // Start whatever can start at t.
-    if (d2h.active < 0 && d2h.next < d2h_jobs.size() && forward_end[d2h_jobs[d2h.next]] <= t) {
-      d2h.active = d2h_jobs[d2h.next++];
-      d2h.remaining = static_cast<double>(costs[d2h.active].host_bytes);
-      d2h.started = t;
+  for (int j = n - 1; j >= 0; --j) {
+    const OptionCost& c = costs[j];
+    for (int k : prefetch_at[j]) issue_h2d(k, now);
+    if (c.host_bytes > 0) {
+      if (h2d_done[j] == kNever) issue_h2d(j, now);  // no prefetch: the restore issues it
+      event(StepEventKind::kRestore, j, now);
+      now = std::max(now, h2d_done[j]);
     }
-    if (h2d.active < 0 && h2d.next < h2d_jobs.size() && h2d_ready(h2d_jobs[h2d.next]) <= t) {
-      h2d.active = h2d_jobs[h2d.next++];
-      h2d.remaining = static_cast<double>(costs[h2d.active].host_bytes);
-      h2d.started = t;
-      add(t, static_cast<int64_t>(costs[h2d.active].host_bytes), -2, Phase::kBackward);
-    }
-    if (next_b >= 0 && reach[next_b] <= t &&
-        (costs[next_b].host_bytes == 0 || h2d_done[next_b] <= t)) {
-      const OptionCost& c = costs[next_b];
-      const double start = t;
-      const double end = start + c.recompute_seconds + c.backward_seconds;
-      add(start,
-          static_cast<int64_t>(c.backward_peak) -
-              static_cast<int64_t>(c.resident_bytes + c.host_bytes) +
-              (grads && next_b < static_cast<int>(step.layers.size())
-                   ? static_cast<int64_t>(step.layers[next_b].grad_bytes)
-                   : 0),
-          next_b, Phase::kBackward);
-      add(end, -static_cast<int64_t>(c.backward_peak), -2, Phase::kBackward);
-      const double stall = start - reach[next_b];
-      r.exposed_copy_seconds += stall;
-      if (record) r.compute.push_back({Phase::kBackward, next_b, start, end, stall});
-      if (next_b > 0) reach[next_b - 1] = end;
-      step_end = end;
-      --next_b;
-      continue;  // the new reach time may let an H2D start now
-    }
-    // Next event.
-    const bool both = d2h.active >= 0 && h2d.active >= 0;
-    const double d2h_rate = both ? step.bidir_d2h_bytes_per_second : step.d2h_bytes_per_second;
-    const double h2d_rate = both ? step.bidir_h2d_bytes_per_second : step.h2d_bytes_per_second;
-    double next = kNever;
-    if (d2h.active >= 0) next = std::min(next, t + d2h.remaining / d2h_rate);
-    if (h2d.active >= 0) next = std::min(next, t + h2d.remaining / h2d_rate);
-    if (d2h.active < 0 && d2h.next < d2h_jobs.size()) {
-      next = std::min(next, forward_end[d2h_jobs[d2h.next]]);
-    }
-    if (h2d.active < 0 && h2d.next < h2d_jobs.size()) {
-      next = std::min(next, h2d_ready(h2d_jobs[h2d.next]));
-    }
-    if (next_b >= 0) {
-      const double ready =
-          costs[next_b].host_bytes == 0 ? reach[next_b] : std::max(reach[next_b], h2d_done[next_b]);
-      next = std::min(next, ready);
-    }
-    if (next == kNever) break;
-    next = std::max(next, t);
-    const double dt = next - t;
-    // Advance the active copies; a copy whose finish time is `next` completes exactly there.
-    if (d2h.active >= 0) {
-      if (t + d2h.remaining / d2h_rate <= next) {
-        const int layer = d2h.active;
-        d2h_done[layer] = next;
-        add(next, -static_cast<int64_t>(costs[layer].host_bytes), -2, Phase::kForward);
-        if (record) r.copies.push_back({layer, true, costs[layer].host_bytes, d2h.started, next});
-        d2h.active = -1;
-      } else {
-        d2h.remaining -= d2h_rate * dt;
-      }
-    }
-    if (h2d.active >= 0) {
-      if (t + h2d.remaining / h2d_rate <= next) {
-        const int layer = h2d.active;
-        h2d_done[layer] = next;
-        if (record) r.copies.push_back({layer, false, costs[layer].host_bytes, h2d.started, next});
-        h2d.active = -1;
-      } else {
-        h2d.remaining -= h2d_rate * dt;
-      }
-    }
-    t = next;
+    const double start = now;
+    const double end = start + c.recompute_seconds + c.backward_seconds;
+    add(start,
+        static_cast<int64_t>(c.backward_peak) -
+            static_cast<int64_t>(c.resident_bytes + c.host_bytes) +
+            (grads && j < static_cast<int>(step.layers.size())
+                 ? static_cast<int64_t>(step.layers[j].grad_bytes)
+                 : 0),
+        j, Phase::kBackward);
+    add(end, -static_cast<int64_t>(c.backward_peak), -2, Phase::kBackward);
+    const double stall = start - reach;
+    r.exposed_copy_seconds += stall;
+    if (record) r.compute.push_back({Phase::kBackward, j, start, end, stall});
+    now = reach = end;
   }
+  const double step_end = now;
   if (grads) add(step_end, static_cast<int64_t>(step.embedding_grad_bytes), -2, Phase::kBackward);
   // --optimizer-offload: the step's gradient and weight copies run after the backward.
   r.step_seconds = step_end + step.embedding_seconds * 2 / 3 + step.optimizer_copy_seconds;
   r.host_bytes += step.optimizer_host_bytes;
   if (record) {
     r.compute.push_back({Phase::kEmbedding, -1, step_end, r.step_seconds, 0});
+    // The calls were recorded in the order they are made, at non-decreasing times; landings
+    // move to their times (before a call at the same instant).
+    auto landed = [](const StepEvent& e) {
+      return e.kind == StepEventKind::kSaveLanded || e.kind == StepEventKind::kPrefetchLanded;
+    };
+    std::stable_sort(r.events.begin(), r.events.end(), [&](const StepEvent& a, const StepEvent& b) {
+      if (a.seconds != b.seconds) return a.seconds < b.seconds;
+      return landed(a) && !landed(b);
+    });
   }
 
   // Device memory: frees before allocations at the same instant.
@@ -222,7 +218,8 @@ SimResult Simulate(const StepCost& step, const Schedule& schedule, bool record) 
   for (size_t i = 0; i < step.layers.size(); ++i) {
     costs.push_back(EvaluateOption(step.layers[i], schedule.options[i]));
   }
-  return Simulate(step, costs, schedule.prefetch_distance, record);
+  return Simulate(step, costs, ProtocolFor(costs, schedule.prefetch_distance, schedule.save_lag),
+                  record);
 }
 
 }  // namespace stowage::planner

@@ -1,16 +1,22 @@
 // The step simulator: replays one training step of a schedule on three resources — compute, the
 // D2H copy engine and the H2D copy engine — and reports device memory over time, its peak, host
-// bytes, step time and the compute time lost waiting on copies.
+// bytes, step time, the compute time lost waiting on copies, and the step's events.
 //
-// Dependencies it honours (the runtime's, see include/stowage/stowage.h):
+// It runs the protocol of Note [Runtime protocol] (include/stowage/plan.h), the one the runtime
+// and the PyTorch wrapper carry out, from the per-layer LayerProtocol the plan carries:
 //  - forward runs layer 0..L-1, then the LM head and loss (the tail), then backward L-1..0;
-//  - a layer's D2H starts after its forward ends, copies run one at a time per engine in issue
-//    order, and the device bytes are freed when the D2H completes;
-//  - a layer's H2D is issued when compute reaches the backward of layer
-//    min(index + prefetch_distance, L - 1) and never before its own D2H completes; its device
-//    bytes are allocated when it starts;
-//  - a layer's recompute + backward waits for its H2D (the wait is the exposed copy time);
-//  - while both engines run, each runs at its bidirectional rate.
+//  - a layer's save is issued when its forward starts (offload_input) or ends (offload_saved,
+//    whose tensors appear during the forward); D2H copies run one at a time in issue order;
+//  - before the forward of layer save_wait_before_layer (L: before backward, after the tail)
+//    compute waits until that layer's D2H has landed, and only then are its device bytes freed
+//    (so they stay on the GPU until that wait even when the copy landed earlier);
+//  - when compute reaches the backward of layer prefetch_after_layer, the layer's H2D is issued
+//    (several at once: highest layer first); its device bytes are allocated at issue (the
+//    destination is allocated then); H2D copies run one at a time in issue order, never before
+//    the layer's own D2H landed;
+//  - a layer's recompute + backward waits for its H2D (restore);
+//  - the waits are the exposed copy time. Every save is waited for before backward starts, so
+//    D2H and H2D never overlap and the bidirectional rates do not apply.
 #ifndef STOWAGE_PLANNER_SIMULATOR_H_
 #define STOWAGE_PLANNER_SIMULATOR_H_
 
@@ -19,12 +25,23 @@
 #include <vector>
 
 #include "planner/cost_model.h"
+#include "stowage/plan.h"
 
 namespace stowage::planner {
 
 struct Schedule {
   std::vector<LayerOption> options;  // one per layer
   int prefetch_distance = 1;
+  int save_lag = kDefaultSaveLag;
+};
+
+// One predicted event of the step, in the runtime trace's words (StepEventKind); `bytes` is the
+// layer's whole transfer (the runtime traces each tensor: the per-layer sums compare).
+struct StepEvent {
+  StepEventKind kind = StepEventKind::kSaveIssued;
+  int layer = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
 };
 
 struct MemoryPoint {
@@ -60,9 +77,20 @@ struct SimResult {
   std::vector<MemoryPoint> timeline;
   std::vector<ComputeInterval> compute;
   std::vector<CopyInterval> copies;
+  // In order: the trainer's calls (save/wait/prefetch/restore) in the order it makes them, each
+  // landing at its time (a landing at the same instant as a call goes first).
+  std::vector<StepEvent> events;
 };
 
-// `costs[i]` = EvaluateOption(step.layers[i], schedule.options[i]).
+// LayerProtocolFor each layer of `costs` (a layer offloads when its host_bytes > 0).
+std::vector<LayerProtocol> ProtocolFor(const std::vector<OptionCost>& costs, int prefetch_distance,
+                                       int save_lag = kDefaultSaveLag);
+
+// `costs[i]` = EvaluateOption(step.layers[i], schedule.options[i]); `protocol[i]` the layer's
+// plan fields (ProtocolFor, or a plan's layers).
+SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
+                   const std::vector<LayerProtocol>& protocol, bool record);
+// With ProtocolFor(costs, prefetch_distance) (the default save lag).
 SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
                    int prefetch_distance, bool record);
 SimResult Simulate(const StepCost& step, const Schedule& schedule, bool record);

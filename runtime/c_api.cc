@@ -522,6 +522,7 @@ stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t layer, stowag
     out->index = info.index;
     out->offloads = info.offloads ? 1 : 0;
     out->prefetch_after_layer = info.prefetch_after_layer;
+    out->save_wait_before_layer = info.save_wait_before_layer;
     out->host_bytes = info.host_bytes;
     out->host_bytes_used = info.host_bytes_used;
     return absl::OkStatus();

@@ -503,6 +503,7 @@ LayerInfo Runtime::GetLayerInfo(int layer) const {
   info.offloads = PolicyOffloads(plan.policy) && plan.host_bytes > 0;
   info.host_bytes = plan.host_bytes;
   info.prefetch_after_layer = plan.prefetch_after_layer;
+  info.save_wait_before_layer = plan.save_wait_before_layer;
   absl::MutexLock lock(&mu_);
   info.host_bytes_used = in_step_ ? regions_.saved(layer) : 0;
   return info;

@@ -76,9 +76,10 @@ struct RuntimeOptions {
 struct LayerInfo {
   int index = 0;
   bool offloads = false;
-  uint64_t host_bytes = 0;        // the plan's reservation
-  uint64_t host_bytes_used = 0;   // saved into it this step
-  int prefetch_after_layer = -1;  // from the plan
+  uint64_t host_bytes = 0;          // the plan's reservation
+  uint64_t host_bytes_used = 0;     // saved into it this step
+  int save_wait_before_layer = -1;  // from the plan (Note [Runtime protocol])
+  int prefetch_after_layer = -1;    // from the plan
 };
 
 class Runtime : private offload::CopyObserver {

@@ -87,7 +87,10 @@ Plan BenchPlan(const Config& c, uint64_t layer_bytes) {
     layer.policy = LayerPolicy::kOffloadInput;
     layer.host_bytes = layer_bytes;
     layer.transfers = {{"input", layer_bytes}};
-    layer.prefetch_after_layer = std::min(c.layers - 1, i + c.prefetch_distance);
+    const LayerProtocol protocol =
+        LayerProtocolFor(i, c.layers, true, c.prefetch_distance, plan.runtime.save_lag);
+    layer.save_wait_before_layer = protocol.save_wait_before_layer;
+    layer.prefetch_after_layer = protocol.prefetch_after_layer;
     plan.layers.push_back(layer);
   }
   plan.runtime.host_arena_bytes = layer_bytes * c.layers;

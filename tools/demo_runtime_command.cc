@@ -81,8 +81,10 @@ Plan SyntheticPlan(uint64_t tokens, double layer_forward_seconds) {
       layer.recompute_seconds = layer_forward_seconds;
       layer.host_bytes = input_bytes;
       layer.transfers.push_back({"input", input_bytes});
-      layer.prefetch_after_layer =
-          std::min(i + plan.runtime.prefetch_distance, kReferenceLayers - 1);
+      const LayerProtocol protocol = LayerProtocolFor(
+          i, kReferenceLayers, true, plan.runtime.prefetch_distance, plan.runtime.save_lag);
+      layer.save_wait_before_layer = protocol.save_wait_before_layer;
+      layer.prefetch_after_layer = protocol.prefetch_after_layer;
     } else {
       layer.policy = LayerPolicy::kKeep;
       layer.device_saved_bytes = 6 * input_bytes;  // the saved tensors of one layer, roughly
@@ -178,17 +180,28 @@ absl::StatusOr<uint64_t> RunStep(stowage_runtime* rt, const Plan& plan, DevicePo
   absl::Status status = Check(stowage_begin_step(rt), "stowage_begin_step");
   if (!status.ok()) return status;
 
-  // Forward: the layer "computes" its outputs into device blocks, hands them to save(), and the
-  // blocks go back to the pool once their D2H has landed (two layers in flight at most).
-  std::vector<std::pair<stowage_tensor_id, DevicePool::Block*>> draining;
+  // Forward: the layer "computes" its outputs into device blocks and hands them to save(); the
+  // blocks go back to the pool at the wait the plan gives (Note [Runtime protocol]): before the
+  // forward of layer save_wait_before_layer, or when backward starts.
+  std::vector<std::vector<std::pair<stowage_tensor_id, DevicePool::Block*>>> draining(n);
+  auto wait_before = [&](int j) {
+    for (int i = 0; i < n; ++i) {
+      if (plan.layers[i].save_wait_before_layer != j) continue;
+      for (auto& [id, block] : draining[i]) {
+        if (status.ok()) status = Check(stowage_save_wait(rt, id), "stowage_save_wait");
+        pool.Give(block);
+      }
+      draining[i].clear();
+    }
+  };
   for (int i = 0; i < n && status.ok(); ++i) {
     if (stop_requested.load()) {
       status = Interrupted();
       break;
     }
+    wait_before(i);
     const LayerPlan& layer = plan.layers[i];
     SleepSeconds(layer.forward_seconds * compute_scale);
-    std::vector<std::pair<stowage_tensor_id, DevicePool::Block*>> issued;
     for (size_t t = 0; t < layer.transfers.size() && status.ok(); ++t) {
       DevicePool::Block* block = pool.Take(layer.transfers[t].bytes);
       std::memset(block->data(), static_cast<int>(Pattern(i, t, step)), layer.transfers[t].bytes);
@@ -196,28 +209,23 @@ absl::StatusOr<uint64_t> RunStep(stowage_runtime* rt, const Plan& plan, DevicePo
       status = Check(stowage_save(rt, i, block->data(), layer.transfers[t].bytes, nullptr, &id),
                      "stowage_save");
       saved[i].push_back({i, t, id, nullptr});
-      issued.emplace_back(id, block);
+      draining[i].emplace_back(id, block);
     }
-    for (auto& [id, block] : draining) {
-      if (status.ok()) status = Check(stowage_save_wait(rt, id), "stowage_save_wait");
-      pool.Give(block);
-    }
-    draining = std::move(issued);
   }
-  for (auto& [id, block] : draining) {
-    if (status.ok()) status = Check(stowage_save_wait(rt, id), "stowage_save_wait");
-    pool.Give(block);
+  wait_before(n);
+  for (auto& layer_draining : draining) {  // only after a failed call
+    for (auto& [id, block] : layer_draining) pool.Give(block);
   }
 
   // Backward, last layer first: when layer j's backward starts, prefetch every layer whose plan
-  // says "after j"; then restore j's own tensors (issuing the H2D if nobody prefetched), recompute
-  // and run its backward, and free the blocks.
+  // says "after j" (highest first); then restore j's own tensors (issuing the H2D if nobody
+  // prefetched), recompute and run its backward, and free the blocks.
   for (int j = n - 1; j >= 0 && status.ok(); --j) {
     if (stop_requested.load()) {
       status = Interrupted();
       break;
     }
-    for (int i = 0; i < n && status.ok(); ++i) {
+    for (int i = n - 1; i >= 0 && status.ok(); --i) {  // highest layer first
       if (plan.layers[i].prefetch_after_layer != j) continue;
       for (Saved& s : saved[i]) {
         s.dst = pool.Take(plan.layers[i].transfers[s.transfer].bytes);

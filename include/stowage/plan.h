@@ -51,6 +51,47 @@ absl::StatusOr<LayerPolicy> ParseLayerPolicy(std::string_view name);
 // True for the policies that move bytes to the host (and so need the runtime).
 bool PolicyOffloads(LayerPolicy policy);
 
+// Note [Runtime protocol]. What a step does with an offloading layer's bytes, and when. The
+// planner's simulator replays exactly this, and the PyTorch wrapper (and any trainer driving the
+// C ABI) carries it out; the plan carries it in two per-layer fields, both computed by
+// LayerProtocolFor and nowhere else:
+//  - forward: layer i's saves are issued during its forward (offload_input: its input, before
+//    the layer runs; offload_saved: each saved tensor as autograd saves it). Before the forward
+//    of layer `save_wait_before_layer` (= i + save_lag) the trainer waits for every save of
+//    layer i to land (stowage_save_wait / stowage_save_wait_stream) and only then releases the
+//    device blocks; when i + save_lag is past the last layer the wait is at the start of backward
+//    (before the last layer's backward; the field is then num_layers). Until that wait the
+//    device bytes stay in use, even if the D2H landed earlier.
+//  - backward: when the backward of layer `prefetch_after_layer` (= min(i + prefetch_distance,
+//    last layer)) starts, layer i's tensors are prefetched (stowage_prefetch; the destination is
+//    allocated then). Prefetches triggered by the same layer are issued highest layer first, so
+//    the H2D engine carries them in the order backward needs them.
+//  - layer i's backward (its recompute included) waits for its own tensors (stowage_restore).
+// Layers that offload nothing have both fields -1.
+inline constexpr int kDefaultSaveLag = 2;
+
+struct LayerProtocol {
+  int save_wait_before_layer = -1;  // in [i + 1, num_layers]; num_layers: backward start
+  int prefetch_after_layer = -1;    // in [i, num_layers - 1]
+};
+
+// The one computation of Note [Runtime protocol]. `offloads`: the layer moves bytes to the host.
+LayerProtocol LayerProtocolFor(int layer, int num_layers, bool offloads, int prefetch_distance,
+                               int save_lag);
+
+// What one step does, in the words of Note [Runtime protocol]: the runtime's trace
+// (stowage_get_trace) and the simulator's prediction use these, in this spelling.
+enum class StepEventKind {
+  kSaveIssued,      // a save's D2H was issued (stowage_save)
+  kSaveLanded,      // its bytes are in host memory
+  kSaveWait,        // the trainer waited for a save before reusing its device block
+  kPrefetchIssued,  // an H2D was issued (stowage_prefetch, or a restore without a prefetch)
+  kPrefetchLanded,  // its bytes are in device memory
+  kRestore,         // the consumer waits for the H2D (stowage_restore)
+};
+// "save_issued", "save_landed", "save_wait", "prefetch_issued", "prefetch_landed", "restore".
+std::string_view StepEventKindName(StepEventKind kind);
+
 // One device->host->device copy the runtime performs for a layer each step.
 struct PlannedTransfer {
   std::string name;    // e.g. "input", "attn.q", "moe.act"
@@ -66,9 +107,10 @@ struct LayerPlan {
   uint64_t device_saved_bytes = 0;  // bytes this layer holds on the GPU from forward to backward
   uint64_t host_bytes = 0;          // bytes this layer holds in pinned host memory
   std::vector<PlannedTransfer> transfers;  // sums to host_bytes
-  // Backward prefetch: this layer's H2D is issued when the backward of layer
-  // `prefetch_after_layer` starts (index + prefetch distance, clamped to the last layer); -1 when
-  // nothing is offloaded.
+  // Note [Runtime protocol]: the forward of layer `save_wait_before_layer` waits for this layer's
+  // saves (num_layers: backward start); this layer's H2D is issued when the backward of layer
+  // `prefetch_after_layer` starts. Both -1 when nothing is offloaded.
+  int save_wait_before_layer = -1;
   int prefetch_after_layer = -1;
   double forward_seconds = 0;
   double backward_seconds = 0;
@@ -91,6 +133,7 @@ struct PlanPrediction {
 // What the runtime needs to set itself up before step 0.
 struct RuntimeSettings {
   int prefetch_distance = 1;                // layers ahead in backward
+  int save_lag = kDefaultSaveLag;           // layers a save may stay in flight in forward
   uint64_t host_arena_bytes = 0;            // pinned bytes to reserve per GPU (sum of host_bytes)
   uint64_t copy_chunk_bytes = 16ull << 20;  // copies are split into chunks of this size
   int gpus_per_numa_node = 1;

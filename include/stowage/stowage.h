@@ -172,15 +172,18 @@ STOWAGE_API stowage_status stowage_prefetch_many(stowage_runtime* rt, size_t cou
 
 STOWAGE_API stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats* out);
 
-/* What the plan says about one layer, so a trainer can drive the plan's prefetch schedule:
- * prefetch a layer's tensors when the backward of `prefetch_after_layer` starts. */
+/* What the plan says about one layer, so a trainer can drive the plan's protocol (README,
+ * "Runtime protocol"): wait for a layer's saves before the forward of `save_wait_before_layer`
+ * (the number of layers: when backward starts), prefetch its tensors when the backward of
+ * `prefetch_after_layer` starts. */
 typedef struct stowage_layer_info {
   uint32_t struct_size; /* sizeof(stowage_layer_info); set by the caller */
   int32_t index;
-  int32_t offloads;             /* non-zero: the plan reserved host memory for this layer */
-  int32_t prefetch_after_layer; /* -1: nothing to prefetch */
-  uint64_t host_bytes;          /* the plan's reservation */
-  uint64_t host_bytes_used;     /* saved into it in the current step (0 outside a step) */
+  int32_t offloads;               /* non-zero: the plan reserved host memory for this layer */
+  int32_t prefetch_after_layer;   /* -1: nothing to prefetch */
+  uint64_t host_bytes;            /* the plan's reservation */
+  uint64_t host_bytes_used;       /* saved into it in the current step (0 outside a step) */
+  int32_t save_wait_before_layer; /* -1: nothing to wait for */
 } stowage_layer_info;
 STOWAGE_API stowage_status stowage_num_layers(stowage_runtime* rt, int32_t* out);
 /* INVALID_ARGUMENT for a layer outside [0, stowage_num_layers). */

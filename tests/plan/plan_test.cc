@@ -30,6 +30,7 @@ Plan TwoLayerPlan() {
   offload.policy = LayerPolicy::kOffloadInput;
   offload.host_bytes = 300;
   offload.transfers = {{"input", 200}, {"extra", 100}};
+  offload.save_wait_before_layer = 2;  // past the last layer: backward start
   offload.prefetch_after_layer = 1;
   plan.layers = {keep, offload};
   return plan;
@@ -95,6 +96,57 @@ TEST(PlanValidation, RejectsInconsistentPlans) {
   plan = TwoLayerPlan();
   plan.layers[1].index = 7;
   EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("'layers[1].index' is 7"));
+}
+
+// Note [Runtime protocol]: the fields are LayerProtocolFor's, so what the simulator predicted is
+// what the runtime and the wrapper run.
+TEST(PlanProtocol, FieldsMustBeTheProtocolFunction) {
+  EXPECT_EQ(LayerProtocolFor(1, 6, true, 2, 2).save_wait_before_layer, 3);
+  EXPECT_EQ(LayerProtocolFor(1, 6, true, 2, 2).prefetch_after_layer, 3);
+  EXPECT_EQ(LayerProtocolFor(4, 6, true, 2, 2).save_wait_before_layer, 6);  // backward start
+  EXPECT_EQ(LayerProtocolFor(4, 6, true, 2, 2).prefetch_after_layer, 5);
+  EXPECT_EQ(LayerProtocolFor(1, 6, false, 2, 2).save_wait_before_layer, -1);
+  EXPECT_EQ(LayerProtocolFor(1, 6, true, 1 << 30, 1 << 30).prefetch_after_layer, 5);
+
+  Plan plan = TwoLayerPlan();
+  plan.layers[1].prefetch_after_layer = 0;
+  EXPECT_THAT(ValidatePlan(plan).message(),
+              HasSubstr("layers[1].prefetch_after_layer is 0; with runtime.prefetch_distance 2 "
+                        "and 2 layers it must be 1"));
+  plan = TwoLayerPlan();
+  plan.layers[1].save_wait_before_layer = 1;
+  EXPECT_THAT(ValidatePlan(plan).message(),
+              HasSubstr("layers[1].save_wait_before_layer is 1; with runtime.save_lag 2"));
+  plan = TwoLayerPlan();
+  plan.layers[0].prefetch_after_layer = 1;
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("the layer offloads nothing"));
+  plan = TwoLayerPlan();
+  plan.runtime.save_lag = 0;
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("runtime.save_lag is 0"));
+}
+
+// A plan written before the protocol fields existed reads with the protocol's own values.
+TEST(PlanProtocol, MissingFieldsAreTheProtocolFunction) {
+  std::string json = PlanToJson(TwoLayerPlan());
+  for (const char* field : {"\"save_wait_before_layer\": 2,", "\"prefetch_after_layer\": 1,"}) {
+    const size_t at = json.find(field);
+    ASSERT_NE(at, std::string::npos) << field;
+    json.erase(at, std::string(field).size());
+  }
+  auto parsed = ParsePlanJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->layers[1].save_wait_before_layer, 2);
+  EXPECT_EQ(parsed->layers[1].prefetch_after_layer, 1);
+  EXPECT_EQ(parsed->layers[0].save_wait_before_layer, -1);
+}
+
+TEST(StepEventKind, Names) {
+  EXPECT_EQ(StepEventKindName(StepEventKind::kSaveIssued), "save_issued");
+  EXPECT_EQ(StepEventKindName(StepEventKind::kSaveLanded), "save_landed");
+  EXPECT_EQ(StepEventKindName(StepEventKind::kSaveWait), "save_wait");
+  EXPECT_EQ(StepEventKindName(StepEventKind::kPrefetchIssued), "prefetch_issued");
+  EXPECT_EQ(StepEventKindName(StepEventKind::kPrefetchLanded), "prefetch_landed");
+  EXPECT_EQ(StepEventKindName(StepEventKind::kRestore), "restore");
 }
 
 TEST(LayerPolicy, NamesRoundTrip) {

@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
 namespace stowage::planner {
 namespace {
 
@@ -67,7 +72,8 @@ TEST(Simulator, PrefetchHidesTheReload) {
   // layer 0 [3,4]; backward 0 [5,7].
   EXPECT_DOUBLE_EQ(r.exposed_copy_seconds, 0);
   EXPECT_DOUBLE_EQ(r.step_seconds, 7);
-  // The offloaded bytes leave the GPU when the D2H completes and come back when the H2D starts.
+  // The offloaded bytes leave the GPU at the wait when backward starts (3) and come back when
+  // the prefetch is issued (3).
   EXPECT_EQ(r.peak_bytes, 105u);
 }
 
@@ -82,8 +88,8 @@ TEST(Simulator, ReloadWaitsForItsOwnOffload) {
 }
 
 // Offloads queue on the one D2H engine in forward order, and reloads wait behind them: a
-// reload is issued only after the offloads of every later layer (ahead of it in the queue) are
-// done, so the two directions never overlap in this schedule shape.
+// reload is issued only after the offloads of every layer are done (backward starts by waiting
+// for them), so the two directions never overlap.
 TEST(Simulator, OffloadsQueueInOrder) {
   const StepCost step = Toy(3, /*tail_seconds=*/0.5);
   const SimResult r =
@@ -103,6 +109,95 @@ TEST(Simulator, OffloadsQueueInOrder) {
       }
     }
   }
+}
+
+OptionCost OffloadInput(uint64_t host, double fwd, double bwd) {
+  OptionCost c = Layer(0, host, fwd, /*rec=*/fwd, bwd);
+  c.save_at_forward_start = true;
+  return c;
+}
+
+std::string Events(const SimResult& r) {
+  std::string out;
+  for (const StepEvent& e : r.events) {
+    absl::StrAppend(&out, out.empty() ? "" : " ", std::string(StepEventKindName(e.kind)), "(",
+                    e.layer, ",", e.bytes, ")@", e.seconds);
+  }
+  return out;
+}
+
+// Note [Runtime protocol]: the forward of layer i + save_lag waits for layer i's save.
+// forward 0 [0,1], its save issued at 1 (offload_saved: at forward end), D2H [1,4]; forward 1
+// [1,2]; forward 2 waits for layer 0's save until 4 (2 s), runs [4,5]; loss [5,6]; backward 2
+// [6,8]; at 8 the backward of layer 1 issues layer 0's prefetch (distance 1), H2D [8,11];
+// backward 1 [8,10]; backward 0 restores at 10, waits until 11 (1 s), runs [11,13].
+TEST(Simulator, ForwardWaitsForTheSaveLag) {
+  const StepCost step = Toy(3);
+  const SimResult r = Simulate(step, {Layer(0, 300), Layer(0, 0), Layer(0, 0)}, 1, true);
+  EXPECT_DOUBLE_EQ(r.step_seconds, 13);
+  EXPECT_DOUBLE_EQ(r.exposed_copy_seconds, 3);
+  ASSERT_EQ(r.compute.size(), 9u);  // embedding, 3 forward, tail, 3 backward, embedding
+  EXPECT_EQ(r.compute[3].layer, 2);
+  EXPECT_DOUBLE_EQ(r.compute[3].start, 4);
+  EXPECT_DOUBLE_EQ(r.compute[3].stall, 2);
+  EXPECT_EQ(Events(r),
+            "save_issued(0,300)@1 save_wait(0,300)@2 save_landed(0,300)@4 "
+            "prefetch_issued(0,300)@8 restore(0,300)@10 prefetch_landed(0,300)@11");
+}
+
+// The device bytes of a save are freed at its wait, not when its D2H lands: layer 0's 100 bytes
+// land at 2 (D2H [1,2]) but stay through layer 1's long forward [1,4] (10 bytes of its own).
+// With save lag 2 they go when layer 2 starts (peak 110); with save lag 3 they wait for
+// backward, beside layer 2's 80 bytes (peak 180).
+TEST(Simulator, SaveBytesStayOnTheDeviceUntilTheWait) {
+  const StepCost step = Toy(3);
+  const std::vector<OptionCost> costs = {Layer(0, 100), Layer(0, 0, 3, 0, 2, 10, 0),
+                                         Layer(0, 0, 1, 0, 2, 80, 0)};
+  const SimResult lag2 = Simulate(step, costs, ProtocolFor(costs, 1, 2), true);
+  EXPECT_EQ(lag2.peak_bytes, 110u);
+  uint64_t at_3s = 0;  // the level in force at 3 s, after the D2H landed
+  for (const MemoryPoint& p : lag2.timeline) {
+    if (p.seconds <= 3) at_3s = p.bytes;
+  }
+  EXPECT_EQ(at_3s, 110u);
+  const SimResult lag3 = Simulate(step, costs, ProtocolFor(costs, 1, 3), true);
+  EXPECT_EQ(lag3.peak_bytes, 180u);
+  EXPECT_EQ(lag3.peak_at, "forward of layer 2");
+  EXPECT_DOUBLE_EQ(lag2.step_seconds, lag3.step_seconds);  // the D2H landed long before
+}
+
+// offload_input issues its save when the forward starts; prefetches triggered by one layer go
+// highest layer first. forward 0 [0,1]; 1 [1,2] with D2H [1,2]; 2 [2,3] with D2H [2,3]; loss
+// [3,4]; backward starts at 4: both saves waited for (landed), layer 2 then layer 1 prefetched
+// (distance 2: both after layer 2), H2D [4,5] and [5,6]; backward 2 restores at 4, waits until 5,
+// recompute + backward [5,8]; backward 1 restores at 8 (landed at 6), runs [8,11]; 0 [11,13].
+TEST(Simulator, PrefetchesOfOneTriggerGoHighestFirst) {
+  const StepCost step = Toy(3);
+  const std::vector<OptionCost> costs = {Layer(0, 0), OffloadInput(100, 1, 2),
+                                         OffloadInput(100, 1, 2)};
+  const SimResult r = Simulate(step, costs, 2, true);
+  EXPECT_DOUBLE_EQ(r.step_seconds, 13);
+  EXPECT_DOUBLE_EQ(r.exposed_copy_seconds, 1);
+  EXPECT_EQ(Events(r),
+            "save_issued(1,100)@1 save_landed(1,100)@2 save_issued(2,100)@2 "
+            "save_landed(2,100)@3 save_wait(1,100)@4 save_wait(2,100)@4 "
+            "prefetch_issued(2,100)@4 prefetch_issued(1,100)@4 restore(2,100)@4 "
+            "prefetch_landed(2,100)@5 prefetch_landed(1,100)@6 restore(1,100)@8");
+}
+
+// The plan's fields and the simulator come from one function.
+TEST(Simulator, ProtocolIsTheOnePlanFunction) {
+  const std::vector<OptionCost> costs = {Layer(0, 10), Layer(5, 0), Layer(0, 10), Layer(0, 10)};
+  const std::vector<LayerProtocol> p = ProtocolFor(costs, 2, 2);
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p[0].save_wait_before_layer, 2);
+  EXPECT_EQ(p[0].prefetch_after_layer, 2);
+  EXPECT_EQ(p[1].save_wait_before_layer, -1);
+  EXPECT_EQ(p[1].prefetch_after_layer, -1);
+  EXPECT_EQ(p[2].save_wait_before_layer, 4);  // past the last layer: backward start
+  EXPECT_EQ(p[2].prefetch_after_layer, 3);
+  EXPECT_EQ(p[3].save_wait_before_layer, 4);
+  EXPECT_EQ(p[3].prefetch_after_layer, 3);  // clamped to the last layer
 }
 
 TEST(Simulator, TimelineStartsAndEndsAtFixedMemory) {

@@ -241,6 +241,7 @@ TEST(CApi, LayerInfoChecksStructSize) {
   EXPECT_EQ(info.offloads, 1);
   EXPECT_EQ(info.host_bytes, 4096u);
   EXPECT_EQ(info.prefetch_after_layer, 1);
+  EXPECT_EQ(info.save_wait_before_layer, 2);  // two layers: when backward starts
   ASSERT_EQ(stowage_report_device_peak(rt, 123), STOWAGE_OK);
   EXPECT_EQ(stowage::runtime::UnwrapForTesting(rt)->counters().observed_peak_device_bytes.load(),
             123u);

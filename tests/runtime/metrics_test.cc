@@ -358,10 +358,12 @@ Plan SmallPlan() {
   plan.layers[0].policy = LayerPolicy::kOffloadSaved;
   plan.layers[0].transfers = {{"attn.q", 512 * kKib}, {"moe.act", 256 * kKib}};
   plan.layers[0].host_bytes = 768 * kKib;
+  plan.layers[0].save_wait_before_layer = 2;
   plan.layers[0].prefetch_after_layer = 1;
   plan.layers[1].policy = LayerPolicy::kOffloadInput;
   plan.layers[1].transfers = {{"input", 128 * kKib}};
   plan.layers[1].host_bytes = 128 * kKib;
+  plan.layers[1].save_wait_before_layer = 3;
   plan.layers[1].prefetch_after_layer = 2;
   return plan;
 }

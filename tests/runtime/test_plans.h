@@ -25,7 +25,10 @@ inline Plan MakeTestPlan(int layers, uint64_t bytes_per_layer, int offload_every
       layer.policy = LayerPolicy::kOffloadInput;
       layer.host_bytes = bytes_per_layer;
       layer.transfers.push_back({"input", bytes_per_layer});
-      layer.prefetch_after_layer = std::min(layers - 1, i + prefetch_distance);
+      const LayerProtocol protocol =
+          LayerProtocolFor(i, layers, true, prefetch_distance, plan.runtime.save_lag);
+      layer.save_wait_before_layer = protocol.save_wait_before_layer;
+      layer.prefetch_after_layer = protocol.prefetch_after_layer;
     }
     plan.runtime.host_arena_bytes += layer.host_bytes;
     plan.layers.push_back(layer);

@@ -14,9 +14,11 @@ buffers are torch tensors allocated on the current stream, so the allocator's st
 reuse rules hold without record_stream. A tensor handed to stowage_save is kept referenced by
 this module until its D2H is known complete (stowage_save_query) or the current stream has been
 made to wait for it (stowage_save_wait_stream); only then is the reference dropped, so the
-allocator can never hand the block out while the copy still reads it. Saves are retired lazily:
-before layer i runs, saves of layers <= i - kSaveLag are waited for on the stream, later ones are
-only polled (up to the first still copying), so copies overlap the next layers' compute. A
+allocator can never hand the block out while the copy still reads it. When saves are waited
+for, prefetched and restored is the plan's (Note [Runtime protocol] in include/stowage/plan.h):
+before layer i runs, the saves of layers whose save_wait_before_layer is i are waited for on the
+stream and dropped (the rest when backward starts), so copies overlap the next layers' compute;
+the simulator frees their device bytes at that same wait, and the runtime's trace shows it. A
 prefetch destination that was never restored is kept until stowage_end_step has drained the copy
 into it.
 
@@ -58,8 +60,6 @@ from .plan import Plan, PlanError
 from . import runtime as runtime_mod
 from .runtime import PlanLike, Runtime, Stats, StowageError, plan_json_text
 
-# Saves of layer i - kSaveLag (and earlier) are waited for before layer i runs (see the note).
-kSaveLag = 2
 # An offload_saved layer's saves are issued in batches (see Note [Per-tensor cost]): when this
 # many bytes or tensors have gathered, and when the layer's forward returns.
 kSaveBatchBytes = 1 << 20
@@ -347,34 +347,27 @@ class _StepState:
         return self._resident
 
     def retire(self, before_layer: Optional[int]) -> None:
-        """Drops references to saved tensors whose D2H is over; waits for those of layers
-        <= before_layer - kSaveLag (all of them when before_layer is None). Saves complete
-        roughly in the order issued, so polling stops at the first one still copying: each
-        save is polled about once, not once per later layer."""
+        """Waits for the saves the plan makes the forward of `before_layer` wait for (all of
+        them when before_layer is None: backward starts) and drops their references. Pending
+        saves are in layer order and so are their waits: the first not due ends the walk."""
         if self.calls is None:
             return
         self.flush()
         pending, calls = self.pending, self.calls
-        last = None if before_layer is None else before_layer - kSaveLag
+        wait_at = self.owner._save_wait_before
         stream = self.stream() if pending else None
         # A tensor is dropped only after its wait or query returned: the reference is what
         # keeps its memory from reuse while the copy may still read it.
         while pending:
             entry = pending[0]
             ids, tensors, k = entry[1], entry[2], entry[3]
-            if last is None or entry[0] <= last:
-                while k < len(ids):
-                    calls.wait(ids[k], stream)
-                    tensors[k] = None
-                    k += 1
-                    entry[3] = k
-            else:
-                while k < len(ids) and calls.query(ids[k]):
-                    tensors[k] = None
-                    k += 1
-                    entry[3] = k
-                if k < len(ids):
-                    return
+            if before_layer is not None and wait_at[entry[0]] > before_layer:
+                return
+            while k < len(ids):
+                calls.wait(ids[k], stream)
+                tensors[k] = None
+                k += 1
+                entry[3] = k
             pending.popleft()
 
     # -- backward ---------------------------------------------------------------------------
@@ -469,10 +462,15 @@ class PlannedLayers(nn.Module):
             plan = Plan.from_json(plan_json_text(plan))
         self.plan: Plan = plan
         check_plan_matches(plan, self.layers)
+        # The plan's protocol, read, never recomputed: prefetches triggered by one layer highest
+        # first; a save whose wait is not given is waited for when backward starts.
         self._prefetch_after: dict[int, list[int]] = collections.defaultdict(list)
-        for l in plan.layers:
+        for l in reversed(plan.layers):
             if l.policy in plan_mod.OFFLOADING_POLICIES and l.prefetch_after_layer >= 0:
                 self._prefetch_after[l.prefetch_after_layer].append(l.index)
+        n = len(plan.layers)
+        self._save_wait_before = [l.save_wait_before_layer if l.save_wait_before_layer >= 0 else n
+                                  for l in plan.layers]
         self._state: Optional[_StepState] = None
         self._runtime = runtime
         if runtime is None and plan.offloads:

@@ -44,6 +44,12 @@ class LayerPlan:
     device_saved_bytes: int = 0
     host_bytes: int = 0
     transfers: list[Transfer] = dataclasses.field(default_factory=list)
+    # Note [Runtime protocol] in include/stowage/plan.h: the forward of layer
+    # save_wait_before_layer waits for this layer's saves (len(layers): backward start); its
+    # prefetch is issued when the backward of prefetch_after_layer starts. -1: offloads nothing
+    # (save_wait_before_layer -1 on an offloading layer: not given; the C++ reader fills it in
+    # and the wrapper waits when backward starts).
+    save_wait_before_layer: int = -1
     prefetch_after_layer: int = -1
     ffn_chunks: int = 1
     recompute_modules: list[str] = dataclasses.field(default_factory=list)
@@ -69,6 +75,7 @@ class Prediction:
 @dataclasses.dataclass
 class RuntimeSettings:
     prefetch_distance: int = 1
+    save_lag: int = 2  # kDefaultSaveLag
     host_arena_bytes: int = 0
     copy_chunk_bytes: int = 16 << 20
     gpus_per_numa_node: int = 1
@@ -107,6 +114,8 @@ class Plan:
                 "index": l.index, "type": l.type, "policy": l.policy,
                 "device_saved_bytes": l.device_saved_bytes, "host_bytes": l.host_bytes,
                 "transfers": [{"name": t.name, "bytes": t.bytes} for t in l.transfers],
+                **({"save_wait_before_layer": l.save_wait_before_layer}
+                   if l.save_wait_before_layer >= 0 else {}),
                 "prefetch_after_layer": l.prefetch_after_layer, "ffn_chunks": l.ffn_chunks,
                 "forward_seconds": l.forward_seconds, "backward_seconds": l.backward_seconds,
                 "recompute_seconds": l.recompute_seconds, "d2h_seconds": l.d2h_seconds,
@@ -198,6 +207,7 @@ class Plan:
                 index=l["index"], type=l["type"], policy=l["policy"],
                 device_saved_bytes=l["device_saved_bytes"], host_bytes=host_bytes,
                 transfers=transfers,
+                save_wait_before_layer=get(l, "save_wait_before_layer", -1),
                 prefetch_after_layer=get(l, "prefetch_after_layer", -1),
                 ffn_chunks=get(l, "ffn_chunks", 1),
                 recompute_modules=list(get(l, "recompute_modules", [])),
