@@ -370,6 +370,15 @@ absl::StatusOr<std::string> EvaluateRequestJson(std::string_view request,
     timeline.push_back({{"seconds", p.seconds}, {"bytes", p.bytes}});
   }
   out["timeline"] = timeline;
+  // The step's events in order (Note [Runtime protocol]): what the runtime's trace must show.
+  json::Json events = json::Json::array();
+  for (const StepEvent& e : sim.events) {
+    events.push_back({{"kind", std::string(StepEventKindName(e.kind))},
+                      {"layer", e.layer},
+                      {"bytes", e.bytes},
+                      {"seconds", e.seconds}});
+  }
+  out["events"] = events;
   auto plan = PlanJson(*src, *root, result, options, generator);
   if (!plan.ok()) return plan.status();
   out["plan"] = json::Json::parse(*plan);

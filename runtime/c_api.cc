@@ -90,6 +90,16 @@ std::string MetricsAddressForTesting(stowage_runtime* rt) {
 
 namespace {
 
+// The C ABI's event kinds are StepEventKind's values (one vocabulary, Note [Step trace]).
+static_assert(STOWAGE_EVENT_SAVE_ISSUED == static_cast<int>(stowage::StepEventKind::kSaveIssued));
+static_assert(STOWAGE_EVENT_SAVE_LANDED == static_cast<int>(stowage::StepEventKind::kSaveLanded));
+static_assert(STOWAGE_EVENT_SAVE_WAIT == static_cast<int>(stowage::StepEventKind::kSaveWait));
+static_assert(STOWAGE_EVENT_PREFETCH_ISSUED ==
+              static_cast<int>(stowage::StepEventKind::kPrefetchIssued));
+static_assert(STOWAGE_EVENT_PREFETCH_LANDED ==
+              static_cast<int>(stowage::StepEventKind::kPrefetchLanded));
+static_assert(STOWAGE_EVENT_RESTORE == static_cast<int>(stowage::StepEventKind::kRestore));
+
 using stowage::runtime::Runtime;
 
 thread_local std::string last_error;
@@ -527,6 +537,40 @@ stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t layer, stowag
     out->host_bytes_used = info.host_bytes_used;
     return absl::OkStatus();
   });
+}
+
+stowage_status stowage_set_trace_capacity(stowage_runtime* rt, size_t capacity) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_set_trace_capacity");
+  return Guard(rt, "stowage_set_trace_capacity",
+               [&]() -> absl::Status { return rt->runtime->SetTraceCapacity(capacity); });
+}
+
+stowage_status stowage_get_trace(stowage_runtime* rt, stowage_trace_event* out, size_t capacity,
+                                 size_t* count, uint64_t* dropped) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_get_trace");
+  if (count == nullptr)
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_get_trace: count is NULL");
+  if (out == nullptr && capacity > 0) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
+                absl::StrCat("stowage_get_trace: out is NULL but capacity is ", capacity));
+  }
+  return Guard(rt, "stowage_get_trace", [&]() -> absl::Status {
+    uint64_t lost = 0;
+    const std::vector<stowage::runtime::TraceEvent> events = rt->runtime->LastTrace(&lost);
+    for (size_t i = 0; i < events.size() && i < capacity; ++i) {
+      const stowage::runtime::TraceEvent& e = events[i];
+      out[i] = {e.seq, static_cast<int32_t>(e.kind), e.layer, e.bytes, e.id, e.nanos};
+    }
+    *count = events.size();
+    if (dropped != nullptr) *dropped = lost;
+    return absl::OkStatus();
+  });
+}
+
+const char* stowage_event_kind_name(int32_t kind) {
+  if (kind < STOWAGE_EVENT_SAVE_ISSUED || kind > STOWAGE_EVENT_RESTORE) return "unknown";
+  // string_view literals: NUL-terminated.
+  return stowage::StepEventKindName(static_cast<stowage::StepEventKind>(kind)).data();
 }
 
 stowage_status stowage_plan_request(const char* request_json, size_t request_json_bytes,

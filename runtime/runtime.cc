@@ -147,6 +147,7 @@ absl::Status Runtime::BeginStep() {
   // Same layout every step: regions in layer order (Note [Step lifecycle]).
   if (absl::Status s = regions_.Carve(arena_.get()); !s.ok()) return s;
   tensors_.Open();
+  trace_.BeginStep();
   in_step_ = true;
   step_saved_bytes_ = 0;
   step_start_ = std::chrono::steady_clock::now();
@@ -183,6 +184,7 @@ absl::Status Runtime::EndStep() {
     }
   }
   absl::Status drained = engine_->Drain();
+  trace_.EndStep();  // after the drain: every landing of the step is in
   double stall = 0;
   for (const std::unique_ptr<TensorEntry>& e : entries) {
     if (e->state == TensorState::kRestored && e->h2d != nullptr) stall += e->h2d->stall_seconds();
@@ -237,6 +239,14 @@ absl::StatusOr<TensorId> Runtime::Save(int layer, const void* src, size_t bytes,
     on_landed = [entry = entry] {
       entry->checksum.store(offload::Checksum64(entry->host, entry->bytes),
                             std::memory_order_release);
+    };
+  }
+  if (trace_.enabled()) {
+    // Recorded before the copy is issued: its landing (on a backend thread) comes after it.
+    trace_.Record(StepEventKind::kSaveIssued, layer, bytes, id);
+    on_landed = [this, layer = layer, bytes = bytes, id = id, then = std::move(on_landed)] {
+      if (then) then();
+      trace_.Record(StepEventKind::kSaveLanded, layer, bytes, id);
     };
   }
   counters_->device_pending_bytes.fetch_add(bytes, std::memory_order_relaxed);
@@ -329,6 +339,7 @@ absl::Status Runtime::WaitForSave(TensorId id, bool host, void* stream) {
     if (!entry.ok()) return entry.status();
     d2h = (*entry)->d2h;
     (*entry)->synced.store(true);
+    trace_.Record(StepEventKind::kSaveWait, (*entry)->layer, (*entry)->bytes, id);
     ++active_calls_;
   }
   CallScope scope(this);
@@ -377,7 +388,8 @@ absl::Status Runtime::Prefetch(TensorId id, void* dst, void* stream) {
   absl::StatusOr<std::shared_ptr<CopyFence>> fence = absl::InternalError("prefetch: not issued");
   if (absl::Status verified = verify_ ? VerifyHostCopy(id, *entry) : absl::OkStatus();
       verified.ok()) {
-    fence = engine_->HostToDevice(dst, entry->host, entry->bytes, stream, entry->d2h);
+    fence = engine_->HostToDevice(dst, entry->host, entry->bytes, stream, entry->d2h,
+                                  TraceH2D(id, *entry));
   } else {
     fence = verified;
   }
@@ -400,7 +412,10 @@ absl::Status Runtime::Restore(TensorId id, void* dst, void* stream) {
   CallScope scope(this);
   const bool prefetched = h2d != nullptr;
   absl::Status status = prefetched ? absl::OkStatus() : CopyBack(id, *entry, dst, stream, &h2d);
-  if (status.ok()) status = h2d->StreamWait(stream, /*measure_stall=*/true);
+  if (status.ok()) {
+    trace_.Record(StepEventKind::kRestore, entry->layer, entry->bytes, id);
+    status = h2d->StreamWait(stream, /*measure_stall=*/true);
+  }
   if (status.ok()) status = CheckLanded(id, *entry, dst);
   return FinishRestore(entry, prefetched, std::move(h2d), std::move(status));
 }
@@ -446,13 +461,37 @@ absl::Status Runtime::BeginRestore(TensorId id, void* dst, TensorEntry** out,
 }
 
 // The H2D of a restore that was not prefetched (integrity mode: after checking the host copy).
+std::function<void()> Runtime::TraceH2D(TensorId id, const TensorEntry& entry) {
+  if (!trace_.enabled()) return {};
+  // A restore without a prefetch issues the H2D itself: the trace shows it as a prefetch, as
+  // the simulator does (Note [Step trace]).
+  trace_.Record(StepEventKind::kPrefetchIssued, entry.layer, entry.bytes, id);
+  return [this, layer = entry.layer, bytes = entry.bytes, id] {
+    trace_.Record(StepEventKind::kPrefetchLanded, layer, bytes, id);
+  };
+}
+
+absl::Status Runtime::SetTraceCapacity(size_t capacity) {
+  if (capacity > kMaxTraceEvents) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trace capacity is ", capacity, " events; allowed: 0 (off) to ", kMaxTraceEvents));
+  }
+  absl::MutexLock lock(&mu_);
+  if (in_step_) {
+    return absl::FailedPreconditionError(
+        "set_trace_capacity: a step is open; set the trace between steps");
+  }
+  trace_.SetCapacity(capacity);
+  return absl::OkStatus();
+}
+
 absl::Status Runtime::CopyBack(TensorId id, TensorEntry& entry, void* dst, void* stream,
                                std::shared_ptr<CopyFence>* h2d) {
   if (verify_) {
     if (absl::Status s = VerifyHostCopy(id, entry); !s.ok()) return s;
   }
   absl::StatusOr<std::shared_ptr<CopyFence>> fence =
-      engine_->HostToDevice(dst, entry.host, entry.bytes, stream, entry.d2h);
+      engine_->HostToDevice(dst, entry.host, entry.bytes, stream, entry.d2h, TraceH2D(id, entry));
   if (!fence.ok()) return fence.status();
   *h2d = *std::move(fence);
   return absl::OkStatus();

@@ -48,6 +48,7 @@
 #include "offload/pinned_arena.h"
 #include "runtime/runtime_counters.h"
 #include "runtime/step_regions.h"
+#include "runtime/step_trace.h"
 #include "runtime/tensor_table.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
@@ -72,6 +73,9 @@ struct RuntimeOptions {
   // that calls Create.
   std::function<void(uint64_t, uint64_t)> arena_progress;
 };
+
+// Most events one step's trace may hold (Note [Step trace]): 48 MiB per buffer.
+inline constexpr size_t kMaxTraceEvents = size_t{1} << 20;
 
 struct LayerInfo {
   int index = 0;
@@ -117,6 +121,12 @@ class Runtime : private offload::CopyObserver {
   // the id: FAILED_PRECONDITION the second time. INVALID_ARGUMENT if prefetched into another dst.
   absl::Status Restore(TensorId id, void* dst, void* stream);
 
+  // Note [Step trace]: records the next steps' events, at most `capacity` per step (0: off).
+  // INVALID_ARGUMENT past kMaxTraceEvents; FAILED_PRECONDITION inside a step.
+  absl::Status SetTraceCapacity(size_t capacity);
+  // The last completed step's events.
+  std::vector<TraceEvent> LastTrace(uint64_t* dropped) const { return trace_.Last(dropped); }
+
   void ReportDevicePeak(uint64_t bytes);
   LayerInfo GetLayerInfo(int layer) const;  // layer must be in [0, num_layers())
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -160,6 +170,8 @@ class Runtime : private offload::CopyObserver {
                             std::shared_ptr<offload::CopyFence>* prefetched);
   absl::Status CopyBack(TensorId id, TensorEntry& entry, void* dst, void* stream,
                         std::shared_ptr<offload::CopyFence>* h2d);
+  // Trace on: records the H2D's issue and returns what records its landing; else empty.
+  std::function<void()> TraceH2D(TensorId id, const TensorEntry& entry);
   absl::Status CheckLanded(TensorId id, const TensorEntry& entry, const void* dst) const;
   absl::Status FinishRestore(TensorEntry* entry, bool prefetched,
                              std::shared_ptr<offload::CopyFence> h2d, absl::Status status);
@@ -184,6 +196,7 @@ class Runtime : private offload::CopyObserver {
   int prefetch_distance_ = 1;
   std::vector<LayerPlan> layers_;
   std::vector<LayerTypeCounters*> layer_type_of_;  // by layer index
+  StepTrace trace_;  // outlives engine_'s callbacks: ~Runtime drains the engine first
 
   mutable absl::Mutex mu_;
   bool in_step_ ABSL_GUARDED_BY(mu_) = false;

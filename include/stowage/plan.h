@@ -82,12 +82,12 @@ LayerProtocol LayerProtocolFor(int layer, int num_layers, bool offloads, int pre
 // What one step does, in the words of Note [Runtime protocol]: the runtime's trace
 // (stowage_get_trace) and the simulator's prediction use these, in this spelling.
 enum class StepEventKind {
-  kSaveIssued,      // a save's D2H was issued (stowage_save)
-  kSaveLanded,      // its bytes are in host memory
-  kSaveWait,        // the trainer waited for a save before reusing its device block
-  kPrefetchIssued,  // an H2D was issued (stowage_prefetch, or a restore without a prefetch)
-  kPrefetchLanded,  // its bytes are in device memory
-  kRestore,         // the consumer waits for the H2D (stowage_restore)
+  kSaveIssued = 0,      // a save's D2H was issued (stowage_save)
+  kSaveLanded = 1,      // its bytes are in host memory
+  kSaveWait = 2,        // the trainer waited for a save before reusing its device block
+  kPrefetchIssued = 3,  // an H2D was issued (stowage_prefetch, or a restore without a prefetch)
+  kPrefetchLanded = 4,  // its bytes are in device memory
+  kRestore = 5,         // the consumer waits for the H2D (stowage_restore)
 };
 // "save_issued", "save_landed", "save_wait", "prefetch_issued", "prefetch_landed", "restore".
 std::string_view StepEventKindName(StepEventKind kind);

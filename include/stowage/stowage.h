@@ -193,6 +193,44 @@ STOWAGE_API stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t l
  * exported next to the plan's prediction. */
 STOWAGE_API stowage_status stowage_report_device_peak(stowage_runtime* rt, uint64_t bytes);
 
+/* Step trace (README: "Step trace"). Off by default; stowage_set_trace_capacity(rt, n) switches
+ * it on between steps (FAILED_PRECONDITION inside a step; INVALID_ARGUMENT past 1<<20 events;
+ * 0 switches it off). Then each step records, in the order the runtime sees them: a save issued
+ * (stowage_save), its landing in host memory, each save wait (stowage_save_wait[_stream]), a
+ * prefetch issued (stowage_prefetch, or a restore that issues the H2D itself), its landing in
+ * device memory, each restore (stowage_restore). Calls are recorded when made; landings on the
+ * copy threads when they happen, so their place among the calls depends on copy speed. At most
+ * `n` events per step: later ones are not stored but counted (`dropped`). With the trace off a
+ * call pays one atomic load. */
+typedef enum stowage_event_kind {
+  STOWAGE_EVENT_SAVE_ISSUED = 0,
+  STOWAGE_EVENT_SAVE_LANDED = 1,
+  STOWAGE_EVENT_SAVE_WAIT = 2,
+  STOWAGE_EVENT_PREFETCH_ISSUED = 3,
+  STOWAGE_EVENT_PREFETCH_LANDED = 4,
+  STOWAGE_EVENT_RESTORE = 5,
+} stowage_event_kind;
+
+typedef struct stowage_trace_event {
+  uint64_t seq; /* 0, 1, 2, ... within the step: the order recorded */
+  int32_t kind; /* stowage_event_kind */
+  int32_t layer;
+  uint64_t bytes;       /* the tensor's */
+  stowage_tensor_id id; /* the tensor's */
+  uint64_t nanos;       /* since begin_step; for reading, never for comparing */
+} stowage_trace_event;
+
+STOWAGE_API stowage_status stowage_set_trace_capacity(stowage_runtime* rt, size_t capacity);
+/* The last completed step's events: copies min(capacity, *count) of them into `out` (NULL when
+ * capacity is 0), sets *count to how many the step recorded (call again with a larger buffer if
+ * it exceeds capacity) and, if `dropped` is not NULL, *dropped to the events past the trace
+ * capacity the step could not record. No step completed with the trace on: *count = 0. */
+STOWAGE_API stowage_status stowage_get_trace(stowage_runtime* rt, stowage_trace_event* out,
+                                             size_t capacity, size_t* count, uint64_t* dropped);
+/* "save_issued", "save_landed", "save_wait", "prefetch_issued", "prefetch_landed", "restore"
+ * (the plan's and the simulator's words); "unknown" for other values. */
+STOWAGE_API const char* stowage_event_kind_name(int32_t kind);
+
 /* Planning (the C++ planner, in this library too). A request is JSON (README: "Planning through
  * the C ABI"): a cost source -- "profile" (a measured layer profile) or "model" (a preset name or
  * a Hugging Face config.json object) with "hardware" and "run" -- and "gpu_budget_bytes" (the
@@ -208,7 +246,8 @@ STOWAGE_API stowage_status stowage_plan_request(const char* request_json, size_t
 /* The simulator's prediction for the request's "layers" (per layer {"policy", optional
  * "recompute_modules"}) at its "prefetch_distance" (default 1): peak_device_bytes, step_seconds,
  * exposed_copy_seconds, host_bytes, the recorded "compute" and "copies" intervals, "timeline",
- * and "plan", the plan of that assignment. */
+ * "events" (the step's predicted events in order: {"kind", "layer", "bytes", "seconds"}, kinds
+ * as in stowage_get_trace, bytes per layer), and "plan", the plan of that assignment. */
 STOWAGE_API stowage_status stowage_plan_evaluate(const char* request_json,
                                                  size_t request_json_bytes, char** result_json_out);
 /* Frees a string the planning calls returned; NULL is ignored. */

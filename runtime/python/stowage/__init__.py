@@ -21,7 +21,7 @@ from typing import Any
 
 from ._lib import LibraryNotFoundError
 from .plan import LayerPlan, Plan, PlanError, Transfer
-from .runtime import Runtime, Stats, StowageError, version
+from .runtime import Runtime, Stats, StowageError, Trace, TraceEvent, version
 
 
 _TORCH_NAMES = {

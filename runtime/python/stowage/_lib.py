@@ -84,6 +84,17 @@ class Stats(ctypes.Structure):
     ]
 
 
+class TraceEvent(ctypes.Structure):
+    _fields_ = [
+        ("seq", ctypes.c_uint64),
+        ("kind", ctypes.c_int32),
+        ("layer", ctypes.c_int32),
+        ("bytes", ctypes.c_uint64),
+        ("id", ctypes.c_uint64),
+        ("nanos", ctypes.c_uint64),
+    ]
+
+
 _status = ctypes.c_int
 _rt = ctypes.c_void_p
 _id = ctypes.c_uint64
@@ -132,6 +143,13 @@ _PROTOTYPES = {
     "stowage_plan_evaluate": (
         _status, [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]),
     "stowage_free_string": (None, [ctypes.c_void_p]),
+    "stowage_set_trace_capacity": (_status, [_rt, ctypes.c_size_t]),
+    "stowage_get_trace": (
+        _status,
+        [_rt, ctypes.POINTER(TraceEvent), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+         ctypes.POINTER(ctypes.c_uint64)],
+    ),
+    "stowage_event_kind_name": (ctypes.c_char_p, [ctypes.c_int32]),
 }
 
 _lock = threading.Lock()

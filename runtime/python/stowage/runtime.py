@@ -51,6 +51,27 @@ class Stats:
     backend: str
 
 
+@dataclasses.dataclass(frozen=True)
+class TraceEvent:
+    """One event of a step's trace (stowage_trace_event; README "Step trace"). `kind` is one of
+    save_issued, save_landed, save_wait, prefetch_issued, prefetch_landed, restore."""
+
+    seq: int
+    kind: str
+    layer: int
+    bytes: int
+    id: int
+    nanos: int  # since begin_step: for reading, never for comparing
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """The last completed step's events in the order recorded, and how many did not fit."""
+
+    events: list
+    dropped: int
+
+
 def _check(call: str, code: int) -> None:
     if code != 0:
         lib = _lib.load()
@@ -139,7 +160,7 @@ class Runtime:
     def __init__(self, plan: PlanLike, *, backend: str = "auto", device: int = 0,
                  numa_node: int = -1, verify_checksums: bool = False,
                  copy_chunk_bytes: int = 0, copy_threads: int = 0,
-                 metrics_address: Optional[str] = None):
+                 metrics_address: Optional[str] = None, trace_capacity: int = 0):
         backends = {v: k for k, v in _lib.BACKEND_NAMES.items()}
         if backend not in backends:
             raise ValueError(f"backend is {backend!r}; allowed: {', '.join(backends)}")
@@ -162,6 +183,8 @@ class Runtime:
         opts.metrics_address = self._metrics
         _check("stowage_create", self._lib.stowage_create(
             text, len(text), ctypes.byref(opts), ctypes.byref(self._handle)))
+        if trace_capacity:
+            self.set_trace_capacity(trace_capacity)
 
     # -- lifetime ---------------------------------------------------------------------------
     @property
@@ -244,6 +267,27 @@ class Runtime:
         values = {name: getattr(s, name) for name, _ in _lib.Stats._fields_}
         values["backend"] = _lib.BACKEND_NAMES.get(values["backend"], str(values["backend"]))
         return Stats(**values)
+
+    def set_trace_capacity(self, events: int) -> None:
+        """Records each following step's events, at most `events` per step (0: off); between
+        steps only."""
+        _check("stowage_set_trace_capacity",
+               self._lib.stowage_set_trace_capacity(self._h(), int(events)))
+
+    def trace(self) -> Trace:
+        """The last completed step's trace (empty when the trace is off)."""
+        count = ctypes.c_size_t()
+        dropped = ctypes.c_uint64()
+        _check("stowage_get_trace", self._lib.stowage_get_trace(
+            self._h(), None, 0, ctypes.byref(count), ctypes.byref(dropped)))
+        buf = (_lib.TraceEvent * max(count.value, 1))()
+        _check("stowage_get_trace", self._lib.stowage_get_trace(
+            self._h(), buf, count.value, ctypes.byref(count), ctypes.byref(dropped)))
+        name = self._lib.stowage_event_kind_name
+        events = [TraceEvent(seq=e.seq, kind=name(e.kind).decode(), layer=e.layer,
+                             bytes=e.bytes, id=e.id, nanos=e.nanos)
+                  for e in buf[:count.value]]
+        return Trace(events=events, dropped=dropped.value)
 
     def report_device_peak(self, nbytes: int) -> None:
         _check("stowage_report_device_peak",
