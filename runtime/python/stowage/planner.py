@@ -48,6 +48,9 @@ class Evaluation:
     copies: list[dict]    # {"layer", "direction": "d2h"|"h2d", "bytes", "start", "end"}
     timeline: list[dict]  # {"seconds", "bytes"}
     plan: Plan
+    # The step's predicted events in order (README "Step trace"): {"kind", "layer", "bytes",
+    # "seconds"}, what the runtime's trace (Runtime.trace()) shows when the plan runs.
+    events: list[dict] = dataclasses.field(default_factory=list)
 
 
 def _call(name: str, request: dict) -> str:
@@ -100,7 +103,7 @@ def evaluate(profile: Union[ModelProfile, dict], policies: Sequence[str], *,
         peak_at=r["peak_at"], step_seconds=r["step_seconds"],
         exposed_copy_seconds=r["exposed_copy_seconds"], host_bytes=r["host_bytes"],
         compute=r["compute"], copies=r["copies"], timeline=r["timeline"],
-        plan=Plan.from_dict(r["plan"]))
+        plan=Plan.from_dict(r["plan"]), events=r["events"])
 
 
 def plan_request(profile: Union[ModelProfile, dict], gpu_budget_bytes: int, *,
