@@ -1,7 +1,7 @@
 #include "stowage/plan.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -105,8 +105,8 @@ absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& 
   STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("ffn_chunks", layer.ffn_chunks, kFfnChunks));
   given->save_wait_before_layer = l.Has("save_wait_before_layer");
   given->prefetch_after_layer = l.Has("prefetch_after_layer");
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("save_wait_before_layer",
-                                              layer.save_wait_before_layer, kSaveWaitBeforeLayer));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      l.ReadOptional("save_wait_before_layer", layer.save_wait_before_layer, kSaveWaitBeforeLayer));
   STOWAGE_PLAN_RETURN_IF_ERROR(
       l.ReadOptional("prefetch_after_layer", layer.prefetch_after_layer, kPrefetchAfterLayer));
   STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("forward_seconds", layer.forward_seconds, kSeconds));
@@ -476,21 +476,20 @@ absl::Status ValidatePlan(const Plan& plan) {
     const LayerProtocol want = LayerProtocolFor(static_cast<int>(i), static_cast<int>(n),
                                                 l.host_bytes > 0, r.prefetch_distance, r.save_lag);
     if (l.save_wait_before_layer != want.save_wait_before_layer) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan: field '", path, ".save_wait_before_layer' has value ", l.save_wait_before_layer,
-          "; allowed: ", want.save_wait_before_layer,
-          l.host_bytes > 0 ? " (min(index + runtime.save_lag, number of layers))"
-                           : " (the layer offloads nothing)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: field '", path, ".save_wait_before_layer' has value ",
+                       l.save_wait_before_layer, "; allowed: ", want.save_wait_before_layer,
+                       l.host_bytes > 0 ? " (min(index + runtime.save_lag, number of layers))"
+                                        : " (the layer offloads nothing)"));
     }
     if (l.prefetch_after_layer != want.prefetch_after_layer &&
         !(l.host_bytes > 0 && l.prefetch_after_layer == -1)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan: field '", path, ".prefetch_after_layer' has value ", l.prefetch_after_layer,
           "; allowed: ",
-          l.host_bytes > 0
-              ? absl::StrCat("-1 (restore on demand) or ", want.prefetch_after_layer,
-                             " (min(index + runtime.prefetch_distance, last layer))")
-              : "-1 (the layer offloads nothing)"));
+          l.host_bytes > 0 ? absl::StrCat("-1 (restore on demand) or ", want.prefetch_after_layer,
+                                          " (min(index + runtime.prefetch_distance, last layer))")
+                           : "-1 (the layer offloads nothing)"));
     }
     for (const auto& [name, seconds] :
          {std::pair<const char*, double>{"forward_seconds", l.forward_seconds},

@@ -34,6 +34,7 @@ Plan OffloadingPlan() {
   offload.policy = LayerPolicy::kOffloadSaved;
   offload.host_bytes = 300;
   offload.transfers = {{"a", 200}, {"b", 100}};
+  offload.save_wait_before_layer = 2;  // past the last layer: when backward starts
   offload.prefetch_after_layer = 1;
   plan.layers = {keep, offload};
   return plan;
@@ -135,6 +136,11 @@ TEST(PlanReader, HostTotalThatWrapsIsRefused) {
     l.transfers = {{"input", kPlanMaxBytes}};
     plan.layers.push_back(l);
   }
+  for (int i = 0; i < 16; ++i) {
+    const LayerProtocol p = LayerProtocolFor(i, 16, true, 1, kDefaultSaveLag);
+    plan.layers[i].save_wait_before_layer = p.save_wait_before_layer;
+    plan.layers[i].prefetch_after_layer = p.prefetch_after_layer;
+  }
   plan.predicted.host_bytes_per_numa_node = 0;
   EXPECT_THAT(ValidatePlan(plan).message(),
               HasSubstr("host_bytes sum past 2^64 bytes at layers[15]"));
@@ -210,12 +216,14 @@ TEST(PlanReader, NonFiniteAndNegativeSecondsAreRefused) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("'runtime.link_bytes_per_second' has value 1e+16"));
 }
 
+// Note [Runtime protocol]: the trigger is the protocol's (min(index + distance, last layer)), or
+// none (restore on demand).
 TEST(PlanValidator, PrefetchAfterLayerIsMinusOneOrAtOrAfterTheLayer) {
   Plan plan = OffloadingPlan();
   plan.layers[1].prefetch_after_layer = 0;  // before the layer's own backward: never issued
   EXPECT_THAT(ValidatePlan(plan).message(),
               HasSubstr("'layers[1].prefetch_after_layer' has value 0; allowed: -1 (restore on "
-                        "demand) or a layer from 1 to 1"));
+                        "demand) or 1 (min(index + runtime.prefetch_distance, last layer))"));
   plan.layers[1].prefetch_after_layer = 2;  // past the last layer
   EXPECT_FALSE(ValidatePlan(plan).ok());
   plan.layers[1].prefetch_after_layer = -1;

@@ -111,18 +111,19 @@ TEST(PlanProtocol, FieldsMustBeTheProtocolFunction) {
   Plan plan = TwoLayerPlan();
   plan.layers[1].prefetch_after_layer = 0;
   EXPECT_THAT(ValidatePlan(plan).message(),
-              HasSubstr("layers[1].prefetch_after_layer is 0; with runtime.prefetch_distance 2 "
-                        "and 2 layers it must be 1"));
+              HasSubstr("'layers[1].prefetch_after_layer' has value 0; allowed: -1 (restore on "
+                        "demand) or 1"));
   plan = TwoLayerPlan();
   plan.layers[1].save_wait_before_layer = 1;
   EXPECT_THAT(ValidatePlan(plan).message(),
-              HasSubstr("layers[1].save_wait_before_layer is 1; with runtime.save_lag 2"));
+              HasSubstr("'layers[1].save_wait_before_layer' has value 1; allowed: 2 "
+                        "(min(index + runtime.save_lag, number of layers))"));
   plan = TwoLayerPlan();
   plan.layers[0].prefetch_after_layer = 1;
   EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("the layer offloads nothing"));
   plan = TwoLayerPlan();
   plan.runtime.save_lag = 0;
-  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("runtime.save_lag is 0"));
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("'runtime.save_lag' has value 0"));
 }
 
 // A plan written before the protocol fields existed reads with the protocol's own values.
