@@ -153,7 +153,8 @@ def bad_numbers(node, where=""):
     elif isinstance(node, (int, float)):
         if isinstance(node, float) and not math.isfinite(node):
             out.append(f"{where} = {node}")
-        elif node < 0 and not (where.endswith(".prefetch_after_layer") and node == -1):
+        elif node < 0 and not (where.endswith((".prefetch_after_layer", ".save_wait_before_layer"))
+                              and node == -1):
             out.append(f"{where} = {node} (negative)")  # -1 above: "never prefetched"
         elif node >= WRAPPED:
             out.append(f"{where} = {node} (wrapped)")
