@@ -687,7 +687,8 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std
     // A wrapper ties the text decoder's embedding and head by its own flag (Qwen3VLConfig);
     // a default taken from the text config's class gives way to it.
     STOWAGE_HF_RETURN_IF_ERROR(top->Read("tie_word_embeddings", m.tied_embeddings));
-    std::erase_if(taken, [](const std::string& t) { return t.starts_with("tie_word_embeddings="); });
+    std::erase_if(taken,
+                  [](const std::string& t) { return t.starts_with("tie_word_embeddings="); });
   }
   if (!taken.empty()) {
     m.notes.push_back(absl::StrCat("absent fields took transformers' ",

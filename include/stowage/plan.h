@@ -103,7 +103,7 @@ struct LayerPlan {
   std::string type;  // e.g. "kda+dense_ffn", "dsa+moe", "attention+swiglu"
   LayerPolicy policy = LayerPolicy::kKeep;
   std::vector<std::string> recompute_modules;  // for kSelectiveRecompute
-  int ffn_chunks = 1;  // FFN chunk count, dense or MoE (1 = unchunked); was moe_chunks
+  int ffn_chunks = 1;               // FFN chunk count, dense or MoE (1 = unchunked); was moe_chunks
   uint64_t device_saved_bytes = 0;  // bytes this layer holds on the GPU from forward to backward
   uint64_t host_bytes = 0;          // bytes this layer holds in pinned host memory
   std::vector<PlannedTransfer> transfers;  // sums to host_bytes

@@ -7,15 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define STOWAGE_FUZZ_CHECK(cond, ...)                                               \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #cond, __FILE__, \
-                   __LINE__);                                                       \
-      std::fprintf(stderr, __VA_ARGS__);                                            \
-      std::fprintf(stderr, "\n");                                                   \
-      std::abort();                                                                 \
-    }                                                                               \
+#define STOWAGE_FUZZ_CHECK(cond, ...)                                                         \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                                                      \
+      std::fprintf(stderr, "\n");                                                             \
+      std::abort();                                                                           \
+    }                                                                                         \
   } while (0)
 
 #endif  // STOWAGE_TESTS_FUZZ_FUZZ_UTIL_H_
