@@ -244,10 +244,15 @@ std::string ProfileToJson(const LayerProfileSet& p) {
                       {"other", p.fixed.other}};
   j["loss"] = {{"peak_bytes", p.loss_peak_bytes}, {"seconds", p.loss_seconds}};
   j["link"] = {{"d2h_bytes_per_second", p.d2h_bytes_per_second},
-               {"h2d_bytes_per_second", p.h2d_bytes_per_second},
-               {"bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second},
-               {"bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second},
-               {"copy_chunk_bytes", p.copy_chunk_bytes}};
+               {"h2d_bytes_per_second", p.h2d_bytes_per_second}};
+  // 0 (not measured) is written as absent, which the reader takes as the one-way rate.
+  if (p.bidir_d2h_bytes_per_second > 0) {
+    j["link"]["bidir_d2h_bytes_per_second"] = p.bidir_d2h_bytes_per_second;
+  }
+  if (p.bidir_h2d_bytes_per_second > 0) {
+    j["link"]["bidir_h2d_bytes_per_second"] = p.bidir_h2d_bytes_per_second;
+  }
+  j["link"]["copy_chunk_bytes"] = p.copy_chunk_bytes;
   json::Json layers = json::Json::array();
   for (const ProfileLayer& l : p.layers) {
     json::Json saved = json::Json::array();

@@ -64,7 +64,7 @@ struct LayerProfileSet {
   double loss_seconds = 0;
   double d2h_bytes_per_second = 0;
   double h2d_bytes_per_second = 0;
-  double bidir_d2h_bytes_per_second = 0;  // 0 in the file: the one-way rate
+  double bidir_d2h_bytes_per_second = 0;  // absent in the file (0 here: written absent): one-way
   double bidir_h2d_bytes_per_second = 0;
   uint64_t copy_chunk_bytes = 16ull << 20;
   std::vector<ProfileLayer> layers;

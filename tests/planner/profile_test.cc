@@ -75,6 +75,18 @@ TEST(ProfileReader, ReadsEveryField) {
   EXPECT_EQ(ProfileToJson(again), ProfileToJson(p));
 }
 
+// Regression: a profile built in code with no measured both-directions rate (0) was written as
+// `"bidir_..._bytes_per_second": 0`, which the reader refuses; it is written absent instead.
+TEST(ProfileReader, AnUnmeasuredBothDirectionsRateRoundTrips) {
+  LayerProfileSet p = Parse(TinyProfile());
+  p.bidir_d2h_bytes_per_second = 0;
+  p.bidir_h2d_bytes_per_second = 0;
+  auto again = ParseProfileJson(ProfileToJson(p), "round trip");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_DOUBLE_EQ(again->bidir_d2h_bytes_per_second, again->d2h_bytes_per_second);
+  EXPECT_DOUBLE_EQ(again->bidir_h2d_bytes_per_second, again->h2d_bytes_per_second);
+}
+
 TEST(ProfileReader, ErrorsNameThePathTheValueAndTheRule) {
   Json j = TinyProfile();
   j["layers"][1]["saved"][0]["bytes"] = -5;
