@@ -58,22 +58,6 @@ struct RunSettings {
   uint64_t loss_chunk_tokens = 8192;
 };
 
-// Input limits (README "Limits"). They keep every byte, token and FLOP count the cost model,
-// simulator and optimizer derive far from overflowing, and the optimizer's work bounded; see
-// Note [Limits] in cost_model.cc. A request beyond one is refused up front, naming it.
-inline constexpr int kMaxLayers = 10000;
-inline constexpr uint64_t kMaxSeqLen = 1ull << 30;               // tokens per sequence
-inline constexpr uint64_t kMaxTokensPerMicroBatch = 1ull << 32;  // seq_len x micro_batch
-inline constexpr int kMaxParallel = 1 << 20;  // micro_batch, tp, cp, ep, gpus each
-inline constexpr int kMaxModelDim = 1 << 20;  // hidden, intermediate, head dims, ranks
-inline constexpr int kMaxHeads = 1 << 16;     // heads, kv heads, experts, top-k
-inline constexpr int kMaxVocab = 1 << 24;
-// No single tensor, working set or fixed-memory part may exceed this (64 PiB) ...
-inline constexpr uint64_t kMaxTensorBytes = 1ull << 56;
-// ... and all of one step's bytes together (every layer's largest option, fixed memory and the
-// loss) stay below this, so sums of them in uint64 or int64 cannot wrap (4 EiB).
-inline constexpr uint64_t kMaxStepBytes = 1ull << 62;
-
 // Checks ranges and divisibility (e.g. gpus by tp*cp, experts by ep) and the limits above;
 // errors name the flag (or model field), its value and what is allowed.
 absl::Status ValidateRun(const ModelConfig& model, const RunSettings& run);

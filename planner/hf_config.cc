@@ -156,7 +156,7 @@ const Family* ByModelType(const std::string& type) {
 // 64-bit parameter and byte counts.
 constexpr json::Range<int> kDim{1, 1 << 24};
 constexpr json::Range<int> kCount{0, 1 << 24};
-constexpr json::Range<int> kLayers{1, 1 << 16};
+constexpr json::Range<int> kLayers{1, kMaxLayers};  // what the planner plans (model.h)
 
 // The config body's fields, falling back to transformers' defaults for absent ones.
 class Fields {

@@ -11,6 +11,23 @@
 
 namespace stowage::planner {
 
+// Input limits (README "Limits"). They keep every byte, token and FLOP count the cost model,
+// simulator and optimizer derive far from overflowing, and the optimizer's work bounded; see
+// Note [Limits] in cost_model.cc. The config reader refuses a model beyond them. A request beyond
+// one is refused up front, naming it.
+inline constexpr int kMaxLayers = 10000;
+inline constexpr uint64_t kMaxSeqLen = 1ull << 30;               // tokens per sequence
+inline constexpr uint64_t kMaxTokensPerMicroBatch = 1ull << 32;  // seq_len x micro_batch
+inline constexpr int kMaxParallel = 1 << 20;  // micro_batch, tp, cp, ep, gpus each
+inline constexpr int kMaxModelDim = 1 << 20;  // hidden, intermediate, head dims, ranks
+inline constexpr int kMaxHeads = 1 << 16;     // heads, kv heads, experts, top-k
+inline constexpr int kMaxVocab = 1 << 24;
+// No single tensor, working set or fixed-memory part may exceed this (64 PiB) ...
+inline constexpr uint64_t kMaxTensorBytes = 1ull << 56;
+// ... and all of one step's bytes together (every layer's largest option, fixed memory and the
+// loss) stay below this, so sums of them in uint64 or int64 cannot wrap (4 EiB).
+inline constexpr uint64_t kMaxStepBytes = 1ull << 62;
+
 enum class AttentionKind {
   kAttention,  // multi-head / grouped-query attention with a flash-style kernel
   kMla,        // multi-head latent attention (DeepSeek-V3)

@@ -285,6 +285,11 @@ TEST(HfConfig, NumbersAreStrict) {
               HasSubstr("field 'hidden_size' has value 4294971392; allowed: an integer in [1, "));
   EXPECT_THAT(with("num_hidden_layers", "4294967298").message(),
               HasSubstr("field 'num_hidden_layers' has value 4294967298"));
+  // Regression: the reader took up to 65,536 layers and the cost model then refused anything over
+  // its 10,000; one limit (kMaxLayers) now holds for both, named by the reader.
+  EXPECT_THAT(with("num_hidden_layers", "20000").message(),
+              HasSubstr("field 'num_hidden_layers' has value 20000; allowed: an integer in [1, "
+                        "10000]"));
   EXPECT_THAT(with("num_attention_heads", "-8").message(), HasSubstr("has value -8"));
   EXPECT_THAT(with("intermediate_size", "1.5").message(), HasSubstr("has value 1.5"));
   EXPECT_THAT(with("vocab_size", "true").message(), HasSubstr("has value true"));
