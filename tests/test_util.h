@@ -3,6 +3,10 @@
 #define STOWAGE_TESTS_TEST_UTIL_H_
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
 
 #ifdef STOWAGE_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -19,6 +23,24 @@ inline bool GpuAvailable() {
 #else
   return false;
 #endif
+}
+
+// What a shell command printed on stdout, and its exit code (-1 if it did not exit normally).
+struct CommandResult {
+  int code = -1;
+  std::string out;
+};
+
+inline CommandResult RunCommand(const std::string& command) {
+  CommandResult run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.out.append(buffer, n);
+  const int status = pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
 }
 
 }  // namespace stowage::testing

@@ -13,6 +13,7 @@
 
 #include "nlohmann/json.hpp"
 #include "stowage/plan.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -38,10 +39,7 @@ std::vector<Case> ReadCases() {
   return cases;
 }
 
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
+using CliRun = stowage::testing::CommandResult;
 
 CliRun Plan(const Case& c) {
   const std::string command =
@@ -50,15 +48,7 @@ CliRun Plan(const Case& c) {
       " --micro-batch 1 --gpus 1 --cp 1 --ep 1 --tp 1 --sharding no_shard --framework hf"
       " --optimizer none --grad-dtype bf16 --loss-chunk-tokens 0 --force " +
       (c.checkpointing ? "recompute" : "keep") + " --format json 2>/dev/null";
-  CliRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.out.append(buffer, n);
-  const int status = pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return stowage::testing::RunCommand(command);
 }
 
 // Runs every case, prints predicted vs measured and checks the bound on one quantity.

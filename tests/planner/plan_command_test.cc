@@ -11,27 +11,17 @@
 #include <string>
 
 #include "stowage/plan.h"
+#include "tests/test_util.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr
-};
+using Result = stowage::testing::CommandResult;  // out: stdout and stderr
 
 Result Stowage(const std::string& args) {
   const std::string command = std::string(STOWAGE_BINARY_DIR) + "/tools/stowage " + args + " 2>&1";
-  Result run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) run.out.append(buffer, n);
-  const int status = pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return stowage::testing::RunCommand(command);
 }
 
 class PlanCommand : public ::testing::Test {
