@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "base/checked_math.h"
 #include "planner/framework_hf.h"
+#include "planner/op_time.h"
 
 namespace stowage::planner {
 namespace {
@@ -21,10 +22,13 @@ namespace {
 // input is hc_mult * hidden wide (mHC residual streams), which is what makes 1M tokens / CP 8 of
 // GLM-5.3-Flash come to 32 KiB per token per layer, 180 GiB over 45 layers.
 //
-// Seconds: matmul FLOPs (2 per multiply-add; backward twice forward) at the hardware's effective
-// dense rate; attention cores by their own FLOP counts (causal: each query sees half the sequence
-// on average, under CP too; backward 2.5x forward as in flash kernels); element-wise work as
-// three passes over the saved bytes at HBM bandwidth. Communication is assumed overlapped.
+// Seconds: each module's work as an OpWork, timed by OpSeconds (planner/op_time.h): matmul FLOPs
+// (2 per multiply-add; backward twice forward) as dense GEMMs, routed experts as grouped GEMMs
+// at the tokens each local expert receives; softmax attention cores (flash / TE fused
+// attention, MLA and DSA's sparse core) by their own FLOP counts (causal: each query sees half
+// the sequence on average, under CP too; backward 2.5x forward as in flash kernels); linear
+// attention's chunked cores and the DSA indexer as GEMMs; element-wise work as three passes
+// over the saved bytes. Communication is assumed overlapped.
 
 // Note [Limits]
 // Byte counts are products of shapes, dtypes and tokens computed in double (exact up to 2^53,
@@ -47,11 +51,13 @@ struct Builder {
   const HardwareProfile& hw;
   const RunSettings& run;
   double tokens;  // per rank
-  double flops_rate;
   LayerCost cost;
-  double matmul_flops = 0;  // forward
-  double core_flops = 0;    // forward, attention cores (backward 2.5x)
-  absl::Status status;      // the first count that broke a limit (Note [Limits])
+  double matmul_flops = 0;     // forward, dense GEMMs (and GEMM-like cores)
+  double core_flops = 0;       // forward, all attention cores (LayerCost::forward_flops)
+  double attention_flops = 0;  // forward, the softmax-attention part of core_flops
+  double grouped_flops = 0;    // forward, routed-expert GEMMs
+  double tokens_per_expert = 0;
+  absl::Status status;  // the first count that broke a limit (Note [Limits])
 
   // `bytes` as a byte count, or 0 and an error (kept in `status`) naming `what`.
   uint64_t Bytes(double bytes, const std::string& what) {
@@ -75,7 +81,9 @@ struct Builder {
   void Save(const std::string& name, const std::string& module, double bytes_per_token) {
     cost.saved.push_back({name, module, Bytes(bytes_per_token * tokens, "tensor '" + name + "'")});
   }
-  double Seconds(double flops) const { return flops / flops_rate; }
+  double Gemm(double flops) const { return OpSeconds({.gemm_flops = flops}, hw); }
+  double Core(double flops) const { return OpSeconds({.attention_forward_flops = flops}, hw); }
+  double Elementwise(double bytes) const { return OpSeconds({.elementwise_bytes = bytes}, hw); }
 };
 
 void AddModule(Builder& b, const std::string& name, double seconds, bool in_ffn) {
@@ -123,7 +131,8 @@ void Attention(Builder& b, const LayerSpec& spec) {
       }
       const double core = 4 * hq * d * keys * t;
       b.core_flops += core;
-      AddModule(b, "attn_core", b.Seconds(core), false);
+      b.attention_flops += core;
+      AddModule(b, "attn_core", b.Core(core), false);
       b.cost.attn_forward_transient = b.Bytes(hq * d * dt * t, "the attention forward working set");
       b.cost.attn_backward_transient = b.Bytes((hq + 2 * hkv) * d * dt * t + hq * d * 4 * t,
                                                "the attention backward working set");
@@ -154,8 +163,9 @@ void Attention(Builder& b, const LayerSpec& spec) {
       }
       const double core = 2 * h * (dqk + dv) * keys * t;
       b.core_flops += core;
-      AddModule(b, "mla_up_proj", b.Seconds(up_flops), false);
-      AddModule(b, "attn_core", b.Seconds(core), false);
+      b.attention_flops += core;
+      AddModule(b, "mla_up_proj", b.Gemm(up_flops), false);
+      AddModule(b, "attn_core", b.Core(core), false);
       b.cost.attn_forward_transient +=
           b.Bytes(h * dv * dt * t, "the attention forward working set");
       b.cost.attn_backward_transient =
@@ -173,9 +183,8 @@ void Attention(Builder& b, const LayerSpec& spec) {
       const double core = 2 * heads * (4 * d * d + 2 * kKdaChunk * d) * t;
       b.core_flops += core;
       const double conv_flops = 2 * 3 * inner * m.short_conv_kernel * t;
-      AddModule(b, "kda_conv",
-                b.Seconds(conv_flops) + 3 * inner * dt * t * 3 / b.hw.hbm_bytes_per_second, false);
-      AddModule(b, "attn_core", b.Seconds(core), false);
+      AddModule(b, "kda_conv", b.Gemm(conv_flops) + b.Elementwise(3 * inner * dt * t * 3), false);
+      AddModule(b, "attn_core", b.Gemm(core), false);
       // Chunk states (heads x d x d per chunk), rebuilt in backward as well.
       const uint64_t states = b.Bytes(heads * d * d * dt * t / kKdaChunk, "the KDA chunk states");
       b.cost.attn_forward_transient = states;
@@ -198,10 +207,9 @@ void Attention(Builder& b, const LayerSpec& spec) {
       const double core = 2 * hv * (4 * dk * dv + kKdaChunk * (dk + dv)) * t;
       b.core_flops += core;
       const double conv_flops = 2 * (2 * key + value) * m.short_conv_kernel * t;
-      AddModule(b, "gdn_conv",
-                b.Seconds(conv_flops) + (2 * key + value) * dt * t * 3 / b.hw.hbm_bytes_per_second,
+      AddModule(b, "gdn_conv", b.Gemm(conv_flops) + b.Elementwise((2 * key + value) * dt * t * 3),
                 false);
-      AddModule(b, "attn_core", b.Seconds(core), false);
+      AddModule(b, "attn_core", b.Gemm(core), false);
       const uint64_t states =
           b.Bytes(hv * dk * dv * dt * t / kKdaChunk, "the delta-rule chunk states");
       b.cost.attn_forward_transient = states;
@@ -223,7 +231,7 @@ void Ffn(Builder& b, const LayerSpec& spec) {
     const double f = m.intermediate / tp;
     b.Save("ffn.gate_up", "", 2 * f * dt);
     b.Save("ffn.act", "ffn_act", f * dt);
-    AddModule(b, "ffn_act", 3 * f * dt * t / b.hw.hbm_bytes_per_second, true);
+    AddModule(b, "ffn_act", b.Elementwise(3 * f * dt * t), true);
     b.cost.ffn_forward_transient = b.Bytes(2 * f * dt * t, "the FFN forward working set");
     b.cost.ffn_backward_transient = b.Bytes(3 * f * dt * t, "the FFN backward working set");
   } else {
@@ -234,8 +242,10 @@ void Ffn(Builder& b, const LayerSpec& spec) {
     b.Save("moe.gate_up", "", (routed * 2 * fe + 2 * fs) * dt);
     b.Save("moe.act", "moe_act", (routed * fe + fs) * dt);
     b.Save("moe.expert_out", "", routed * h * dt);
-    AddModule(b, "moe_act", 3 * (routed * fe + fs) * dt * t / b.hw.hbm_bytes_per_second, true);
-    b.matmul_flops += 2 * 3 * h * fe * routed * t;
+    AddModule(b, "moe_act", b.Elementwise(3 * (routed * fe + fs) * dt * t), true);
+    // TE GroupedLinear over this rank's experts/ep experts, which share the routed tokens.
+    b.grouped_flops += 2 * 3 * h * fe * routed * t;
+    b.tokens_per_expert = routed * t * b.run.ep / m.experts;
     // All-to-all send and receive buffers for dispatch and combine, plus expert intermediates.
     b.cost.ffn_forward_transient = b.Bytes((3 * routed * h + routed * 2 * fe + 2 * fs) * dt * t,
                                            "the MoE forward working set");
@@ -251,7 +261,7 @@ void Ffn(Builder& b, const LayerSpec& spec) {
 absl::StatusOr<LayerCost> BuildLayer(const ModelConfig& m, const HardwareProfile& hw,
                                      const RunSettings& run, int index, double tokens) {
   const LayerSpec& spec = m.layers[index];
-  Builder b{m, hw, run, tokens, hw.EffectiveFlops(), {}, 0, 0, absl::OkStatus()};
+  Builder b{m, hw, run, tokens, {}, 0, 0, 0, 0, 0, absl::OkStatus()};
   b.cost.index = index;
   b.cost.type = spec.TypeName();
   const double tp = run.tp, dt = run.activation_bytes, h = m.hidden, n = m.hc_mult;
@@ -269,11 +279,21 @@ absl::StatusOr<LayerCost> BuildLayer(const ModelConfig& m, const HardwareProfile
   for (const SavedTensor& s : b.cost.saved) {
     b.cost.saved_bytes = b.Sum(b.cost.saved_bytes, s.bytes, "the saved tensors");
   }
-  const double elementwise =
-      3.0 * static_cast<double>(b.cost.saved_bytes) / hw.hbm_bytes_per_second;
-  b.cost.forward_flops = b.matmul_flops + b.core_flops;
-  b.cost.forward_seconds = b.Seconds(b.matmul_flops + b.core_flops) + elementwise;
-  b.cost.backward_seconds = b.Seconds(2 * b.matmul_flops + 2.5 * b.core_flops) + 2 * elementwise;
+  const double elementwise = 3.0 * static_cast<double>(b.cost.saved_bytes);
+  const double other_cores = b.core_flops - b.attention_flops;  // GEMM-like (linear attention)
+  b.cost.forward_flops = b.matmul_flops + b.grouped_flops + b.core_flops;
+  b.cost.forward_seconds = OpSeconds({.gemm_flops = b.matmul_flops + other_cores,
+                                      .attention_forward_flops = b.attention_flops,
+                                      .grouped_gemm_flops = b.grouped_flops,
+                                      .tokens_per_expert = b.tokens_per_expert,
+                                      .elementwise_bytes = elementwise},
+                                     hw);
+  b.cost.backward_seconds = OpSeconds({.gemm_flops = 2 * b.matmul_flops + 2.5 * other_cores,
+                                       .attention_backward_flops = 2.5 * b.attention_flops,
+                                       .grouped_gemm_flops = 2 * b.grouped_flops,
+                                       .tokens_per_expert = b.tokens_per_expert,
+                                       .elementwise_bytes = 2 * elementwise},
+                                      hw);
   b.cost.chunk_overhead_seconds = kChunkOverheadSeconds;
   if (!b.status.ok()) return b.status;
   return b.cost;
@@ -594,7 +614,7 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
     c.layers.push_back(*std::move(layer));
   }
   // Fixed memory and the loss are whole-step counts: the same checked conversion as a layer's.
-  Builder whole{m, hw, run, tokens, hw.EffectiveFlops(), {}, 0, 0, absl::OkStatus()};
+  Builder whole{m, hw, run, tokens, {}, 0, 0, 0, 0, 0, absl::OkStatus()};
   whole.cost.index = -1;
 
   // Fixed memory. Dense parameters shard over the data-parallel ranks of a TP group (DP x CP),
@@ -662,8 +682,8 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   // the logits are kept as with 0 (issue 11: that case was charged four passes).
   const double passes = chunk >= tokens ? 3 : 4;
   c.tail_seconds =
-      passes * head_flops / hw.EffectiveFlops() + 3 * tokens * v * 4 / hw.hbm_bytes_per_second;
-  c.embedding_seconds = 3 * tokens * h * dt * m.hc_mult / hw.hbm_bytes_per_second;
+      OpSeconds({.gemm_flops = passes * head_flops, .elementwise_bytes = 3 * tokens * v * 4}, hw);
+  c.embedding_seconds = OpSeconds({.elementwise_bytes = 3 * tokens * h * dt * m.hc_mult}, hw);
   if (hf) ApplyHfStep(m, hw, run, c);
 
   c.copy_chunk_bytes = 16ull << 20;

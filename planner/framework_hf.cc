@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "planner/op_time.h"
 
 namespace stowage::planner {
 namespace {
@@ -55,13 +56,11 @@ constexpr double kCublasWorkspaceBytes = 32.0 * 1024 * 1024;
 constexpr int kCublasWorkspaces = 2;
 
 // Note [Step time]
-// Seconds of each op class at its own rate (HardwareProfile): GEMMs at matmul_efficiency;
-// grouped expert GEMMs at grouped_gemm_efficiency * m / (m + grouped_gemm_half_tokens), m the
-// tokens per expert (small per-expert GEMMs cannot fill the tensor cores); causal flash
-// attention forward and backward (2.5x the forward's FLOPs) at their own efficiencies;
-// element-wise kernels by the bytes they read and write at elementwise_efficiency of HBM
-// bandwidth; and every kernel at least kernel_seconds. Element-wise bytes per token are counted
-// per op below (read + write); backward moves about twice the forward's.
+// Each pass of a layer is an OpWork timed by OpSeconds (planner/op_time.h, Note [Op time]):
+// dense GEMMs, grouped expert GEMMs at the tokens per expert, causal attention forward and
+// backward (2.5x the forward's FLOPs), element-wise kernels by the bytes they read and write,
+// and each kernel's fixed cost. Element-wise bytes per token are counted per op below (read +
+// write); backward moves about twice the forward's.
 
 struct HfLayer {
   const ModelConfig& m;
@@ -70,7 +69,7 @@ struct HfLayer {
   LayerCost cost;
   double gemm_flops = 0;     // forward, dense GEMMs
   double grouped_flops = 0;  // forward, expert GEMMs
-  double grouped_rate = 0;
+  double tokens_per_expert = 0;
   double core_flops = 0;  // forward, attention core
   double fwd_bytes = 0;   // forward element-wise bytes per token
   double bwd_bytes = 0;   // backward element-wise bytes per token
@@ -87,7 +86,6 @@ struct HfLayer {
     fwd_kernels += 7;
     bwd_kernels += 12;
   }
-  double Gemm(double flops) const { return flops / (hw.dense_bf16_flops * hw.matmul_efficiency); }
 };
 
 void AddModule(HfLayer& b, const std::string& name, double seconds, bool in_ffn) {
@@ -134,7 +132,8 @@ void Attention(HfLayer& b) {
       static_cast<uint64_t>((2 * (hq + 2 * hkv) * d + 4 * hq * d) * b.t);
   b.cost.attn_backward_transient =
       static_cast<uint64_t>((2 * (hq + 2 * hkv) * d + 4 * hq * d + 4 * hq) * b.t);
-  AddModule(b, "attn_core", core / (b.hw.dense_bf16_flops * b.hw.flash_forward_efficiency), false);
+  AddModule(b, "attn_core", OpSeconds({.attention_forward_flops = core, .kernels = 1}, b.hw),
+            false);
 }
 
 void Ffn(HfLayer& b, const LayerSpec& spec) {
@@ -159,8 +158,8 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
   if (spec.ffn == FfnKind::kDense) {
     const double f = m.intermediate;
     swiglu(f, "ffn", "ffn_act");
-    AddModule(b, "ffn_act",
-              10 * f * b.t / (b.hw.hbm_bytes_per_second * b.hw.elementwise_efficiency), true);
+    AddModule(b, "ffn_act", OpSeconds({.elementwise_bytes = 10 * f * b.t, .kernels = 2}, b.hw),
+              true);
     // Forward: down_proj's output; backward: the product's, silu's and up's gradients.
     b.cost.ffn_forward_transient = static_cast<uint64_t>(2 * h * b.t);
     b.cost.ffn_backward_transient = static_cast<uint64_t>(6 * f * b.t);
@@ -181,12 +180,10 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     b.fwd_kernels += 30;
     b.bwd_kernels += 45;
     b.grouped_flops += 2 * 3 * h * fe * k * b.t;
-    const double per_expert = b.t * k / e;
-    b.grouped_rate = b.hw.dense_bf16_flops * b.hw.grouped_gemm_efficiency * per_expert /
-                     (per_expert + b.hw.grouped_gemm_half_tokens);
+    b.tokens_per_expert = b.t * k / e;
     if (m.shared_intermediate > 0) swiglu(m.shared_intermediate, "moe.shared", "");
-    AddModule(b, "moe_act",
-              10 * fe * k * b.t / (b.hw.hbm_bytes_per_second * b.hw.elementwise_efficiency), true);
+    AddModule(b, "moe_act", OpSeconds({.elementwise_bytes = 10 * fe * k * b.t, .kernels = 2}, b.hw),
+              true);
     // Forward: weighted_out, its permuted copy and the router logits; backward: the expert
     // intermediates' gradients and the gathered states' gradient.
     b.cost.ffn_forward_transient = static_cast<uint64_t>((4 * h * k + 2 * e) * b.t);
@@ -243,16 +240,21 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   b.cost.input_bytes = static_cast<uint64_t>(std::llround(2.0 * m.hidden * tokens));
   b.cost.output_bytes = b.cost.input_bytes;
   for (const SavedTensor& s : b.cost.saved) b.cost.saved_bytes += s.bytes;
-  const double bw = hw.hbm_bytes_per_second * hw.elementwise_efficiency;
-  const double grouped_fwd = b.grouped_flops > 0 ? b.grouped_flops / b.grouped_rate : 0;
   b.cost.forward_flops = b.gemm_flops + b.grouped_flops + b.core_flops;
-  b.cost.forward_seconds = b.Gemm(b.gemm_flops) + grouped_fwd +
-                           b.core_flops / (hw.dense_bf16_flops * hw.flash_forward_efficiency) +
-                           std::max(b.fwd_bytes * tokens / bw, b.fwd_kernels * hw.kernel_seconds);
-  b.cost.backward_seconds =
-      b.Gemm(2 * b.gemm_flops) + 2 * grouped_fwd +
-      2.5 * b.core_flops / (hw.dense_bf16_flops * hw.flash_backward_efficiency) +
-      std::max(b.bwd_bytes * tokens / bw, b.bwd_kernels * hw.kernel_seconds);
+  b.cost.forward_seconds = OpSeconds({.gemm_flops = b.gemm_flops,
+                                      .attention_forward_flops = b.core_flops,
+                                      .grouped_gemm_flops = b.grouped_flops,
+                                      .tokens_per_expert = b.tokens_per_expert,
+                                      .elementwise_bytes = b.fwd_bytes * tokens,
+                                      .kernels = b.fwd_kernels},
+                                     hw);
+  b.cost.backward_seconds = OpSeconds({.gemm_flops = 2 * b.gemm_flops,
+                                       .attention_backward_flops = 2.5 * b.core_flops,
+                                       .grouped_gemm_flops = 2 * b.grouped_flops,
+                                       .tokens_per_expert = b.tokens_per_expert,
+                                       .elementwise_bytes = b.bwd_bytes * tokens,
+                                       .kernels = b.bwd_kernels},
+                                      hw);
   b.cost.grad_bytes =
       static_cast<uint64_t>((dense_params + expert_params) * static_cast<double>(run.grad_bytes));
   return b.cost;
@@ -275,11 +277,10 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   c.tail_bytes = static_cast<uint64_t>(std::llround((8 * h + 4 + 14 * v + 16) * t));
   // LM head: forward GEMM and two backward GEMMs. Loss element-wise: float() 6V, log_softmax
   // 12V, nll_loss backward's zeros 4V, log_softmax backward 16V, to(bf16) 6V; the final norm.
-  const double bw = hw.hbm_bytes_per_second * hw.elementwise_efficiency;
-  c.tail_seconds = 3 * 2 * h * v * t / (hw.dense_bf16_flops * hw.matmul_efficiency) +
-                   (44 * v + 108 * h) * t / bw;
+  c.tail_seconds =
+      OpSeconds({.gemm_flops = 3 * 2 * h * v * t, .elementwise_bytes = (44 * v + 108 * h) * t}, hw);
   // Embedding: the gather forward; backward zeroes a V x h gradient and scatters into it.
-  c.embedding_seconds = (4 * h * t + 2 * v * h + 6 * h * t) / bw;
+  c.embedding_seconds = OpSeconds({.elementwise_bytes = 4 * h * t + 2 * v * h + 6 * h * t}, hw);
 }
 
 }  // namespace stowage::planner

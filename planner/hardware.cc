@@ -18,6 +18,35 @@ using ordered_json = json::Json;
 constexpr uint64_t kGiB = 1ull << 30;
 constexpr uint64_t kMiB = 1ull << 20;
 
+// Note [Op rates]
+// Where the per-op-class rates of hardware.h's defaults and the presets (planner/op_time.h) come
+// from. None is fitted to the measured training steps in reference/measured/; `stowage calibrate`
+// replaces them all with measurements on the user's GPU.
+//  - gemm_efficiency 0.755: the probe's torch anchor (reference/h200-probe.log, torch_anchor.py:
+//    12 blocks of LayerNorm, [32768 x 4096] x [4096 x 16384] GEMM, GELU, GEMM, residual; bf16).
+//    Its recompute run (609.0 ms) is 4 forward-GEMM passes of 1.055e14 FLOPs plus element-wise
+//    traffic of 102 bytes per hidden element per token (forward 26: LayerNorm r2 w2, GELU over
+//    4x width r8 w8, residual add r4 w2 — twice; backward 50: bias-gradient sums r2 + r8, GELU
+//    backward r16 w8, LayerNorm backward r4 w2 + weight gradients r4, residual sum r4 w2), which
+//    at the probe's 3930 GB/s is 41.8 ms, and ~1 ms of launches: 4.221e14 / 0.566 s = 746
+//    TFLOP/s = 0.755 of 989. (Its keep run, 521.9 ms for 3 passes, implies 0.654, but it is
+//    only 87 ms faster than the recompute run, which reran a whole forward of >= 140 ms of GEMMs:
+//    the keep run, holding 32 GiB, lost time outside its kernels, so the recompute run is the
+//    cleaner measure of the GEMM rate.)
+//  - flash_forward/backward_efficiency 539/989 and 516/989: cuDNN's fused attention on H100
+//    SXM5 (same SM count and clocks as H200), head dim 128, 16K tokens, causal forward and
+//    backward, as the FlashAttention-3 paper measures it (Shah et al. 2024, arXiv 2407.08608,
+//    figs. 5-6; FLOPs counted as here: causal halved, backward 2.5x forward). cuDNN because
+//    torch >= 2.9 SDPA prefers it on sm90/sm100 with cuDNN > 9.15 (sdp_utils.cpp
+//    check_prefer_cudnn_attention), as does TransformerEngine's fused attention on Hopper.
+//  - grouped_gemm_efficiency = gemm_efficiency: torch._grouped_mm and TE's grouped GEMM run
+//    CUTLASS sm90 tile kernels like dense GEMMs; grouped_gemm_half_tokens 64: with 128-row tiles
+//    each expert pads its last tile by half a tile on average, so t tokens cost t + 64 rows.
+//  - elementwise_efficiency: 1.0 of the H200's measured stream copy (the probe's 3930 GB/s is
+//    what an element-wise copy kernel reaches); for datasheet HBM rates, H200's measured share of
+//    its datasheet 4.8 TB/s, 3930 / 4800 = 0.82.
+//  - kernel_seconds 3 us: the launch-to-launch time of a null kernel on recent GPUs and drivers
+//    (NVIDIA developer forums, "Too much time for kernel launch latency", 2022).
 // H200, PCIe Gen5 x16, figures from reference/h200-probe.log (DESIGN.md "Measured ceilings").
 // The host side (2 sockets, 1 TiB and 4 GPUs per NUMA node) is the HGX H200 reference layout,
 // since the probe VM's single node is not what training nodes look like.
@@ -29,7 +58,9 @@ HardwareProfile H200() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 3930e9;  // stream copy, read + write
   p.dense_bf16_flops = 989e12;
-  p.matmul_efficiency = 607.0 / 989.0;  // torch anchor, keep-everything MLP stack
+  // The op rates are the defaults of hardware.h (Note [Op rates]), but hbm_bytes_per_second is
+  // the probe's stream copy, which element-wise kernels reach.
+  p.elementwise_efficiency = 1.0;
   p.d2h_bytes_per_second = 55.3e9;
   p.h2d_bytes_per_second = 55.5e9;
   p.bidir_d2h_bytes_per_second = 50.7e9;
@@ -53,7 +84,6 @@ HardwareProfile B200() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 8e12;
   p.dense_bf16_flops = 2.25e15;
-  p.matmul_efficiency = 0.6;
   p.d2h_bytes_per_second = 55.3e9;
   p.h2d_bytes_per_second = 55.5e9;
   p.bidir_d2h_bytes_per_second = 50.7e9;
@@ -74,7 +104,6 @@ HardwareProfile GB200() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 8e12;
   p.dense_bf16_flops = 2.5e15;
-  p.matmul_efficiency = 0.6;
   p.d2h_bytes_per_second = 450e9;
   p.h2d_bytes_per_second = 450e9;
   p.bidir_d2h_bytes_per_second = 450e9;
@@ -99,6 +128,10 @@ constexpr json::Range<uint64_t> kChunkBytes{1, 1ull << 40};
 constexpr json::Range<double> kPinSecondsPerGib{0, 1e3};
 constexpr json::Range<uint64_t> kHostBytes{0, 1ull << 50};
 constexpr json::Range<int> kGpusPerNumaNode{1, 1024};
+// Tokens per expert at half the grouped-GEMM rate: 0 (no padding loss) to a million.
+constexpr json::Range<double> kHalfTokens{0, 1e6};
+// One kernel's fixed cost: 0 to 10 ms (a launch slower than that is a broken measurement).
+constexpr json::Range<double> kKernelSeconds{0, 1e-2};
 
 #define STOWAGE_HW_RETURN_IF_ERROR(expr) \
   do {                                   \
@@ -123,8 +156,6 @@ uint64_t HardwareProfile::HostBytesPerGpu() const {
   return host_bytes_per_numa_node / static_cast<uint64_t>(std::max(1, gpus_per_numa_node));
 }
 
-double HardwareProfile::EffectiveFlops() const { return dense_bf16_flops * matmul_efficiency; }
-
 std::vector<std::string> HardwarePresetNames() { return {"h200", "b200", "gb200"}; }
 
 absl::StatusOr<HardwareProfile> HardwarePreset(std::string name) {
@@ -145,7 +176,18 @@ absl::Status ValidateHardwareProfile(const HardwareProfile& p) {
   }
   STOWAGE_HW_RETURN_IF_ERROR(InRange("hbm_bytes", p.hbm_bytes, kHbmBytes));
   STOWAGE_HW_RETURN_IF_ERROR(InRange("usable_fraction", p.usable_fraction, kFraction));
-  STOWAGE_HW_RETURN_IF_ERROR(InRange("matmul_efficiency", p.matmul_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("gemm_efficiency", p.gemm_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("flash_forward_efficiency", p.flash_forward_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("flash_backward_efficiency", p.flash_backward_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("grouped_gemm_efficiency", p.grouped_gemm_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("grouped_gemm_half_tokens", p.grouped_gemm_half_tokens, kHalfTokens));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("elementwise_efficiency", p.elementwise_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("kernel_seconds", p.kernel_seconds, kKernelSeconds));
   STOWAGE_HW_RETURN_IF_ERROR(
       InRange("hbm_bytes_per_second", p.hbm_bytes_per_second, kBytesPerSecond));
   STOWAGE_HW_RETURN_IF_ERROR(InRange("dense_bf16_flops", p.dense_bf16_flops, kFlops));
@@ -187,7 +229,13 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
   j["usable_fraction"] = p.usable_fraction;
   j["hbm_bytes_per_second"] = p.hbm_bytes_per_second;
   j["dense_bf16_flops"] = p.dense_bf16_flops;
-  j["matmul_efficiency"] = p.matmul_efficiency;
+  j["gemm_efficiency"] = p.gemm_efficiency;
+  j["flash_forward_efficiency"] = p.flash_forward_efficiency;
+  j["flash_backward_efficiency"] = p.flash_backward_efficiency;
+  j["grouped_gemm_efficiency"] = p.grouped_gemm_efficiency;
+  j["grouped_gemm_half_tokens"] = p.grouped_gemm_half_tokens;
+  j["elementwise_efficiency"] = p.elementwise_efficiency;
+  j["kernel_seconds"] = p.kernel_seconds;
   j["d2h_bytes_per_second"] = p.d2h_bytes_per_second;
   j["h2d_bytes_per_second"] = p.h2d_bytes_per_second;
   j["bidir_d2h_bytes_per_second"] = p.bidir_d2h_bytes_per_second;
@@ -224,7 +272,22 @@ absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& text
   STOWAGE_HW_RETURN_IF_ERROR(
       j.Read("hbm_bytes_per_second", p.hbm_bytes_per_second, kBytesPerSecond));
   STOWAGE_HW_RETURN_IF_ERROR(j.Read("dense_bf16_flops", p.dense_bf16_flops, kFlops));
-  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("matmul_efficiency", p.matmul_efficiency, kFraction));
+  // One name per rate: a profile written before the per-op-class rates says which field to use.
+  if (j.Has("matmul_efficiency")) {
+    return j.Invalid("matmul_efficiency", "absent: it is now gemm_efficiency (planner/op_time.h)");
+  }
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("gemm_efficiency", p.gemm_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("flash_forward_efficiency", p.flash_forward_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("flash_backward_efficiency", p.flash_backward_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("grouped_gemm_efficiency", p.grouped_gemm_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("grouped_gemm_half_tokens", p.grouped_gemm_half_tokens, kHalfTokens));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("elementwise_efficiency", p.elementwise_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("kernel_seconds", p.kernel_seconds, kKernelSeconds));
   STOWAGE_HW_RETURN_IF_ERROR(
       j.Read("d2h_bytes_per_second", p.d2h_bytes_per_second, kBytesPerSecond));
   STOWAGE_HW_RETURN_IF_ERROR(

@@ -27,20 +27,22 @@ struct HardwareProfile {
   double usable_fraction = 0.92;     // share of hbm_bytes a training process can plan with
   double hbm_bytes_per_second = 0;
   double dense_bf16_flops = 0;  // peak dense bf16 tensor-core rate, FLOP/s
-  // Share of dense_bf16_flops that training kernels reach (the PyTorch anchor on H200 reaches
-  // 607 of 989 TFLOP/s in an MLP stack).
-  double matmul_efficiency = 0.6;
-  // Per-op-class rates (Note [Step time] in framework_hf.cc): the share of dense_bf16_flops a
-  // causal flash-attention kernel reaches forward and backward, the share grouped expert GEMMs
-  // reach with many tokens per expert and the tokens per expert at which they reach half of it,
-  // the share of hbm_bytes_per_second memory-bound element-wise kernels reach, and the floor of
-  // one kernel however little it does.
-  double flash_forward_efficiency = 0.62;
-  double flash_backward_efficiency = 0.48;
-  double grouped_gemm_efficiency = 0.6;
-  double grouped_gemm_half_tokens = 128;
-  double elementwise_efficiency = 0.8;
-  double kernel_seconds = 4e-6;
+  // Per-op-class rates, the ones planner/op_time.h turns work into seconds with (Note [Op time]
+  // in op_time.cc; each preset says where its figures come from; `stowage calibrate` measures
+  // them): the share of dense_bf16_flops large dense GEMMs reach; the shares a fused causal
+  // attention kernel reaches forward and backward; the share grouped expert GEMMs reach with
+  // many tokens per expert and the tokens per expert at which they reach half of it; the share
+  // of hbm_bytes_per_second memory-bound kernels reach; and the time one kernel costs however
+  // little it does.
+  // Defaults (the presets', and a JSON profile's that omits a field): derived for H200 in
+  // Note [Op rates] (hardware.cc), with elementwise_efficiency relative to a datasheet HBM rate.
+  double gemm_efficiency = 746.0 / 989.0;
+  double flash_forward_efficiency = 539.0 / 989.0;
+  double flash_backward_efficiency = 516.0 / 989.0;
+  double grouped_gemm_efficiency = 746.0 / 989.0;
+  double grouped_gemm_half_tokens = 64;
+  double elementwise_efficiency = 3930.0 / 4800.0;
+  double kernel_seconds = 3e-6;
   // Pinned host link, large chunks, one direction at a time.
   double d2h_bytes_per_second = 0;
   double h2d_bytes_per_second = 0;
@@ -56,8 +58,6 @@ struct HardwareProfile {
   uint64_t UsableBytes() const;
   // Host RAM one GPU may use when the GPUs of a NUMA node share it evenly.
   uint64_t HostBytesPerGpu() const;
-  // Sustained dense rate the cost model uses (dense_bf16_flops * matmul_efficiency).
-  double EffectiveFlops() const;
 };
 
 // Names accepted by HardwarePreset, in the order --help lists them.

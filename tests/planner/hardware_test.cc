@@ -103,7 +103,16 @@ TEST(HardwareProfileJson, LooseNumbersAreErrorsNamingFieldValueAndRange) {
            {"d2h_bytes_per_second", "0", "0"},
            {"dense_bf16_flops", "1e300", "1e+300"},
            {"usable_fraction", "0", "0"},
-           {"matmul_efficiency", "false", "false"},
+           {"gemm_efficiency", "false", "false"},
+           {"gemm_efficiency", "0", "0"},
+           {"flash_forward_efficiency", "1.5", "1.5"},
+           {"flash_backward_efficiency", "-0.5", "-0.5"},
+           {"grouped_gemm_efficiency", "2", "2"},
+           {"grouped_gemm_half_tokens", "-1", "-1"},
+           {"grouped_gemm_half_tokens", "1e9", "1000000000"},
+           {"elementwise_efficiency", "0", "0"},
+           {"kernel_seconds", "1", "1"},
+           {"kernel_seconds", "-1e-6", "-1e-06"},
            {"name", "7", "7"},
        }) {
     auto p = ParseHardwareProfileJson(WithField(c.field, c.value), "hardware profile x.json");

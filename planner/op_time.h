@@ -1,0 +1,61 @@
+// Op time: the one place the planner turns work into seconds. Every compute-time number (the
+// megatron and hf analytic profiles, measured profiles, every layer kind) describes what a
+// module runs as an OpWork and asks OpSeconds how long it takes on a HardwareProfile, so one
+// set of per-op-class rates (hardware.h, measured by `stowage calibrate`) drives them all.
+#ifndef STOWAGE_PLANNER_OP_TIME_H_
+#define STOWAGE_PLANNER_OP_TIME_H_
+
+#include "planner/hardware.h"
+
+namespace stowage::planner {
+
+// The work of one module (or a whole pass), by op class. FLOPs count 2 per multiply-add; bytes
+// count what the kernels read plus what they write. All fields are totals for the rank, not per
+// token, and none may be negative.
+struct OpWork {
+  // Dense tensor-core GEMMs (projections, dense FFNs, the LM head), forward or backward.
+  double gemm_flops = 0;
+  // Fused attention cores (flash / memory-efficient SDPA, TE's fused attention), already
+  // halved for a causal mask where the kernel skips masked blocks. Backward kernels run at their
+  // own rate, so they are kept apart from forward ones.
+  double attention_forward_flops = 0;
+  double attention_backward_flops = 0;
+  // Grouped (per-expert) GEMMs and the tokens each expert sees in them: small per-expert
+  // problems cannot fill the tensor cores, so their rate depends on tokens_per_expert.
+  double grouped_gemm_flops = 0;
+  double tokens_per_expert = 0;
+  // Memory-bound kernels (norms, activations, RoPE, casts, softmax over the vocabulary, ...):
+  // the bytes they move.
+  double elementwise_bytes = 0;
+  // Kernels launched; each costs at least HardwareProfile::kernel_seconds.
+  double kernels = 0;
+};
+
+// Seconds of each op class of one OpWork; total() is what OpSeconds returns.
+struct OpTime {
+  double gemm = 0;
+  double attention_forward = 0;
+  double attention_backward = 0;
+  double grouped_gemm = 0;
+  double elementwise = 0;
+  double launch = 0;
+  double total() const {
+    return gemm + attention_forward + attention_backward + grouped_gemm + elementwise + launch;
+  }
+  OpTime& operator+=(const OpTime& o);
+};
+
+// The rate grouped expert GEMMs reach at `tokens_per_expert` tokens per expert:
+// dense_bf16_flops * grouped_gemm_efficiency * t / (t + grouped_gemm_half_tokens).
+double GroupedGemmFlops(const HardwareProfile& hw, double tokens_per_expert);
+
+// Note [Op time] in op_time.cc: dense GEMMs at dense_bf16_flops * gemm_efficiency, attention
+// forward / backward at flash_forward_efficiency / flash_backward_efficiency of it, grouped
+// GEMMs at GroupedGemmFlops, memory-bound bytes at hbm_bytes_per_second *
+// elementwise_efficiency, plus kernel_seconds per kernel.
+OpTime OpTimeOf(const OpWork& work, const HardwareProfile& hw);
+double OpSeconds(const OpWork& work, const HardwareProfile& hw);
+
+}  // namespace stowage::planner
+
+#endif  // STOWAGE_PLANNER_OP_TIME_H_

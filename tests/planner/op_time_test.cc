@@ -1,0 +1,102 @@
+#include "planner/op_time.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "planner/hardware.h"
+
+namespace stowage::planner {
+namespace {
+
+// Round numbers so every expectation below is arithmetic one can do by hand.
+HardwareProfile Round() {
+  HardwareProfile hw;
+  hw.dense_bf16_flops = 1e15;
+  hw.hbm_bytes_per_second = 4e12;
+  hw.gemm_efficiency = 0.5;
+  hw.flash_forward_efficiency = 0.4;
+  hw.flash_backward_efficiency = 0.25;
+  hw.grouped_gemm_efficiency = 0.8;
+  hw.grouped_gemm_half_tokens = 100;
+  hw.elementwise_efficiency = 0.5;
+  hw.kernel_seconds = 5e-6;
+  return hw;
+}
+
+TEST(OpTime, NoWorkTakesNoTime) { EXPECT_EQ(OpSeconds(OpWork{}, Round()), 0.0); }
+
+TEST(OpTime, EachClassAtItsOwnRate) {
+  const HardwareProfile hw = Round();
+  // 1e12 FLOPs at 0.5 x 1e15 FLOP/s: 2 ms.
+  EXPECT_DOUBLE_EQ(OpSeconds({.gemm_flops = 1e12}, hw), 2e-3);
+  // Attention forward at 0.4 x 1e15: 2.5 ms; backward at 0.25 x 1e15: 4 ms.
+  EXPECT_DOUBLE_EQ(OpSeconds({.attention_forward_flops = 1e12}, hw), 2.5e-3);
+  EXPECT_DOUBLE_EQ(OpSeconds({.attention_backward_flops = 1e12}, hw), 4e-3);
+  // 1e9 bytes at 0.5 x 4e12 B/s: 0.5 ms.
+  EXPECT_DOUBLE_EQ(OpSeconds({.elementwise_bytes = 1e9}, hw), 5e-4);
+  // 200 kernels x 5 us: 1 ms.
+  EXPECT_DOUBLE_EQ(OpSeconds({.kernels = 200}, hw), 1e-3);
+}
+
+TEST(OpTime, GroupedGemmSaturatesInTokensPerExpert) {
+  const HardwareProfile hw = Round();
+  // 100 tokens per expert is the half point: 0.8 x 1e15 x 100 / 200 = 4e14 FLOP/s.
+  EXPECT_DOUBLE_EQ(GroupedGemmFlops(hw, 100), 4e14);
+  EXPECT_DOUBLE_EQ(OpSeconds({.grouped_gemm_flops = 4e11, .tokens_per_expert = 100}, hw), 1e-3);
+  // 900 tokens: 0.8 x 1e15 x 900 / 1000 = 7.2e14.
+  EXPECT_DOUBLE_EQ(GroupedGemmFlops(hw, 900), 7.2e14);
+  // Monotone and below the many-token rate.
+  double previous = 0;
+  for (double t : {1.0, 10.0, 100.0, 1e3, 1e4, 1e6}) {
+    const double rate = GroupedGemmFlops(hw, t);
+    EXPECT_GT(rate, previous) << t;
+    EXPECT_LT(rate, 0.8e15) << t;
+    previous = rate;
+  }
+  // No padding loss modelled (half point 0): the many-token rate at any size.
+  HardwareProfile flat = hw;
+  flat.grouped_gemm_half_tokens = 0;
+  EXPECT_DOUBLE_EQ(GroupedGemmFlops(flat, 3), 0.8e15);
+  // Grouped FLOPs with no tokens per expert cannot run: infinite, which CheckStepCostBounds
+  // refuses, rather than a silent zero.
+  EXPECT_EQ(OpSeconds({.grouped_gemm_flops = 1, .tokens_per_expert = 0}, hw),
+            std::numeric_limits<double>::infinity());
+}
+
+TEST(OpTime, ClassesAddAndTheBreakdownSumsToTheTotal) {
+  const HardwareProfile hw = Round();
+  const OpWork work{.gemm_flops = 1e12,
+                    .attention_forward_flops = 1e12,
+                    .attention_backward_flops = 1e12,
+                    .grouped_gemm_flops = 4e11,
+                    .tokens_per_expert = 100,
+                    .elementwise_bytes = 1e9,
+                    .kernels = 200};
+  const OpTime t = OpTimeOf(work, hw);
+  EXPECT_DOUBLE_EQ(t.gemm, 2e-3);
+  EXPECT_DOUBLE_EQ(t.attention_forward, 2.5e-3);
+  EXPECT_DOUBLE_EQ(t.attention_backward, 4e-3);
+  EXPECT_DOUBLE_EQ(t.grouped_gemm, 1e-3);
+  EXPECT_DOUBLE_EQ(t.elementwise, 5e-4);
+  EXPECT_DOUBLE_EQ(t.launch, 1e-3);
+  EXPECT_DOUBLE_EQ(t.total(), 2e-3 + 2.5e-3 + 4e-3 + 1e-3 + 5e-4 + 1e-3);
+  EXPECT_DOUBLE_EQ(OpSeconds(work, hw), t.total());
+  OpTime sum = t;
+  sum += t;
+  EXPECT_DOUBLE_EQ(sum.total(), 2 * t.total());
+}
+
+TEST(OpTime, PresetsGiveTheDerivedRates) {
+  // A 4096 x 4096 x 4096 GEMM (2 x 4096^3 FLOPs) on H200 at 746 of 989 TFLOP/s (Note [Op
+  // rates]): 184.2 us.
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  EXPECT_NEAR(OpSeconds({.gemm_flops = 2.0 * 4096 * 4096 * 4096}, h200),
+              2.0 * 4096 * 4096 * 4096 / 746e12, 1e-9);
+  // 1 GB through an element-wise kernel at the probe's 3930 GB/s stream copy.
+  EXPECT_NEAR(OpSeconds({.elementwise_bytes = 1e9}, h200), 1e9 / 3930e9, 1e-12);
+}
+
+}  // namespace
+}  // namespace stowage::planner
