@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "plan/chrome_trace.h"
 
 namespace stowage::planner {
 namespace {
@@ -384,6 +385,49 @@ std::string RenderTimelineSvg(const StepCost& step, const Plan& plan,
   }
   absl::StrAppend(&s, "</svg>\n");
   return s;
+}
+
+std::string RenderStepTraceJson(const Plan& plan, const OptimizeResult& result) {
+  const SimResult& sim = result.sim;
+  StepTraceInput trace;
+  trace.process_name = absl::StrFormat("predicted: stowage plan (%s, %s, %d tokens)", plan.model,
+                                       plan.hardware, plan.seq_len);
+  auto layer_plan = [&](int layer) -> const LayerPlan* {
+    return layer >= 0 && layer < static_cast<int>(plan.layers.size()) ? &plan.layers[layer]
+                                                                      : nullptr;
+  };
+  for (const ComputeInterval& c : sim.compute) {
+    const LayerPlan* lp = layer_plan(c.layer);
+    const std::string policy = lp ? std::string(LayerPolicyName(lp->policy)) : "";
+    const std::string index = absl::StrCat(c.layer);
+    switch (c.phase) {
+      case Phase::kEmbedding:
+        trace.compute.push_back({"embedding", -1, "", c.start, c.end});
+        break;
+      case Phase::kTail:
+        trace.compute.push_back({"LM head + loss", -1, "", c.start, c.end});
+        break;
+      case Phase::kForward:
+        trace.compute.push_back({"forward " + index, c.layer, policy, c.start, c.end});
+        break;
+      case Phase::kBackward: {
+        // The simulator runs a layer's recompute and backward as one interval, recompute first.
+        const double recompute = lp ? std::min(lp->recompute_seconds, c.end - c.start) : 0;
+        if (recompute > 0) {
+          trace.compute.push_back(
+              {"recompute " + index, c.layer, policy, c.start, c.start + recompute});
+        }
+        trace.compute.push_back({"backward " + index, c.layer, policy, c.start + recompute, c.end});
+        break;
+      }
+    }
+    if (c.stall > 0 && c.layer >= 0) trace.stalls.push_back({c.layer, c.start - c.stall, c.start});
+  }
+  for (const StepEvent& e : sim.events) {
+    trace.events.push_back({e.kind, e.layer, e.bytes, 0, e.seconds});
+  }
+  for (const MemoryPoint& m : sim.timeline) trace.device_bytes.push_back({m.seconds, m.bytes});
+  return StepTraceJson(trace);
 }
 
 }  // namespace stowage::planner

@@ -39,6 +39,11 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
 // compute, D2H and H2D lanes below it. Self-contained SVG 1.1.
 std::string RenderTimelineSvg(const StepCost& step, const Plan& plan, const OptimizeResult& result);
 
+// The predicted step as Chrome trace-event JSON (plan/chrome_trace.h, Note [Step trace tracks]):
+// compute per layer (recompute and backward apart), stalls, D2H and H2D copies, the trainer's
+// waits and the device memory counter; the runtime writes the measured step in the same tracks.
+std::string RenderStepTraceJson(const Plan& plan, const OptimizeResult& result);
+
 // "12.3 GiB", "512.0 MiB".
 std::string FormatBytes(uint64_t bytes);
 

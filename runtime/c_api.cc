@@ -2,6 +2,8 @@
 // the per-thread last error, error counters, and the Prometheus exporter a handle serves. No
 // exception crosses this boundary: every entry point runs its body inside Guard, which turns one
 // into INTERNAL.
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "plan/chrome_trace.h"
 #include "planner/plan_request.h"
 #include "runtime/metrics.h"
 #include "runtime/runtime.h"
@@ -222,6 +225,15 @@ absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::Runti
   return absl::OkStatus();
 }
 
+// A malloc'd copy for the caller to free with stowage_free_string.
+absl::Status CopyOut(const std::string& text, char** out) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (copy == nullptr) return absl::ResourceExhaustedError("out of memory for the result");
+  std::memcpy(copy, text.c_str(), text.size() + 1);
+  *out = copy;
+  return absl::OkStatus();
+}
+
 // The planning service (planner/plan_request.h): a request in, a malloc'd string out.
 template <typename Service>
 stowage_status PlanningCall(const char* call, const char* request, size_t bytes, char** out,
@@ -236,11 +248,7 @@ stowage_status PlanningCall(const char* call, const char* request, size_t bytes,
     absl::StatusOr<std::string> text =
         service(std::string_view(request, bytes), absl::StrCat("stowage ", stowage_version()));
     if (!text.ok()) return text.status();
-    char* copy = static_cast<char*>(std::malloc(text->size() + 1));
-    if (copy == nullptr) return absl::ResourceExhaustedError("out of memory for the result");
-    std::memcpy(copy, text->c_str(), text->size() + 1);
-    *out = copy;
-    return absl::OkStatus();
+    return CopyOut(*text, out);
   });
 }
 
@@ -571,6 +579,24 @@ const char* stowage_event_kind_name(int32_t kind) {
   if (kind < STOWAGE_EVENT_SAVE_ISSUED || kind > STOWAGE_EVENT_RESTORE) return "unknown";
   // string_view literals: NUL-terminated.
   return stowage::StepEventKindName(static_cast<stowage::StepEventKind>(kind)).data();
+}
+
+stowage_status stowage_get_trace_json(stowage_runtime* rt, char** out) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_get_trace_json");
+  if (out == nullptr)
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_get_trace_json: out is NULL");
+  *out = nullptr;
+  return Guard(rt, "stowage_get_trace_json", [&]() -> absl::Status {
+    uint64_t lost = 0;
+    stowage::StepTraceInput trace;
+    trace.pid = static_cast<int>(getpid());
+    trace.process_name = absl::StrCat("measured: stowage runtime (pid ", trace.pid, ")");
+    for (const stowage::runtime::TraceEvent& e : rt->runtime->LastTrace(&lost)) {
+      trace.events.push_back({e.kind, e.layer, e.bytes, e.id, static_cast<double>(e.nanos) * 1e-9});
+    }
+    if (lost > 0) absl::StrAppend(&trace.process_name, ", ", lost, " events past the capacity");
+    return CopyOut(stowage::StepTraceJson(trace), out);
+  });
 }
 
 stowage_status stowage_plan_request(const char* request_json, size_t request_json_bytes,

@@ -91,6 +91,8 @@ cli::FlagParser MakeParser() {
   p.Add({"format", "table|json", "stdout format", "table"});
   p.Add({"out", "PATH", "also write the plan JSON to PATH", ""});
   p.Add({"timeline", "PATH", "write an SVG of device memory and copies over the step", ""});
+  p.Add({"trace", "PATH",
+         "write the predicted step as Chrome trace-event JSON (Perfetto, chrome://tracing)", ""});
   return p;
 }
 
@@ -331,7 +333,8 @@ int RunPlanCommand(int argc, char** argv) {
                  "longest sequence that fits: %llu tokens (%.0fK) on %s, CP %d, TP %d, EP %d\n",
                  static_cast<unsigned long long>(*longest), static_cast<double>(*longest) / 1024,
                  in.hardware_label.c_str(), in.run.cp, in.run.tp, in.run.ep);
-    if (!flags.Has("out") && !flags.Has("timeline") && *format == "table") return kExitOk;
+    if (!flags.Has("out") && !flags.Has("timeline") && !flags.Has("trace") && *format == "table")
+      return kExitOk;
     in.run.seq_len = *longest;
   }
 
@@ -393,6 +396,9 @@ int RunPlanCommand(int argc, char** argv) {
   }
   if (auto svg = flags.Get("timeline"); svg.has_value()) {
     if (!WriteFile(*svg, planner::RenderTimelineSvg(*step, plan, result))) return kExitUnmet;
+  }
+  if (auto trace = flags.Get("trace"); trace.has_value()) {
+    if (!WriteFile(*trace, planner::RenderStepTraceJson(plan, result))) return kExitUnmet;
   }
   return fits ? kExitOk : kExitUnmet;
 }

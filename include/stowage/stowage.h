@@ -230,6 +230,12 @@ STOWAGE_API stowage_status stowage_get_trace(stowage_runtime* rt, stowage_trace_
 /* "save_issued", "save_landed", "save_wait", "prefetch_issued", "prefetch_landed", "restore"
  * (the plan's and the simulator's words); "unknown" for other values. */
 STOWAGE_API const char* stowage_event_kind_name(int32_t kind);
+/* The last completed step's events as Chrome trace-event JSON (chrome://tracing, Perfetto): each
+ * save and prefetch a span on the D2H / H2D track from issue to landing, the trainer's waits as
+ * instants -- the tracks and names `stowage plan --trace` writes for the predicted step, so the
+ * two files overlay. Empty of events when the trace is off (stowage_set_trace_capacity). On
+ * success *out is a NUL-terminated string the caller frees with stowage_free_string. */
+STOWAGE_API stowage_status stowage_get_trace_json(stowage_runtime* rt, char** out);
 
 /* Planning (the C++ planner, in this library too). A request is JSON (README: "Planning through
  * the C ABI"): a cost source -- "profile" (a measured layer profile) or "model" (a preset name or
@@ -250,7 +256,7 @@ STOWAGE_API stowage_status stowage_plan_request(const char* request_json, size_t
  * as in stowage_get_trace, bytes per layer), and "plan", the plan of that assignment. */
 STOWAGE_API stowage_status stowage_plan_evaluate(const char* request_json,
                                                  size_t request_json_bytes, char** result_json_out);
-/* Frees a string the planning calls returned; NULL is ignored. */
+/* Frees a string the planning calls or stowage_get_trace_json returned; NULL is ignored. */
 STOWAGE_API void stowage_free_string(char* s);
 
 #ifdef __cplusplus

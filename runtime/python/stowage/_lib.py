@@ -150,6 +150,7 @@ _PROTOTYPES = {
          ctypes.POINTER(ctypes.c_uint64)],
     ),
     "stowage_event_kind_name": (ctypes.c_char_p, [ctypes.c_int32]),
+    "stowage_get_trace_json": (_status, [_rt, ctypes.POINTER(ctypes.c_void_p)]),
 }
 
 _lock = threading.Lock()

@@ -289,6 +289,17 @@ class Runtime:
                   for e in buf[:count.value]]
         return Trace(events=events, dropped=dropped.value)
 
+    def trace_json(self) -> str:
+        """The last completed step as Chrome trace-event JSON (Perfetto, chrome://tracing), in
+        the tracks `stowage plan --trace` writes for the predicted step, so the two overlay."""
+        out = ctypes.c_void_p()
+        _check("stowage_get_trace_json",
+               self._lib.stowage_get_trace_json(self._h(), ctypes.byref(out)))
+        try:
+            return ctypes.string_at(out.value).decode()
+        finally:
+            self._lib.stowage_free_string(out)
+
     def report_device_peak(self, nbytes: int) -> None:
         _check("stowage_report_device_peak",
                self._lib.stowage_report_device_peak(self._h(), _int_arg("nbytes", nbytes, 0, _U64_MAX)))
