@@ -449,18 +449,23 @@ def run_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device to run on (default: cuda when torch sees one, else cpu)")
     ap.add_argument("--small", action="store_true",
                     help="4 layers, 128 tokens, hidden 64, fp32: seconds on a CPU")
-    ap.add_argument("--model", default="all", choices=["mlp", "attention", "all"])
-    ap.add_argument("--layers", type=int)
-    ap.add_argument("--tokens", type=int)
-    ap.add_argument("--hidden", type=int)
-    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--model", default="all", choices=["mlp", "attention", "all"],
+                    help="layer kind: SwiGLU MLP blocks, attention blocks, or both in turn")
+    ap.add_argument("--layers", type=int, help="layers in the model (default: 12; --small: 4; "
+                    "--overhead: 8)")
+    ap.add_argument("--tokens", type=int, help="tokens per step (default: 32768; --small: 128)")
+    ap.add_argument("--hidden", type=int, help="hidden size (default: 4096; --small: 64)")
+    ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
+                    help="parameter and activation dtype (default: bf16; --small: fp32)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per mode")
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed steps per mode before the timed ones")
     ap.add_argument("--budgets-gib", help="comma-separated device budgets over the fixed memory "
                     "(weights, grads, input; the planner gets fixed + budget as "
                     "gpu_budget_bytes); "
@@ -471,11 +476,16 @@ def main() -> int:
     ap.add_argument("--overhead", action="store_true",
                     help="instead: per saved tensor, the wrapper's cost over torch's "
                     "saved_tensors_hooks (CPU, host backend)")
-    ap.add_argument("--saves-per-layer", type=int, default=256, help="--overhead")
+    ap.add_argument("--saves-per-layer", type=int, default=256,
+                    help="--overhead: saved tensors per layer and step")
     ap.add_argument("--tensor-elements", default="16,1024,16384",
                     help="--overhead: comma-separated sizes (fp32 elements) of the saved tensors")
     ap.add_argument("--repeats", type=int, default=21, help="--overhead: timed steps per mode")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     if args.overhead:
         args.layers = args.layers or 8
         return run_overhead(args)

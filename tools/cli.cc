@@ -5,12 +5,16 @@
 #include <cmath>
 #include <limits>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace stowage::cli {
+
+constexpr size_t kHelpColumn = 28;  // where a flag's help text starts in --help
 
 FlagParser::FlagParser(std::string usage, std::string summary)
     : usage_(std::move(usage)), summary_(std::move(summary)) {}
@@ -34,12 +38,18 @@ absl::Status FlagParser::Parse(int argc, char** argv, int first) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    auto flag =
-        std::find_if(flags_.begin(), flags_.end(), [&](const Flag& f) { return f.name == name; });
+    auto flag = std::find_if(flags_.begin(), flags_.end(), [&](const Flag& f) {
+      return f.name == name ||
+             std::find(f.aliases.begin(), f.aliases.end(), name) != f.aliases.end();
+    });
     if (flag == flags_.end()) {
+      const std::string nearest = NearestFlag(name);
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag '--", name, "' (see --help for the flags of ", usage_, ")"));
+          absl::StrCat("unknown flag '--", name, "'",
+                       nearest.empty() ? "" : absl::StrCat(" (did you mean '--", nearest, "'?)"),
+                       "; see --help for the flags of ", usage_));
     }
+    name = flag->name;  // an alias is the flag itself
     if (!value.has_value()) {
       if (flag->value_name.empty()) {
         value = "true";
@@ -59,6 +69,47 @@ absl::Status FlagParser::Parse(int argc, char** argv, int first) {
     values_[name] = *value;
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Levenshtein distance, for "did you mean".
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string FlagParser::NearestFlag(const std::string& name) const {
+  // Close enough to be a typo: at most a third of the name's letters wrong (and at least 1).
+  const size_t limit = std::max<size_t>(1, name.size() / 3);
+  std::string best;
+  size_t best_distance = limit + 1;
+  for (const Flag& f : flags_) {
+    std::vector<std::string> spellings = f.aliases;
+    spellings.push_back(f.name);
+    for (const std::string& spelling : spellings) {
+      size_t d = EditDistance(name, spelling);
+      // The start of a flag ("--host" for "--host-mem") counts as close.
+      if (name.size() >= 3 && spelling.rfind(name, 0) == 0) d = std::min(d, limit);
+      if (d < best_distance) {
+        best = spelling;
+        best_distance = d;
+      }
+    }
+  }
+  return best;
 }
 
 bool FlagParser::Has(const std::string& name) const { return values_.contains(name); }
@@ -148,11 +199,20 @@ std::string FlagParser::Help() const {
   std::string out = absl::StrCat("usage: ", usage_, "\n\n", summary_, "\n\nflags:\n");
   for (const Flag& f : flags_) {
     std::string lhs = absl::StrCat("  --", f.name, f.value_name.empty() ? "" : "=" + f.value_name);
-    absl::StrAppendFormat(&out, "%-28s %s", lhs, f.help);
+    // A long flag gets its help on the next line instead of running into it.
+    if (lhs.size() >= kHelpColumn) {
+      absl::StrAppend(&out, lhs, "\n", std::string(kHelpColumn + 1, ' '), f.help);
+    } else {
+      absl::StrAppendFormat(&out, "%-*s %s", static_cast<int>(kHelpColumn), lhs, f.help);
+    }
     if (!f.default_text.empty()) absl::StrAppend(&out, " (default: ", f.default_text, ")");
+    if (!f.aliases.empty()) {
+      absl::StrAppend(&out, "; also --", absl::StrJoin(f.aliases, ", --"));
+    }
     absl::StrAppend(&out, "\n");
   }
-  absl::StrAppendFormat(&out, "%-28s %s\n", "  -h, --help", "show this help");
+  absl::StrAppendFormat(&out, "%-*s %s\n", static_cast<int>(kHelpColumn), "  -h, --help",
+                        "show this help");
   return out;
 }
 

@@ -1,8 +1,8 @@
 // Command-line plumbing shared by every `stowage` subcommand: a small flag parser that accepts
 // `--name=value` and `--name value` (a value never starts with "--": `--tp --format json` is "--tp
-// needs a value"), rejects unknown flags with a message naming them, and
-// renders --help from the same table, so a flag cannot be documented but not parsed (or the
-// reverse).
+// needs a value"), rejects unknown flags with a message naming them and the nearest known
+// spelling, takes declared aliases (other tools' names for the same flag), and renders --help from
+// the same table, so a flag cannot be documented but not parsed (or the reverse).
 #ifndef STOWAGE_TOOLS_CLI_H_
 #define STOWAGE_TOOLS_CLI_H_
 
@@ -23,6 +23,9 @@ struct Flag {
   std::string value_name;  // e.g. "N", "PATH"; empty for a boolean switch
   std::string help;
   std::string default_text;  // shown in --help; empty: no default shown
+  // Other spellings that mean exactly this flag, e.g. Megatron-LM's "tensor-model-parallel-size"
+  // for "tp". Parsed as the flag itself (Get/Has use `name`); listed in --help.
+  std::vector<std::string> aliases = {};
 };
 
 class FlagParser {
@@ -51,6 +54,8 @@ class FlagParser {
   const std::vector<std::string>& positional() const { return positional_; }
   bool help_requested() const { return help_requested_; }
   std::string Help() const;
+  // The known spelling closest to `name` (a typo's correction), or "" when none is close.
+  std::string NearestFlag(const std::string& name) const;
 
  private:
   std::string usage_;

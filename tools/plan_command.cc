@@ -48,11 +48,20 @@ cli::FlagParser MakeParser() {
          absl::StrCat("hardware preset (", absl::StrJoin(planner::HardwarePresetNames(), ", "),
                       ") or a profile .json (as `stowage calibrate` writes)"),
          "b200"});
-  p.Add({"seq-len", "N", "tokens per sequence (K/M suffixes: 256K, 1M)", "1M"});
-  p.Add({"micro-batch", "N", "sequences per micro-batch", "1"});
-  p.Add({"tp", "N", "tensor parallel size (with sequence parallelism)", "1"});
-  p.Add({"cp", "N", "context parallel size", "8"});
-  p.Add({"ep", "N", "expert parallel size", "8 (1 for dense models)"});
+  // The aliases are Megatron-LM's names for the same settings (megatron/training/arguments.py).
+  p.Add({"seq-len", "N", "tokens per sequence (K/M suffixes: 256K, 1M)", "1M", {"seq-length"}});
+  p.Add({"micro-batch", "N", "sequences per micro-batch", "1", {"micro-batch-size"}});
+  p.Add({"tp",
+         "N",
+         "tensor parallel size (with sequence parallelism)",
+         "1",
+         {"tensor-model-parallel-size"}});
+  p.Add({"cp", "N", "context parallel size", "8", {"context-parallel-size"}});
+  p.Add({"ep",
+         "N",
+         "expert parallel size",
+         "8 (1 for dense models)",
+         {"expert-model-parallel-size"}});
   p.Add({"gpus", "N", "GPUs in the job (data parallel = gpus / (tp x cp))", "64"});
   p.Add({"moe-imbalance", "X",
          "tokens on the busiest expert-parallel rank over the average (the reference run saw 4)",

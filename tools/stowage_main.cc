@@ -1,4 +1,4 @@
-// `stowage`: one binary, subcommands. With no subcommand it plans the reference run.
+// `stowage`: one binary, subcommands. With no subcommand it prints the commands.
 #include <cstdio>
 #include <cstring>
 #include <string_view>
@@ -17,6 +17,7 @@ constexpr char kUsage[] =
     "  plan           choose keep/recompute/offload per layer within the GPU and host budgets\n"
     "                 (no flags: GLM-5.3-Flash, 1M tokens, B200, CP 8, EP 8)\n"
     "  calibrate      measure this machine's copy bandwidth and pinning rate; write a profile\n"
+    "  bench plan     planning time for the reference model and for deep models\n"
     "  bench offload  run the offload engine on a synthetic reference-shaped plan\n"
     "  demo-runtime   run the host backend through a plan with the metrics endpoint up\n"
     "  version        print the version\n"
@@ -27,8 +28,9 @@ constexpr char kUsage[] =
 
 int main(int argc, char** argv) {
   using namespace stowage::tools;
-  if (argc < 2) return RunPlanCommand(1, argv);  // argv[0] stands in for "plan"
-  std::string_view command = argv[1];
+  // Bare `stowage` shows what it can do rather than starting a plan the user did not ask for;
+  // `stowage plan` with no flags is the reference run.
+  std::string_view command = argc < 2 ? "help" : argv[1];
   if (command == "-h" || command == "--help" || command == "help") {
     std::fputs(kUsage, stdout);
     return kExitOk;

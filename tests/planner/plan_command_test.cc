@@ -36,6 +36,26 @@ class PlanCommand : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
+TEST_F(PlanCommand, BareStowagePrintsTheCommandsAndPlansNothing) {
+  const Result run = Stowage("");
+  EXPECT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("usage: stowage <command>"));
+  EXPECT_THAT(run.out, HasSubstr("bench plan"));
+  EXPECT_THAT(run.out, ::testing::Not(HasSubstr("peak")));
+  EXPECT_EQ(Stowage("--help").out, run.out);
+}
+
+TEST_F(PlanCommand, TakesMegatronSpellingsOfTheParallelSizes) {
+  const Result megatron = Stowage(
+      "plan --seq-length 128K --tensor-model-parallel-size 2 --context-parallel-size 4 "
+      "--expert-model-parallel-size 4 --micro-batch-size 1 --format json");
+  const Result ours =
+      Stowage("plan --seq-len 128K --tp 2 --cp 4 --ep 4 --micro-batch 1 --format json");
+  ASSERT_EQ(megatron.code, ours.code) << megatron.out;
+  EXPECT_EQ(megatron.out, ours.out);
+  EXPECT_THAT(megatron.out, HasSubstr("\"tp\": 2"));
+}
+
 TEST_F(PlanCommand, DefaultPlansTheReferenceRun) {
   const Result run = Stowage("plan");
   ASSERT_EQ(run.code, 0) << run.out;

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace stowage::cli {
@@ -19,7 +21,7 @@ absl::Status ParseArgs(FlagParser& parser, std::vector<std::string> args) {
 FlagParser MakeParser() {
   FlagParser parser("stowage plan [flags]", "Plans.");
   parser.Add({"seq-len", "N", "tokens per sequence", "1M"});
-  parser.Add({"cp", "N", "context parallel size", "8"});
+  parser.Add({"cp", "N", "context parallel size", "8", {"context-parallel-size"}});
   parser.Add({"verbose", "", "print more", ""});
   return parser;
 }
@@ -54,6 +56,41 @@ TEST(FlagParser, HelpListsEveryFlagWithDefault) {
   EXPECT_THAT(help, HasSubstr("--seq-len=N"));
   EXPECT_THAT(help, HasSubstr("(default: 1M)"));
   EXPECT_THAT(help, HasSubstr("--verbose"));
+}
+
+TEST(FlagParser, UnknownFlagSuggestsTheNearestSpelling) {
+  for (const auto& [typed, meant] : std::vector<std::pair<std::string, std::string>>{
+           {"--seq-lenn=1", "--seq-len"},                           // a typo
+           {"--sq-len=1", "--seq-len"},                             // a letter missing
+           {"--verb", "--verbose"},                                 // the start of a flag
+           {"--context-parallel=2", "--context-parallel-size"}}) {  // of an alias
+    FlagParser parser = MakeParser();
+    const std::string message(ParseArgs(parser, {"plan", typed}).message());
+    EXPECT_THAT(message, HasSubstr("did you mean '" + meant + "'?")) << typed;
+  }
+  // Nothing close: no guess.
+  FlagParser parser = MakeParser();
+  const std::string message(ParseArgs(parser, {"plan", "--frobnicate=1"}).message());
+  EXPECT_THAT(message, HasSubstr("unknown flag '--frobnicate'"));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr("did you mean")));
+}
+
+TEST(FlagParser, AliasesAreTheFlagItself) {
+  FlagParser parser = MakeParser();
+  ASSERT_TRUE(ParseArgs(parser, {"plan", "--context-parallel-size", "4"}).ok());
+  EXPECT_TRUE(parser.Has("cp"));
+  EXPECT_EQ(*parser.GetInt("cp", 8, 1, 1024), 4);
+  EXPECT_THAT(parser.Help(), HasSubstr("also --context-parallel-size"));
+}
+
+TEST(FlagParser, LongFlagsGetTheirHelpOnTheNextLine) {
+  FlagParser parser("stowage demo-runtime [flags]", "Runs.");
+  parser.Add({"metrics-address", "HOST:PORT", "Prometheus endpoint", ""});
+  parser.Add({"cp", "N", "context parallel size", ""});
+  const std::string help = parser.Help();
+  EXPECT_THAT(help, HasSubstr("  --metrics-address=HOST:PORT\n" + std::string(29, ' ') +
+                              "Prometheus endpoint\n"));
+  EXPECT_THAT(help, HasSubstr("  --cp=N" + std::string(21, ' ') + "context parallel size\n"));
 }
 
 TEST(ParseCount, Suffixes) {
