@@ -237,87 +237,175 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
   return out;
 }
 
+namespace {
+
+// The 1-2-5 step that divides `range` into at most `max_ticks` intervals.
+double NiceStep(double range, int max_ticks) {
+  if (!(range > 0)) return 1;
+  const double raw = range / max_ticks;
+  const double magnitude = std::pow(10, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * magnitude >= raw) return m * magnitude;
+  }
+  return 10 * magnitude;
+}
+
+// A time tick's label in a unit that suits the whole axis.
+std::string TimeLabel(double seconds, double axis_seconds) {
+  if (axis_seconds < 1) return absl::StrFormat("%g ms", std::round(seconds * 1e6) / 1e3);
+  if (axis_seconds < 600) return absl::StrFormat("%g s", std::round(seconds * 1e3) / 1e3);
+  return absl::StrFormat("%g min", std::round(seconds / 60 * 1e3) / 1e3);
+}
+
+// Policy colours (the table's words), one per policy; the legend lists only those in the plan.
+const char* PolicyColor(LayerPolicy policy) {
+  switch (policy) {
+    case LayerPolicy::kKeep:
+      return "#59a14f";
+    case LayerPolicy::kRecompute:
+      return "#f28e2b";
+    case LayerPolicy::kSelectiveRecompute:
+      return "#edc948";
+    case LayerPolicy::kOffloadInput:
+      return "#4e79a7";
+    case LayerPolicy::kOffloadSaved:
+      return "#9467bd";
+  }
+  return "#9c9c9c";
+}
+
+}  // namespace
+
 std::string RenderTimelineSvg(const StepCost& step, const Plan& plan,
                               const OptimizeResult& result) {
   const SimResult& sim = result.sim;
-  constexpr double kWidth = 1000, kLeft = 70, kRight = 20, kTop = 40, kPlotH = 300;
-  constexpr double kLaneH = 16, kLaneGap = 6;
-  const double lanes_top = kTop + kPlotH + 36;
-  const double height = lanes_top + 3 * (kLaneH + kLaneGap) + 30;
+  constexpr double kWidth = 1000, kLeft = 80, kRight = 20, kTop = 58, kPlotH = 300;
+  constexpr double kLaneH = 18, kLaneGap = 6;
+  // Copies shorter than this are drawn this wide, so a long step's copy lanes never turn into
+  // hairlines; the lane is an impression of when the link is busy, the trace file has the times.
+  constexpr double kMinMarkWidth = 2;
   const double plot_w = kWidth - kLeft - kRight;
   const double t_max = std::max(sim.step_seconds, 1e-9);
-  const double y_max = std::max<double>(
-      1, 1.08 * static_cast<double>(std::max(sim.peak_bytes, plan.gpu_budget_bytes)));
-  auto x = [&](double t) { return kLeft + plot_w * t / t_max; };
-  auto y = [&](double bytes) { return kTop + kPlotH * (1 - bytes / y_max); };
+  const double fixed = static_cast<double>(step.fixed.total());
+  const double top_bytes =
+      static_cast<double>(std::max(sim.peak_bytes, plan.gpu_budget_bytes)) * 1.04;
+  // The y-axis starts just below fixed memory: the step's own bytes get the height.
+  const double gib_step = NiceStep((top_bytes - fixed * 0.97) / kGiB, 6);
+  const double y_min_gib = std::max(0.0, std::floor(fixed * 0.97 / kGiB / gib_step) * gib_step);
+  const double y_max_gib =
+      std::max(y_min_gib + gib_step, std::ceil(top_bytes / kGiB / gib_step) * gib_step);
+  const double y_min = y_min_gib * kGiB, y_max = y_max_gib * kGiB;
+  auto x = [&](double t) { return kLeft + plot_w * std::clamp(t / t_max, 0.0, 1.0); };
+  auto y = [&](double bytes) {
+    return kTop + kPlotH * (1 - std::clamp((bytes - y_min) / (y_max - y_min), 0.0, 1.0));
+  };
+  const double lanes_top = kTop + kPlotH + 36;
+  const bool any_copies = !sim.copies.empty();
+  const int lanes = any_copies ? 3 : 1;
+  const double legend_top = lanes_top + lanes * (kLaneH + kLaneGap) + 8;
+
+  // What appears, for the legend: policies in the plan, stalls, copies.
+  std::vector<std::pair<std::string, std::string>> legend;  // colour, label
+  for (LayerPolicy policy :
+       {LayerPolicy::kKeep, LayerPolicy::kSelectiveRecompute, LayerPolicy::kRecompute,
+        LayerPolicy::kOffloadInput, LayerPolicy::kOffloadSaved}) {
+    if (std::any_of(plan.layers.begin(), plan.layers.end(),
+                    [&](const LayerPlan& l) { return l.policy == policy; })) {
+      legend.push_back({PolicyColor(policy), std::string(LayerPolicyName(policy))});
+    }
+  }
+  legend.push_back({"#bab0ac", "embedding, LM head + loss"});
+  const bool any_stall = std::any_of(sim.compute.begin(), sim.compute.end(),
+                                     [](const ComputeInterval& c) { return c.stall > 0; });
+  if (any_stall) legend.push_back({"#d62728", "waiting for a prefetch"});
+  if (std::any_of(sim.copies.begin(), sim.copies.end(),
+                  [](const CopyInterval& c) { return c.d2h; })) {
+    legend.push_back({"#8c564b", "offload (D2H)"});
+  }
+  if (std::any_of(sim.copies.begin(), sim.copies.end(),
+                  [](const CopyInterval& c) { return !c.d2h; })) {
+    legend.push_back({"#17becf", "prefetch (H2D)"});
+  }
+  legend.push_back({"#a0cbe8", "device memory"});
+  // Legend rows wrap at the plot's width.
+  std::vector<std::pair<double, double>> legend_at;  // x, y of each entry
+  double lx = kLeft, ly = legend_top + 12;
+  for (const auto& [color, label] : legend) {
+    const double w = 26 + 6.6 * static_cast<double>(label.size());
+    if (lx + w > kLeft + plot_w && lx > kLeft) {
+      lx = kLeft;
+      ly += 18;
+    }
+    legend_at.push_back({lx, ly});
+    lx += w;
+  }
+  const double height = ly + 16;
+
   std::string s;
   absl::StrAppend(
       &s, absl::StrFormat("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
                           "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" "
                           "font-size=\"12\">\n",
                           kWidth, height, kWidth, height));
+  absl::StrAppend(
+      &s, absl::StrFormat("<defs><pattern id=\"recompute\" width=\"4\" height=\"4\" "
+                          "patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">"
+                          "<rect width=\"2\" height=\"4\" fill=\"white\" fill-opacity=\"0.6\"/>"
+                          "</pattern></defs>\n"));
   absl::StrAppend(&s, absl::StrFormat("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n",
                                       kWidth, height));
   absl::StrAppend(
       &s, absl::StrFormat(
               "<text x=\"%.0f\" y=\"20\" font-size=\"14\" font-weight=\"bold\">%s: device memory "
-              "over one step (%s, %d tokens, peak %s of %s)</text>\n",
+              "over one step (%s, %d tokens, peak %s of %s, step %s)</text>\n",
               kLeft, Escape(plan.model), Escape(plan.hardware), plan.seq_len,
-              FormatBytes(sim.peak_bytes), FormatBytes(plan.gpu_budget_bytes)));
-  // Axes and grid.
-  const double gib_max = y_max / kGiB;
-  const double step_gib = gib_max > 400   ? 100
-                          : gib_max > 160 ? 40
-                          : gib_max > 40  ? 20
-                          : gib_max > 10  ? 5
-                                          : 1;
-  for (double g = 0; g <= gib_max; g += step_gib) {
+              FormatBytes(sim.peak_bytes), FormatBytes(plan.gpu_budget_bytes),
+              TimeLabel(sim.step_seconds, sim.step_seconds)));
+  absl::StrAppend(
+      &s, absl::StrFormat("<text x=\"%.0f\" y=\"38\" fill=\"#555\">fixed memory (weights, "
+                          "gradients, optimizer state, workspaces) %s; the axis starts at %g GiB"
+                          "</text>\n",
+                          kLeft, FormatBytes(step.fixed.total()), y_min_gib));
+  // Grid and ticks: 1-2-5 steps, at most 7 labels per axis.
+  for (double g = y_min_gib; g <= y_max_gib + gib_step * 1e-6; g += gib_step) {
     absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                                         "stroke=\"#e0e0e0\"/>\n",
                                         kLeft, y(g * kGiB), kLeft + plot_w, y(g * kGiB)));
-    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.0f "
-                                        "GiB</text>\n",
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%g GiB"
+                                        "</text>\n",
                                         kLeft - 6, y(g * kGiB) + 4, g));
   }
-  const double t_step = std::pow(10, std::floor(std::log10(t_max / 5)));
-  const double t_tick = t_max / t_step > 25   ? 5 * t_step
-                        : t_max / t_step > 10 ? 2 * t_step
-                                              : t_step;
-  for (double t = 0; t <= t_max * 1.0001; t += t_tick) {
-    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%gs"
+  const double t_tick = NiceStep(t_max, 8);
+  for (double t = 0; t <= t_max * (1 + 1e-9); t += t_tick) {
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s"
                                         "</text>\n",
-                                        x(t), kTop + kPlotH + 16, t));
+                                        x(t), kTop + kPlotH + 16, TimeLabel(t, t_max)));
   }
   absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                                       "stroke=\"black\"/>\n",
                                       kLeft, kTop + kPlotH, kLeft + plot_w, kTop + kPlotH));
-  // Fixed memory band.
-  absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-                                      "fill=\"#d9d9d9\"/>\n",
-                                      kLeft, y(static_cast<double>(step.fixed.total())), plot_w,
-                                      kTop + kPlotH - y(static_cast<double>(step.fixed.total()))));
-  // Memory as a step function, filled.
-  std::string points = absl::StrFormat("%.1f,%.1f", x(0), y(0));
-  double last_bytes = sim.timeline.empty() ? 0 : static_cast<double>(sim.timeline[0].bytes);
+  // Memory as a step function, filled down to the axis.
+  std::string points = absl::StrFormat("%.1f,%.1f", x(0), y(y_min));
+  double last_bytes = sim.timeline.empty() ? fixed : static_cast<double>(sim.timeline[0].bytes);
   for (const MemoryPoint& m : sim.timeline) {
     absl::StrAppend(&points, absl::StrFormat(" %.1f,%.1f %.1f,%.1f", x(m.seconds), y(last_bytes),
                                              x(m.seconds), y(static_cast<double>(m.bytes))));
     last_bytes = static_cast<double>(m.bytes);
   }
-  absl::StrAppend(&points,
-                  absl::StrFormat(" %.1f,%.1f %.1f,%.1f", x(t_max), y(last_bytes), x(t_max), y(0)));
-  absl::StrAppend(&s, absl::StrFormat("<polygon points=\"%s\" fill=\"#4e79a7\" "
-                                      "fill-opacity=\"0.55\" stroke=\"#2f4b7c\" "
-                                      "stroke-width=\"1\"/>\n",
+  absl::StrAppend(&points, absl::StrFormat(" %.1f,%.1f %.1f,%.1f", x(t_max), y(last_bytes),
+                                           x(t_max), y(y_min)));
+  absl::StrAppend(&s, absl::StrFormat("<polygon points=\"%s\" fill=\"#a0cbe8\" "
+                                      "stroke=\"#4e79a7\" stroke-width=\"1\"/>\n",
                                       points));
+  // Fixed memory: the band from the axis up to it.
   absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-                                      "fill=\"#bdbdbd\" fill-opacity=\"0.8\"/>\n",
-                                      kLeft, y(static_cast<double>(step.fixed.total())), plot_w,
-                                      kTop + kPlotH - y(static_cast<double>(step.fixed.total()))));
-  absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" fill=\"#333\">fixed: weights, "
-                                      "gradients, optimizer %s</text>\n",
-                                      kLeft + 6, y(static_cast<double>(step.fixed.total())) + 14,
-                                      FormatBytes(step.fixed.total())));
+                                      "fill=\"#bdbdbd\" fill-opacity=\"0.85\"/>\n",
+                                      kLeft, y(fixed), plot_w, y(y_min) - y(fixed)));
+  if (y(y_min) - y(fixed) >= 14) {
+    absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" fill=\"#333\">fixed %s"
+                                        "</text>\n",
+                                        kLeft + 6, y(fixed) + 13, FormatBytes(step.fixed.total())));
+  }
   // Budget and peak.
   const double by = y(static_cast<double>(plan.gpu_budget_bytes));
   absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
@@ -328,60 +416,79 @@ std::string RenderTimelineSvg(const StepCost& step, const Plan& plan,
                   absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" "
                                   "fill=\"#d62728\">budget %s</text>\n",
                                   kLeft + plot_w - 4, by - 5, FormatBytes(plan.gpu_budget_bytes)));
+  const double px = x(sim.peak_seconds), py = y(static_cast<double>(sim.peak_bytes));
+  const bool label_left = px > kLeft + plot_w - 120;  // keep the label inside the plot
   absl::StrAppend(
-      &s, absl::StrFormat("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#d62728\"/>\n"
-                          "<text x=\"%.1f\" y=\"%.1f\" fill=\"#333\">peak %s</text>\n",
-                          x(sim.peak_seconds), y(static_cast<double>(sim.peak_bytes)),
-                          x(sim.peak_seconds) + 6, y(static_cast<double>(sim.peak_bytes)) - 6,
-                          FormatBytes(sim.peak_bytes)));
-  // Lanes: compute (forward / loss / backward, stalls), D2H, H2D.
+      &s,
+      absl::StrFormat("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#d62728\"/>\n"
+                      "<text x=\"%.1f\" y=\"%.1f\" fill=\"#333\" text-anchor=\"%s\">peak %s "
+                      "(%s)</text>\n",
+                      px, py, label_left ? px - 6 : px + 6, py - 6, label_left ? "end" : "start",
+                      FormatBytes(sim.peak_bytes), Escape(sim.peak_at)));
+  // Lanes: compute (each layer coloured by its policy, forward solid, recompute hatched,
+  // backward lighter, labelled with its index where it is wide enough), D2H, H2D.
   const char* lane_names[] = {"compute", "D2H", "H2D"};
-  for (int lane = 0; lane < 3; ++lane) {
-    const double ly = lanes_top + lane * (kLaneH + kLaneGap);
+  for (int lane = 0; lane < lanes; ++lane) {
+    const double lane_y = lanes_top + lane * (kLaneH + kLaneGap);
     absl::StrAppend(&s, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s"
                                         "</text>\n",
-                                        kLeft - 6, ly + 12, lane_names[lane]));
+                                        kLeft - 6, lane_y + 13, lane_names[lane]));
     absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
                                         "height=\"%.1f\" fill=\"#f4f4f4\"/>\n",
-                                        kLeft, ly, plot_w, kLaneH));
+                                        kLeft, lane_y, plot_w, kLaneH));
   }
-  for (const ComputeInterval& c : sim.compute) {
-    const char* color = c.phase == Phase::kForward    ? "#59a14f"
-                        : c.phase == Phase::kTail     ? "#edc948"
-                        : c.phase == Phase::kBackward ? "#f28e2b"
-                                                      : "#9c9c9c";
+  auto block = [&](double start, double end, double lane_y, const char* color, double opacity,
+                   const char* fill_extra) {
+    const double w = std::max(x(end) - x(start), 0.3);
     absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
-                                        "height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
-                                        "stroke-width=\"0.3\"/>\n",
-                                        x(c.start), lanes_top, std::max(0.3, x(c.end) - x(c.start)),
-                                        kLaneH, color));
+                                        "height=\"%.1f\" fill=\"%s\" fill-opacity=\"%.2f\"/>\n",
+                                        x(start), lane_y, w, kLaneH, color, opacity));
+    if (fill_extra != nullptr) {
+      absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
+                                          "height=\"%.1f\" fill=\"%s\"/>\n",
+                                          x(start), lane_y, w, kLaneH, fill_extra));
+    }
+  };
+  for (const ComputeInterval& c : sim.compute) {
+    const LayerPlan* lp = c.layer >= 0 && c.layer < static_cast<int>(plan.layers.size())
+                              ? &plan.layers[c.layer]
+                              : nullptr;
+    const char* color = lp != nullptr ? PolicyColor(lp->policy) : "#bab0ac";
+    if (c.phase == Phase::kBackward && lp != nullptr && lp->recompute_seconds > 0) {
+      const double split = std::min(c.end, c.start + lp->recompute_seconds);
+      block(c.start, split, lanes_top, color, 0.75, "url(#recompute)");
+      block(split, c.end, lanes_top, color, 0.55, nullptr);
+    } else {
+      block(c.start, c.end, lanes_top, color, c.phase == Phase::kBackward ? 0.55 : 1.0, nullptr);
+    }
+    // The layer's index where the block has room for it.
+    const std::string index = absl::StrCat(c.layer);
+    if (lp != nullptr && x(c.end) - x(c.start) >= 6.5 * static_cast<double>(index.size()) + 3) {
+      absl::StrAppend(&s, absl::StrFormat("<text x=\"%.2f\" y=\"%.1f\" font-size=\"10\" "
+                                          "text-anchor=\"middle\" fill=\"#222\">%s</text>\n",
+                                          (x(c.start) + x(c.end)) / 2, lanes_top + 13, index));
+    }
     if (c.stall > 0) {
-      absl::StrAppend(&s,
-                      absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
-                                      "height=\"%.1f\" fill=\"#d62728\"/>\n",
-                                      x(c.start - c.stall), lanes_top,
-                                      std::max(0.5, x(c.start) - x(c.start - c.stall)), kLaneH));
+      const double w = std::max(kMinMarkWidth, x(c.start) - x(c.start - c.stall));
+      absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
+                                          "height=\"%.1f\" fill=\"#d62728\"/>\n",
+                                          x(c.start) - w, lanes_top, w, kLaneH));
     }
   }
   for (const CopyInterval& c : sim.copies) {
-    const double ly = lanes_top + (c.d2h ? 1 : 2) * (kLaneH + kLaneGap);
-    absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
-                                        "height=\"%.1f\" fill=\"%s\" stroke=\"white\" "
-                                        "stroke-width=\"0.3\"/>\n",
-                                        x(c.start), ly, std::max(0.3, x(c.end) - x(c.start)),
-                                        kLaneH, c.d2h ? "#76b7b2" : "#b07aa1"));
+    const double lane_y = lanes_top + (c.d2h ? 1 : 2) * (kLaneH + kLaneGap);
+    absl::StrAppend(
+        &s, absl::StrFormat("<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
+                            "height=\"%.1f\" fill=\"%s\"/>\n",
+                            x(c.start), lane_y, std::max(kMinMarkWidth, x(c.end) - x(c.start)),
+                            kLaneH, c.d2h ? "#8c564b" : "#17becf"));
   }
-  const double legend_y = lanes_top + 3 * (kLaneH + kLaneGap) + 14;
-  const std::pair<const char*, const char*> legend[] = {
-      {"#59a14f", "forward"},      {"#edc948", "LM head + loss"}, {"#f28e2b", "backward"},
-      {"#d62728", "copy wait"},    {"#76b7b2", "offload (D2H)"},  {"#b07aa1", "prefetch (H2D)"},
-      {"#4e79a7", "device memory"}};
-  double lx = kLeft;
-  for (const auto& [color, label] : legend) {
+  for (size_t i = 0; i < legend.size(); ++i) {
+    const auto& [color, label] = legend[i];
+    const auto [ex, ey] = legend_at[i];
     absl::StrAppend(&s, absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"10\" height=\"10\" "
                                         "fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
-                                        lx, legend_y - 9, color, lx + 14, legend_y, label));
-    lx += 26 + 7.0 * std::string(label).size();
+                                        ex, ey - 9, color, ex + 14, ey, Escape(label)));
   }
   absl::StrAppend(&s, "</svg>\n");
   return s;

@@ -5,13 +5,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "stowage/plan.h"
 
 namespace stowage::planner {
@@ -103,6 +107,70 @@ TEST(RenderTimelineSvg, RendersToPng) {
   EXPECT_EQ(magic, "\x89PNG\r\n\x1a\n");
   EXPECT_GT(std::filesystem::file_size(dir / "t.png"), 10000u);
   std::filesystem::remove_all(dir);
+}
+
+// Every layer kept, simulated as planned: the picture of a plan at any scale.
+Planned PlanKeep(const std::string& model, uint64_t seq_len) {
+  RunSettings run;
+  run.seq_len = seq_len;
+  Planned p{*BuildStepCost(*ModelPreset(model), *HardwarePreset("b200"), run), {}, {}};
+  p.result.feasible = true;
+  p.result.schedule.options.assign(p.step.layers.size(), {LayerPolicy::kKeep, 0, 1});
+  p.result.sim = Simulate(p.step, p.result.schedule, /*record=*/true);
+  const uint64_t budget = p.step.hardware.UsableBytes();
+  p.plan = MakePlan(p.step, p.result, ComputeBaseline(p.step, budget),
+                    {"stowage test", model, "b200", budget, p.step.hardware.HostBytesPerGpu()});
+  return p;
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(RenderTimelineSvg, LegendAndLanesOnlyForWhatAppears) {
+  const Planned keep = PlanKeep("glm-5.3-flash", 16384);
+  const std::string svg = RenderTimelineSvg(keep.step, keep.plan, keep.result);
+  EXPECT_THAT(svg, HasSubstr(">keep</text>"));
+  for (const char* absent : {"offload (D2H)", "prefetch (H2D)", "waiting for a prefetch",
+                             ">D2H</text>", ">offload_input</text>", ">recompute</text>"}) {
+    EXPECT_THAT(svg, ::testing::Not(HasSubstr(absent))) << absent;
+  }
+  // The reference plan at 256K offloads and recomputes: its legend names those and the copies.
+  const Planned p = PlanReference(262144);
+  const std::string offloading = RenderTimelineSvg(p.step, p.plan, p.result);
+  EXPECT_THAT(offloading, HasSubstr("offload (D2H)"));
+  EXPECT_THAT(offloading, HasSubstr(">D2H</text>"));
+  for (const LayerPlan& l : p.plan.layers) {
+    EXPECT_THAT(offloading,
+                HasSubstr(absl::StrCat(">", std::string(LayerPolicyName(l.policy)), "</text>")));
+  }
+  // Layers are labelled with their index where their block has room.
+  EXPECT_GE(Count(offloading, "fill=\"#222\">"), 10);
+}
+
+TEST(RenderTimelineSvg, AxisStartsJustBelowFixedMemoryWithSaneTicksAtAnyScale) {
+  for (const auto& [model, seq_len] : std::vector<std::pair<std::string, uint64_t>>{
+           {"glm-5.3-flash", 4096}, {"glm-5.3-flash", 1048576}, {"glm-5.3-flash", 8388608}}) {
+    const Planned p = PlanKeep(model, seq_len);
+    const std::string svg = RenderTimelineSvg(p.step, p.plan, p.result);
+    const double fixed_gib = static_cast<double>(p.step.fixed.total()) / (1ull << 30);
+    const double top_gib =
+        static_cast<double>(std::max(p.result.sim.peak_bytes, p.plan.gpu_budget_bytes)) /
+        (1ull << 30);
+    const std::string marker = "the axis starts at ";
+    const size_t at = svg.find(marker);
+    ASSERT_NE(at, std::string::npos);
+    const double axis_gib = std::stod(svg.substr(at + marker.size()));
+    EXPECT_LE(axis_gib, fixed_gib) << seq_len;
+    // Below fixed memory by at most half the height the step's own bytes span.
+    EXPECT_GE(axis_gib, fixed_gib - 0.5 * (top_gib - fixed_gib) - 1) << seq_len;
+    // At most 8 labels on each axis, however large the peak (8M tokens kept: terabytes).
+    EXPECT_LE(Count(svg, "GiB</text>") - Count(svg, "budget") - Count(svg, "peak"), 8) << seq_len;
+    EXPECT_LE(Count(svg, "text-anchor=\"middle\">") - Count(svg, "text-anchor=\"middle\" fill"), 10)
+        << seq_len;
+  }
 }
 
 TEST(FormatBytes, PicksAUnit) {
