@@ -30,6 +30,41 @@ namespace {
 // attention's chunked cores and the DSA indexer as GEMMs; element-wise work as three passes
 // over the saved bytes. Communication is assumed overlapped.
 
+// Note [megatron profile]
+// What a Megatron-Core (0.16) layer with TransformerEngine (2.x) kernels keeps for backward, per
+// token; checked against Megatron-Core's own local-spec layers on CPU by
+// tests/python/test_megatron_profile.py, which also states, as cited constants, what the local
+// spec keeps instead where TE's fused kernels differ. TE files are under
+// transformer_engine/pytorch/, Megatron-Core's under megatron/core/.
+//  Norm + linear (TELayerNormColumnParallelLinear = module/layernorm_linear.py
+//    _LayerNormLinear.forward): saves the norm's input (the layer input or the residual `mid`:
+//    the same storage), ln_out (the local sequence shard under SP; backward all-gathers it) and
+//    rsigma, one fp32 per row: h*dt/tp + 4/tp for each of the two norms. TENorm before a MoE
+//    (ops/basic/rmsnorm.py RMSNorm.op_forward) saves its input and rstdevs the same way.
+//  q/k norms (TENorm, the same op_forward): `input_.contiguous()` copies the q and k views out
+//    of linear_qkv's output and saves the copies with one fp32 rstdev per head.
+//  Attention (transformer/attention.py SelfAttention with TEDotProductAttention, RoPE fused:
+//    Megatron-LM's default, --no-rope-fusion turns it off): fused RoPE (attention/rope.py
+//    FusedRoPEFunc) saves only the shared freqs; v is a view into linear_qkv's output, which
+//    attention/dot_product_attention/utils.py get_qkv_layout finds "not_supported" and makes
+//    contiguous, so flash/cuDNN attention keeps q, k, v at (hq + 2 hkv) d, its output and the
+//    fp32 softmax_lse per head. The output is linear_proj's saved input too (one storage).
+//    Selective recompute of the core (Megatron's "core_attn") is not a module here: the output
+//    stays saved by linear_proj, and tensor_parallel.checkpoint would hold q, k and the v view,
+//    i.e. all of linear_qkv's output, more than the kernel's own saved set (transformer_config.py
+//    warns that fused attention needs no core_attn recompute).
+//  Dense MLP: fused SwiGLU (fusions/fused_bias_swiglu.py SwiGLUFunction, bias_activation_fusion)
+//    saves its input only (2f); fc2 (TERowParallelLinear) saves its input (f).
+//  MoE (transformer/moe/, softmax top-k router, unfused permute: moe_permute_fusion's default):
+//    the router's gating linear saves its input (the pre-MLP norm's output, counted there);
+//    moe_utils.py topk_softmax_with_capacity keeps the top-k indices (int64) and the fp32
+//    softmax over the top-k scores: 12k; moe_utils.py permute keeps the routing map transposed
+//    (bool, E), the transposed probs for masked_select (dt E) and the sorted token indices
+//    (int64, 8k); experts keep the dispatched tokens (fc1's input), fc1's output and the
+//    permuted probs (experts.py TEGroupedMLP.forward: weighted_bias_swiglu_impl applies the
+//    probs inside the activation and saves input + probs) and the activation (fc2's input). The
+//    experts' output is not saved: the probs were applied before fc2, and unpermute keeps indices.
+
 // Note [Limits]
 // Byte counts are products of shapes, dtypes and tokens computed in double (exact up to 2^53,
 // and what the formulas need for fractional terms such as moe_imbalance), then converted once
@@ -110,10 +145,10 @@ void Attention(Builder& b, const LayerSpec& spec) {
       // change the work, not the saved tensors.
       b.Save("attn.qkv", "", (hq + 2 * hkv) * d * dt);
       if (m.qk_norm != QkNorm::kNone) {
-        // Megatron-Core q_layernorm / k_layernorm (TE RMSNorm) keep their inputs for backward.
-        b.Save("attn.qk_norm_in", "", (hq + hkv) * d * dt);
+        // Note [megatron profile]: TENorm's contiguous copies of q and k, one fp32 rstdev per head.
+        b.Save("attn.qk_norm_in", "", (hq + hkv) * (d * dt + 4));
       }
-      b.Save("attn.core_out", "attn_core", hq * d * dt + hq * 4);
+      b.Save("attn.core_out", "", hq * d * dt + hq * 4);  // + softmax_lse; no attn_core module
       if (m.attention_output_gate) {
         // modeling_qwen3_next.py Qwen3NextAttention: out = core * sigmoid(gate); the gate
         // half of q_proj's output is kept for backward.
@@ -132,7 +167,6 @@ void Attention(Builder& b, const LayerSpec& spec) {
       const double core = 4 * hq * d * keys * t;
       b.core_flops += core;
       b.attention_flops += core;
-      AddModule(b, "attn_core", b.Core(core), false);
       b.cost.attn_forward_transient = b.Bytes(hq * d * dt * t, "the attention forward working set");
       b.cost.attn_backward_transient = b.Bytes((hq + 2 * hkv) * d * dt * t + hq * d * 4 * t,
                                                "the attention backward working set");
@@ -237,11 +271,15 @@ void Ffn(Builder& b, const LayerSpec& spec) {
   } else {
     const double routed = m.experts_per_token * b.run.moe_imbalance / tp;  // per token
     const double fe = m.moe_intermediate, fs = m.shared_intermediate / tp;
-    b.Save("moe.router", "", m.experts * 4.0 / tp);
+    // Note [megatron profile]: the router and the permute run on this rank's own tokens
+    // (sequence-parallel shard), the experts on the tokens dispatched to it.
+    const double k = m.experts_per_token;
+    b.Save("moe.router", "", k * (8 + 4) / tp);
+    b.Save("moe.permute_map", "", (m.experts * (1 + dt) + 8 * k) / tp);
     b.Save("moe.dispatched", "", routed * h * dt);
     b.Save("moe.gate_up", "", (routed * 2 * fe + 2 * fs) * dt);
+    b.Save("moe.probs", "", routed * dt);
     b.Save("moe.act", "moe_act", (routed * fe + fs) * dt);
-    b.Save("moe.expert_out", "", routed * h * dt);
     AddModule(b, "moe_act", b.Elementwise(3 * (routed * fe + fs) * dt * t), true);
     // TE GroupedLinear over this rank's experts/ep experts, which share the routed tokens.
     b.grouped_flops += 2 * 3 * h * fe * routed * t;
@@ -267,11 +305,11 @@ absl::StatusOr<LayerCost> BuildLayer(const ModelConfig& m, const HardwareProfile
   const double tp = run.tp, dt = run.activation_bytes, h = m.hidden, n = m.hc_mult;
   b.Save("input", "", n * h * dt / tp);
   if (m.hc_mult > 1) b.Save("attn.hc_in", "", h * dt / tp);
-  b.Save("attn.norm", "", h * dt / tp);
+  b.Save("attn.norm", "", (h * dt + 4) / tp);  // ln_out + rsigma (Note [megatron profile])
   Attention(b, spec);
   b.Save("mid", "", n * h * dt / tp);
   if (m.hc_mult > 1) b.Save("ffn.hc_in", "", h * dt / tp);
-  b.Save("ffn.norm", "", h * dt / tp);
+  b.Save("ffn.norm", "", (h * dt + 4) / tp);
   Ffn(b, spec);
   b.matmul_flops += 2.0 * static_cast<double>(DenseLayerParams(m, spec)) / tp * tokens;
   b.cost.input_bytes = b.cost.saved.front().bytes;

@@ -61,10 +61,14 @@ std::string Dense(const std::string& family, const std::string& extra = "") {
 
 TEST(LayerKinds, DenseAttentionLayerByHand) {
   const StepCost s = Step(Parse(Dense("llama")));
-  // input, attn.norm, mid, ffn.norm: 4 x 256 x 2; qkv (4 + 2 x 2) x 64 x 2; core out 4 x 64 x 2
-  // + 4 fp32 softmax statistics; gate/up 2 x 512 x 2; act 512 x 2.
+  // input, attn.norm, mid, ffn.norm: 4 x 256 x 2, and the two norms' fp32 rsigma; qkv
+  // (4 + 2 x 2) x 64 x 2; core out 4 x 64 x 2 + 4 fp32 softmax statistics; gate/up 2 x 512 x 2;
+  // act 512 x 2.
   EXPECT_DOUBLE_EQ(LayerPerToken(s, 0),
-                   4 * 256 * 2 + 8 * 64 * 2 + (4 * 64 * 2 + 16) + 2 * 512 * 2 + 512 * 2);
+                   4 * 256 * 2 + 2 * 4 + 8 * 64 * 2 + (4 * 64 * 2 + 16) + 2 * 512 * 2 + 512 * 2);
+  // No attn_core module: linear_proj keeps the core's output whatever the core recomputes
+  // (Note [megatron profile], tests/python/test_megatron_profile.py).
+  for (const RecomputeModule& mod : s.layers[0].modules) EXPECT_NE(mod.name, "attn_core");
 }
 
 // Mistral / Gemma 2/3 / gpt-oss / OLMo 3: a window changes the attention work, not what flash
@@ -103,12 +107,13 @@ TEST(LayerKinds, ChunkedAttentionSeesHalfAChunk) {
   EXPECT_DOUBLE_EQ(PerToken(s, 0, "moe.act"), (128 + 128) * 2);
 }
 
-// Qwen3 / Gemma 3 / OLMo: q_layernorm and k_layernorm keep their inputs, (heads + kv) x d wide.
+// Qwen3 / Gemma 3 / OLMo: q_layernorm and k_layernorm keep their inputs, (heads + kv) x d wide,
+// and one fp32 rstdev per head.
 TEST(LayerKinds, QkNormKeepsItsInputs) {
   const StepCost llama = Step(Parse(Dense("llama")));
   const StepCost qwen3 = Step(Parse(Dense("qwen3")));
-  EXPECT_DOUBLE_EQ(PerToken(qwen3, 0, "attn.qk_norm_in"), (4 + 2) * 64 * 2);
-  EXPECT_DOUBLE_EQ(LayerPerToken(qwen3, 0) - LayerPerToken(llama, 0), (4 + 2) * 64 * 2);
+  EXPECT_DOUBLE_EQ(PerToken(qwen3, 0, "attn.qk_norm_in"), (4 + 2) * (64 * 2 + 4));
+  EXPECT_DOUBLE_EQ(LayerPerToken(qwen3, 0) - LayerPerToken(llama, 0), (4 + 2) * (64 * 2 + 4));
   // Parameters: one head_dim weight each for q and k per layer.
   const ModelConfig q = Parse(Dense("qwen3")), l = Parse(Dense("llama"));
   EXPECT_EQ(DenseLayerParams(q, q.layers[0]) - DenseLayerParams(l, l.layers[0]), 2u * 64);
@@ -120,12 +125,12 @@ TEST(LayerKinds, GptOssLayerByHand) {
   const ModelConfig m = Read("gpt-oss-20b.json");
   const StepCost s = Step(m);
   const double h = 2880, hq = 64, hkv = 8, d = 64, e = 32, k = 4, f = 2880;
-  const double expected = 4 * h * 2 + (hq + 2 * hkv) * d * 2 + (hq * d * 2 + hq * 4) +
-                          e * 4 +          // router logits, fp32
-                          k * h * 2 +      // dispatched tokens
-                          k * 2 * f * 2 +  // expert gate/up
-                          k * f * 2 +      // expert activation
-                          k * h * 2;       // expert outputs
+  const double expected = 4 * h * 2 + 2 * 4 + (hq + 2 * hkv) * d * 2 + (hq * d * 2 + hq * 4) +
+                          k * (8 + 4) +            // router top-k indices and fp32 softmax
+                          e * (1 + 2) + 8 * k +    // permute: routing map, probs, token indices
+                          k * h * 2 +              // dispatched tokens
+                          k * 2 * f * 2 + k * 2 +  // expert gate/up and permuted probs
+                          k * f * 2;               // expert activation
   EXPECT_DOUBLE_EQ(LayerPerToken(s, 0), expected);
   EXPECT_EQ(s.layers[0].saved_bytes, s.layers[1].saved_bytes);  // sliding and full alike
   // Parameters the feature adds: sinks (64), q/k/v/o biases, router bias (32), expert biases.
