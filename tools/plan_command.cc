@@ -14,6 +14,7 @@
 #include "planner/optimizer.h"
 #include "planner/profile.h"
 #include "planner/report.h"
+#include "planner/trainer_arguments.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
 #include "tools/cli.h"
@@ -98,6 +99,10 @@ cli::FlagParser MakeParser() {
   p.Add({"max-seq-len", "", "find the longest sequence that fits the budgets", ""});
   p.Add({"list-models", "", "list the config.json families (with aliases) and the presets", ""});
   p.Add({"format", "table|json", "stdout format", "table"});
+  p.Add({"emit", "megatron",
+         "print the plan as the trainer's own arguments instead (Megatron-LM's; what it cannot "
+         "express is listed after them)",
+         ""});
   p.Add({"out", "PATH", "also write the plan JSON to PATH", ""});
   p.Add({"timeline", "PATH", "write an SVG of device memory and copies over the step", ""});
   p.Add({"trace", "PATH",
@@ -296,6 +301,11 @@ int RunPlanCommand(int argc, char** argv) {
     return kExitOk;
   }
   auto format = flags.GetString("format", "table");
+  const std::optional<std::string> emit = flags.Get("emit");
+  if (emit.has_value() && *emit != "megatron") {
+    std::fprintf(stderr, "stowage plan: --emit=%s: expected megatron\n", emit->c_str());
+    return kExitUsage;
+  }
   if (!format.ok() || (*format != "table" && *format != "json")) {
     std::fprintf(stderr, "stowage plan: --format is '%s'; allowed: table, json\n",
                  format.ok() ? format->c_str() : "");
@@ -380,7 +390,10 @@ int RunPlanCommand(int argc, char** argv) {
                              in.options.host_budget_bytes};
   Plan plan = planner::MakePlan(*step, result, baseline, labels);
   const std::string json = PlanToJson(plan);
-  if (*format == "json") {
+  if (emit.has_value()) {
+    std::fputs(planner::RenderMegatronArguments(plan, planner::MegatronArguments(plan)).c_str(),
+               stdout);
+  } else if (*format == "json") {
     std::fputs(json.c_str(), stdout);
   } else {
     std::printf(

@@ -1,0 +1,118 @@
+"""`stowage plan --emit megatron` prints arguments Megatron-LM takes: every name is one of
+Megatron-LM's (tests/data/megatron-lm-arguments.json, listed from its own parser by
+tools/gen-megatron-arguments), a parser with Megatron's names, nargs and choices parses them, and
+where megatron-core is installed its TransformerConfig accepts the recompute / offload settings
+together (its __post_init__ refuses the combinations Megatron cannot run). CTest passes the CLI as
+STOWAGE_CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import unittest
+
+import support
+
+ARGUMENTS = os.path.join(support.HERE, "..", "data", "megatron-lm-arguments.json")
+
+CASES = [
+    [],                                            # the reference run, 1M: offload_input
+    ["--seq-len", "256K"],                         # block recompute, mixed policies
+    ["--force", "recompute"],
+    ["--force", "selective_recompute"],
+    ["--force", "offload_saved", "--seq-len", "64K"],
+    ["--model", "llama-3-8b", "--hardware", "h200", "--seq-len", "32K", "--tp", "2", "--cp", "2",
+     "--gpus", "8"],
+]
+
+
+def _megatron_parser() -> argparse.ArgumentParser:
+    with open(ARGUMENTS) as f:
+        known = json.load(f)["arguments"]
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False, add_help=False)
+    for name, spec in known.items():
+        if not spec["takes_value"]:
+            parser.add_argument(name, action="store_true")
+        else:
+            parser.add_argument(name, nargs=spec["nargs"], choices=spec["choices"])
+    return parser
+
+
+def _parse(parser: argparse.ArgumentParser, tokens: list) -> argparse.Namespace:
+    """Megatron's reading of `tokens`: ArgumentError for a bad value, ValueError for a name it
+    does not take (parse_known_args, so nothing prints a usage message)."""
+    args, rest = parser.parse_known_args(tokens)
+    if rest:
+        raise ValueError(f"Megatron-LM takes no {rest}")
+    return args
+
+
+def _emitted(cli: str, flags: list) -> tuple[list, list]:
+    out = subprocess.run([cli, "plan", *flags, "--emit", "megatron"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode in (0, 1), out.stderr  # 1: a forced plan over the budget, still shown
+    lines = out.stdout.splitlines()
+    notes = [l for l in lines if l.startswith("#")]
+    body = " ".join(l.rstrip("\\").strip() for l in lines if not l.startswith("#"))
+    return shlex.split(body), notes
+
+
+class EmitMegatronTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.cli = os.environ.get("STOWAGE_CLI")
+        if not cls.cli or not os.path.exists(cls.cli):
+            raise unittest.SkipTest("STOWAGE_CLI is not set (CTest sets it to the built CLI)")
+        cls.parser = _megatron_parser()
+
+    def test_megatron_parses_what_is_emitted(self) -> None:
+        for flags in CASES:
+            with self.subTest(flags=flags):
+                tokens, notes = _emitted(self.cli, flags)
+                self.assertTrue(tokens)
+                args = _parse(self.parser, tokens)
+                self.assertGreaterEqual(args.tensor_model_parallel_size and
+                                        int(args.tensor_model_parallel_size), 1)
+                if args.recompute_granularity == "full":
+                    self.assertIn(args.recompute_method, ("uniform", "block"))
+                    self.assertIsNotNone(args.recompute_num_layers)
+                if args.cpu_offloading_num_layers:
+                    self.assertIsNone(args.recompute_granularity)
+
+    def test_the_parser_refuses_what_megatron_would(self) -> None:
+        for bad in (["--recompute-granularity", "partial"], ["--tensor-parallel-size", "2"],
+                    ["--sequence-parallel", "true"]):
+            with self.assertRaises((argparse.ArgumentError, ValueError), msg=bad):
+                _parse(self.parser, bad)
+
+    def test_megatron_core_accepts_the_settings_together(self) -> None:
+        try:
+            from megatron.core.transformer.transformer_config import TransformerConfig
+        except ImportError as e:  # Debian's torch 1.13 has no megatron-core
+            self.skipTest(f"megatron-core is not installed: {e}")
+        for flags in CASES:
+            with self.subTest(flags=flags):
+                args = _parse(self.parser, _emitted(self.cli, flags)[0])
+                num_layers = 45
+                modules = args.recompute_modules
+                TransformerConfig(
+                    num_layers=num_layers, hidden_size=64, num_attention_heads=4,
+                    tensor_model_parallel_size=int(args.tensor_model_parallel_size),
+                    context_parallel_size=int(args.context_parallel_size),
+                    sequence_parallel=args.sequence_parallel,
+                    num_moe_experts=8 if args.expert_model_parallel_size else None,
+                    moe_grouped_gemm=bool(args.expert_model_parallel_size),
+                    recompute_granularity=args.recompute_granularity,
+                    recompute_method=args.recompute_method,
+                    recompute_num_layers=(int(args.recompute_num_layers)
+                                          if args.recompute_num_layers else None),
+                    recompute_modules=modules,
+                    cpu_offloading=bool(args.cpu_offloading_num_layers),
+                    cpu_offloading_num_layers=int(args.cpu_offloading_num_layers or 0))
+
+
+if __name__ == "__main__":
+    unittest.main()
