@@ -471,9 +471,18 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
           what, "'s saved tensors add up to ", saved, " bytes but it claims ", l.saved_bytes,
           " (FFN part ", l.ffn_saved_bytes, ", recompute modules ", in_modules, ")"));
     }
+    if (l.in_flight_microbatches < 1 || l.in_flight_microbatches > kMaxInFlightMicrobatches) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " has ", l.in_flight_microbatches,
+                                                     " in-flight microbatches; allowed: 1 to ",
+                                                     kMaxInFlightMicrobatches));
+    }
     auto ceiling = LayerCeiling(l);
     if (!ceiling.ok()) return ceiling.status();
-    if (absl::Status s = add(*ceiling, absl::StrCat("the largest option of ", what)); !s.ok()) {
+    // Every in-flight microbatch may hold the layer's bytes (Note [In-flight microbatches]).
+    auto held = MulOrError(*ceiling, static_cast<uint64_t>(l.in_flight_microbatches),
+                           absl::StrCat("the bytes of ", what));
+    if (!held.ok()) return held.status();
+    if (absl::Status s = add(*held, absl::StrCat("the largest option of ", what)); !s.ok()) {
       return s;
     }
     if (!finite(l.forward_seconds) || !finite(l.backward_seconds) ||

@@ -99,7 +99,12 @@ struct LayerCost {
   // Parameter gradients this layer's backward creates (StepCost::gradients_in_backward): they
   // exist from its backward to the end of the step.
   uint64_t grad_bytes = 0;
+  // Microbatches of this layer a pipeline stage holds at once (1F1B: stage s of p holds
+  // min(p - s, M)); the simulator keeps the other m - 1 microbatches' resident bytes on the GPU
+  // throughout and m copies of its host bytes in host memory. 1 without pipelining.
+  int in_flight_microbatches = 1;
 };
+inline constexpr int kMaxInFlightMicrobatches = 1024;
 
 struct FixedMemory {
   uint64_t weights = 0;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,41 +15,68 @@
 namespace stowage::planner {
 namespace {
 
-// Note [Search]
-// Step time = compute seconds (a sum over layers of the chosen options) + exposed copy waits
-// (>= 0). Every layer's resident bytes are on the GPU together while the LM head and loss run,
-// so any feasible plan satisfies  sum(resident) <= budget - fixed - tail.  The minimum compute
-// of layers i..L-1 under that capacity is a knapsack solved once per search by dynamic
-// programming over capacity buckets (resident bytes rounded down, so the bound never exceeds
-// the truth). Depth-first search assigns layers in forward order; a node is cut when
-//  - its compute so far plus the knapsack bound is no better than the best plan found,
-//  - the forward pass so far already exceeds the GPU budget (forward memory depends only on the
-//    layers before: no H2D runs before the tail, so D2H completions are known exactly), or
-//  - its host bytes exceed the host budget.
-// Leaves are simulated in full. The bound ignores copy waits, so the search is exact whatever
-// the waits are; it is fast when they are small, which is when offloading pays.
+// Note [Exact search]
+// What the simulator's step time and peak depend on (Note [Runtime protocol], simulator.cc),
+// for a choice of one option per layer and a prefetch distance d (save lag L):
+//  - Device memory moves only at compute events (a forward or backward starting or ending, a
+//    save waited for, a prefetch issued), so the levels it reaches do not depend on copy
+//    timing. With R = resident, H = host bytes, F/Bk = the option's forward/backward working
+//    set, E = the other in-flight microbatches' resident bytes (sum of (m_k - 1) R_k, m_k =
+//    LayerCost::in_flight_microbatches) and G_j = the gradients alive in backward of j:
+//      forward of i:   fixed + E + R_<i + H_{i-L+1..i-1} + F_i
+//      backward of j:  fixed + E + R_<j + H_{j-d..j-1} + Bk_j + G_j
+//      LM head/loss:   fixed + E + R_all + H_{n-L..n-1} + max(tail, tail gradients)
+//    are reached by every plan, and together with one level reached only when a forward waits
+//    for a save (fixed + E + R_<=i + H_{i-L+1..i}) they are the peak. So the memory a plan needs
+//    is a sum of prefix resident bytes and terms of a window of W = max(L - 1, d) layers.
+//  - Step time = embedding + tail + optimizer copies + the chosen options' compute + copy
+//    waits. The waits are a max-plus function of the copy queues; what every plan must wait is
+//    bounded from below per layer: layer i's save (h = H_i / D2H rate) must land before the
+//    forward of i + L (or backward), and only the forward compute between its issue and that
+//    wait can hide it, so the waits in the at most L slots in between add up to at least
+//    h - (that compute, each layer at its longest option); each wait slot lies in at most L
+//    such windows, so the forward waits are at least the sum of the excesses / L. Likewise
+//    the prefetch issued at the backward of i + d must land before the backward of i: the
+//    backward waits are at least the sum of (H_i / H2D rate - the backward compute between) /
+//    (d + 1).
+// The search:
+//  1. Fronts (per d): a dynamic programme over layers from the last to the first. A state is a
+//     layer i and the host-byte classes of the W layers before it (the window the memory
+//     terms need). Its value is not one number but the Pareto front of the suffix plans
+//     i..n-1: (slack = the most weighted prefix resident bytes sum_{k<i} m_k R_k the suffix's
+//     memory terms admit, extra = its sum of (m_k - 1) R_k, cost = compute + the wait bounds
+//     above). Bytes are exact (no buckets); a front longer than kMaxFront labels is thinned by
+//     merging neighbours into one label with the best slack, extra and cost of the group, which
+//     keeps every value a valid bound and only weakens it (a counted gap, never a wrong proof).
+//     The root front's least cost + the fixed seconds is a lower bound on every plan's step
+//     time (the host budget and the stall-only memory level are relaxed away).
+//  2. Candidates: the front's best plans (and uniform plans) are simulated exactly; the best one
+//     within both budgets is the incumbent.
+//  3. If the incumbent is within kProvenTolerance of the bound it is proven optimal. Otherwise a
+//     depth-first branch and bound over the layers (exact prefix memory and host bytes; bound =
+//     the prefix's costs + the suffix front's least cost admitting the prefix) closes the gap or
+//     stops at node_limit and reports it (OptimizeResult::lower_bound_seconds).
+// On the reference model the bound is attained: the compute-optimal plan under these memory
+// terms waits for no copy, so step 1's plan is the optimum and step 3 never runs. On small
+// random instances the branch and bound runs to completion and equals exhaustive search
+// (optimizer_test.cc). Work is layers x windows x options x front length, linear in depth.
 
 // Note [Bounded work]
-// Left alone, the knapsack tables cost layers x options x buckets^2 in time and layers x
-// buckets^2 in memory, and hill climbing costs layers^2 x options simulated layers: 1,000
-// layers took 11.7 s, 5,000 took 234 s and 1.3 GB, 100,000 ran out of memory. So:
-//  - the bucket count per table dimension shrinks with depth so one table costs at most
-//    kTableWork cell updates (coarser buckets give a weaker but still valid lower bound:
-//    bytes stay rounded down in it, up in the incumbent's table);
-//  - Seed rebuilds its table at most until kSeedTableWork cell updates are spent;
-//  - Improve stops after kImproveSimulatedLayers layer-simulations;
-//  - the search itself stops after node_limit nodes, as before, or once its leaves have cost
-//    kSearchSimulatedLayers layer-simulations (deep models reach a leaf every few nodes).
-// None of these changes what a completed search proves; a search cut short reports the plan
-// it found, unproven, with the root bound as its gap (OptimizeResult::lower_bound_seconds).
-// Models deeper than kMaxLayers are refused before any of this (CheckStepCostBounds).
+// Fronts cost layers x windows x options x front length label updates (at most kMaxFront labels
+// per front, max(L - 1, d) <= kMaxWindow layers of window): linear in depth. The shared fronts
+// are always built; per-distance refinements only while they fit kRefineWork label updates. Before
+// them the tables of a bucketed knapsack cost layers x buckets^2 (1,000 layers took 11.7 s). The
+// rest is bounded too: hill climbing stops after kImproveSimulatedLayers layer-simulations, the
+// branch and bound after node_limit nodes or kSearchSimulatedLayers layer-simulations. None of
+// these changes what a completed search proves; a search cut short reports the plan it found,
+// unproven, with its bound (OptimizeResult::lower_bound_seconds). Models deeper than kMaxLayers
+// are refused before any of this (CheckStepCostBounds).
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr int kMaxBuckets = 128;
-constexpr int kMinBuckets = 4;
-constexpr double kTableWork = 3e7;
-constexpr double kSeedTableWork = 1.2e8;
-constexpr double kImproveSimulatedLayers = 3e5;
-constexpr double kSearchSimulatedLayers = 4e5;
+constexpr int kMaxFront = 512;
+// The window of host-byte classes kept exactly; older prefetched bytes are left out of the
+// backward term for d > kMaxWindow (a relaxation: the bound stays valid).
+constexpr int kMaxWindow = 3;
+constexpr double kProvenTolerance = 1e-9;
 
 // a + b + c <= limit, where a sum that would wrap does not fit.
 bool FitsBudget(uint64_t a, uint64_t b, uint64_t c, uint64_t limit) {
@@ -66,6 +95,7 @@ std::vector<std::vector<Candidate>> Candidates(const StepCost& step, const Optim
   const uint64_t fixed = step.fixed.total();
   std::vector<std::vector<Candidate>> out(step.layers.size());
   for (size_t i = 0; i < step.layers.size(); ++i) {
+    const uint64_t m = static_cast<uint64_t>(std::max(1, step.layers[i].in_flight_microbatches));
     for (const LayerOption& option : AllOptions(step.layers[i], o.chunk_counts)) {
       if (o.force.has_value() && option.policy != *o.force) continue;
       const OptionCost c = EvaluateOption(step.layers[i], option);
@@ -73,11 +103,12 @@ std::vector<std::vector<Candidate>> Candidates(const StepCost& step, const Optim
       if (!FitsBudget(fixed, std::max(c.forward_peak, c.backward_peak), 0, o.gpu_budget_bytes)) {
         continue;
       }
-      if (c.host_bytes > o.host_budget_bytes) continue;
+      if (c.host_bytes > o.host_budget_bytes / m) continue;
       bool duplicate = false;
       for (const Candidate& other : out[i]) {
         const OptionCost& d = other.cost;
         duplicate |= d.resident_bytes == c.resident_bytes && d.host_bytes == c.host_bytes &&
+                     d.save_at_forward_start == c.save_at_forward_start &&
                      d.forward_peak == c.forward_peak && d.backward_peak == c.backward_peak &&
                      d.forward_seconds == c.forward_seconds &&
                      d.recompute_seconds == c.recompute_seconds &&
@@ -89,229 +120,457 @@ std::vector<std::vector<Candidate>> Candidates(const StepCost& step, const Optim
   return out;
 }
 
-// Note [Knapsack tables]
-// T[i][r][h] is the least compute of layers i..L-1 when the layers before used r resident
-// buckets and h host buckets, under the necessary conditions every feasible plan meets:
-//  - all resident bytes are on the GPU during the LM head and loss: r <= (budget - fixed -
-//    tail) / q_r at the end;
-//  - while layer i runs forward or backward, the resident bytes of layers 0..i-1 are on the GPU
-//    beside its own working set: r <= (budget - fixed - peak(i)) / q_r;
-//  - host bytes fit the host budget.
-// With bytes rounded down the table is a lower bound (the search's bound); rounded up, the plan
-// it yields meets the conditions exactly (the search's first incumbent).
-class Table {
+// The per-layer quantities of Note [Exact search] for prefetch distance `distance` (the backward
+// wait bound for `wait_distance`: a larger one hides more, so a model with the smallest distance
+// for memory and the largest for waits bounds every distance in between).
+class Model {
  public:
-  Table(const StepCost& step, const OptimizerOptions& o,
-        const std::vector<std::vector<Candidate>>& cand, bool round_up)
-      : n_(static_cast<int>(cand.size())), cand_(cand), round_up_(round_up) {
+  Model(const StepCost& step, const OptimizerOptions& o,
+        const std::vector<std::vector<Candidate>>& cand, int distance, int lag, int max_window,
+        int wait_distance)
+      : step_(step), cand_(cand), n_(static_cast<int>(cand.size())), d_(distance), lag_(lag) {
     const uint64_t fixed = step.fixed.total();
-    const uint64_t used = fixed + step.tail_bytes;
-    const uint64_t resident_room = o.gpu_budget_bytes > used ? o.gpu_budget_bytes - used : 0;
-    // Note [Bounded work]: buckets^2 x (all options of all layers) <= kTableWork.
-    double options = 1;
-    for (const auto& c : cand) options += static_cast<double>(c.size());
-    const int buckets =
-        std::clamp(static_cast<int>(std::sqrt(kTableWork / options)), kMinBuckets, kMaxBuckets);
-    qr_ = resident_room / static_cast<uint64_t>(buckets) + 1;
-    qh_ = o.host_budget_bytes / static_cast<uint64_t>(buckets) + 1;
-    rb_ = static_cast<int>(resident_room / qr_);
-    hb_ = static_cast<int>(std::min<uint64_t>(o.host_budget_bytes / qh_, kMaxBuckets));
-    work_ = options * (rb_ + 1) * (hb_ + 1);
-    room_ = o.gpu_budget_bytes > fixed ? o.gpu_budget_bytes - fixed : 0;
-    tail_ = step.tail_bytes;
-    // Offloaded bytes stay on the GPU until their D2H completes, and the D2H engine moves at
-    // most rate x elapsed bytes: before layer i's forward, at least host - rate x (the longest
-    // the forward of layers 0..i-1 can take) are still waiting.
-    drained_.assign(n_ + 1, 0);
-    double elapsed = 0;
+    room_ = o.gpu_budget_bytes > fixed
+                ? static_cast<double>(std::min<uint64_t>(o.gpu_budget_bytes - fixed, 1ull << 63))
+                : -1;
+    window_ = std::min({std::max(lag_ - 1, d_), kMaxWindow, std::max(lag_ - 1, max_window)});
+    // Host-byte classes: the distinct host byte counts of each layer's options.
+    cls_.resize(n_);
+    hosts_.resize(n_);
+    classes_ = 1;
     for (int i = 0; i < n_; ++i) {
-      double longest = 0;
-      for (const Candidate& c : cand[i]) longest = std::max(longest, c.cost.forward_seconds);
-      if (i > 0) elapsed += longest;
-      drained_[i] = elapsed * step.d2h_bytes_per_second;
+      for (const Candidate& c : cand[i]) {
+        auto it = std::find(hosts_[i].begin(), hosts_[i].end(), c.cost.host_bytes);
+        cls_[i].push_back(static_cast<int>(it - hosts_[i].begin()));
+        if (it == hosts_[i].end()) hosts_[i].push_back(c.cost.host_bytes);
+      }
+      classes_ = std::max(classes_, static_cast<int>(hosts_[i].size()));
     }
-    double last = 0;
-    for (const Candidate& c : cand[n_ - 1 >= 0 ? n_ - 1 : 0]) {
-      last = std::max(last, c.cost.forward_seconds);
-    }
-    drained_[n_] = (elapsed + (n_ > 0 ? last : 0)) * step.d2h_bytes_per_second;
-    v_.assign(static_cast<size_t>(n_ + 1) * (rb_ + 1) * (hb_ + 1), kInf);
-    for (int r = 0; r <= rb_; ++r) {
-      for (int h = 0; h <= hb_; ++h) {
-        if (Fits(n_, r, h, tail_)) At(n_, r, h) = 0;
+    keys_ = 1;
+    for (int t = 0; t < window_; ++t) keys_ *= classes_;
+    // Gradients alive in the backward of j (eager PyTorch): the LM head's and layers j..n-1.
+    grads_.assign(n_ + 1, 0);
+    if (step.gradients_in_backward) {
+      grads_[n_] = static_cast<double>(step.tail_grad_bytes);
+      for (int j = n_ - 1; j >= 0; --j) {
+        grads_[j] = grads_[j + 1] + static_cast<double>(step.layers[j].grad_bytes);
       }
     }
-    // The next layer starts its forward (and later runs its backward beside this layer's
-    // reload) while this layer's offloaded bytes are on the GPU: this layer's resident and host
-    // bytes plus the next layer's least working set must fit too.
-    // An offload still in flight when the LM head and loss run sits beside them: the D2H of
-    // layer i cannot have moved more than rate x (the longest forward of the layers after it).
-    tail_pending_.assign(n_, std::vector<uint64_t>());
-    {
-      double after = 0;
-      for (int i = n_ - 1; i >= 0; --i) {
-        for (const Candidate& c : cand[i]) {
-          const double left =
-              static_cast<double>(c.cost.host_bytes) - after * step.d2h_bytes_per_second;
-          tail_pending_[i].push_back(c.cost.resident_bytes +
-                                     (left > 0 ? static_cast<uint64_t>(left) : 0) + tail_);
-        }
-        double longest = 0;
-        for (const Candidate& c : cand[i]) longest = std::max(longest, c.cost.forward_seconds);
-        after += longest;
-      }
-    }
-    next_peak_.assign(n_ + 1, 0);
-    for (int i = 0; i + 1 < n_; ++i) {
-      uint64_t least = ~0ull;
-      for (const Candidate& c : cand[i + 1]) {
-        least = std::min(least, std::max(c.cost.forward_peak, c.cost.backward_peak));
-      }
-      next_peak_[i] = least;
-    }
-    for (int i = n_ - 1; i >= 0; --i) {
-      for (size_t k = 0; k < cand[i].size(); ++k) {
-        const Candidate& c = cand[i][k];
-        const uint64_t at_tail = tail_pending_[i][k];
-        if (c.cost.host_bytes > 0 &&
-            !Fits(i, 0, 0, c.cost.resident_bytes + c.cost.host_bytes + next_peak_[i])) {
-          continue;
-        }
-        const int w = Resident(c.cost), x = Host(c.cost);
-        const double secs = c.cost.compute_seconds();
-        for (int r = 0; r + w <= rb_; ++r) {
-          if (!Fits(i, r, 0, c.cost.backward_peak)) break;
-          if (!Fits(i, r, 0, at_tail)) break;
-          if (c.cost.host_bytes > 0 &&
-              !Fits(i, r, 0, c.cost.resident_bytes + c.cost.host_bytes + next_peak_[i])) {
-            break;
-          }
-          for (int h = 0; h + x <= hb_; ++h) {
-            if (!Fits(i, r, h, c.cost.forward_peak)) break;
-            double& cell = At(i, r, h);
-            cell = std::min(cell, secs + At(i + 1, r + w, h + x));
-          }
-        }
-      }
-    }
-  }
-
-  // Whether `own` bytes fit beside r resident and h host buckets of the layers before layer i.
-  bool Fits(int i, int r, int h, uint64_t own) const {
-    const double pending =
-        std::max(0.0, static_cast<double>(h) * static_cast<double>(qh_) - drained_[i]);
-    return static_cast<double>(r) * static_cast<double>(qr_) + pending + static_cast<double>(own) <=
-           static_cast<double>(room_);
-  }
-  bool Allowed(int i, int r, int h, const OptionCost& c) const {
-    return Fits(i, r, 0, c.backward_peak) && Fits(i, r, h, c.forward_peak);
-  }
-
-  // Cell updates this table cost to fill (Note [Bounded work]).
-  double work() const { return work_; }
-  int Resident(const OptionCost& c) const { return Buckets(c.resident_bytes, qr_); }
-  int Host(const OptionCost& c) const { return Buckets(c.host_bytes, qh_); }
-  double Bound(int i, int r, int h) const {
-    return r > rb_ || h > hb_ ? kInf : v_[(static_cast<size_t>(i) * (rb_ + 1) + r) * (hb_ + 1) + h];
-  }
-
-  // The table's plan from an empty prefix: least compute, then least host and resident bytes.
-  std::vector<int> Choice() const {
-    std::vector<int> pick(n_, -1);
-    int r = 0, h = 0;
+    tail_need_ = static_cast<double>(step.gradients_in_backward
+                                         ? std::max(step.tail_bytes, step.tail_grad_bytes)
+                                         : step.tail_bytes);
+    // Each option's cost: compute plus its share of the copy-wait bounds.
+    std::vector<double> fmax(n_, 0), bmax(n_, 0);
     for (int i = 0; i < n_; ++i) {
-      int best = -1;
-      double best_secs = kInf;
-      for (size_t k = 0; k < cand_[i].size(); ++k) {
-        const OptionCost& c = cand_[i][k].cost;
-        if (!Allowed(i, r, h, c)) continue;
-        if (!Fits(i, r, 0, tail_pending_[i][k])) continue;
-        if (c.host_bytes > 0 && !Fits(i, r, 0, c.resident_bytes + c.host_bytes + next_peak_[i])) {
-          continue;
-        }
-        const double secs = c.compute_seconds() + Bound(i + 1, r + Resident(c), h + Host(c));
-        if (secs == kInf) continue;
-        const OptionCost* prev = best >= 0 ? &cand_[i][best].cost : nullptr;
-        if (secs < best_secs - 1e-12 ||
-            (secs <= best_secs + 1e-12 && prev != nullptr &&
-             (c.host_bytes < prev->host_bytes ||
-              (c.host_bytes == prev->host_bytes && c.resident_bytes < prev->resident_bytes)))) {
-          best = static_cast<int>(k);
-          best_secs = std::min(best_secs, secs);
-        }
+      for (const Candidate& c : cand[i]) {
+        fmax[i] = std::max(fmax[i], c.cost.forward_seconds);
+        bmax[i] = std::max(bmax[i], c.cost.recompute_seconds + c.cost.backward_seconds);
       }
-      if (best < 0) return {};
-      pick[i] = best;
-      r += Resident(cand_[i][best].cost);
-      h += Host(cand_[i][best].cost);
     }
-    return pick;
+    const int slots_fwd = std::max(lag_, 1);
+    cost_.resize(n_);
+    for (int i = 0; i < n_; ++i) {
+      for (const Candidate& c : cand[i]) {
+        double cost = c.cost.compute_seconds();
+        if (c.cost.host_bytes > 0) {
+          const double bytes = static_cast<double>(c.cost.host_bytes);
+          // Forward: from the save's issue to the wait before the forward of i + L (backward).
+          double hide = c.cost.save_at_forward_start ? c.cost.forward_seconds : 0;
+          const int wait_at = std::min(i + slots_fwd, n_);
+          for (int j = i + 1; j < wait_at; ++j) hide += fmax[j];
+          if (wait_at == n_) hide += step.tail_seconds;
+          cost += std::max(0.0, bytes / step.d2h_bytes_per_second - hide) / slots_fwd;
+          // Backward: from the backward of min(i + d, n - 1) to the backward of i.
+          const int issue_at = std::min(i + wait_distance, n_ - 1);
+          double bhide = 0;
+          for (int j = i + 1; j <= issue_at; ++j) bhide += bmax[j];
+          cost += std::max(0.0, bytes / step.h2d_bytes_per_second - bhide) / (wait_distance + 1);
+        }
+        cost_[i].push_back(cost);
+      }
+    }
+    fixed_seconds_ = step.embedding_seconds + step.tail_seconds + step.optimizer_copy_seconds;
+  }
+
+  int n() const { return n_; }
+  int options(int i) const { return static_cast<int>(cand_[i].size()); }
+  int keys() const { return keys_; }
+  int classes() const { return classes_; }
+  int Class(int i, int k) const { return cls_[i][k]; }
+  int Shift(int key, int cls) const { return window_ == 0 ? 0 : (key * classes_) % keys_ + cls; }
+  double Cost(int i, int k) const { return cost_[i][k]; }
+  double room() const { return room_; }
+  double fixed_seconds() const { return fixed_seconds_; }
+  double Multiplier(int i) const {
+    return static_cast<double>(std::max(1, step_.layers[i].in_flight_microbatches));
+  }
+  double Resident(int i, int k) const {
+    return static_cast<double>(cand_[i][k].cost.resident_bytes);
+  }
+  // Host bytes of layer i - 1 - t in window `key` at position i (0 before layer 0).
+  double WindowHost(int i, int key, int t) const {
+    const int layer = i - 1 - t;
+    if (layer < 0 || t >= window_) return 0;
+    int digit = key;
+    for (int s = 0; s < t; ++s) digit /= classes_;
+    digit %= classes_;
+    return digit < static_cast<int>(hosts_[layer].size())
+               ? static_cast<double>(hosts_[layer][digit])
+               : -1;  // a window no plan has
+  }
+  // The options of layer i no other option of the same host bytes beats in resident bytes,
+  // working sets and cost (for the fronts: the plans they describe stay the same or better).
+  std::vector<int> Undominated(int i) const {
+    std::vector<int> out;
+    const int count = options(i);
+    for (int k = 0; k < count; ++k) {
+      const OptionCost& a = cand_[i][k].cost;
+      bool beaten = false;
+      for (int j = 0; j < count && !beaten; ++j) {
+        if (j == k || cls_[i][j] != cls_[i][k]) continue;
+        const OptionCost& b = cand_[i][j].cost;
+        const bool no_worse = b.resident_bytes <= a.resident_bytes &&
+                              b.forward_peak <= a.forward_peak &&
+                              b.backward_peak <= a.backward_peak && cost_[i][j] <= cost_[i][k];
+        const bool better = b.resident_bytes < a.resident_bytes ||
+                            b.forward_peak < a.forward_peak || b.backward_peak < a.backward_peak ||
+                            cost_[i][j] < cost_[i][k];
+        beaten = no_worse && (better || j < k);
+      }
+      if (!beaten) out.push_back(k);
+    }
+    return out;
+  }
+  bool ValidKey(int i, int key) const {
+    for (int t = 0; t < window_; ++t) {
+      if (WindowHost(i, key, t) < 0) return false;
+    }
+    return true;
+  }
+  // Layer i's memory terms beyond the prefix's resident bytes (Note [Exact search]).
+  double Need(int i, int k, int key) const {
+    double fwd = 0, bwd = 0;
+    for (int t = 0; t + 1 < lag_; ++t) fwd += WindowHost(i, key, t);
+    for (int t = 0; t < d_; ++t) bwd += WindowHost(i, key, t);
+    const OptionCost& c = cand_[i][k].cost;
+    double need = std::max(static_cast<double>(c.forward_peak) + fwd,
+                           static_cast<double>(c.backward_peak) + bwd + grads_[i]);
+    // The last layer carries the LM head and loss: every resident byte (its own too) and the
+    // saves of the last L layers are on the GPU beside them.
+    if (i == n_ - 1) {
+      need =
+          std::max(need, static_cast<double>(c.resident_bytes + c.host_bytes) + fwd + tail_need_);
+    }
+    return need;
   }
 
  private:
-  int Buckets(uint64_t bytes, uint64_t q) const {
-    const uint64_t b = round_up_ ? CeilDiv(bytes, q) : bytes / q;
-    return static_cast<int>(std::min<uint64_t>(b, 1u << 30));
-  }
-  double& At(int i, int r, int h) {
-    return v_[(static_cast<size_t>(i) * (rb_ + 1) + r) * (hb_ + 1) + h];
+  const StepCost& step_;
+  const std::vector<std::vector<Candidate>>& cand_;
+  int n_, d_, lag_;
+  int window_ = 0, classes_ = 1, keys_ = 1;
+  double room_ = 0, tail_need_ = 0, fixed_seconds_ = 0;
+  std::vector<std::vector<int>> cls_;
+  std::vector<std::vector<uint64_t>> hosts_;
+  std::vector<double> grads_;
+  std::vector<std::vector<double>> cost_;
+};
+
+// The Pareto fronts of Note [Exact search], step 1.
+class Fronts {
+ public:
+  struct Label {
+    double slack = 0;  // most weighted prefix resident bytes the suffix admits
+    double extra = 0;  // the suffix's sum of (m_k - 1) R_k
+    double cost = 0;
+    int option = -1;  // in cand[i]
+    int next = -1;    // its successor in the front of (i + 1, shifted key)
+  };
+
+  explicit Fronts(const Model& model) : m_(model), n_(model.n()) {
+    fronts_.assign(static_cast<size_t>(n_ + 1) * m_.keys(), {});
+    plain_.assign(fronts_.size(), 1);
+    for (int key = 0; key < m_.keys(); ++key) {
+      if (m_.ValidKey(n_, key) && m_.room() >= 0) At(n_, key).push_back({m_.room(), 0, 0, -1, -1});
+    }
+    // The most weighted resident bytes any prefix can hold: more slack than that admits nothing
+    // more, so labels beyond it are one label (exact).
+    std::vector<double> most(n_ + 1, 0);
+    for (int i = 0; i < n_; ++i) {
+      double largest = 0;
+      for (int k = 0; k < m_.options(i); ++k) largest = std::max(largest, m_.Resident(i, k));
+      most[i + 1] = most[i] + m_.Multiplier(i) * largest;
+    }
+    std::vector<Label> all, merged;
+    std::vector<size_t> runs;
+    for (int i = n_ - 1; i >= 0; --i) {
+      const double mult = m_.Multiplier(i);
+      const std::vector<int> useful = m_.Undominated(i);
+      for (int key = 0; key < m_.keys(); ++key) {
+        if (!m_.ValidKey(i, key)) continue;
+        all.clear();
+        runs.clear();
+        bool sorted_runs = true;
+        for (int k : useful) {
+          const int next_key = m_.Shift(key, m_.Class(i, k));
+          const std::vector<Label>& next = At(i + 1, next_key);
+          if (next.empty()) continue;
+          const double r = m_.Resident(i, k);
+          const double own = m_.room() - m_.Need(i, k, key);
+          const double cost = m_.Cost(i, k);
+          if (own < 0) continue;
+          if (mult == 1 && Plain(i + 1, next_key)) {
+            // slack = min(l.slack - r, own) falls along `next`: the labels it clamps to `own`
+            // collapse into their cheapest (the last), the rest stay sorted until slack < 0.
+            const double top = std::min(own, most[i]);
+            const auto clamp_end = std::partition_point(
+                next.begin(), next.end(), [&](const Label& l) { return l.slack - r >= top; });
+            size_t q = static_cast<size_t>(clamp_end - next.begin());
+            runs.push_back(all.size());
+            if (q > 0) all.push_back({top, 0, next[q - 1].cost + cost, k, static_cast<int>(q - 1)});
+            for (; q < next.size(); ++q) {
+              const double slack = next[q].slack - r;
+              if (slack < 0) break;
+              all.push_back({slack, 0, next[q].cost + cost, k, static_cast<int>(q)});
+            }
+            continue;
+          }
+          sorted_runs = false;
+          for (size_t q = 0; q < next.size(); ++q) {
+            const Label& l = next[q];
+            const double extra = l.extra + (mult - 1) * r;
+            const double slack = std::min({l.slack - mult * r, own - extra, most[i]});
+            if (slack < 0) continue;
+            all.push_back({slack, extra, l.cost + cost, k, static_cast<int>(q)});
+          }
+        }
+        if (sorted_runs) {
+          Merge(all, runs, merged);
+          std::swap(all, merged);
+        }
+        Prune(all, sorted_runs, At(i, key), plain_[static_cast<size_t>(i) * m_.keys() + key]);
+      }
+    }
   }
 
+  // Least suffix cost of layers i..n-1 after a prefix with weighted resident bytes `prefix`
+  // whose own memory terms leave `extra_room` for the suffix's extra; kInf if none.
+  double Bound(int i, int key, double prefix, double extra_room) const {
+    const std::vector<Label>& f = At(i, key);
+    // Sorted by slack, largest first: the labels admitting `prefix` are a prefix of f.
+    const auto end =
+        std::partition_point(f.begin(), f.end(), [&](const Label& l) { return l.slack >= prefix; });
+    double best = kInf;
+    if (Plain(i, key)) {
+      // Without extra, cost falls along the front: the last admitted label is the least.
+      if (end != f.begin() && (end - 1)->extra <= extra_room) best = (end - 1)->cost;
+      return best;
+    }
+    for (auto it = f.begin(); it != end; ++it) {
+      if (it->extra <= extra_room) best = std::min(best, it->cost);
+    }
+    return best;
+  }
+  double Root() const { return Bound(0, 0, 0, kInf); }
+
+  // The plans of the root front's cheapest `count` labels, cheapest first.
+  std::vector<std::vector<int>> Plans(int count) const {
+    std::vector<int> order(At(0, 0).size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return At(0, 0)[a].cost < At(0, 0)[b].cost; });
+    std::vector<std::vector<int>> out;
+    for (int q : order) {
+      if (static_cast<int>(out.size()) >= count) break;
+      std::vector<int> pick(n_);
+      int key = 0, at = q;
+      for (int i = 0; i < n_; ++i) {
+        const Label& l = At(i, key)[at];
+        pick[i] = l.option;
+        key = m_.Shift(key, m_.Class(i, l.option));
+        at = l.next;
+      }
+      out.push_back(std::move(pick));
+    }
+    return out;
+  }
+
+  double work() const { return work_; }
+  bool thinned() const { return thinned_; }
+
+ private:
+  std::vector<Label>& At(int i, int key) {
+    return fronts_[static_cast<size_t>(i) * m_.keys() + key];
+  }
+  const std::vector<Label>& At(int i, int key) const {
+    return fronts_[static_cast<size_t>(i) * m_.keys() + key];
+  }
+  bool Plain(int i, int key) const { return plain_[static_cast<size_t>(i) * m_.keys() + key]; }
+
+  // The labels of `all` no other label beats in slack, extra and cost (ties: the first), most
+  // slack first; thinned to kMaxFront (Note [Exact search]).
+  static bool Before(const Label& a, const Label& b) {
+    if (a.slack != b.slack) return a.slack > b.slack;
+    if (a.cost != b.cost) return a.cost < b.cost;
+    return a.extra < b.extra;
+  }
+
+  // The runs of `all` (each already in Before order, starting at runs[r]) merged into `out`.
+  static void Merge(const std::vector<Label>& all, const std::vector<size_t>& runs,
+                    std::vector<Label>& out) {
+    out.clear();
+    std::vector<std::pair<size_t, size_t>> heads;  // (next, end) per run
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const size_t end = r + 1 < runs.size() ? runs[r + 1] : all.size();
+      if (runs[r] < end) heads.emplace_back(runs[r], end);
+    }
+    auto later = [&](const std::pair<size_t, size_t>& a, const std::pair<size_t, size_t>& b) {
+      return Before(all[b.first], all[a.first]);
+    };
+    std::make_heap(heads.begin(), heads.end(), later);
+    while (!heads.empty()) {
+      std::pop_heap(heads.begin(), heads.end(), later);
+      auto& top = heads.back();
+      out.push_back(all[top.first]);
+      if (++top.first < top.second) {
+        std::push_heap(heads.begin(), heads.end(), later);
+      } else {
+        heads.pop_back();
+      }
+    }
+  }
+
+  void Prune(std::vector<Label>& all, bool sorted, std::vector<Label>& out, char& plain) {
+    work_ += static_cast<double>(all.size());
+    if (!sorted) std::sort(all.begin(), all.end(), Before);
+    bool has_extra = false;
+    for (const Label& l : all) has_extra |= l.extra > 0;
+    out.clear();
+    if (!has_extra) {
+      double least = kInf;
+      for (const Label& l : all) {
+        if (l.cost < least) {
+          out.push_back(l);
+          least = l.cost;
+        }
+      }
+    } else {
+      for (const Label& l : all) {
+        bool beaten = false;
+        for (const Label& o : out) {
+          if (o.cost <= l.cost && o.extra <= l.extra) {
+            beaten = true;
+            break;
+          }
+        }
+        if (!beaten) out.push_back(l);
+      }
+    }
+    plain = !has_extra;
+    if (static_cast<int>(out.size()) <= kMaxFront) return;
+    // Thin: groups of neighbours become one label with the group's most slack, least extra and
+    // least cost (a bound on each member), continuing the first member's plan.
+    const size_t group = (out.size() + kMaxFront - 1) / kMaxFront;
+    std::vector<Label> thin;
+    for (size_t s = 0; s < out.size(); s += group) {
+      Label merged = out[s];
+      for (size_t t = s; t < std::min(out.size(), s + group); ++t) {
+        merged.extra = std::min(merged.extra, out[t].extra);
+        merged.cost = std::min(merged.cost, out[t].cost);
+      }
+      thin.push_back(merged);
+    }
+    out = std::move(thin);
+    thinned_ = true;
+  }
+
+  const Model& m_;
   int n_;
-  const std::vector<std::vector<Candidate>>& cand_;
-  bool round_up_;
-  uint64_t qr_ = 1, qh_ = 1;
-  int rb_ = 0, hb_ = 0;
-  uint64_t room_ = 0, tail_ = 0;
+  std::vector<std::vector<Label>> fronts_;
+  std::vector<char> plain_;  // the front has no extra (every m_k = 1 in its plans)
   double work_ = 0;
-  std::vector<double> drained_;
-  std::vector<uint64_t> next_peak_;  // the next layer's least working set
-  std::vector<std::vector<uint64_t>>
-      tail_pending_;  // per option: its least bytes at the loss  // most bytes the D2H
-                      // engine can have moved before layer i
-  std::vector<double> v_;
+  bool thinned_ = false;
 };
+
+// Bounds on the work besides the fronts (Note [Bounded work]).
+constexpr double kImproveSimulatedLayers = 3e5;
+constexpr double kRefineWork = 2e7;  // label updates of the per-distance fronts
+constexpr double kSearchSimulatedLayers = 4e5;
+constexpr int kFrontPlans = 4;  // the root front's cheapest plans simulated per distance
 
 class Search {
  public:
   Search(const StepCost& step, const OptimizerOptions& o,
          std::vector<std::vector<Candidate>> candidates)
-      : step_(step),
-        o_(o),
-        cand_(std::move(candidates)),
-        n_(static_cast<int>(cand_.size())),
-        lower_(step, o, cand_, /*round_up=*/false) {
-    const uint64_t fixed = step.fixed.total();
-    const uint64_t used = fixed + step.tail_bytes;
-    capacity_ = o.gpu_budget_bytes > used ? o.gpu_budget_bytes - used : 0;
-    fixed_seconds_ = step.tail_seconds + step.embedding_seconds;
-    // While layer i runs backward, every earlier layer's resident bytes are still on the GPU:
-    // the resident bytes of layers 0..i-1 may not exceed budget - fixed - (the least backward
-    // working set of any layer from i on).
-    prefix_limit_.assign(n_ + 1, ~0ull);
-    for (int i = n_ - 1; i >= 0; --i) {
-      uint64_t least = ~0ull;
-      for (const Candidate& c : cand_[i]) least = std::min(least, c.cost.backward_peak);
-      const uint64_t room =
-          o.gpu_budget_bytes > fixed + least ? o.gpu_budget_bytes - fixed - least : 0;
-      prefix_limit_[i] = std::min(prefix_limit_[i + 1], room);
+      : step_(step), o_(o), cand_(std::move(candidates)), n_(static_cast<int>(cand_.size())) {
+    grads_.assign(n_ + 1, 0);
+    if (step.gradients_in_backward) {
+      grads_[n_] = step.tail_grad_bytes;
+      for (int j = n_ - 1; j >= 0; --j) grads_[j] = grads_[j + 1] + step.layers[j].grad_bytes;
+    }
+    // One set of fronts bounds every distance first (a window of one layer, the least prefetched
+    // bytes, the least backward waits); a distance gets its own only when that bound does not
+    // settle it (Refine).
+    int least = std::numeric_limits<int>::max(), most = 1;
+    for (int d : o.prefetch_distances) {
+      least = std::min(least, std::max(d, 1));
+      most = std::max(most, d);
+    }
+    shared_model_ = std::make_unique<Model>(step, o, cand_, least, kDefaultSaveLag, 1, most);
+    shared_ = std::make_unique<Fronts>(*shared_model_);
+    const double bound = shared_->Root() + shared_model_->fixed_seconds();
+    for (int d : o.prefetch_distances) {
+      Distance& dist = distances_.emplace_back();
+      dist.d = std::max(d, 1);
+      dist.bound = bound;
     }
   }
 
-  // Lower bound on every plan.
-  double RootBound() const { return lower_.Bound(0, 0, 0) + fixed_seconds_; }
+  // Refines the fronts of every distance whose bound the incumbent does not already beat.
+  void Refine() {
+    for (Distance& dist : distances_) {
+      if (Proven()) return;
+      if (dist.bound >= best_seconds_ * (1 - kProvenTolerance) || dist.fronts != nullptr) continue;
+      // Note [Bounded work]: a refinement costs about (its windows / the shared one's) times the
+      // shared fronts' work.
+      const double work = shared_->work() * std::pow(shared_model_->classes(), kMaxWindow - 1);
+      if (refine_work_ + work > kRefineWork) continue;
+      refine_work_ += work;
+      Build(dist);
+      for (const std::vector<int>& pick : dist.fronts->Plans(kFrontPlans)) TryLeaf(pick, dist.d);
+    }
+    std::stable_sort(distances_.begin(), distances_.end(),
+                     [](const Distance& a, const Distance& b) { return a.bound < b.bound; });
+  }
 
-  // First incumbents: the plans of the rounded-up table. The table misses what only the
-  // simulation sees (copies still in flight beside a working set), so when its plan overshoots
-  // the budget by some bytes, the table is rebuilt with that much less room and tried again.
+  // No plan within the budgets is faster (Note [Exact search]); kInf: none fits.
+  double RootBound() const {
+    double b = kInf;
+    for (const Distance& d : distances_) b = std::min(b, d.bound);
+    return b;
+  }
+  double LowerBound() const {
+    double b = best_seconds_;
+    for (const Distance& d : distances_) {
+      if (!d.searched) b = std::min(b, d.bound);
+    }
+    return b;
+  }
+  bool Proven() const {
+    return !best_pick_.empty() && best_seconds_ <= LowerBound() * (1 + kProvenTolerance);
+  }
+
+  // Step 2: the fronts' best plans, and uniform plans (every layer input offloaded while the
+  // host budget lasts, the rest and the last layers recomputed; each chunk count).
   void Seed() {
-    // Uniform plans: every layer input offloaded while the host budget lasts, the rest (and the
-    // last layer, whose reload could not overlap anything) recomputed; each chunk count.
+    for (const std::vector<int>& pick : shared_->Plans(kFrontPlans)) {
+      for (const Distance& other : distances_) TryLeaf(pick, other.d);
+    }
     for (int chunks : o_.chunk_counts) {
       for (int keep_last : {0, 1, 2}) {
         std::vector<int> pick(n_, -1);
         uint64_t host = 0;
-        for (int i = 0; i < n_ && pick.size() == static_cast<size_t>(n_); ++i) {
+        for (int i = 0; i < n_; ++i) {
           LayerPolicy policy = LayerPolicy::kRecompute;
           if (i < n_ - keep_last && host + step_.layers[i].input_bytes <= o_.host_budget_bytes) {
             policy = LayerPolicy::kOffloadInput;
@@ -325,33 +584,13 @@ class Search {
           host += cand_[i][pick[i]].cost.host_bytes;
         }
         if (std::find(pick.begin(), pick.end(), -1) != pick.end()) continue;
-        for (int d : o_.prefetch_distances) TryLeaf(pick, d);
+        for (const Distance& dist : distances_) TryLeaf(pick, dist.d);
       }
-    }
-    OptimizerOptions tighter = o_;
-    double table_work = 0;
-    for (int attempt = 0; attempt < 12 && table_work < kSeedTableWork; ++attempt) {
-      Table upper(step_, tighter, cand_, /*round_up=*/true);
-      table_work += upper.work();
-      std::vector<int> pick = upper.Choice();
-      if (pick.empty()) return;
-      uint64_t overshoot = ~0ull;
-      for (int d : o_.prefetch_distances) {
-        const SimResult sim = TryLeaf(pick, d);
-        const uint64_t over =
-            sim.peak_bytes > o_.gpu_budget_bytes ? sim.peak_bytes - o_.gpu_budget_bytes : 0;
-        overshoot = std::min(overshoot, over);
-      }
-      if (overshoot == 0) return;
-      const uint64_t cut = overshoot + (overshoot >> 2) + (64ull << 20);
-      if (tighter.gpu_budget_bytes <= cut) return;
-      tighter.gpu_budget_bytes -= cut;
     }
   }
 
-  // Hill climbing from the best plan: change one layer's option (or the prefetch distance)
-  // while that shortens the simulated step. Only improves the incumbent, so the search's bound
-  // cuts more; the answer stays the search's.
+  // Hill climbing from the best plan: change one layer's option while that shortens the
+  // simulated step. Only improves the incumbent, so the search's bound cuts more.
   void Improve() {
     if (best_pick_.empty()) return;
     const double start = simulated_layers_;
@@ -359,7 +598,7 @@ class Search {
       bool improved = false;
       for (int i = 0; i < n_; ++i) {
         for (size_t k = 0; k < cand_[i].size(); ++k) {
-          if (simulated_layers_ - start > kImproveSimulatedLayers) return;
+          if (simulated_layers_ - start > kImproveSimulatedLayers || Proven()) return;
           if (static_cast<int>(k) == best_pick_[i]) continue;
           // Without copy waits only less compute can shorten the step.
           if (best_stall_ == 0 && cand_[i][k].cost.compute_seconds() >=
@@ -377,11 +616,30 @@ class Search {
     }
   }
 
+  // Step 3: branch and bound, distance by distance, until proven or out of nodes.
+  void BranchAndBound() {
+    search_start_ = simulated_layers_;
+    for (Distance& dist : distances_) {
+      if (Proven()) return;
+      if (dist.bound >= best_seconds_ * (1 - kProvenTolerance)) {
+        dist.searched = true;  // no plan at this distance can be faster
+        continue;
+      }
+      if (dist.fronts == nullptr) Build(dist);
+      current_ = &dist;
+      pick_.assign(n_, -1);
+      Dfs(0, 0, 0, 0, -kInf, 0.0);
+      if (exhausted()) return;
+      dist.searched = true;
+    }
+  }
+
   SimResult TryLeaf(const std::vector<int>& pick, int distance) {
     std::vector<OptionCost> costs(n_);
     for (int i = 0; i < n_; ++i) costs[i] = cand_[i][pick[i]].cost;
     SimResult sim = Simulate(step_, costs, distance, /*record=*/false);
     simulated_layers_ += n_;
+    ++leaves_;
     if (sim.peak_bytes <= o_.gpu_budget_bytes && sim.host_bytes <= o_.host_budget_bytes &&
         sim.step_seconds < best_seconds_) {
       best_seconds_ = sim.step_seconds;
@@ -392,109 +650,121 @@ class Search {
     return sim;
   }
 
-  // The search's own budget (Note [Bounded work]) counts from here, over every distance.
-  void BeginSearch() { search_start_ = simulated_layers_; }
-
-  void Run(int distance) {
-    distance_ = distance;
-    pick_.assign(n_, -1);
-    pending_.clear();
-    Dfs(0, 0.0, 0, 0, 0, 0, step_.embedding_seconds / 3, 0.0);
-  }
-
   bool exhausted() const {
     return nodes_ > o_.node_limit || simulated_layers_ - search_start_ > kSearchSimulatedLayers;
   }
-  int64_t nodes() const { return nodes_; }
+  int64_t nodes() const { return nodes_ + leaves_; }
   double best_seconds() const { return best_seconds_; }
   const std::vector<int>& best_pick() const { return best_pick_; }
   int best_distance() const { return best_distance_; }
   const std::vector<std::vector<Candidate>>& candidates() const { return cand_; }
 
  private:
-  struct Pending {
-    double done;
-    uint64_t bytes;
+  struct Distance {
+    int d = 1;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Fronts> fronts;
+    double bound = kInf;
+    bool searched = false;  // its branch and bound completed (or its bound cannot win)
   };
 
-  void Dfs(int i, double compute, uint64_t resident, uint64_t host, int r_buckets, int h_buckets,
-           double now, double d2h_free) {
-    if (nodes_++ > o_.node_limit || exhausted()) return;
+  void Build(Distance& dist) {
+    dist.model =
+        std::make_unique<Model>(step_, o_, cand_, dist.d, kDefaultSaveLag, kMaxWindow, dist.d);
+    dist.fronts = std::make_unique<Fronts>(*dist.model);
+    // Both bounds are valid; this one is the stronger.
+    dist.bound = std::max(dist.bound, dist.fronts->Root() + dist.model->fixed_seconds());
+  }
+
+  // Layer i's memory terms beyond the prefix's resident bytes, from the prefix's actual picks
+  // (exact bytes; saturating: a sum that would wrap does not fit any budget).
+  uint64_t NeedExact(int i, const OptionCost& c, int d) const {
+    uint64_t fwd = 0, bwd = 0;
+    for (int t = 0; t + 1 < kDefaultSaveLag && i - 1 - t >= 0; ++t) {
+      fwd += cand_[i - 1 - t][pick_[i - 1 - t]].cost.host_bytes;
+    }
+    for (int t = 0; t < d && i - 1 - t >= 0; ++t) {
+      bwd += cand_[i - 1 - t][pick_[i - 1 - t]].cost.host_bytes;
+    }
+    const uint64_t a = CheckedAdd(c.forward_peak, fwd).value_or(~0ull);
+    const uint64_t b =
+        CheckedAdd(CheckedAdd(c.backward_peak, bwd).value_or(~0ull), grads_[i]).value_or(~0ull);
+    uint64_t need = std::max(a, b);
+    if (i == n_ - 1) {  // the LM head and loss (Model::Need)
+      const uint64_t tail = step_.gradients_in_backward
+                                ? std::max(step_.tail_bytes, step_.tail_grad_bytes)
+                                : step_.tail_bytes;
+      need = std::max(need, c.resident_bytes + c.host_bytes + fwd + tail);
+    }
+    return need;
+  }
+
+  // prefix: sum_{k<i} m_k R_k; qmax: the largest of the prefix layers' memory terms (each with
+  // the prefix's extra so far); host: sum_{k<i} m_k H_k; cost: the prefix's option costs.
+  void Dfs(int i, int key, uint64_t prefix, uint64_t host, double qmax, double cost) {
+    if (++nodes_ > o_.node_limit || exhausted()) return;
     if (i == n_) {
-      TryLeaf(pick_, distance_);
+      TryLeaf(pick_, current_->d);
       return;
     }
-    const uint64_t previous_host = i > 0 ? cand_[i - 1][pick_[i - 1]].cost.host_bytes : 0;
-    // Pool at the start of layer i's forward: resident bytes plus copies not yet done.
-    uint64_t pool = resident;
-    for (const Pending& p : pending_) {
-      if (p.done > now) pool += p.bytes;
-    }
+    const Model& model = *current_->model;
     const uint64_t fixed = step_.fixed.total();
+    const uint64_t m = static_cast<uint64_t>(std::max(1, step_.layers[i].in_flight_microbatches));
     struct Child {
       int k;
       double bound;
+      uint64_t prefix, host;
+      double qmax;
     };
     std::vector<Child> children;
     children.reserve(cand_[i].size());
     for (size_t k = 0; k < cand_[i].size(); ++k) {
       const OptionCost& c = cand_[i][k].cost;
-      // Sums of a step's bytes cannot wrap (CheckStepCostBounds), but a budget near 2^64 (the
-      // "unlimited" of a forced policy) must not make one: FitsBudget treats a wrap as too big.
-      if (!FitsBudget(host, c.host_bytes, 0, o_.host_budget_bytes)) continue;
-      if (!FitsBudget(fixed, pool, c.forward_peak, o_.gpu_budget_bytes)) continue;
-      // During layer i's backward the previous layer's reload has already started (its H2D
-      // follows layer i's in the same queue and is triggered no later than layer i starts).
-      if (!FitsBudget(fixed + resident, previous_host, c.backward_peak, o_.gpu_budget_bytes)) {
+      const uint64_t h = CheckedMul(m, c.host_bytes).value_or(~0ull);
+      if (!FitsBudget(host, h, 0, o_.host_budget_bytes)) continue;
+      const uint64_t extra = CheckedMul(m - 1, c.resident_bytes).value_or(~0ull);
+      const uint64_t need = NeedExact(i, c, current_->d);
+      if (!FitsBudget(fixed, CheckedAdd(prefix, extra).value_or(~0ull), need,
+                      o_.gpu_budget_bytes)) {
         continue;
       }
-      const uint64_t r = resident + c.resident_bytes;
-      if (r > capacity_ || r > prefix_limit_[i + 1]) continue;
+      const uint64_t next_prefix =
+          CheckedAdd(prefix, CheckedMul(m, c.resident_bytes).value_or(~0ull)).value_or(~0ull);
+      const double q = std::max(qmax + static_cast<double>(extra),
+                                static_cast<double>(prefix + extra) + static_cast<double>(need));
       const double rest =
-          lower_.Bound(i + 1, r_buckets + lower_.Resident(c), h_buckets + lower_.Host(c));
-      const double bound = compute + c.compute_seconds() + rest + fixed_seconds_;
+          current_->fronts->Bound(i + 1, model.Shift(key, model.Class(i, static_cast<int>(k))),
+                                  static_cast<double>(next_prefix), model.room() - q);
+      const double bound = cost + model.Cost(i, static_cast<int>(k)) + rest + model.fixed_seconds();
       if (bound >= best_seconds_ * (1 - 1e-12)) continue;
-      children.push_back({static_cast<int>(k), bound});
+      children.push_back({static_cast<int>(k), bound, next_prefix, host + h, q});
     }
-    std::stable_sort(children.begin(), children.end(), [&](const Child& a, const Child& b) {
-      if (a.bound != b.bound) return a.bound < b.bound;
-      const OptionCost& x = cand_[i][a.k].cost;
-      const OptionCost& y = cand_[i][b.k].cost;
-      if (x.resident_bytes != y.resident_bytes) return x.resident_bytes < y.resident_bytes;
-      return x.host_bytes < y.host_bytes;
-    });
+    std::stable_sort(children.begin(), children.end(),
+                     [](const Child& a, const Child& b) { return a.bound < b.bound; });
     for (const Child& child : children) {
       if (child.bound >= best_seconds_ * (1 - 1e-12)) break;
-      const OptionCost& c = cand_[i][child.k].cost;
       pick_[i] = child.k;
-      const double end = now + c.forward_seconds;
-      double free = d2h_free;
-      if (c.host_bytes > 0) {
-        free = std::max(end, d2h_free) +
-               static_cast<double>(c.host_bytes) / step_.d2h_bytes_per_second;
-        pending_.push_back({free, c.host_bytes});
-      }
-      Dfs(i + 1, compute + c.compute_seconds(), resident + c.resident_bytes, host + c.host_bytes,
-          r_buckets + lower_.Resident(c), h_buckets + lower_.Host(c), end, free);
-      if (c.host_bytes > 0) pending_.pop_back();
+      Dfs(i + 1, model.Shift(key, model.Class(i, child.k)), child.prefix, child.host, child.qmax,
+          cost + model.Cost(i, child.k));
       if (exhausted()) return;
     }
+    pick_[i] = -1;
   }
 
   const StepCost& step_;
   const OptimizerOptions& o_;
   std::vector<std::vector<Candidate>> cand_;
   int n_;
-  Table lower_;
-  uint64_t capacity_ = 0;
-  std::vector<uint64_t> prefix_limit_;  // see the constructor
-  double fixed_seconds_ = 0;
-  int distance_ = 1;
+  std::vector<uint64_t> grads_;
+  std::unique_ptr<Model> shared_model_;
+  std::unique_ptr<Fronts> shared_;  // bounds every distance
+  double refine_work_ = 0;
+  std::vector<Distance> distances_;
+  Distance* current_ = nullptr;
   std::vector<int> pick_;
-  std::vector<Pending> pending_;
-  int64_t nodes_ = 0;
-  double simulated_layers_ = 0;  // Note [Bounded work]
-  double search_start_ = 0;      // simulated_layers_ when the search began
+  int64_t nodes_ = 0, leaves_ = 0;
+  double simulated_layers_ = 0;
+  double search_start_ = 0;
   double best_seconds_ = kInf;
   double best_stall_ = 0;
   std::vector<int> best_pick_;
@@ -522,17 +792,17 @@ OptimizeResult Optimize(const StepCost& step, const OptimizerOptions& o) {
     r.explanation = std::string(bounds.message());
     return r;
   }
-  Search search(step, o, Candidates(step, o));
+  std::vector<std::vector<Candidate>> candidates = Candidates(step, o);
   bool any_layer_empty = false;
-  for (const auto& c : search.candidates()) any_layer_empty |= c.empty();
-  if (!any_layer_empty && search.RootBound() < kInf) {
+  for (const auto& c : candidates) any_layer_empty |= c.empty();
+  if (any_layer_empty || o.prefetch_distances.empty()) return MinimumPeak(step, o);
+  // Note [Exact search].
+  Search search(step, o, std::move(candidates));
+  if (search.RootBound() < kInf) {
     search.Seed();
-    search.Improve();
-    search.BeginSearch();
-    for (int d : o.prefetch_distances) {
-      search.Run(d);
-      if (search.exhausted()) break;
-    }
+    if (!search.Proven()) search.Refine();
+    if (!search.Proven()) search.Improve();
+    if (!search.Proven()) search.BranchAndBound();
   }
   if (search.best_pick().empty()) {
     OptimizeResult r = MinimumPeak(step, o);
@@ -545,8 +815,9 @@ OptimizeResult Optimize(const StepCost& step, const OptimizerOptions& o) {
   }
   OptimizeResult r = Finish(step, options, search.best_distance());
   r.feasible = true;
-  r.lower_bound_seconds = std::min(search.RootBound(), r.sim.step_seconds);
-  r.proven_optimal = !search.exhausted();
+  r.proven_optimal = search.Proven();
+  r.lower_bound_seconds =
+      r.proven_optimal ? r.sim.step_seconds : std::min(search.LowerBound(), r.sim.step_seconds);
   r.nodes = search.nodes();
   return r;
 }

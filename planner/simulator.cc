@@ -12,6 +12,12 @@ namespace {
 
 constexpr double kNever = std::numeric_limits<double>::infinity();
 
+uint64_t InFlight(const StepCost& step, int layer) {
+  return layer < static_cast<int>(step.layers.size())
+             ? static_cast<uint64_t>(std::max(1, step.layers[layer].in_flight_microbatches))
+             : 1;
+}
+
 struct MemEvent {
   double time;
   int64_t delta;
@@ -78,6 +84,7 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   double now = step.embedding_seconds / 3;
   if (record) r.compute.push_back({Phase::kEmbedding, -1, 0, now, 0});
   double d2h_free = 0;
+  uint64_t others = 0;  // resident bytes of the other in-flight microbatches
   for (int i = 0; i < n; ++i) {
     const OptionCost& c = costs[i];
     const double ready = now;
@@ -101,7 +108,13 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
     }
     if (record) r.compute.push_back({Phase::kForward, i, start, end, start - ready});
     now = end;
-    r.host_bytes = CheckedAdd(r.host_bytes, c.host_bytes).value_or(~0ull);
+    // Note [In-flight microbatches] (simulator.h): m copies of the layer's host bytes, and the
+    // other m - 1 microbatches' resident bytes on the GPU all step.
+    const uint64_t m = InFlight(step, i);
+    r.host_bytes =
+        CheckedAdd(r.host_bytes, CheckedMul(c.host_bytes, m).value_or(~0ull)).value_or(~0ull);
+    others =
+        CheckedAdd(others, CheckedMul(c.resident_bytes, m - 1).value_or(~0ull)).value_or(~0ull);
     r.compute_seconds += c.compute_seconds();
   }
   const double tail_start = now;
@@ -173,7 +186,8 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   std::sort(mem.begin(), mem.end(), [](const MemEvent& a, const MemEvent& b) {
     return a.time != b.time ? a.time < b.time : a.delta < b.delta;
   });
-  int64_t level = static_cast<int64_t>(step.fixed.total());
+  int64_t level = static_cast<int64_t>(std::min<uint64_t>(
+      CheckedAdd(step.fixed.total(), others).value_or(~0ull), std::numeric_limits<int64_t>::max()));
   int64_t peak = level;
   r.peak_seconds = 0;
   r.peak_at = "start";

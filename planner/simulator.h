@@ -17,6 +17,10 @@
 //  - a layer's recompute + backward waits for its H2D (restore);
 //  - the waits are the exposed copy time. Every save is waited for before backward starts, so
 //    D2H and H2D never overlap and the bidirectional rates do not apply.
+// Note [In-flight microbatches]: a pipeline stage holding m = LayerCost::in_flight_microbatches
+// microbatches of a layer runs the step above for one of them while the other m - 1 hold that
+// layer's resident bytes on the GPU (from before the step to its end: they wait for their
+// backward) and every one of the m holds its host bytes in pinned memory.
 #ifndef STOWAGE_PLANNER_SIMULATOR_H_
 #define STOWAGE_PLANNER_SIMULATOR_H_
 
