@@ -112,6 +112,14 @@ std::string FlagParser::NearestFlag(const std::string& name) const {
   return best;
 }
 
+bool FlagParser::SetDefault(const std::string& name, std::string value) {
+  if (std::none_of(flags_.begin(), flags_.end(), [&](const Flag& f) { return f.name == name; })) {
+    return false;
+  }
+  values_.try_emplace(name, std::move(value));
+  return true;
+}
+
 bool FlagParser::Has(const std::string& name) const { return values_.contains(name); }
 
 std::optional<std::string> FlagParser::Get(const std::string& name) const {

@@ -37,6 +37,10 @@ class FlagParser {
   // Parses argv[first..argc). Positional arguments are collected in positional().
   absl::Status Parse(int argc, char** argv, int first);
 
+  // A value for `name` unless one was given on the command line (settings read from a file
+  // yield to flags). False when no flag has that name.
+  bool SetDefault(const std::string& name, std::string value);
+
   bool Has(const std::string& name) const;
   std::optional<std::string> Get(const std::string& name) const;
   bool GetBool(const std::string& name) const;  // a switch given without value

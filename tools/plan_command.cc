@@ -19,6 +19,7 @@
 #include "stowage/stowage.h"
 #include "tools/cli.h"
 #include "tools/commands.h"
+#include "tools/trainer_config.h"
 
 namespace stowage::tools {
 namespace {
@@ -98,6 +99,10 @@ cli::FlagParser MakeParser() {
          ""});
   p.Add({"max-seq-len", "", "find the longest sequence that fits the budgets", ""});
   p.Add({"list-models", "", "list the config.json families (with aliases) and the presets", ""});
+  p.Add({"from-megatron", "FILE",
+         "take the run settings (parallel sizes, sequence length, micro batch, optimizer, "
+         "sharding) from a Megatron-LM argument list or YAML config; flags given here win",
+         ""});
   p.Add({"format", "table|json", "stdout format", "table"});
   p.Add({"emit", "megatron",
          "print the plan as the trainer's own arguments instead (Megatron-LM's; what it cannot "
@@ -295,6 +300,29 @@ int RunPlanCommand(int argc, char** argv) {
   if (!flags.positional().empty()) {
     std::fprintf(stderr, "stowage plan: unexpected argument '%s'\n", flags.positional()[0].c_str());
     return kExitUsage;
+  }
+  if (auto file = flags.Get("from-megatron"); file.has_value()) {
+    std::ifstream in(*file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) {
+      std::fprintf(stderr, "stowage plan: --from-megatron=%s: cannot read the file\n",
+                   file->c_str());
+      return kExitUsage;
+    }
+    absl::StatusOr<TrainerSettings> settings = ReadMegatronSettings(text.str(), *file);
+    if (!settings.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(settings.status().message()).c_str());
+      return kExitUsage;
+    }
+    for (const auto& [flag, value] : settings->flags) {
+      if (!flags.SetDefault(flag, value)) {
+        std::fprintf(stderr, "note: %s sets --%s, which this planner does not take\n",
+                     file->c_str(), flag.c_str());
+      }
+    }
+    for (const std::string& note : settings->notes)
+      std::fprintf(stderr, "note: %s\n", note.c_str());
   }
   if (flags.GetBool("list-models")) {
     std::fputs(planner::ListModelsText().c_str(), stdout);

@@ -56,6 +56,25 @@ TEST_F(PlanCommand, TakesMegatronSpellingsOfTheParallelSizes) {
   EXPECT_THAT(megatron.out, HasSubstr("\"tp\": 2"));
 }
 
+TEST_F(PlanCommand, FromMegatronTakesTheRunSettingsAndFlagsWin) {
+  {
+    std::ofstream(Path("train.sh")) << "python pretrain_gpt.py --tensor-model-parallel-size 2 \\\n"
+                                       "  --context-parallel-size 4 --seq-length 131072 \\\n"
+                                       "  --use-distributed-optimizer --num-layers 45\n";
+  }
+  const std::string job = "plan --model llama-3-8b --hardware h200 --gpus 8 --format json ";
+  const Result from = Stowage(job + "--from-megatron " + Path("train.sh"));
+  const Result flags = Stowage(job + "--tp 2 --cp 4 --seq-len 128K --sharding optim");
+  ASSERT_EQ(flags.code, 0) << flags.out;
+  ASSERT_EQ(from.code, 0) << from.out;
+  // Same plan; only the notes (on stderr, merged here) differ.
+  EXPECT_THAT(from.out, HasSubstr(flags.out.substr(flags.out.find('{'))));
+  EXPECT_THAT(from.out, HasSubstr("not used from"));
+  const Result override_tp = Stowage(job + "--from-megatron " + Path("train.sh") + " --tp 1");
+  EXPECT_THAT(override_tp.out, HasSubstr("\"tp\": 1"));
+  EXPECT_EQ(Stowage("plan --from-megatron " + Path("missing.sh")).code, 2);
+}
+
 TEST_F(PlanCommand, DefaultPlansTheReferenceRun) {
   const Result run = Stowage("plan");
   ASSERT_EQ(run.code, 0) << run.out;
