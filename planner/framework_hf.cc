@@ -62,10 +62,81 @@ constexpr int kCublasWorkspaces = 2;
 // and each kernel's fixed cost. Element-wise bytes per token are counted per op below (read +
 // write); backward moves about twice the forward's.
 
+// Note [hf dialects]
+// Families differ in code the recipe counts (each modeling_<family>.py). Checked against
+// autograd's saved tensors for each family on CPU (tests/python/test_hf_layer_kinds.py).
+//  Norms: Llama's RMSNorm (above) keeps fp32 x, rsqrt and the bf16 normalised x: 6w + 4 per
+//    row, plus its output (2w) where a linear consumes it. Gemma2/3RMSNorm computes
+//    `_norm(x.float()) * (1.0 + weight.float())`: fp32 x, rsqrt, the fp32 normalised x and the
+//    fp32 (1 + weight) (4w bytes per layer, not per token): 8w + 4 per row; the post-attention
+//    and post-feedforward norms feed a residual add, so only the pre-norms' outputs (2w) are
+//    kept by a linear. GptOssRMSNorm computes `weight * x_normed` in fp32, then `.to(bf16)`:
+//    8w + 4 per row, plus the output. Llama 4's q/k L2Norm (no weight): fp32 x and rsqrt.
+//  Attention implementation: Gemma 2 and gpt-oss refuse SDPA (`_supports_sdpa = False`:
+//    soft-capping, sinks), so transformers runs eager_attention_forward, which repeats k/v to
+//    every query head (repeat_kv) and keeps the s x s scores: softmax's fp32 output (4) and its
+//    bf16 copy kept by the PV matmul (2) per head and key; soft-capping's tanh keeps its bf16
+//    output (2); with sinks (modeling_gpt_oss.py) the softmax runs in bf16 over s + 1 logits
+//    (its output, 2 per head and key + 1) after a max whose int64 indices are kept (8 per head).
+//  Masks (masking_utils.py sdpa_mask): a sliding-window or chunked layer gets a [b, 1, s, s]
+//    bool mask unless the sequence is shorter than the window (_ignore_causal_mask_sdpa; a
+//    chunk: not longer than it), and GLM-5 / DeepSeek-V3.2 fold the indexer's top-k into the
+//    mask of every DSA layer (GlmMoeDsaAttention.forward). SDPA converts the bool mask to an
+//    additive mask of the query's dtype on every call (aten convert_boolean_attn_mask) and the
+//    memory-efficient kernel a mask sends it to keeps it for backward: 2 bytes per key and
+//    token in each layer. With a mask use_gqa_in_sdpa() is false, so k and v are repeated to
+//    every query head. A masked kernel computes every block of the s x s square, and eager
+//    attention multiplies whole s x s matrices: the window saves no FLOPs here.
+//  MLA (modeling_deepseek_v3.py DeepseekV3Attention): q_a_layernorm and kv_a_layernorm are
+//    Llama norms over q_lora_rank / kv_lora_rank feeding q_b_proj / kv_b_proj; SDPA gets q and
+//    k as new tensors (cat of the nope and rope parts, 2*h*dqk each), v as a view of
+//    kv_b_proj's output (2*h*(d_nope + dv)); q/k and v head dims differ, so the GPUs run the
+//    memory-efficient kernel (saves q, k, v, the output and the fp32 logsumexp). The DSA
+//    indexer runs under torch.no_grad (GlmMoeDsaIndexer.forward): it keeps nothing.
+//  Routers (their TopkRouter / MoE classes): DeepSeek-V2/V3, GLM and Kimi compute the router
+//    linear in fp32 (`F.linear(x.float(), weight.float())`: fp32 x, and the fp32 weight copy,
+//    4*E*h bytes per layer), then softmax (V2) or sigmoid (V3, GLM) kept fp32 (4E), top-k
+//    indices (8k); V3 and GLM renormalise (the sum, 4, and the top-k weights, 4k); routing
+//    weights stay fp32 (4k gathered). gpt-oss takes top-k of the biased logits, then a bf16
+//    softmax over k (2k); its expert biases are gathered by expert id (one more int64 index);
+//    its activation (GptOssExperts._apply_gate: clamp, sigmoid(alpha * gate), (up + 1) * glu)
+//    keeps five tensors of fe per routed token (10*fe*k). Llama 4 (Llama4TextMoe) runs every
+//    expert on every token: it keeps the sigmoid of the scattered top-k scores (4E), their
+//    bf16 copy (2E), the input repeated E times and its weighted copy (2*h*E each), and the
+//    bmm experts' [gate; up], silu and product (8*fe*E). grouped_mm keeps its int32 expert
+//    offsets (4E bytes per layer).
+
+enum class HfNorm { kLlama, kGemma, kGptOss };
+enum class HfRouter { kQwen, kDeepSeekSoftmax, kDeepSeekSigmoid, kGptOss, kLlama4 };
+
+struct HfDialect {
+  HfNorm norm = HfNorm::kLlama;
+  bool eager = false;  // eager_attention_forward (the model class refuses SDPA)
+  HfRouter router = HfRouter::kQwen;
+};
+
+HfDialect DialectFor(const ModelConfig& m) {
+  HfDialect d;
+  const std::string& f = m.family;
+  if (f == "gemma2" || f == "gemma3_text") d.norm = HfNorm::kGemma;
+  if (f == "gpt_oss") d.norm = HfNorm::kGptOss;
+  d.eager = f == "gemma2" || f == "gpt_oss";
+  if (f == "deepseek_v2") d.router = HfRouter::kDeepSeekSoftmax;
+  if (f == "deepseek_v3" || f == "deepseek_v32" || f == "glm_moe_dsa" || f == "glm4_moe" ||
+      f == "kimi_linear") {
+    d.router = HfRouter::kDeepSeekSigmoid;
+  }
+  if (f == "gpt_oss") d.router = HfRouter::kGptOss;
+  if (f == "llama4_text") d.router = HfRouter::kLlama4;
+  return d;
+}
+
 struct HfLayer {
   const ModelConfig& m;
   const HardwareProfile& hw;
   double t;  // tokens
+  double s;  // keys per query's sequence (seq_len)
+  HfDialect dialect;
   LayerCost cost;
   double gemm_flops = 0;     // forward, dense GEMMs
   double grouped_flops = 0;  // forward, expert GEMMs
@@ -75,8 +146,31 @@ struct HfLayer {
   double bwd_bytes = 0;   // backward element-wise bytes per token
   double fwd_kernels = 0, bwd_kernels = 0;
 
-  void Save(const std::string& name, const std::string& module, double bytes_per_token) {
-    cost.saved.push_back({name, module, static_cast<uint64_t>(std::llround(bytes_per_token * t))});
+  // `per_layer` bytes do not grow with tokens (a weight's fp32 copy, grouped_mm's offsets).
+  void Save(const std::string& name, const std::string& module, double bytes_per_token,
+            double per_layer = 0) {
+    cost.saved.push_back(
+        {name, module, static_cast<uint64_t>(std::llround(bytes_per_token * t + per_layer))});
+  }
+  // An RMSNorm over `width` per token with `rows` rsqrt values, in this family's code (Note
+  // [hf dialects]); `output_kept`: a linear consumes its output.
+  void Norm(const std::string& name, double width, double rows, bool output_kept) {
+    double bytes = 4 * width + 4 * rows + (output_kept ? 2 * width : 0);
+    double per_layer = 0;
+    switch (dialect.norm) {
+      case HfNorm::kLlama:
+        bytes += 2 * width;
+        break;
+      case HfNorm::kGemma:
+        bytes += 4 * width;
+        per_layer = 4 * width / rows;  // (1 + weight) in fp32, one weight per row
+        break;
+      case HfNorm::kGptOss:
+        bytes += 4 * width;
+        break;
+    }
+    Save(name, "", bytes, per_layer);
+    NormTraffic(width);
   }
   // An RMSNorm over `width` per token with `rows` rsqrt values: to(fp32) 2w+4w, pow 8w, mean
   // 4w, mul 8w, to(bf16) 6w, weight mul 4w = 36w forward.
@@ -96,20 +190,66 @@ void AddModule(HfLayer& b, const std::string& name, double seconds, bool in_ffn)
   b.cost.modules.push_back({name, bytes, seconds, in_ffn});
 }
 
-void Attention(HfLayer& b) {
+// Whether SDPA gets a mask in this layer (Note [hf dialects]: masks).
+bool HfMasked(const HfLayer& b, const LayerSpec& spec) {
+  if (spec.attention == AttentionKind::kDsa) return true;
+  if (spec.span == AttentionSpan::kSliding) return b.s >= b.m.sliding_window;
+  if (spec.span == AttentionSpan::kChunked) return b.s > b.m.attention_chunk;
+  return false;
+}
+
+// The attention core's bookkeeping shared by the kinds: FLOPs over `keys` per query, kernel
+// counts, the module and the transients.
+void AttentionCore(HfLayer& b, double heads, double dqk, double dv, double keys) {
+  const double core = 2 * heads * (dqk + dv) * keys * b.t;
+  b.core_flops += core;
+  b.fwd_kernels += 1;
+  b.bwd_kernels += 3;  // flash backward: preprocess, main, dq conversion
+  AddModule(b, "attn_core", OpSeconds({.attention_forward_flops = core, .kernels = 1}, b.hw),
+            false);
+}
+
+void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
-  const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim;
-  b.Save("attn.norm", "", 8 * h + 4);
-  b.NormTraffic(h);
-  if (m.qk_norm != QkNorm::kNone) {
+  const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim, s = b.s;
+  b.Norm("attn.norm", h, 1, true);
+  // Llama 4: the q/k L2 norm and RoPE only on its chunked (RoPE) layers; the NoPE layers scale
+  // q by an fp32 attention temperature per token instead (Llama4TextAttention.forward). Its
+  // NoPE layers are the full-span ones (hf_config.cc PlaceSpans).
+  const bool nope = m.family == "llama4_text" && spec.span == AttentionSpan::kFull;
+  if (nope) b.Save("attn.temperature", "", 4);
+  if (m.qk_norm == QkNorm::kL2) {
+    if (!nope) {
+      b.Save("attn.qk_norm", "", 4 * (hq + hkv) * d + 4 * (hq + hkv));
+      b.NormTraffic(hq * d);
+      b.NormTraffic(hkv * d);
+    }
+  } else if (m.qk_norm != QkNorm::kNone) {
     const double rows_q = m.qk_norm == QkNorm::kPerHead ? hq : 1;
     const double rows_k = m.qk_norm == QkNorm::kPerHead ? hkv : 1;
-    b.Save("attn.qk_norm", "", 6 * (hq + hkv) * d + 4 * (rows_q + rows_k));
-    b.NormTraffic(hq * d);
-    b.NormTraffic(hkv * d);
+    const size_t first = b.cost.saved.size();
+    b.Norm("attn.q_norm", hq * d, rows_q, false);
+    b.Norm("attn.k_norm", hkv * d, rows_k, false);
+    // One tensor for the pair, as the profile has always named it.
+    b.cost.saved[first].name = "attn.qk_norm";
+    b.cost.saved[first].bytes += b.cost.saved[first + 1].bytes;
+    b.cost.saved.pop_back();
   }
-  b.Save("attn.qkv", "", 2 * (hq + 2 * hkv) * d);
-  b.Save("attn.core_out", "attn_core", 2 * hq * d + 4 * hq);
+  const bool masked = !b.dialect.eager && HfMasked(b, spec);
+  // k and v as the kernel sees them: repeated to every query head when a mask is given or
+  // attention is eager (repeat_kv), else GQA inside the flash kernel.
+  const double kv = masked || b.dialect.eager ? hq : hkv;
+  b.Save("attn.qkv", "", 2 * (hq + 2 * kv) * d);
+  if (masked) b.Save("attn.mask", "", 2 * s);
+  if (b.dialect.eager) {
+    // The output transposed and made contiguous for o_proj (2*hq*d); the s x s scores.
+    double scores = 6 * hq * s;
+    if (m.attention_sinks) scores = 8 * hq + 2 * hq * (s + 1);
+    if (m.attn_logit_softcap > 0) scores += 2 * hq * s;
+    b.Save("attn.core_out", "attn_core", 2 * hq * d + scores);
+  } else {
+    b.Save("attn.core_out", "attn_core", 2 * hq * d + 4 * hq);
+  }
   // RoPE on q and k (apply_rotary_pos_emb): two muls, rotate_half's neg and cat, an add:
   // 20 bytes per element forward, about as many backward.
   b.fwd_bytes += 20 * (hq + hkv) * d;
@@ -121,26 +261,59 @@ void Attention(HfLayer& b) {
   b.bwd_bytes += 12 * h;
   b.fwd_kernels += 5;  // q, k, v, o projections, residual add
   b.bwd_kernels += 12;
-  const double kv_len = 0.5 * b.t;  // causal: a query sees half the sequence on average
-  const double core = 4 * hq * d * kv_len * b.t;
-  b.core_flops += core;
-  b.fwd_kernels += 1;
-  b.bwd_kernels += 3;  // flash backward: preprocess, main, dq conversion
-  // Forward: the projections before RoPE and RoPE's temporaries; backward: dq, dk, dv and the
-  // fp32 dq accumulator of the flash backward (flash-attention's mha_bwd).
+  // Causal flash skips the blocks above the diagonal (a query sees half the sequence on
+  // average); a masked kernel and eager attention compute the whole square.
+  AttentionCore(b, hq, d, d, masked || b.dialect.eager ? s : 0.5 * s);
+  if (b.dialect.eager) {
+    // softmax (r 4, w 4 per score), its bf16 copy, the mask add: about 20 bytes per score.
+    b.fwd_bytes += 20 * hq * s;
+    b.bwd_bytes += 24 * hq * s;
+  }
+  // Forward: the projections before RoPE and RoPE's temporaries (eager: the scores' fp32
+  // softmax input as well); backward: dq, dk, dv and the fp32 dq accumulator of the flash
+  // backward (flash-attention's mha_bwd), or eager's score gradients.
+  const double eager_scores = b.dialect.eager ? 8 * hq * s : 0;
   b.cost.attn_forward_transient =
-      static_cast<uint64_t>((2 * (hq + 2 * hkv) * d + 4 * hq * d) * b.t);
+      static_cast<uint64_t>((2 * (hq + 2 * hkv) * d + 4 * hq * d + eager_scores) * b.t);
   b.cost.attn_backward_transient =
-      static_cast<uint64_t>((2 * (hq + 2 * hkv) * d + 4 * hq * d + 4 * hq) * b.t);
-  AddModule(b, "attn_core", OpSeconds({.attention_forward_flops = core, .kernels = 1}, b.hw),
-            false);
+      static_cast<uint64_t>((2 * (hq + 2 * kv) * d + 4 * hq * d + 4 * hq + eager_scores) * b.t);
+}
+
+void MlaAttention(HfLayer& b, const LayerSpec& spec) {
+  const ModelConfig& m = b.m;
+  const double h = m.hidden, hq = m.heads, ql = m.q_lora_rank, kvl = m.kv_lora_rank;
+  const double dqk = m.qk_nope_head_dim + m.qk_rope_head_dim, dv = m.v_head_dim, s = b.s;
+  b.Norm("attn.norm", h, 1, true);
+  if (ql > 0) b.Norm("attn.q_latent", ql, 1, true);
+  b.Norm("attn.kv_latent", kvl, 1, true);
+  // q and k (cat of nope and rope parts), kv_b_proj's output (v is a view of it).
+  b.Save("attn.qkv", "mla_up_proj", 4 * hq * dqk + 2 * hq * (m.qk_nope_head_dim + dv));
+  const bool masked = HfMasked(b, spec);
+  if (masked) b.Save("attn.mask", "", 2 * s);
+  b.Save("attn.core_out", "attn_core", 2 * hq * dv + 4 * hq);
+  b.fwd_bytes += 20 * hq * m.qk_rope_head_dim + 6 * h + 8 * hq * dqk;  // RoPE, cats, residual
+  b.bwd_bytes += 20 * hq * m.qk_rope_head_dim + 12 * h + 8 * hq * dqk;
+  b.fwd_kernels += 16;
+  b.bwd_kernels += 20;
+  const double up_flops = 2 * (ql * hq * dqk + kvl * hq * (m.qk_nope_head_dim + dv)) * b.t;
+  AddModule(b, "mla_up_proj", OpSeconds({.gemm_flops = up_flops, .kernels = 2}, b.hw), false);
+  AttentionCore(b, hq, dqk, dv, masked ? s : 0.5 * s);
+  if (spec.attention == AttentionKind::kDsa) {
+    // The indexer's scores of every query against every key, forward only (no_grad).
+    b.core_flops += 2 * m.index_heads * m.index_head_dim * s * b.t;
+    b.cost.attn_forward_transient = static_cast<uint64_t>(4 * m.index_heads * s * b.t);
+  }
+  b.cost.attn_forward_transient += static_cast<uint64_t>((2 * hq * dqk + 4 * hq * dv) * b.t);
+  b.cost.attn_backward_transient =
+      static_cast<uint64_t>((4 * hq * dqk + 2 * hq * dv + 4 * hq * dqk) * b.t);
 }
 
 void Ffn(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden;
-  b.Save("ffn.norm", "", 8 * h + 4);
-  b.NormTraffic(h);
+  const bool post_norms = m.norms_per_layer == 4;  // Gemma 2/3: post-attention norm here
+  if (post_norms) b.Norm("attn.post_norm", h, 1, false);
+  b.Norm("ffn.norm", h, 1, true);
   b.fwd_bytes += 6 * h;  // residual add
   b.bwd_bytes += 6 * h;
   const size_t first = b.cost.saved.size();
@@ -165,33 +338,71 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     b.cost.ffn_backward_transient = static_cast<uint64_t>(6 * f * b.t);
   } else {
     const double e = m.experts, k = m.experts_per_token, fe = m.moe_intermediate;
-    b.Save("moe.router", "", 4 * e + 8 * k + 4 * k + 4);
-    b.Save("moe.dispatched", "", 3 * 8 * k + 2 * k + 2 * h * k);
-    b.Save("moe.gate_up", "", 4 * fe * k);
-    b.Save("moe.act", "moe_act", 4 * fe * k);
-    b.Save("moe.expert_out", "", 2 * h * k);
+    const double offsets = 4 * e;  // grouped_mm's int32 expert offsets, per layer
+    double act = 4 * fe * k;
+    double per_expert = b.t * k / e;
+    switch (b.dialect.router) {
+      case HfRouter::kQwen:
+        b.Save("moe.router", "", 4 * e + 8 * k + 4 * k + 4);
+        b.Save("moe.dispatched", "", 3 * 8 * k + 2 * k + 2 * h * k, offsets);
+        b.Save("moe.gate_up", "", 4 * fe * k);
+        break;
+      case HfRouter::kDeepSeekSoftmax:
+      case HfRouter::kDeepSeekSigmoid: {
+        const bool renorm = b.dialect.router == HfRouter::kDeepSeekSigmoid;
+        b.Save("moe.router", "", 4 * h + 4 * e + 8 * k + (renorm ? 4 + 4 * k : 0), 4 * e * h);
+        b.Save("moe.dispatched", "", 3 * 8 * k + 4 * k + 2 * h * k, offsets);
+        b.Save("moe.gate_up", "", 4 * fe * k);
+        break;
+      }
+      case HfRouter::kGptOss:
+        b.Save("moe.router", "", 8 * k + 2 * k);
+        b.Save("moe.dispatched", "", (m.expert_bias ? 4 : 3) * 8 * k + 2 * k + 2 * h * k, offsets);
+        b.Save("moe.gate_up", "", 4 * fe * k);
+        act = 10 * fe * k;
+        break;
+      case HfRouter::kLlama4:
+        b.Save("moe.router", "", 8 * k + 4 * e + 2 * e);
+        b.Save("moe.dispatched", "", 4 * h * e);
+        b.Save("moe.gate_up", "", 4 * fe * e);
+        act = 4 * fe * e;
+        per_expert = b.t;
+        break;
+    }
+    b.Save("moe.act", "moe_act", act);
+    if (b.dialect.router != HfRouter::kLlama4) b.Save("moe.expert_out", "", 2 * h * k);
+    const double routed = b.dialect.router == HfRouter::kLlama4 ? e : k;
     // Router: softmax r 2E w 4E, top-k r 4E; sort of t*k int64 keys (radix passes, ~64 bytes
     // per key); the gathers hidden[perm // k] and weighted_out[inv_perm] (r 2hk w 2hk each);
     // gate/up activation 10*fe*k; the weighting mul 4hk; the sum over k r 2hk w 2h.
-    b.fwd_bytes += 6 * e + 4 * e + 64 * k + 4 * h * k + 10 * fe * k + 4 * h * k + 4 * h * k +
-                   2 * h * k + 2 * h;
-    b.bwd_bytes +=
-        2 * (4 * h * k + 10 * fe * k + 4 * h * k + 4 * h * k + 2 * h * k + 2 * h) + 6 * e;
+    b.fwd_bytes += 6 * e + 4 * e + 64 * routed + 4 * h * routed + 10 * fe * routed +
+                   4 * h * routed + 4 * h * routed + 2 * h * routed + 2 * h;
+    b.bwd_bytes += 2 * (4 * h * routed + 10 * fe * routed + 4 * h * routed + 4 * h * routed +
+                        2 * h * routed + 2 * h) +
+                   6 * e;
     b.fwd_kernels += 30;
     b.bwd_kernels += 45;
-    b.grouped_flops += 2 * 3 * h * fe * k * b.t;
-    b.tokens_per_expert = b.t * k / e;
+    b.grouped_flops += 2 * 3 * h * fe * routed * b.t;
+    b.tokens_per_expert = per_expert;
     if (m.shared_intermediate > 0) swiglu(m.shared_intermediate, "moe.shared", "");
-    AddModule(b, "moe_act", OpSeconds({.elementwise_bytes = 10 * fe * k * b.t, .kernels = 2}, b.hw),
-              true);
+    AddModule(b, "moe_act",
+              OpSeconds({.elementwise_bytes = 10 * fe * routed * b.t, .kernels = 2}, b.hw), true);
     // Forward: weighted_out, its permuted copy and the router logits; backward: the expert
     // intermediates' gradients and the gathered states' gradient.
-    b.cost.ffn_forward_transient = static_cast<uint64_t>((4 * h * k + 2 * e) * b.t);
-    b.cost.ffn_backward_transient = static_cast<uint64_t>((6 * fe * k + 4 * h * k) * b.t);
+    b.cost.ffn_forward_transient = static_cast<uint64_t>((4 * h * routed + 2 * e) * b.t);
+    b.cost.ffn_backward_transient = static_cast<uint64_t>((6 * fe * routed + 4 * h * routed) * b.t);
   }
+  if (post_norms) b.Norm("ffn.post_norm", h, 1, false);
   for (size_t i = first; i < b.cost.saved.size(); ++i) {
     b.cost.ffn_saved_bytes += b.cost.saved[i].bytes;
   }
+}
+
+// Whether the hf profile has a recipe for the layer (Note [hf dialects]).
+bool HfSupports(const LayerSpec& l) {
+  if (l.cross_attention) return false;
+  return l.attention == AttentionKind::kAttention || l.attention == AttentionKind::kMla ||
+         l.attention == AttentionKind::kDsa;
 }
 
 }  // namespace
@@ -210,14 +421,12 @@ absl::Status ValidateHfRun(const ModelConfig& m, const RunSettings& run) {
                "transformers' loss (ForCausalLMLoss) covers every token at once: use 0");
   }
   for (int i = 0; i < m.num_layers(); ++i) {
-    // A sliding or chunked span needs a mask, which sends SDPA off the flash kernel and
-    // repeats k/v (use_gqa_in_sdpa): not this recipe.
-    if (m.layers[i].attention != AttentionKind::kAttention ||
-        m.layers[i].span != AttentionSpan::kFull || m.layers[i].cross_attention) {
+    if (!HfSupports(m.layers[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--framework hf: layer ", i, " is ", m.layers[i].TypeName(),
-          "; the hf profile has recipes for full causal softmax attention with a dense or MoE FFN "
-          "only"));
+          "; the hf profile has recipes for softmax attention (full, sliding-window, chunked, "
+          "with sinks or soft-capping), MLA and DSA, with a dense or MoE FFN; use --framework "
+          "megatron"));
     }
   }
   return absl::OkStatus();
@@ -226,10 +435,14 @@ absl::Status ValidateHfRun(const ModelConfig& m, const RunSettings& run) {
 LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const RunSettings& run,
                        int index, double tokens) {
   const LayerSpec& spec = m.layers[index];
-  HfLayer b{m, hw, tokens, {}};
+  HfLayer b{m, hw, tokens, static_cast<double>(run.seq_len), DialectFor(m), {}};
   b.cost.index = index;
   b.cost.type = spec.TypeName();
-  Attention(b);
+  if (spec.attention == AttentionKind::kAttention) {
+    SoftmaxAttention(b, spec);
+  } else {
+    MlaAttention(b, spec);
+  }
   Ffn(b, spec);
   const double dense_params = static_cast<double>(DenseLayerParams(m, spec));
   const double expert_params = static_cast<double>(RoutedExpertParams(m, spec));

@@ -276,7 +276,12 @@ absl::Status ReadAttention(const Fields& f, const std::string& family, ModelConf
     STOWAGE_HF_RETURN_IF_ERROR(f.GetOr("use_qk_norm", false, qk));
     m.qk_norm = qk ? QkNorm::kPerHead : QkNorm::kNone;
   }
-  // Llama 4's use_qk_norm is an L2 norm without weights: nothing to count.
+  if (family == "llama4_text") {
+    // Llama4TextL2Norm: no weights (no parameters), but it keeps activations.
+    bool qk = false;
+    STOWAGE_HF_RETURN_IF_ERROR(f.GetOr("use_qk_norm", false, qk));
+    m.qk_norm = qk ? QkNorm::kL2 : QkNorm::kNone;
+  }
   if (family == "gemma2" || family == "gemma3_text") m.norms_per_layer = 4;
   if (family == "gpt_oss") m.attention_sinks = true;
   if (family == "gemma2") {

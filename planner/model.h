@@ -48,6 +48,7 @@ enum class QkNorm {
   kNone,
   kPerHead,  // one head_dim weight shared by all heads (Qwen3, Gemma 3, GLM-4.5)
   kWhole,    // over the whole projection: heads * head_dim weights (OLMo 2/3)
+  kL2,       // a weightless L2 norm per head (Llama 4's use_qk_norm, on its RoPE layers)
 };
 
 enum class FfnKind {

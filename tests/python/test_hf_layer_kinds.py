@@ -1,0 +1,241 @@
+"""The `hf` profile's layer kinds (issue 13) against the real transformers layers: sliding-window
+and chunked attention with their masks, eager attention with logit soft-capping (Gemma 2) and
+with sinks (gpt-oss), MLA with and without q-LoRA, the DSA indexer, Gemma / gpt-oss norms, q/k
+norms, and the routers of DeepSeek-V2/V3, GLM, gpt-oss and Llama 4. Tiny models built from the
+real configs' shapes (scaled down) run forward on CPU under torch 2.x with
+`saved_tensors_hooks`; what autograd keeps per decoder layer (deduplicated by storage, parameters
+and the step's shared inputs excluded) must match the planner's per-layer `device_saved_bytes`
+under `--force keep`, at two sequence lengths, within 0.5%.
+
+One substitution, where the CPU cannot run the kernel the GPUs run: SDPA with different q/k and
+v head dims (MLA: qk_nope + qk_rope vs v_head_dim) has no CPU flash kernel, and CPU's math
+fallback keeps an fp32 copy of q, k, v and of the attention matrix. On the GPUs the same call
+runs the memory-efficient kernel, which saves q, k, v (the caller's tensors), the output, the
+fp32 logsumexp and the additive mask (aten derivatives.yaml,
+_scaled_dot_product_efficient_attention). For those calls the test counts exactly that set, from
+the real tensors of the call (`gpu_sdpa_saves`); everything outside the kernel is measured. Calls
+with equal head dims run the CPU flash kernel, which saves the same set, and are measured as
+they are. CTest passes the CLI as STOWAGE_CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+import weakref
+
+import support  # noqa: F401  (puts the package on sys.path)
+
+try:
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    HAVE = int(torch.__version__.split(".")[0]) >= 2
+except ImportError:  # Debian's torch 1.13 interpreter has no transformers
+    HAVE = False
+
+SEQ_LENS = (128, 512)
+WINDOW = 64  # sliding window / attention chunk: below both sequence lengths, so masks are built
+
+# Shapes of the real configs (tests/planner/data/hf/*.json), scaled down; every layer kind and
+# feature of a family appears at least once.
+COMMON = dict(hidden_size=256, num_attention_heads=4, vocab_size=1024,
+              max_position_embeddings=4096, tie_word_embeddings=False)
+MLA = dict(num_key_value_heads=4, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+           v_head_dim=32, head_dim=16, n_group=1, topk_group=1, moe_intermediate_size=64,
+           n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1,
+           intermediate_size=512)
+CONFIGS = {
+    # Mistral: Llama's graph with a sliding window on every layer.
+    "mistral": dict(COMMON, intermediate_size=512, num_hidden_layers=2, num_key_value_heads=2,
+                    head_dim=64, sliding_window=WINDOW),
+    # Gemma 2: eager attention (SDPA refused: soft-capping), local/global alternation, 4 norms.
+    "gemma2": dict(COMMON, intermediate_size=512, num_hidden_layers=2, num_key_value_heads=2,
+                   head_dim=64, sliding_window=WINDOW, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, query_pre_attn_scalar=64,
+                   tie_word_embeddings=True),
+    # Gemma 3: SDPA, q/k norms, local/global layers.
+    "gemma3_text": dict(COMMON, intermediate_size=512, num_hidden_layers=2,
+                        num_key_value_heads=2, head_dim=64, sliding_window=WINDOW,
+                        layer_types=["sliding_attention", "full_attention"],
+                        query_pre_attn_scalar=64, tie_word_embeddings=True),
+    # gpt-oss: eager attention with sinks, alternating sliding/full, biased MoE.
+    "gpt_oss": dict(COMMON, intermediate_size=128, num_hidden_layers=2, num_key_value_heads=2,
+                    head_dim=64, sliding_window=WINDOW, num_local_experts=8,
+                    num_experts_per_tok=2),
+    # Llama 4: chunked attention on RoPE layers (every 4th layer is NoPE, full), MoE every
+    # second layer with a shared expert.
+    "llama4_text": dict(COMMON, intermediate_size=128, intermediate_size_mlp=512,
+                        num_hidden_layers=4, num_key_value_heads=2, head_dim=64,
+                        attention_chunk_size=WINDOW, num_local_experts=4,
+                        num_experts_per_tok=1, interleave_moe_layer_step=2, use_qk_norm=True),
+    # DeepSeek-V2: MLA without q-LoRA, two shared experts, softmax router.
+    "deepseek_v2": dict(COMMON, **MLA, num_hidden_layers=2, q_lora_rank=None, n_shared_experts=2),
+    # DeepSeek-V3 / Kimi-K2: MLA with q-LoRA, sigmoid router with group-limited top-k.
+    "deepseek_v3": dict(COMMON, **MLA, num_hidden_layers=2, q_lora_rank=96, n_shared_experts=1),
+    # GLM-5: MLA with q-LoRA and the DSA lightning indexer.
+    "glm_moe_dsa": dict(COMMON, **MLA, num_hidden_layers=2, q_lora_rank=96, n_shared_experts=1,
+                        index_n_heads=4, index_head_dim=32, index_topk=WINDOW),
+}
+# Families whose model class refuses SDPA (`_supports_sdpa = False`): transformers runs them
+# with eager attention, and so does the planner's recipe.
+EAGER = {"gemma2", "gpt_oss"}
+
+
+def gpu_sdpa_saves(query, key, value, attn_mask, out) -> list[torch.Tensor | int]:
+    """What the GPU's memory-efficient SDPA kernel keeps for backward: q, k, v and the output
+    (their storages), the fp32 logsumexp [b, h, s] and the additive mask, which SDPA converts
+    from bool to the query's dtype on every call (convert_boolean_attn_mask)."""
+    saved: list[torch.Tensor | int] = [query, key, value, out]
+    b, h, s = query.shape[0], query.shape[1], query.shape[2]
+    saved.append(4 * b * h * s)
+    if attn_mask is not None:
+        saved.append(attn_mask if attn_mask.is_floating_point() else
+                     2 * attn_mask.numel())
+    return saved
+
+
+def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = None) -> list[int]:
+    """Bytes autograd saves inside each decoder layer's forward, each storage counted once, in
+    the layer that first saves it; `log` collects (layer, shape, dtype, bytes) of each."""
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type])
+    cfg._attn_implementation = "eager" if model_type in EAGER else "sdpa"
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    layers = model.model.layers
+    current = [-1]
+    # Every tensor autograd is handed, as a weak reference: what a branch of the graph that is
+    # dropped before backward saved (e.g. router logits used only for an auxiliary loss) is
+    # freed with it and does not count, and a freed storage's address, reused by a later
+    # tensor, cannot hide that tensor.
+    packed: list[tuple[int, weakref.ref]] = []
+    extra = [0] * len(layers)  # bytes the GPU kernel keeps beyond the call's tensors
+    # What the model hands every layer besides the hidden states (RoPE's cos/sin, the masks) is
+    # the step's, not a layer's: the planner counts cos/sin as fixed memory, and a mask is
+    # saved only as each SDPA call's own converted copy. Held here so their addresses stay
+    # theirs.
+    shared: list[torch.Tensor] = []
+    in_kernel = [False]
+    kernel_held: list[torch.Tensor] = []
+
+    def pre(i):
+        def hook(module, args, kwargs):
+            current[0] = i
+            rest = list(args[1:]) + [v for k, v in kwargs.items() if k != "hidden_states"]
+            rest += [x for v in kwargs.values() if isinstance(v, (tuple, list)) for x in v]
+            if i == 0 and args:
+                rest.append(args[0])
+            shared.extend(t for t in rest if isinstance(t, torch.Tensor))
+        return hook
+
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(pre(i), with_kwargs=True)
+    # The final norm is the LM head's part (the planner's tail), not the last layer's.
+    model.model.norm.register_forward_pre_hook(lambda module, args: current.__setitem__(0, -1))
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa_as_on_gpu(query, key, value, attn_mask=None, *args, **kwargs):
+        if query.shape[-1] == value.shape[-1]:
+            return sdpa(query, key, value, attn_mask, *args, **kwargs)
+        in_kernel[0] = True
+        try:
+            out = sdpa(query, key, value, attn_mask, *args, **kwargs)
+        finally:
+            in_kernel[0] = False
+        # The GPU kernels write the output as [b, s, h, d] and return it transposed, so the
+        # caller's `.transpose(1, 2).contiguous()` copies nothing (o_proj saves this storage).
+        out = out.transpose(1, 2).contiguous().transpose(1, 2)
+        for t in gpu_sdpa_saves(query, key, value, attn_mask, out):
+            if isinstance(t, int):
+                if current[0] >= 0:
+                    extra[current[0]] += t
+                    if log is not None:
+                        log.append((current[0], "gpu sdpa", "", t))
+            elif current[0] >= 0:
+                kernel_held.append(t)  # what the GPU kernel's saved set keeps alive
+                packed.append((current[0], weakref.ref(t)))
+        return out
+
+    def pack(t):
+        if not in_kernel[0] and current[0] >= 0:
+            packed.append((current[0], weakref.ref(t)))
+        return t
+
+    ids = torch.randint(0, cfg.vocab_size, (1, seq_len))
+    torch.nn.functional.scaled_dot_product_attention = sdpa_as_on_gpu
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model.model(input_ids=ids, use_cache=False)  # the decoder layers only
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+    excluded = params | {t.untyped_storage().data_ptr() for t in shared}
+    per_layer = list(extra)
+    seen: set[int] = set()
+    for layer_index, ref in packed:
+        t = ref()
+        if t is None:
+            continue
+        key = t.untyped_storage().data_ptr()
+        if key in excluded or key in seen:
+            continue
+        seen.add(key)
+        per_layer[layer_index] += t.untyped_storage().nbytes()
+        if log is not None:
+            log.append((layer_index, tuple(t.shape), str(t.dtype)[6:],
+                        t.untyped_storage().nbytes()))
+    del out
+    return per_layer
+
+
+def planned_saved_per_layer(cli: str, model_type: str, seq_len: int) -> list[int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "config.json")
+        with open(path, "w") as f:
+            json.dump(dict(CONFIGS[model_type], model_type=model_type), f)
+        out = subprocess.run(
+            [cli, "plan", "--model", path, "--hardware", "h200", "--seq-len", str(seq_len),
+             "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1", "--tp", "1",
+             "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
+             "--grad-dtype", "bf16", "--loss-chunk-tokens", "0", "--force", "keep",
+             "--format", "json"], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise AssertionError(out.stdout + out.stderr)
+    plan = json.loads(out.stdout)
+    assert plan["run"]["framework"] == "hf"
+    return [layer["device_saved_bytes"] for layer in plan["layers"]]
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class HfLayerKindsTest(unittest.TestCase):
+    def test_saved_bytes_per_layer_match_autograd(self) -> None:
+        cli = os.environ.get("STOWAGE_CLI")
+        if not cli or not os.path.exists(cli):
+            self.skipTest("STOWAGE_CLI is not set to a built `stowage` CLI")
+        only = os.environ.get("STOWAGE_HF_KINDS")  # a comma list, to iterate on one family
+        for model_type in CONFIGS:
+            if only and model_type not in only.split(","):
+                continue
+            for seq_len in SEQ_LENS:
+                with self.subTest(model=model_type, seq_len=seq_len):
+                    measured = measured_saved_per_layer(model_type, seq_len)
+                    planned = planned_saved_per_layer(cli, model_type, seq_len)
+                    if os.environ.get("STOWAGE_HF_KINDS_VERBOSE"):
+                        print(model_type, seq_len, "planned",
+                              [round(p / seq_len, 2) for p in planned], "measured",
+                              [round(m / seq_len, 2) for m in measured])
+                    self.assertEqual(len(planned), len(measured))
+                    for i, (m, p) in enumerate(zip(measured, planned)):
+                        self.assertAlmostEqual(
+                            p / seq_len, m / seq_len, delta=0.005 * m / seq_len,
+                            msg=f"{model_type} layer {i}: planned {p / seq_len:.2f} B/token, "
+                                f"autograd saved {m / seq_len:.2f} B/token (transformers "
+                                f"{transformers.__version__})")
+
+
+if __name__ == "__main__":
+    unittest.main()
