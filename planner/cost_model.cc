@@ -53,6 +53,10 @@ namespace {
 //    stays saved by linear_proj, and tensor_parallel.checkpoint would hold q, k and the v view,
 //    i.e. all of linear_qkv's output, more than the kernel's own saved set (transformer_config.py
 //    warns that fused attention needs no core_attn recompute).
+//  MLA (transformer/multi_latent_attention.py; the local spec cannot build it on CPU at 0.16.1:
+//    "DotProductAttention.__init__() got an unexpected keyword argument 'k_channels'", so these
+//    terms are counted from the code): latent norms fused into the up projections as above; q, k
+//    and v made contiguous before the core, so core_attn recompute frees only softmax_lse.
 //  Dense MLP: fused SwiGLU (fusions/fused_bias_swiglu.py SwiGLUFunction, bias_activation_fusion)
 //    saves its input only (2f); fc2 (TERowParallelLinear) saves its input (f).
 //  MoE (transformer/moe/, softmax top-k router, unfused permute: moe_permute_fusion's default):
@@ -176,10 +180,17 @@ void Attention(Builder& b, const LayerSpec& spec) {
     case AttentionKind::kDsa: {
       const double h = m.heads / tp, ql = m.q_lora_rank, kvl = m.kv_lora_rank;
       const double dqk = m.qk_nope_head_dim + m.qk_rope_head_dim, dv = m.v_head_dim;
-      b.Save("attn.q_latent", "", 2 * ql * dt);
-      b.Save("attn.kv_latent", "", (2 * kvl + m.qk_rope_head_dim) * dt);
+      // The latent norms are fused into linear_q_up_proj / linear_kv_up_proj
+      // (TELayerNormColumnParallelLinear, models/gpt/gpt_layer_specs.py): input, ln_out and one
+      // fp32 rsigma each (Note [megatron profile]).
+      b.Save("attn.q_latent", "", ql > 0 ? 2 * ql * dt + 4 : 0);
+      b.Save("attn.kv_latent", "", (2 * kvl + m.qk_rope_head_dim) * dt + 4);
       b.Save("attn.qkv", "mla_up_proj", (2 * h * dqk + h * dv) * dt);
-      b.Save("attn.core_out", "attn_core", h * dv * dt + h * 4);
+      // multi_latent_attention.py makes q, k, v contiguous before the core, so a core_attn
+      // checkpoint keeps what the flash kernel keeps; rerunning the core frees only its
+      // softmax_lse: the output stays saved by linear_proj.
+      b.Save("attn.core_out", "", h * dv * dt);
+      b.Save("attn.softmax_lse", "attn_core", h * 4);
       const double up_flops = 2 * (ql * h * dqk + kvl * h * (m.qk_nope_head_dim + dv)) * t;
       double keys = kv_len;
       if (spec.attention == AttentionKind::kDsa) {

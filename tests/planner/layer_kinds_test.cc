@@ -183,7 +183,14 @@ TEST(LayerKinds, MlaWithoutQLoraAndSeveralSharedExperts) {
   ASSERT_EQ(m.shared_intermediate, 2 * 1408);
   const StepCost s = Step(m);
   EXPECT_DOUBLE_EQ(PerToken(s, 1, "attn.q_latent"), 0);
-  EXPECT_DOUBLE_EQ(PerToken(s, 1, "attn.kv_latent"), (2 * 512 + 64) * 2);
+  EXPECT_DOUBLE_EQ(PerToken(s, 1, "attn.kv_latent"), (2 * 512 + 64) * 2 + 4);  // + rsigma
+  // Rerunning the MLA core frees its softmax_lse only (16 heads, fp32): linear_proj keeps the
+  // output (Note [megatron profile]).
+  uint64_t core_frees = 0;
+  for (const RecomputeModule& mod : s.layers[1].modules) {
+    if (mod.name == "attn_core") core_frees = mod.saved_bytes;
+  }
+  EXPECT_EQ(core_frees, 16u * 4 * kSeq);
   // 6 routed experts of 1408 plus the shared 2816: gate/up 2 x (6 x 1408 + 2816) x 2.
   EXPECT_DOUBLE_EQ(PerToken(s, 1, "moe.gate_up"), 2 * (6 * 1408 + 2816) * 2);
 }
