@@ -875,9 +875,12 @@ OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& o) {
     LayerOption option{LayerPolicy::kRecompute, 0, chunks};
     if (o.force.has_value()) {
       option.policy = *o.force;
-    } else if (host + l.input_bytes <= o.host_budget_bytes) {
+    } else if (const uint64_t held =
+                   l.input_bytes * static_cast<uint64_t>(std::max(
+                                       1, l.in_flight_microbatches));  // CheckStepCostBounds
+               host + held <= o.host_budget_bytes) {
       option.policy = LayerPolicy::kOffloadInput;
-      host += l.input_bytes;
+      host += held;
     } else {
       host_limited = true;
     }

@@ -230,6 +230,26 @@ OptimizerOptions Budgets(const StepCost& step) {
   return o;
 }
 
+// A pipeline stage of the reference model holding 2 or 4 microbatches of every layer: proven
+// optimal too; 4 at 512K tokens needs more host memory than a B200 has, and says so.
+TEST(Optimizer, ReferenceStagesWithMicrobatchesInFlightAreProvenOptimal) {
+  for (int m : {2, 4}) {
+    StepCost step = Reference(131072);
+    for (LayerCost& l : step.layers) l.in_flight_microbatches = m;
+    const OptimizeResult r = Optimize(step, Budgets(step));
+    SCOPED_TRACE(absl::StrCat(m, " microbatches in flight"));
+    ASSERT_TRUE(r.feasible);
+    EXPECT_TRUE(r.proven_optimal);
+    EXPECT_LE(r.sim.peak_bytes, step.hardware.UsableBytes());
+    EXPECT_GT(r.sim.step_seconds, Optimize(Reference(131072), Budgets(step)).sim.step_seconds);
+  }
+  StepCost step = Reference(524288);
+  for (LayerCost& l : step.layers) l.in_flight_microbatches = 4;
+  const OptimizeResult r = Optimize(step, Budgets(step));
+  EXPECT_FALSE(r.feasible);
+  EXPECT_EQ(r.binding, "host memory");
+}
+
 TEST(Optimizer, ReferencePlanFitsAndBeatsFullRecompute) {
   const StepCost step = Reference(262144);
   const OptimizerOptions o = Budgets(step);
