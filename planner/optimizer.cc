@@ -45,9 +45,10 @@ namespace {
 //     terms need). Its value is not one number but the Pareto front of the suffix plans
 //     i..n-1: (slack = the most weighted prefix resident bytes sum_{k<i} m_k R_k the suffix's
 //     memory terms admit, extra = its sum of (m_k - 1) R_k, cost = compute + the wait bounds
-//     above). Bytes are exact (no buckets); a front longer than kMaxFront labels is thinned by
-//     merging neighbours into one label with the best slack, extra and cost of the group, which
-//     keeps every value a valid bound and only weakens it (a counted gap, never a wrong proof).
+//     above). Bytes are exact (no buckets); a front longer than its cap (Note [Bounded work]) is
+//     thinned by merging neighbours into one label with the best slack, extra and cost of the
+//     group, which keeps every value a valid bound and only weakens it (a counted gap, never a
+//     wrong proof).
 //     The root front's least cost + the fixed seconds is a lower bound on every plan's step
 //     time (the host budget and the stall-only memory level are relaxed away).
 //  2. Candidates: the front's best plans (and uniform plans) are simulated exactly; the best one
@@ -59,20 +60,26 @@ namespace {
 // On the reference model the bound is attained: the compute-optimal plan under these memory
 // terms waits for no copy, so step 1's plan is the optimum and step 3 never runs. On small
 // random instances the branch and bound runs to completion and equals exhaustive search
-// (optimizer_test.cc). Work is layers x windows x options x front length, linear in depth.
+// (optimizer_test.cc). Deep models (about 1,000 layers and more) may hit the fronts' cap and
+// report a gap.
 
 // Note [Bounded work]
-// Fronts cost layers x windows x options x front length label updates (at most kMaxFront labels
-// per front, max(L - 1, d) <= kMaxWindow layers of window): linear in depth. The shared fronts
-// are always built; per-distance refinements only while they fit kRefineWork label updates. Before
-// them the tables of a bucketed knapsack cost layers x buckets^2 (1,000 layers took 11.7 s). The
-// rest is bounded too: hill climbing stops after kImproveSimulatedLayers layer-simulations, the
-// branch and bound after node_limit nodes or kSearchSimulatedLayers layer-simulations. None of
-// these changes what a completed search proves; a search cut short reports the plan it found,
-// unproven, with its bound (OptimizeResult::lower_bound_seconds). Models deeper than kMaxLayers
-// are refused before any of this (CheckStepCostBounds).
+// Fronts cost layers x windows x options x front length label updates (a front's cap shrinks with
+// depth so that layers x cap stays within kFrontLabels, down to kMinFront, max(L - 1, d) <=
+// kMaxWindow layers of window): linear in depth. The shared fronts are always built; per-distance
+// refinements only while they fit kRefineWork label updates. Before them the tables of a bucketed
+// knapsack cost layers x buckets^2 (1,000 layers took 11.7 s). The rest is bounded too: hill
+// climbing stops after kImproveSimulatedLayers layer-simulations, the branch and bound after
+// node_limit nodes or kSearchSimulatedLayers layer-simulations. None of these changes what a
+// completed search proves; a search cut short reports the plan it found, unproven, with its bound
+// (OptimizeResult::lower_bound_seconds). Models deeper than kMaxLayers are refused before any of
+// this (CheckStepCostBounds).
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr int kMaxFront = 512;
+// A front holds at most kFrontLabels / layers labels (within [kMinFront, kMaxFront]): the fronts'
+// work is then at most proportional to the layers (Note [Bounded work]).
+constexpr double kFrontLabels = 3e6;
+constexpr int kMinFront = 512;
+constexpr int kMaxFront = 4096;
 // The window of host-byte classes kept exactly; older prefetched bytes are left out of the
 // backward term for d > kMaxWindow (a relaxation: the bound stays valid).
 constexpr int kMaxWindow = 3;
@@ -287,7 +294,11 @@ class Fronts {
     int next = -1;    // its successor in the front of (i + 1, shifted key)
   };
 
-  explicit Fronts(const Model& model) : m_(model), n_(model.n()) {
+  explicit Fronts(const Model& model)
+      : m_(model),
+        n_(model.n()),
+        cap_(static_cast<size_t>(
+            std::clamp(static_cast<int>(kFrontLabels / std::max(1, n_)), kMinFront, kMaxFront))) {
     fronts_.assign(static_cast<size_t>(n_ + 1) * m_.keys(), {});
     plain_.assign(fronts_.size(), 1);
     for (int key = 0; key < m_.keys(); ++key) {
@@ -408,7 +419,7 @@ class Fronts {
   bool Plain(int i, int key) const { return plain_[static_cast<size_t>(i) * m_.keys() + key]; }
 
   // The labels of `all` no other label beats in slack, extra and cost (ties: the first), most
-  // slack first; thinned to kMaxFront (Note [Exact search]).
+  // slack first; thinned to the cap (Note [Exact search]).
   static bool Before(const Label& a, const Label& b) {
     if (a.slack != b.slack) return a.slack > b.slack;
     if (a.cost != b.cost) return a.cost < b.cost;
@@ -467,10 +478,10 @@ class Fronts {
       }
     }
     plain = !has_extra;
-    if (static_cast<int>(out.size()) <= kMaxFront) return;
+    if (out.size() <= cap_) return;
     // Thin: groups of neighbours become one label with the group's most slack, least extra and
     // least cost (a bound on each member), continuing the first member's plan.
-    const size_t group = (out.size() + kMaxFront - 1) / kMaxFront;
+    const size_t group = (out.size() + cap_ - 1) / cap_;
     std::vector<Label> thin;
     for (size_t s = 0; s < out.size(); s += group) {
       Label merged = out[s];
@@ -486,6 +497,7 @@ class Fronts {
 
   const Model& m_;
   int n_;
+  size_t cap_;  // labels per front
   std::vector<std::vector<Label>> fronts_;
   std::vector<char> plain_;  // the front has no extra (every m_k = 1 in its plans)
   double work_ = 0;
