@@ -680,9 +680,18 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   const double tp = run.tp;
   const double dense_group = static_cast<double>(run.gpus) / tp;
   const double expert_group = static_cast<double>(run.gpus) / run.ep;
-  // Embedding, head and final norm, and the multi-token-prediction modules (model.cc).
-  double dense = static_cast<double>(EmbeddingParams(m) + MtpDenseParams(m)) / tp;
-  double experts = static_cast<double>(MtpRoutedExpertParams(m)) / run.ep, max_layer = 0;
+  // Embedding, head and final norm, and the multi-token-prediction modules (model.cc) where the
+  // framework trains them. Note [MTP]: Megatron-Core builds and trains the MTP block when the
+  // config has one (--mtp-num-layers from num_nextn_predict_layers), so its weights, gradients
+  // and optimizer state are fixed memory; its activations (one more layer at the end of the
+  // forward and a second loss) are not counted yet. transformers drops the MTP weights on load
+  // (`_keys_to_ignore_on_load_unexpected`, modeling_deepseek_v3.py / modeling_glm_moe_dsa.py)
+  // and never runs them: under --framework hf nothing of them is on the GPU.
+  const bool mtp_trained = !hf;
+  double dense =
+      static_cast<double>(EmbeddingParams(m) + (mtp_trained ? MtpDenseParams(m) : 0)) / tp;
+  double experts = static_cast<double>(mtp_trained ? MtpRoutedExpertParams(m) : 0) / run.ep,
+         max_layer = 0;
   for (const LayerSpec& l : m.layers) {
     const double d = static_cast<double>(DenseLayerParams(m, l)) / tp;
     const double e = static_cast<double>(RoutedExpertParams(m, l)) / run.ep;

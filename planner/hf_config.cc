@@ -711,9 +711,12 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std
     break;
   }
   if (m.mtp_layers > 0) {
-    m.notes.push_back(absl::StrCat(m.mtp_layers,
-                                   " multi-token-prediction module(s) (num_nextn_predict_layers) "
-                                   "counted in the parameters and fixed memory"));
+    m.notes.push_back(
+        absl::StrCat(m.mtp_layers,
+                     " multi-token-prediction module(s) (num_nextn_predict_layers) "
+                     "counted in the parameters, and in fixed memory under --framework "
+                     "megatron (transformers does not load them); their "
+                     "activations are not counted"));
   }
   STOWAGE_HF_RETURN_IF_ERROR(ValidateModel(m));
   return m;

@@ -232,6 +232,30 @@ TEST(LayerKinds, MtpModuleIsInFixedMemory) {
   EXPECT_NEAR(static_cast<double>(with.fixed.weights - without.fixed.weights), 2 * mtp, 8.0);
 }
 
+// transformers drops the MTP weights on load and never runs the module (Note [MTP] in
+// cost_model.cc): under the hf profile the fixed memory holds none of it, though the model's
+// parameter count still names it.
+TEST(LayerKinds, MtpModuleIsNotLoadedByTransformers) {
+  ModelConfig m = Read("glm-5.1.json");
+  ASSERT_EQ(m.mtp_layers, 1);
+  RunSettings run;
+  run.seq_len = 4096;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  run.framework = Framework::kHf;
+  run.loss_chunk_tokens = 0;
+  const StepCost with = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  EXPECT_EQ(with.model_parameters, ModelParameters(m));
+  const double mtp = static_cast<double>(MtpDenseParams(m) + MtpRoutedExpertParams(m));
+  EXPECT_NEAR(static_cast<double>(with.fixed.weights), 2.0 * (ModelParameters(m) - mtp), 8.0);
+  m.mtp_layers = 0;
+  const StepCost without = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  EXPECT_EQ(with.fixed.weights, without.fixed.weights);
+  EXPECT_EQ(with.layers.size(), without.layers.size());
+}
+
 // Mllama: cross-attention layers carry q/k norms and two scalar gates.
 TEST(LayerKinds, CrossAttentionLayerParameters) {
   const ModelConfig m = Read("synthetic/mllama-small.json");
