@@ -37,6 +37,11 @@ namespace {
 //    a GPU budget is the whole device as for a config.
 // Layer 0's input is the sample input, also fixed memory: counting it again in layer 0 errs on
 // the side of a higher peak, never a lower one.
+//  - gradients_in_backward (eager PyTorch, stowage.hf_profile): no gradients in fixed memory;
+//    loss.grad_bytes from the end of the loss, each layer's grad_bytes from the start of its
+//    backward, embedding.grad_bytes at the end (StepCost::gradients_in_backward).
+//  - a time given as op work becomes OpSeconds(work, hardware) on the hardware planned for; a
+//    profile without a link copies at the hardware's rates.
 
 constexpr uint64_t kMaxBytes = uint64_t{1} << 56;  // 64 PiB: any larger is a unit mix-up
 constexpr double kMaxSeconds = 1e6;
@@ -47,8 +52,63 @@ json::Range<T> Upto(T max) {
   return {T{0}, max};
 }
 
+constexpr double kMaxWork = 1e24;  // FLOPs or bytes of one pass: far beyond any step
+
+// The op work at `key` (an object of OpWork fields, each optional, 0 when absent).
+absl::Status ReadWork(const json::Object& o, const std::string& key, OpWork& out) {
+  auto w = o.Child(key);
+  if (!w.ok()) return w.status();
+  for (auto [name, field] : {std::pair<const char*, double*>{"gemm_flops", &out.gemm_flops},
+                             {"attention_forward_flops", &out.attention_forward_flops},
+                             {"attention_backward_flops", &out.attention_backward_flops},
+                             {"grouped_gemm_flops", &out.grouped_gemm_flops},
+                             {"tokens_per_expert", &out.tokens_per_expert},
+                             {"elementwise_bytes", &out.elementwise_bytes},
+                             {"kernels", &out.kernels}}) {
+    if (absl::Status s = w->ReadOptional(name, *field, Upto(kMaxWork)); !s.ok()) return s;
+  }
+  if (out.grouped_gemm_flops > 0 && !(out.tokens_per_expert > 0)) {
+    return w->Invalid("tokens_per_expert",
+                      "a number above 0 when grouped_gemm_flops is (the grouped GEMM rate "
+                      "depends on it)");
+  }
+  return absl::OkStatus();
+}
+
+// A time given as `<prefix>seconds` or as `<prefix>work`, exactly one of them.
+absl::Status ReadTime(const json::Object& o, const std::string& prefix, double& seconds,
+                      std::optional<OpWork>& work) {
+  const std::string work_key = prefix + "work";
+  if (!o.Has(work_key)) return o.Read(prefix + "seconds", seconds, Upto(kMaxSeconds));
+  if (o.Has(prefix + "seconds")) {
+    return o.Invalid(prefix + "seconds",
+                     absl::StrCat("absent when '", work_key, "' gives the time as op work"));
+  }
+  work.emplace();
+  return ReadWork(o, work_key, *work);
+}
+
+json::Json WorkToJson(const OpWork& w) {
+  return {{"gemm_flops", w.gemm_flops},
+          {"attention_forward_flops", w.attention_forward_flops},
+          {"attention_backward_flops", w.attention_backward_flops},
+          {"grouped_gemm_flops", w.grouped_gemm_flops},
+          {"tokens_per_expert", w.tokens_per_expert},
+          {"elementwise_bytes", w.elementwise_bytes},
+          {"kernels", w.kernels}};
+}
+
+void WriteTime(json::Json& j, const std::string& prefix, double seconds,
+               const std::optional<OpWork>& work) {
+  if (work.has_value()) {
+    j[prefix + "work"] = WorkToJson(*work);
+  } else {
+    j[prefix + "seconds"] = seconds;
+  }
+}
+
 absl::Status ReadLayer(const json::Json& value, const std::string& source, int index,
-                       ProfileLayer& out) {
+                       bool gradients_in_backward, ProfileLayer& out) {
   const std::string path = absl::StrCat("layers[", index, "]");
   auto layer = json::Object::Of(value, source, path);
   if (!layer.ok()) return layer.status();
@@ -61,10 +121,17 @@ absl::Status ReadLayer(const json::Json& value, const std::string& source, int i
                             {"backward_peak_bytes", &out.backward_peak_bytes}}) {
     if (absl::Status s = o.Read(key, *field, Upto(kMaxBytes)); !s.ok()) return s;
   }
-  if (absl::Status s = o.Read("forward_seconds", out.forward_seconds, Upto(kMaxSeconds)); !s.ok())
+  if (absl::Status s = ReadTime(o, "forward_", out.forward_seconds, out.forward_work); !s.ok())
     return s;
-  if (absl::Status s = o.Read("backward_seconds", out.backward_seconds, Upto(kMaxSeconds)); !s.ok())
+  if (absl::Status s = ReadTime(o, "backward_", out.backward_seconds, out.backward_work); !s.ok())
     return s;
+  if (absl::Status s = o.ReadOptional("grad_bytes", out.grad_bytes, Upto(kMaxBytes)); !s.ok())
+    return s;
+  if (out.grad_bytes > 0 && !gradients_in_backward) {
+    return o.Invalid("grad_bytes",
+                     "0 unless the profile's gradients_in_backward is true (otherwise the "
+                     "gradients are fixed_bytes.gradients)");
+  }
 
   if (o.Has("modules")) {
     auto modules = o.Array("modules");
@@ -84,8 +151,7 @@ absl::Status ReadLayer(const json::Json& value, const std::string& source, int i
       if (pm.name.empty() || !names.insert(pm.name).second) {
         return module->Invalid("name", "a non-empty name, unique within the layer");
       }
-      if (absl::Status s = module->Read("seconds", pm.seconds, Upto(kMaxSeconds)); !s.ok())
-        return s;
+      if (absl::Status s = ReadTime(*module, "", pm.seconds, pm.work); !s.ok()) return s;
       out.modules.push_back(std::move(pm));
     }
   }
@@ -161,29 +227,53 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
   if (!loss.ok()) return loss.status();
   if (absl::Status s = loss->Read("peak_bytes", p.loss_peak_bytes, Upto(kMaxBytes)); !s.ok())
     return s;
-  if (absl::Status s = loss->Read("seconds", p.loss_seconds, Upto(kMaxSeconds)); !s.ok()) return s;
+  if (absl::Status s = ReadTime(*loss, "", p.loss_seconds, p.loss_work); !s.ok()) return s;
+  if (absl::Status s = o.ReadOptional("gradients_in_backward", p.gradients_in_backward); !s.ok())
+    return s;
+  if (absl::Status s = loss->ReadOptional("grad_bytes", p.loss_grad_bytes, Upto(kMaxBytes));
+      !s.ok())
+    return s;
+  if (o.Has("embedding")) {
+    auto embedding = o.Child("embedding");
+    if (!embedding.ok()) return embedding.status();
+    if (absl::Status s =
+            embedding->ReadOptional("grad_bytes", p.embedding_grad_bytes, Upto(kMaxBytes));
+        !s.ok())
+      return s;
+    if (absl::Status s = ReadTime(*embedding, "", p.embedding_seconds, p.embedding_work); !s.ok())
+      return s;
+  }
+  if (!p.gradients_in_backward && (p.loss_grad_bytes > 0 || p.embedding_grad_bytes > 0)) {
+    return o.Invalid("gradients_in_backward",
+                     "true when loss.grad_bytes or embedding.grad_bytes is given (gradients "
+                     "created in backward)");
+  }
 
-  auto link = o.Child("link");
+  // A profile measured off the GPU (stowage.hf_profile) has no link: the hardware's rates apply.
+  p.has_link = o.Has("link");
+  auto link = p.has_link ? o.Child("link") : absl::StatusOr<json::Object>(o);
   if (!link.ok()) return link.status();
-  const json::Range<double> rate{1, kMaxRate};
-  if (absl::Status s = link->Read("d2h_bytes_per_second", p.d2h_bytes_per_second, rate); !s.ok())
-    return s;
-  if (absl::Status s = link->Read("h2d_bytes_per_second", p.h2d_bytes_per_second, rate); !s.ok())
-    return s;
-  p.bidir_d2h_bytes_per_second = p.d2h_bytes_per_second;
-  p.bidir_h2d_bytes_per_second = p.h2d_bytes_per_second;
-  if (absl::Status s =
-          link->ReadOptional("bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second, rate);
-      !s.ok())
-    return s;
-  if (absl::Status s =
-          link->ReadOptional("bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second, rate);
-      !s.ok())
-    return s;
-  if (absl::Status s = link->ReadOptional("copy_chunk_bytes", p.copy_chunk_bytes,
-                                          json::Range<uint64_t>{1, uint64_t{1} << 40});
-      !s.ok())
-    return s;
+  if (p.has_link) {
+    const json::Range<double> rate{1, kMaxRate};
+    if (absl::Status s = link->Read("d2h_bytes_per_second", p.d2h_bytes_per_second, rate); !s.ok())
+      return s;
+    if (absl::Status s = link->Read("h2d_bytes_per_second", p.h2d_bytes_per_second, rate); !s.ok())
+      return s;
+    p.bidir_d2h_bytes_per_second = p.d2h_bytes_per_second;
+    p.bidir_h2d_bytes_per_second = p.h2d_bytes_per_second;
+    if (absl::Status s =
+            link->ReadOptional("bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second, rate);
+        !s.ok())
+      return s;
+    if (absl::Status s =
+            link->ReadOptional("bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second, rate);
+        !s.ok())
+      return s;
+    if (absl::Status s = link->ReadOptional("copy_chunk_bytes", p.copy_chunk_bytes,
+                                            json::Range<uint64_t>{1, uint64_t{1} << 40});
+        !s.ok())
+      return s;
+  }
 
   auto layers = o.Array("layers");
   if (!layers.ok()) return layers.status();
@@ -191,7 +281,9 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
   if ((*layers)->size() > 100000) return o.Invalid("layers", "at most 100000 layers");
   for (size_t i = 0; i < (*layers)->size(); ++i) {
     ProfileLayer layer;
-    if (absl::Status s = ReadLayer((**layers)[i], src, static_cast<int>(i), layer); !s.ok())
+    if (absl::Status s =
+            ReadLayer((**layers)[i], src, static_cast<int>(i), p.gradients_in_backward, layer);
+        !s.ok())
       return s;
     p.layers.push_back(std::move(layer));
   }
@@ -203,12 +295,13 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
     overflow |= !sum.has_value() || *sum > kMaxBytes;
     if (!overflow) total = *sum;
   };
-  for (uint64_t b :
-       {p.fixed.weights, p.fixed.gradients, p.fixed.optimizer, p.fixed.other, p.loss_peak_bytes}) {
+  for (uint64_t b : {p.fixed.weights, p.fixed.gradients, p.fixed.optimizer, p.fixed.other,
+                     p.loss_peak_bytes, p.loss_grad_bytes, p.embedding_grad_bytes}) {
     add(b);
   }
   for (const ProfileLayer& l : p.layers) {
-    for (uint64_t b : {l.input_bytes, l.output_bytes, l.forward_peak_bytes, l.backward_peak_bytes})
+    for (uint64_t b :
+         {l.input_bytes, l.output_bytes, l.forward_peak_bytes, l.backward_peak_bytes, l.grad_bytes})
       add(b);
     for (const ProfileSavedTensor& t : l.saved) add(t.bytes);
   }
@@ -242,17 +335,28 @@ std::string ProfileToJson(const LayerProfileSet& p) {
                       {"gradients", p.fixed.gradients},
                       {"optimizer", p.fixed.optimizer},
                       {"other", p.fixed.other}};
-  j["loss"] = {{"peak_bytes", p.loss_peak_bytes}, {"seconds", p.loss_seconds}};
-  j["link"] = {{"d2h_bytes_per_second", p.d2h_bytes_per_second},
-               {"h2d_bytes_per_second", p.h2d_bytes_per_second}};
-  // 0 (not measured) is written as absent, which the reader takes as the one-way rate.
-  if (p.bidir_d2h_bytes_per_second > 0) {
-    j["link"]["bidir_d2h_bytes_per_second"] = p.bidir_d2h_bytes_per_second;
+  j["loss"] = {{"peak_bytes", p.loss_peak_bytes}};
+  WriteTime(j["loss"], "", p.loss_seconds, p.loss_work);
+  if (p.gradients_in_backward) {
+    j["gradients_in_backward"] = true;
+    j["loss"]["grad_bytes"] = p.loss_grad_bytes;
   }
-  if (p.bidir_h2d_bytes_per_second > 0) {
-    j["link"]["bidir_h2d_bytes_per_second"] = p.bidir_h2d_bytes_per_second;
+  if (p.gradients_in_backward || p.embedding_seconds > 0 || p.embedding_work.has_value()) {
+    j["embedding"] = {{"grad_bytes", p.embedding_grad_bytes}};
+    WriteTime(j["embedding"], "", p.embedding_seconds, p.embedding_work);
   }
-  j["link"]["copy_chunk_bytes"] = p.copy_chunk_bytes;
+  if (p.has_link) {
+    j["link"] = {{"d2h_bytes_per_second", p.d2h_bytes_per_second},
+                 {"h2d_bytes_per_second", p.h2d_bytes_per_second}};
+    // 0 (not measured) is written as absent, which the reader takes as the one-way rate.
+    if (p.bidir_d2h_bytes_per_second > 0) {
+      j["link"]["bidir_d2h_bytes_per_second"] = p.bidir_d2h_bytes_per_second;
+    }
+    if (p.bidir_h2d_bytes_per_second > 0) {
+      j["link"]["bidir_h2d_bytes_per_second"] = p.bidir_h2d_bytes_per_second;
+    }
+    j["link"]["copy_chunk_bytes"] = p.copy_chunk_bytes;
+  }
   json::Json layers = json::Json::array();
   for (const ProfileLayer& l : p.layers) {
     json::Json saved = json::Json::array();
@@ -261,18 +365,22 @@ std::string ProfileToJson(const LayerProfileSet& p) {
     }
     json::Json modules = json::Json::array();
     for (const ProfileModule& m : l.modules) {
-      modules.push_back({{"name", m.name}, {"seconds", m.seconds}});
+      json::Json module = {{"name", m.name}};
+      WriteTime(module, "", m.seconds, m.work);
+      modules.push_back(std::move(module));
     }
-    layers.push_back({{"index", l.index},
-                      {"type", l.type},
-                      {"input_bytes", l.input_bytes},
-                      {"output_bytes", l.output_bytes},
-                      {"forward_peak_bytes", l.forward_peak_bytes},
-                      {"backward_peak_bytes", l.backward_peak_bytes},
-                      {"forward_seconds", l.forward_seconds},
-                      {"backward_seconds", l.backward_seconds},
-                      {"modules", modules},
-                      {"saved", saved}});
+    json::Json layer = {{"index", l.index},
+                        {"type", l.type},
+                        {"input_bytes", l.input_bytes},
+                        {"output_bytes", l.output_bytes},
+                        {"forward_peak_bytes", l.forward_peak_bytes},
+                        {"backward_peak_bytes", l.backward_peak_bytes}};
+    WriteTime(layer, "forward_", l.forward_seconds, l.forward_work);
+    WriteTime(layer, "backward_", l.backward_seconds, l.backward_work);
+    if (p.gradients_in_backward) layer["grad_bytes"] = l.grad_bytes;
+    layer["modules"] = modules;
+    layer["saved"] = saved;
+    layers.push_back(std::move(layer));
   }
   j["layers"] = layers;
   return j.dump(2) + "\n";
@@ -298,6 +406,21 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
         "layer profile: field 'layers' is empty; allowed: at "
         "least one layer");
   }
+  // Op work becomes seconds on the hardware planned for, by the one time model (op_time.h).
+  bool has_work = p.loss_work.has_value() || p.embedding_work.has_value();
+  for (const ProfileLayer& pl : p.layers) {
+    has_work |= pl.forward_work.has_value() || pl.backward_work.has_value();
+    for (const ProfileModule& m : pl.modules) has_work |= m.work.has_value();
+  }
+  if (has_work && !(hardware.dense_bf16_flops > 0 && hardware.hbm_bytes_per_second > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer profile: its times are op work (measured off the GPU) and hardware '", hardware.name,
+        "' has no compute rates (dense_bf16_flops, hbm_bytes_per_second); allowed: a hardware "
+        "profile with them (--hardware)"));
+  }
+  auto seconds = [&](double measured, const std::optional<OpWork>& work) {
+    return work.has_value() ? OpSeconds(*work, hardware) : measured;
+  };
   StepCost c;
   c.model = absl::StrCat(p.layers.size(), " x ", p.layers.front().type);
   c.hardware = hardware;
@@ -322,7 +445,7 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
       saves_input |= t.name == "input";
     }
     for (const ProfileModule& m : pl.modules) {
-      RecomputeModule rm{m.name, 0, m.seconds, false};
+      RecomputeModule rm{m.name, 0, seconds(m.seconds, m.work), false};
       for (const ProfileSavedTensor& t : pl.saved) {
         if (t.module == m.name) rm.saved_bytes += t.bytes;
       }
@@ -334,19 +457,42 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
     const uint64_t own_backward = pl.backward_peak_bytes + (saves_input ? pl.input_bytes : 0);
     l.attn_forward_transient = sat(own_forward, l.saved_bytes + l.output_bytes);
     l.attn_backward_transient = sat(own_backward, l.saved_bytes + l.output_bytes + l.input_bytes);
-    l.forward_seconds = pl.forward_seconds;
-    l.backward_seconds = pl.backward_seconds;
+    l.forward_seconds = seconds(pl.forward_seconds, pl.forward_work);
+    l.backward_seconds = seconds(pl.backward_seconds, pl.backward_work);
+    l.grad_bytes = pl.grad_bytes;
     c.layers.push_back(std::move(l));
   }
   for (size_t i = 0; i < c.layers.size(); ++i) c.layers[i].index = static_cast<int>(i);
   c.tail_bytes = p.layers.back().output_bytes + p.loss_peak_bytes;
-  c.tail_seconds = p.loss_seconds;
-  c.embedding_seconds = 0;
-  c.copy_chunk_bytes = p.copy_chunk_bytes;
-  c.d2h_bytes_per_second = p.d2h_bytes_per_second;
-  c.h2d_bytes_per_second = p.h2d_bytes_per_second;
-  c.bidir_d2h_bytes_per_second = std::min(p.bidir_d2h_bytes_per_second, p.d2h_bytes_per_second);
-  c.bidir_h2d_bytes_per_second = std::min(p.bidir_h2d_bytes_per_second, p.h2d_bytes_per_second);
+  c.tail_seconds = seconds(p.loss_seconds, p.loss_work);
+  c.embedding_seconds = seconds(p.embedding_seconds, p.embedding_work);
+  c.gradients_in_backward = p.gradients_in_backward;
+  c.tail_grad_bytes = p.loss_grad_bytes;
+  c.embedding_grad_bytes = p.embedding_grad_bytes;
+  if (p.has_link) {
+    c.copy_chunk_bytes = p.copy_chunk_bytes;
+    c.d2h_bytes_per_second = p.d2h_bytes_per_second;
+    c.h2d_bytes_per_second = p.h2d_bytes_per_second;
+    c.bidir_d2h_bytes_per_second = std::min(p.bidir_d2h_bytes_per_second, p.d2h_bytes_per_second);
+    c.bidir_h2d_bytes_per_second = std::min(p.bidir_h2d_bytes_per_second, p.h2d_bytes_per_second);
+  } else {
+    if (!(hardware.d2h_bytes_per_second > 0) || !(hardware.h2d_bytes_per_second > 0)) {
+      return absl::InvalidArgumentError(
+          "layer profile: field 'link' is absent (measured off the GPU) and the hardware "
+          "profile has no copy rates; allowed: a profile with 'link', or a hardware profile "
+          "(--hardware) with d2h and h2d rates");
+    }
+    c.d2h_bytes_per_second = hardware.d2h_bytes_per_second;
+    c.h2d_bytes_per_second = hardware.h2d_bytes_per_second;
+    const double bidir_d2h = hardware.bidir_d2h_bytes_per_second > 0
+                                 ? hardware.bidir_d2h_bytes_per_second
+                                 : hardware.d2h_bytes_per_second;
+    const double bidir_h2d = hardware.bidir_h2d_bytes_per_second > 0
+                                 ? hardware.bidir_h2d_bytes_per_second
+                                 : hardware.h2d_bytes_per_second;
+    c.bidir_d2h_bytes_per_second = std::min(bidir_d2h, c.d2h_bytes_per_second);
+    c.bidir_h2d_bytes_per_second = std::min(bidir_h2d, c.h2d_bytes_per_second);
+  }
   // What the simulator and optimizer assume of any step (README "Limits"): the sums above are
   // rechecked there, so a profile whose sizes wrap is refused rather than planned.
   if (absl::Status s = CheckStepCostBounds(c); !s.ok()) return s;

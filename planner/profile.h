@@ -7,6 +7,7 @@
 #define STOWAGE_PLANNER_PROFILE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "planner/cost_model.h"
 #include "planner/hardware.h"
+#include "planner/op_time.h"
 #include "planner/optimizer.h"
 
 namespace stowage::planner {
@@ -29,9 +31,13 @@ struct ProfileSavedTensor {
   std::string module;  // child module whose rerun regenerates it ("" : only full recompute)
 };
 
+// A time is given either as measured seconds or as op work (a profile measured off the GPU,
+// stowage.hf_profile), which BuildStepCostFromProfile turns into seconds with OpSeconds on the
+// hardware it plans for.
 struct ProfileModule {
   std::string name;    // a child module of the layer (Python: layer.get_submodule(name))
   double seconds = 0;  // its forward time: what rerunning it in backward costs
+  std::optional<OpWork> work = std::nullopt;
 };
 
 struct ProfileLayer {
@@ -47,6 +53,10 @@ struct ProfileLayer {
   uint64_t backward_peak_bytes = 0;
   double forward_seconds = 0;
   double backward_seconds = 0;
+  std::optional<OpWork> forward_work = std::nullopt;
+  std::optional<OpWork> backward_work = std::nullopt;
+  // Parameter gradients this layer's backward creates (LayerProfileSet::gradients_in_backward).
+  uint64_t grad_bytes = 0;
 };
 
 struct LayerProfileSet {
@@ -62,6 +72,18 @@ struct LayerProfileSet {
   // output), and seconds for forward + backward.
   uint64_t loss_peak_bytes = 0;
   double loss_seconds = 0;
+  std::optional<OpWork> loss_work = std::nullopt;
+  // Eager PyTorch creates each parameter's gradient when backward reaches it (StepCost::
+  // gradients_in_backward): the LM head's at the end of the loss (loss_grad_bytes), each layer's
+  // in its backward (ProfileLayer::grad_bytes), the embedding's last (embedding_grad_bytes).
+  bool gradients_in_backward = false;
+  uint64_t loss_grad_bytes = 0;
+  uint64_t embedding_grad_bytes = 0;
+  double embedding_seconds = 0;  // the embedding's forward + backward
+  std::optional<OpWork> embedding_work = std::nullopt;
+  // false: the profile was measured off the GPU and has no "link"; the copy rates are the
+  // hardware profile's (BuildStepCostFromProfile).
+  bool has_link = true;
   double d2h_bytes_per_second = 0;
   double h2d_bytes_per_second = 0;
   double bidir_d2h_bytes_per_second = 0;  // absent in the file (0 here: written absent): one-way
@@ -78,7 +100,8 @@ absl::StatusOr<LayerProfileSet> ReadProfileFile(const std::string& path);
 std::string ProfileToJson(const LayerProfileSet& profile);
 
 // The step cost of a measured profile. `hardware` supplies what a profile does not measure
-// (host RAM per NUMA node, GPUs per node, pin rate); the link rates are the profile's. Measured
+// (host RAM per NUMA node, GPUs per node, pin rate; the copy rates when the profile has no
+// link; the op rates that turn op work into seconds); the link rates are the profile's. Measured
 // layers have no FFN chunking: plan them with ApplyProfileSearchOptions.
 absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& profile,
                                                   const HardwareProfile& hardware);

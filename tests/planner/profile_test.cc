@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
+#include "planner/op_time.h"
 #include "planner/optimizer.h"
 #include "planner/simulator.h"
 
@@ -139,6 +140,95 @@ TEST(ProfileReader, ErrorsNameThePathTheValueAndTheRule) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("p.json"));
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("line 2"));
+}
+
+// A profile measured off the GPU (stowage.hf_profile): op work instead of seconds, gradients
+// created in backward, no link.
+Json OffGpuProfile() {
+  Json j = TinyProfile();
+  j.erase("link");
+  j["gradients_in_backward"] = true;
+  j["fixed_bytes"]["gradients"] = 0;
+  j["loss"] = {{"peak_bytes", 50}, {"grad_bytes", 70}, {"work", {{"gemm_flops", 3e12}}}};
+  j["embedding"] = {{"grad_bytes", 30}, {"work", {{"elementwise_bytes", 4e9}, {"kernels", 2}}}};
+  for (Json& l : j["layers"]) {
+    l.erase("forward_seconds");
+    l.erase("backward_seconds");
+    l["forward_work"] = {{"gemm_flops", 1e12}, {"attention_forward_flops", 2e11}, {"kernels", 10}};
+    l["backward_work"] = {{"gemm_flops", 2e12},
+                          {"attention_backward_flops", 5e11},
+                          {"grouped_gemm_flops", 1e12},
+                          {"tokens_per_expert", 256},
+                          {"elementwise_bytes", 1e9}};
+    l["grad_bytes"] = 40;
+  }
+  j["layers"][0]["modules"][0].erase("seconds");
+  j["layers"][0]["modules"][0]["work"] = {{"elementwise_bytes", 3e9}};
+  return j;
+}
+
+TEST(ProfileReader, OpWorkGradientsInBackwardAndNoLink) {
+  const LayerProfileSet p = Parse(OffGpuProfile());
+  EXPECT_TRUE(p.gradients_in_backward);
+  EXPECT_FALSE(p.has_link);
+  EXPECT_EQ(p.loss_grad_bytes, 70u);
+  EXPECT_EQ(p.embedding_grad_bytes, 30u);
+  EXPECT_EQ(p.layers[1].grad_bytes, 40u);
+  ASSERT_TRUE(p.layers[0].backward_work.has_value());
+  EXPECT_DOUBLE_EQ(p.layers[0].backward_work->tokens_per_expert, 256);
+  ASSERT_TRUE(p.layers[0].modules[0].work.has_value());
+  EXPECT_FALSE(p.layers[0].modules[1].work.has_value());
+  const LayerProfileSet again = *ParseProfileJson(ProfileToJson(p), "round trip");
+  EXPECT_EQ(ProfileToJson(again), ProfileToJson(p));
+}
+
+TEST(ProfileReader, OpWorkErrors) {
+  Json j = OffGpuProfile();
+  j["layers"][0]["forward_seconds"] = 0.5;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].forward_seconds'"));
+  EXPECT_THAT(ErrorOf(j), HasSubstr("absent when 'forward_work' gives the time as op work"));
+  j = OffGpuProfile();
+  j["layers"][1]["backward_work"].erase("tokens_per_expert");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].backward_work.tokens_per_expert'"));
+  j = OffGpuProfile();
+  j["layers"][0]["forward_work"]["gemm_flops"] = -1;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].forward_work.gemm_flops' has value -1"));
+  j = OffGpuProfile();
+  j["gradients_in_backward"] = false;
+  j["loss"]["grad_bytes"] = 0;
+  j["embedding"]["grad_bytes"] = 0;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].grad_bytes'"));
+  j = OffGpuProfile();
+  j["gradients_in_backward"] = false;
+  for (Json& l : j["layers"]) l.erase("grad_bytes");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'gradients_in_backward'"));
+}
+
+TEST(ProfileStepCost, OpWorkBecomesSecondsOnTheHardwarePlannedFor) {
+  const LayerProfileSet p = Parse(OffGpuProfile());
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  auto step = BuildStepCostFromProfile(p, h200);
+  ASSERT_TRUE(step.ok()) << step.status();
+  // The one time model: OpSeconds of each pass's work.
+  EXPECT_DOUBLE_EQ(step->layers[0].forward_seconds, OpSeconds(*p.layers[0].forward_work, h200));
+  EXPECT_DOUBLE_EQ(step->layers[1].backward_seconds, OpSeconds(*p.layers[1].backward_work, h200));
+  EXPECT_DOUBLE_EQ(step->tail_seconds, OpSeconds(*p.loss_work, h200));
+  EXPECT_DOUBLE_EQ(step->embedding_seconds, OpSeconds(*p.embedding_work, h200));
+  ASSERT_EQ(step->layers[0].modules.size(), 1u);  // "idle" regenerates nothing
+  EXPECT_DOUBLE_EQ(step->layers[0].modules[0].seconds,
+                   OpSeconds(*p.layers[0].modules[0].work, h200));
+  EXPECT_GT(step->layers[0].forward_seconds, 0);
+  // Gradients made in backward, and the hardware's copy rates (the profile has no link).
+  EXPECT_TRUE(step->gradients_in_backward);
+  EXPECT_EQ(step->tail_grad_bytes, 70u);
+  EXPECT_EQ(step->embedding_grad_bytes, 30u);
+  EXPECT_EQ(step->layers[1].grad_bytes, 40u);
+  EXPECT_DOUBLE_EQ(step->d2h_bytes_per_second, h200.d2h_bytes_per_second);
+  EXPECT_DOUBLE_EQ(step->h2d_bytes_per_second, h200.h2d_bytes_per_second);
+  // Without a hardware profile there are neither op rates nor copy rates.
+  auto alone = BuildStepCostFromProfile(p, HardwareForProfile(p));
+  ASSERT_FALSE(alone.ok());
+  EXPECT_THAT(std::string(alone.status().message()), HasSubstr("--hardware"));
 }
 
 TEST(ProfileStepCost, WorkedOutByHand) {
