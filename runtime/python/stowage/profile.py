@@ -49,6 +49,9 @@ class SavedTensor:
 class ModuleTime:
     name: str        # a child of the layer, as layer.get_submodule(name) finds it
     seconds: float   # its forward time: what selective recompute of it costs
+    # Instead of seconds: its forward's op work (planner/op_time.h OpWork fields), which the
+    # planner turns into seconds on the hardware it plans for (stowage.hf_profile).
+    work: Optional[dict[str, float]] = None
 
 
 @dataclasses.dataclass
@@ -63,6 +66,11 @@ class LayerProfile:
     backward_peak_bytes: int  # over memory before the forward, during backward
     forward_seconds: float
     backward_seconds: float
+    # Parameter gradients this layer's backward creates (ModelProfile.gradients_in_backward).
+    grad_bytes: int = 0
+    # Instead of seconds: op work per pass (OpWork fields), converted by the planner.
+    forward_work: Optional[dict[str, float]] = None
+    backward_work: Optional[dict[str, float]] = None
 
     @property
     def saved_bytes(self) -> int:
@@ -88,6 +96,14 @@ class ModelProfile:
     measured_memory: bool = False  # peaks measured by the CUDA allocator, not estimated
     tokens: int = 1  # rows of the sample input (all dimensions but the last)
     generator: str = ""
+    # Eager PyTorch: each gradient is created when backward reaches its parameter (the LM
+    # head's in the loss, each layer's in its backward, the embedding's last), not held
+    # throughout; gradients_bytes is then 0.
+    gradients_in_backward: bool = False
+    loss_grad_bytes: int = 0
+    loss_work: Optional[dict[str, float]] = None  # instead of loss_seconds
+    embedding_grad_bytes: int = 0
+    embedding_work: Optional[dict[str, float]] = None
 
     @property
     def fixed_device_bytes(self) -> int:
@@ -95,7 +111,15 @@ class ModelProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile JSON object (planner/profile.h ParseProfileJson reads it)."""
-        return {
+        def timed(d: dict[str, Any], key: str, seconds: float,
+                  work: Optional[dict[str, float]]) -> dict[str, Any]:
+            if work is None:
+                d[key + "seconds"] = float(seconds)
+            else:
+                d[key + "work"] = {k: float(v) for k, v in work.items()}
+            return d
+
+        d: dict[str, Any] = {
             "format": FORMAT,
             "schema_version": SCHEMA_VERSION,
             "generator": self.generator or _generator(),
@@ -105,22 +129,36 @@ class ModelProfile:
             "fixed_bytes": {"weights": int(self.weights_bytes),
                             "gradients": int(self.gradients_bytes), "optimizer": 0,
                             "other": int(self.other_bytes)},
-            "loss": {"peak_bytes": int(self.loss_peak_bytes),
-                     "seconds": float(self.loss_seconds)},
-            "link": {"d2h_bytes_per_second": float(self.d2h_bytes_per_second),
-                     "h2d_bytes_per_second": float(self.h2d_bytes_per_second)},
-            "layers": [{
+            "loss": timed({"peak_bytes": int(self.loss_peak_bytes)}, "", self.loss_seconds,
+                          self.loss_work),
+        }
+        if self.gradients_in_backward:
+            d["gradients_in_backward"] = True
+            d["loss"]["grad_bytes"] = int(self.loss_grad_bytes)
+        if self.gradients_in_backward or self.embedding_work is not None:
+            d["embedding"] = timed({"grad_bytes": int(self.embedding_grad_bytes)}, "", 0.0,
+                                   self.embedding_work)
+        # A profile measured off the GPU has no link rates: the planner takes the hardware's.
+        if self.d2h_bytes_per_second > 0 and self.h2d_bytes_per_second > 0:
+            d["link"] = {"d2h_bytes_per_second": float(self.d2h_bytes_per_second),
+                         "h2d_bytes_per_second": float(self.h2d_bytes_per_second)}
+        layers = []
+        for l in self.layers:
+            out: dict[str, Any] = {
                 "index": l.index, "type": l.type, "input_bytes": int(l.input_bytes),
                 "output_bytes": int(l.output_bytes),
                 "forward_peak_bytes": int(l.forward_peak_bytes),
-                "backward_peak_bytes": int(l.backward_peak_bytes),
-                "forward_seconds": float(l.forward_seconds),
-                "backward_seconds": float(l.backward_seconds),
-                "modules": [{"name": m.name, "seconds": float(m.seconds)} for m in l.modules],
-                "saved": [{"name": t.name, "bytes": int(t.bytes), "module": t.module}
-                          for t in l.saved],
-            } for l in self.layers],
-        }
+                "backward_peak_bytes": int(l.backward_peak_bytes)}
+            timed(out, "forward_", l.forward_seconds, l.forward_work)
+            timed(out, "backward_", l.backward_seconds, l.backward_work)
+            if self.gradients_in_backward:
+                out["grad_bytes"] = int(l.grad_bytes)
+            out["modules"] = [timed({"name": m.name}, "", m.seconds, m.work) for m in l.modules]
+            out["saved"] = [{"name": t.name, "bytes": int(t.bytes), "module": t.module}
+                            for t in l.saved]
+            layers.append(out)
+        d["layers"] = layers
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -137,19 +175,29 @@ class ModelProfile:
             index=l["index"], type=l["type"], input_bytes=l["input_bytes"],
             output_bytes=l["output_bytes"],
             saved=[SavedTensor(t["name"], t["bytes"], t.get("module", "")) for t in l["saved"]],
-            modules=[ModuleTime(m["name"], m["seconds"]) for m in l.get("modules", [])],
+            modules=[ModuleTime(m["name"], m.get("seconds", 0.0), m.get("work"))
+                     for m in l.get("modules", [])],
             forward_peak_bytes=l["forward_peak_bytes"],
-            backward_peak_bytes=l["backward_peak_bytes"], forward_seconds=l["forward_seconds"],
-            backward_seconds=l["backward_seconds"]) for l in d["layers"]]
+            backward_peak_bytes=l["backward_peak_bytes"],
+            forward_seconds=l.get("forward_seconds", 0.0),
+            backward_seconds=l.get("backward_seconds", 0.0), grad_bytes=l.get("grad_bytes", 0),
+            forward_work=l.get("forward_work"), backward_work=l.get("backward_work"))
+            for l in d["layers"]]
         fixed = d["fixed_bytes"]
+        link = d.get("link", {})
+        embedding = d.get("embedding", {})
         return ModelProfile(
             layers=layers, device=d.get("device", ""), weights_bytes=fixed["weights"],
             gradients_bytes=fixed.get("gradients", 0), other_bytes=fixed.get("other", 0),
-            loss_peak_bytes=d["loss"]["peak_bytes"], loss_seconds=d["loss"]["seconds"],
-            d2h_bytes_per_second=d["link"]["d2h_bytes_per_second"],
-            h2d_bytes_per_second=d["link"]["h2d_bytes_per_second"],
+            loss_peak_bytes=d["loss"]["peak_bytes"], loss_seconds=d["loss"].get("seconds", 0.0),
+            d2h_bytes_per_second=link.get("d2h_bytes_per_second", 0.0),
+            h2d_bytes_per_second=link.get("h2d_bytes_per_second", 0.0),
             measured_memory=d["measured_memory"], tokens=d["tokens"],
-            generator=d.get("generator", ""))
+            generator=d.get("generator", ""),
+            gradients_in_backward=d.get("gradients_in_backward", False),
+            loss_grad_bytes=d["loss"].get("grad_bytes", 0), loss_work=d["loss"].get("work"),
+            embedding_grad_bytes=embedding.get("grad_bytes", 0),
+            embedding_work=embedding.get("work"))
 
 
 def _generator() -> str:
@@ -397,4 +445,51 @@ def profile_layers(layers: Sequence[nn.Module], sample_input: torch.Tensor, *arg
         tokens=sample_input.numel() // max(1, sample_input.shape[-1]) if sample_input.dim() else 1)
 
 
-__all__ = ["LayerProfile", "ModelProfile", "ModuleTime", "SavedTensor", "profile_layers"]
+__all__ = ["LayerProfile", "ModelProfile", "ModuleTime", "SavedTensor", "main", "profile_layers"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """python -m stowage.profile --hf CONFIG: a measured profile of a transformers model, on CPU
+    without a GPU (stowage.hf_profile)."""
+    import argparse
+    import sys
+    parser = argparse.ArgumentParser(
+        prog="python -m stowage.profile",
+        description="Measure a Hugging Face transformers model's layers on CPU (fake tensors at "
+                    "the config's own widths) and write the layer profile `stowage plan "
+                    "--profile` reads.")
+    parser.add_argument("--hf", required=True, metavar="CONFIG",
+                        help="a config.json (model_type and the family's fields)")
+    parser.add_argument("--seq-len", type=int, default=4096, metavar="N",
+                        help="tokens per sequence the profile is for (4096)")
+    parser.add_argument("--lengths", default=",".join(map(str, _hf().DEFAULT_LENGTHS)),
+                        metavar="A,B,C",
+                        help="the sequence lengths measured and fitted through (%(default)s)")
+    parser.add_argument("--real", action="store_true",
+                        help="run real CPU tensors instead of fake ones (small configs only)")
+    parser.add_argument("--out", metavar="FILE", help="write the profile here (default stdout)")
+    args = parser.parse_args(argv)
+    hf = _hf()
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--lengths is {args.lengths!r}; allowed: comma-separated integers")
+    try:
+        profile = hf.profile_hf(args.hf, args.seq_len, lengths=lengths, fake=not args.real)
+    except (PlanError, OSError, ValueError) as e:
+        print(f"python -m stowage.profile: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        profile.save(args.out)
+    else:
+        sys.stdout.write(profile.to_json())
+    return 0
+
+
+def _hf() -> Any:
+    from . import hf_profile
+    return hf_profile
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,793 @@
+"""A measured layer profile of a Hugging Face transformers model, without a GPU.
+
+    python -m stowage.profile --hf config.json --seq-len 16384 --out profile.json
+    stowage plan --profile profile.json --hardware h200 --force keep
+
+measure_hf() builds the transformers model of a config.json (bf16, SDPA, train mode) and runs
+one training step (forward, the model's own loss, backward) at a few short sequence lengths,
+watching every aten op with a TorchDispatchMode: live bytes by storage (LiveBytes), what autograd
+saves (saved_tensors_hooks, each storage once), the peaks of each layer's forward and backward
+and of the LM head and loss, and each op's work by class (GEMM, attention, grouped GEMM FLOPs,
+memory-bound bytes, kernel count). Each figure is fitted as c0 + c1*s + c2*s^2 in the sequence
+length s through the measured points (exactly, in rationals) and evaluated at the requested
+length; to_model_profile() writes the "stowage-layer-profile" the C++ planner reads.
+
+Note [Fake tensors at real widths]
+The model runs on FakeTensorMode tensors that report device "cpu": every op runs its meta
+kernel, so shapes, dtypes, strides and storages (and therefore every byte figure) are exactly
+those of the CPU run, while no memory is allocated and no arithmetic is done. So the widths are
+the config's own (an 8B model's layer costs nothing), and no scaling by dimensions is needed.
+SDPA picks its kernel from the query's device and shapes before dispatch
+(sdp::select_sdp_backend_cpp), so a fake "cpu" query takes the CPU flash kernel as a real one
+does, and saves what the CUDA flash kernel saves (q, k, v, output, logsumexp). MoE routing is
+data-dependent only in values (transformers' grouped_mm path: histc, sort, _grouped_mm over
+t*k rows), not in shapes. `fake=False` runs real CPU tensors instead (tests compare the two).
+
+Note [Replaying the step]
+A peak is a max over time of sums, not a polynomial in the length (the LM head's gradient can
+be the peak at 256 tokens and the logits at 16K), so peaks are not fitted. LiveBytes logs every
+allocation and free in order; every length runs the same ops in the same order
+(_check_same_step), so allocation i has one size per length, a polynomial of degree at most two
+(activations are linear in s, an s x s mask quadratic, weights' gradients constant), fitted
+exactly through the three lengths. HfMeasurement.at(s) replays the log with the sizes at s:
+the peaks of that step, which tests check against a step measured at s directly.
+
+Depth: one layer per distinct layer kind (the module tree's class names, parameter shapes and
+attention_type), in model order; the others are dropped from model.model.layers before the step.
+Weights are counted over the full-depth model (fake, so free), each layer's figures are its
+kind's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import weakref
+from fractions import Fraction
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .plan import PlanError
+
+# Three lengths fit a constant, a linear and a quadratic term exactly.
+DEFAULT_LENGTHS = (256, 512, 1024)
+# The planner tries every subset of a layer's modules (planner/profile.h kMaxProfileModules).
+MAX_MODULES = 8
+# CheckStepCostBounds allows 64 saved tensors per layer; beyond this many, a module's tensors
+# are merged into one entry per module.
+MAX_SAVED = 48
+
+WORK_FIELDS = ("gemm_flops", "attention_forward_flops", "attention_backward_flops",
+               "grouped_gemm_flops", "tokens_per_expert", "elementwise_bytes", "kernels")
+
+
+def _key(t: torch.Tensor) -> int:
+    """A storage's identity: its StorageImpl (data_ptr() is 0 for every fake tensor)."""
+    return t.untyped_storage()._cdata
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Op work by class.
+
+_ATTENTION_FORWARD = {"_scaled_dot_product_flash_attention_for_cpu",
+                      "_scaled_dot_product_flash_attention",
+                      "_scaled_dot_product_efficient_attention",
+                      "_scaled_dot_product_cudnn_attention"}
+_ATTENTION_BACKWARD = {f"{n}_backward" for n in _ATTENTION_FORWARD}
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
+# Ops that allocate or relabel without a kernel that moves bytes.
+_NO_KERNEL = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
+              "lift_fresh", "lift_fresh_copy", "_local_scalar_dense", "sym_size", "sym_stride",
+              "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type"}
+# Gathers read what they write (plus the index), not the whole table.
+_GATHERS = {"embedding", "index", "index_select", "gather"}
+
+
+@dataclasses.dataclass
+class OpWork:
+    """planner/op_time.h OpWork: what a pass runs, by op class (totals, not per token)."""
+    gemm_flops: float = 0
+    attention_forward_flops: float = 0
+    attention_backward_flops: float = 0
+    grouped_gemm_flops: float = 0
+    tokens_per_expert: float = 0  # grouped GEMM rows per group, FLOP-weighted
+    elementwise_bytes: float = 0
+    kernels: float = 0
+
+    def add(self, other: "OpWork") -> None:
+        grouped = self.grouped_gemm_flops + other.grouped_gemm_flops
+        if grouped > 0:
+            self.tokens_per_expert = (self.tokens_per_expert * self.grouped_gemm_flops +
+                                      other.tokens_per_expert * other.grouped_gemm_flops) / grouped
+        for f in WORK_FIELDS:
+            if f != "tokens_per_expert":
+                setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def to_dict(self) -> dict[str, float]:
+        return {f: float(getattr(self, f)) for f in WORK_FIELDS}
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _attention_flops(args: tuple, causal: bool) -> tuple[float, float]:
+    """(forward, backward) FLOPs of an SDPA core on q [b, hq, s, d], k [b, hkv, skv, d],
+    v [b, hkv, skv, dv]. Forward: S = QK^T and O = PV. Backward (flash): S again, dV = P^T dO,
+    dP = dO V^T, dQ = dS K, dK = dS^T Q. A causal kernel skips the masked half of its blocks."""
+    q, k, v = args[0], args[1], args[2]
+    b, hq, s, d = q.shape
+    skv, dv = k.shape[-2], v.shape[-1]
+    pairs = b * hq * s * skv * (0.5 if causal else 1.0)
+    return 2 * pairs * (d + dv), 2 * pairs * (2 * d + 2 * dv + d)
+
+
+def _grouped_flops(a: torch.Tensor, b: torch.Tensor, groups: int) -> tuple[float, float]:
+    """(FLOPs, rows per group) of torch._grouped_mm(a, b, offs) with `groups` groups: 2-D a
+    [M, K] with 3-D b [G, K, N] routes each row to one group; 2-D x 2-D ([K, M] x [M, N], the
+    weight gradient) splits the reduction over M into the groups; 3-D x 3-D is a batched GEMM
+    of a.shape[1] rows per group."""
+    if a.dim() == 2 and b.dim() == 3:
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[2], a.shape[0] / b.shape[0]
+    if a.dim() == 2 and b.dim() == 2:
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1], a.shape[1] / max(1, groups)
+    if a.dim() == 3 and b.dim() == 3:
+        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2], float(a.shape[1])
+    # 3-D a [G, M, K] with 2-D b [K?]: each group's rows against one shared operand.
+    return 2.0 * a.numel() * b.shape[-1], float(a.shape[-2])
+
+
+def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
+    """The work of one aten op, or None for a view or an op without a kernel."""
+    if getattr(func, "is_view", False) or func.namespace == "prim":
+        return None
+    name = func._overloadpacket.__name__
+    if name in _NO_KERNEL or name in ("detach", "alias", "view", "_unsafe_view"):
+        return None
+    w = OpWork(kernels=1)
+    if name in _GEMMS:
+        from torch.utils.flop_counter import flop_registry
+        count = flop_registry[func._overloadpacket]
+        w.gemm_flops = count(*args, **kwargs, out_val=out)
+    elif name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
+        backward = name in _ATTENTION_BACKWARD
+        # Forward (q, k, v, dropout, is_causal, ...); backward (grad_out, q, k, v, out, lse,
+        # dropout, is_causal, ...): is_causal is the first bool argument.
+        tensors = args[1:4] if backward else args[0:3]
+        flags = [a for a in args if isinstance(a, bool)] + [
+            v for k, v in kwargs.items() if k == "is_causal"]
+        fwd, bwd = _attention_flops(tensors, bool(flags and flags[0]))
+        if backward:
+            w.attention_backward_flops = bwd
+        else:
+            w.attention_forward_flops = fwd
+    elif name == "_grouped_mm":
+        offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+        groups = offs.numel() if isinstance(offs, torch.Tensor) else 1
+        w.grouped_gemm_flops, w.tokens_per_expert = _grouped_flops(args[0], args[1], groups)
+    elif name in _GATHERS:
+        outs = _tensors(out)
+        index = [t for t in _tensors(args) if not t.is_floating_point()]
+        w.elementwise_bytes = 2 * sum(_bytes(t) for t in outs) + sum(_bytes(t) for t in index)
+    else:
+        w.elementwise_bytes = sum(_bytes(t) for t in _tensors((args, kwargs))) + sum(
+            _bytes(t) for t in _tensors(out))
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# Live bytes.
+
+class LiveBytes(TorchDispatchMode):
+    """Follows the bytes of every storage an op creates while the mode is active: a storage
+    counts from the op that returns it (an output whose storage is none of the op's inputs')
+    until its StorageImpl is freed (weakref.finalize on the storage object, which PyTorch keeps
+    alive as long as the StorageImpl is). Storages that existed before (weights, inputs) are not
+    counted. Every allocation, free and phase change is logged in order (`events`), so the
+    same step can be replayed with other sizes (Note [Replaying the step]); `phase` labels what
+    runs now, and every op's work is added to the phase's OpWork and to that of each entry of
+    `modules` (the modules running now)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self.sizes: list[int] = []       # by allocation id
+        self.allocated_in: list[Any] = []  # by allocation id: the phase that made it
+        self.events: list[tuple[str, Any]] = []  # ("a", id), ("f", id), ("p", phase), ("m", x)
+        self.live_ids: dict[int, int] = {}  # storage key -> allocation id, while alive
+        self.phase: Any = None
+        self.work: dict[Any, OpWork] = {}
+        self.modules: list[Any] = []
+        self.module_work: dict[Any, OpWork] = {}
+
+    def set_phase(self, phase: Any) -> None:
+        self.phase = phase
+        self.events.append(("p", phase))
+
+    def mark(self, what: Any) -> None:
+        self.events.append(("m", what))
+
+    def ref(self, t: torch.Tensor) -> int:
+        """The allocation id of t's storage; one made before the mode gets an id of its own,
+        with its size and no allocation event."""
+        key = _key(t)
+        if key not in self.live_ids:
+            self.sizes.append(_nbytes(t))
+            self.allocated_in.append(None)
+            return len(self.sizes) - 1
+        return self.live_ids[key]
+
+    def _free(self, key: int) -> None:
+        i = self.live_ids.pop(key, None)
+        if i is not None:
+            self.live -= self.sizes[i]
+            self.events.append(("f", i))
+
+    def _track(self, t: torch.Tensor, inputs: set) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in inputs or key in self.live_ids:
+            return
+        i = len(self.sizes)
+        self.sizes.append(storage.nbytes())
+        self.allocated_in.append(self.phase)
+        self.live_ids[key] = i
+        self.events.append(("a", i))
+        self.live += self.sizes[i]
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._free, key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {_key(t) for t in _tensors((args, kwargs)) if t.layout is torch.strided}
+        for t in _tensors(out):
+            if t.layout is torch.strided:
+                self._track(t, inputs)
+        w = op_work(func, args, kwargs, out)
+        if w is not None:
+            self.work.setdefault(self.phase, OpWork()).add(w)
+            for m in self.modules:
+                self.module_work.setdefault(m, OpWork()).add(w)
+        return out
+
+
+def replay(events: Sequence[tuple[str, Any]], sizes: Sequence[int]
+           ) -> tuple[dict[Any, int], dict[Any, int], dict[Any, int], int]:
+    """Note [Replaying the step]: the live bytes of a logged step with allocation sizes `sizes`.
+    Returns, per phase, the live bytes when it was first entered and the most it reached; per
+    mark, the live bytes there; and the step's peak."""
+    live = peak = 0
+    phase: Any = None
+    entered: dict[Any, int] = {}
+    peaks: dict[Any, int] = {}
+    marks: dict[Any, int] = {}
+    for kind, x in events:
+        if kind == "a":
+            live += sizes[x]
+            peak = max(peak, live)
+            peaks[phase] = max(peaks.get(phase, 0), live)
+        elif kind == "f":
+            live -= sizes[x]
+        elif kind == "p":
+            phase = x
+            entered.setdefault(x, live)
+            peaks[x] = max(peaks.get(x, 0), live)
+        else:
+            marks[x] = live
+    return entered, peaks, marks, peak
+
+
+# ---------------------------------------------------------------------------------------------
+# The model.
+
+def read_config(config: Any) -> dict[str, Any]:
+    """A config.json path or dict, as a dict (model_type included)."""
+    if isinstance(config, (str, os.PathLike)):
+        with open(config, encoding="utf-8") as f:
+            config = json.load(f)
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise PlanError("the config must be a JSON object with a string field 'model_type'")
+    return dict(config)
+
+
+def build_config(config: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+    d = dict(config)
+    model_type = d.pop("model_type")
+    # Training runs bf16 weights (measured/README); a checkpoint's quantization is not trained.
+    for k in ("torch_dtype", "dtype", "quantization_config", "architectures", "transformers_version"):
+        d.pop(k, None)
+    try:
+        cfg = AutoConfig.for_model(model_type, **d)
+    except (KeyError, ValueError) as e:
+        raise PlanError(f"transformers cannot build model_type {model_type!r}: {e}") from e
+    cfg._attn_implementation = "sdpa"
+    cfg.use_cache = False
+    return cfg
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "model", None)
+    if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
+        raise PlanError(f"{type(model).__name__} has no model.layers ModuleList: not a decoder "
+                        "stowage.hf_profile knows")
+    return inner
+
+
+def layer_kind(layer: nn.Module) -> tuple:
+    """What makes two decoder layers cost the same: their module tree, parameter shapes and the
+    attributes that choose a code path (attention_type: sliding or full)."""
+    sig = []
+    for name, m in layer.named_modules():
+        attrs = tuple((a, repr(getattr(m, a))) for a in ("attention_type", "sliding_window",
+                                                         "is_sliding", "layer_type")
+                      if hasattr(m, a) and not callable(getattr(m, a)))
+        params = tuple((n, tuple(p.shape), str(p.dtype))
+                       for n, p in m.named_parameters(recurse=False))
+        sig.append((name, type(m).__name__, params, attrs))
+    return tuple(sig)
+
+
+@dataclasses.dataclass
+class StepTrace:
+    """One logged training step: LiveBytes' events and sizes, and which allocations are what."""
+    seq_len: int
+    events: list[tuple[str, Any]]
+    sizes: list[int]
+    saved: list[list[tuple[str, int, str]]]  # per layer: (name, allocation id, module)
+    inputs: list[int]   # per layer: allocation id of its input
+    outputs: list[int]  # per layer: allocation id of its output
+    grads: dict[Any, list[int]]  # "loss", "embedding", ("layer", j): their gradients' ids
+    work: dict[Any, OpWork]
+    module_work: dict[Any, OpWork]  # (("forward", j), child name) -> its forward work
+
+
+@dataclasses.dataclass
+class LayerPoint:
+    """What one layer did in one step."""
+    input_bytes: int
+    output_bytes: int
+    saved: list[tuple[str, int, str]]  # (name, bytes, module that regenerates it or "")
+    retained_bytes: int     # live after its forward minus live before it
+    forward_own_bytes: int  # the planner's own forward bytes, input included
+    backward_own_bytes: int  # the planner's own backward bytes (Note [Measured hf])
+    grad_bytes: int
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(b for _n, b, _m in self.saved)
+
+
+@dataclasses.dataclass
+class StepPoint:
+    """What one step did, by part."""
+    seq_len: int
+    layers: list[LayerPoint]
+    other_bytes: int      # made before the first layer and held through it (RoPE cos/sin)
+    loss_peak_bytes: int  # LM head and loss: beyond the live bytes when the final norm starts
+    loss_grad_bytes: int
+    embedding_grad_bytes: int
+    peak_bytes: int       # the step's live-bytes peak (weights and token ids not included)
+
+
+def _grad_owner(model: nn.Module, decoder: nn.Module) -> dict[int, Any]:
+    """Which part's backward creates each parameter's gradient: ("layer", j), "loss" (the final
+    norm and LM head, and a tied embedding) or "embedding"."""
+    owner: dict[int, Any] = {}
+    for j, layer in enumerate(decoder.layers):
+        for p in layer.parameters():
+            owner[id(p)] = ("layer", j)
+    head = model.get_output_embeddings()
+    for m in [decoder.norm] + ([head] if head is not None else []):
+        for p in m.parameters():
+            owner[id(p)] = "loss"
+    for p in model.parameters():
+        owner.setdefault(id(p), "embedding")
+    return owner
+
+
+def _hidden(x: Any) -> torch.Tensor:
+    return x[0] if isinstance(x, (tuple, list)) else x
+
+
+def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
+    decoder = _decoder(model)
+    layers = list(decoder.layers)
+    n = len(layers)
+    params = {_key(p) for p in model.parameters()}
+    owner = _grad_owner(model, decoder)
+    mode = LiveBytes()
+    saved: list[list[tuple[str, int, str]]] = [[] for _ in layers]
+    seen: set[int] = set()
+    inputs = [-1] * n
+    outputs = [-1] * n
+    in_key = [0] * n
+    counts: list[dict[str, int]] = [dict() for _ in layers]
+    children: list[tuple[str, set]] = []  # the layer's children running now, outermost first
+    handles = []
+
+    def on_grad(phase: Any) -> Callable:
+        def hook(_grad: torch.Tensor) -> None:
+            mode.set_phase(phase)
+        return hook
+
+    def pre(j: int) -> Callable:
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            x = _hidden(args[0] if args else kwargs["hidden_states"])
+            mode.set_phase(("forward", j))
+            inputs[j] = mode.ref(x)
+            in_key[j] = _key(x)
+            if j == 0 and x.requires_grad:
+                x.register_hook(on_grad("embedding_backward"))
+        return hook
+
+    def post(j: int) -> Callable:
+        def hook(_m: nn.Module, _args: tuple, _kwargs: dict, out: Any) -> None:
+            y = _hidden(out)
+            outputs[j] = mode.ref(y)
+            mode.mark(("forward_end", j))
+            y.register_hook(on_grad(("backward", j)))
+        return hook
+
+    def child_pre(name: str) -> Callable:
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            children.append((name, {_key(t) for t in _tensors((args, kwargs))}))
+            mode.modules.append((mode.phase, name))
+        return hook
+
+    def child_post(_m: nn.Module, _args: tuple, _kwargs: dict, _out: Any) -> None:
+        children.pop()
+        mode.modules.pop()
+
+    for j, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(pre(j), with_kwargs=True))
+        handles.append(layer.register_forward_hook(post(j), with_kwargs=True))
+        for name, child in layer.named_children():
+            handles.append(child.register_forward_pre_hook(child_pre(name), with_kwargs=True))
+            handles.append(child.register_forward_hook(child_post, with_kwargs=True))
+    handles.append(decoder.norm.register_forward_pre_hook(
+        lambda _m, _a: mode.set_phase("loss")))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        phase = mode.phase
+        if not (isinstance(phase, tuple) and phase[0] == "forward") or t.layout is not torch.strided:
+            return t
+        j = phase[1]
+        key = _key(t)
+        if key in params or key in seen:
+            return t
+        if key == in_key[j]:
+            name, module = "input", ""
+        elif key in mode.live_ids and mode.allocated_in[mode.live_ids[key]] == phase:
+            # The outermost child running now regenerates it, unless it is that child's input
+            # (a checkpointed child keeps its inputs).
+            module = children[0][0] if children and key not in children[0][1] else ""
+            k = counts[j].get(module, 0)
+            counts[j][module] = k + 1
+            name = f"{module or 'layer'}.{k}"
+        else:
+            return t  # made before this layer (RoPE cos/sin): the step's, not the layer's
+        seen.add(key)
+        saved[j].append((name, mode.ref(t), module))
+        return t
+
+    model.zero_grad(set_to_none=True)
+    try:
+        ids = torch.randint(0, model.config.vocab_size, (1, seq_len))
+        with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                _one_sequence():
+            mode.set_phase("embedding")
+            # As a training loop holds it (and shared/reference/measured/measure_hf.py): the
+            # output, with its bf16 logits, stays alive through the backward.
+            out = model(input_ids=ids, labels=ids, use_cache=False)
+            out.loss.backward()
+            del out
+            grads: dict[Any, list[int]] = {}
+            for p in model.parameters():
+                if p.grad is not None:
+                    grads.setdefault(owner[id(p)], []).append(mode.ref(p.grad))
+            model.zero_grad(set_to_none=True)
+        mode.set_phase("end")
+    finally:
+        for h in handles:
+            h.remove()
+    return StepTrace(seq_len=seq_len, events=mode.events, sizes=mode.sizes, saved=saved,
+                     inputs=inputs, outputs=outputs, grads=grads, work=mode.work,
+                     module_work=mode.module_work)
+
+
+class _one_sequence:
+    """transformers looks for packed sequences in position_ids (masking_utils.
+    find_packed_sequence_indices) and returns None for one sequence, 0..s-1 as here; on fake
+    tensors it cannot read the values and builds an s x s mask instead, which the real run does
+    not. For the length of the step it answers what the real run computes: one sequence."""
+
+    def __enter__(self) -> None:
+        try:
+            from transformers import masking_utils
+        except ImportError:
+            self.module = None
+            return
+        self.module = masking_utils
+        self.saved = getattr(masking_utils, "find_packed_sequence_indices", None)
+        if self.saved is not None:
+            masking_utils.find_packed_sequence_indices = lambda position_ids: None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.module is not None and self.saved is not None:
+            self.module.find_packed_sequence_indices = self.saved
+
+
+def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoint:
+    """The step's figures with allocation sizes `sizes` (default: the traced ones).
+
+    Note [Measured hf]: each part's own bytes are what make the planner's simulator reach the
+    live bytes measured at that part's peak. The simulator's level (over fixed memory) is, in
+    the forward of layer j, the resident bytes of layers before j plus j's own forward bytes;
+    in the loss, every layer's resident bytes plus the last output and the loss's peak bytes;
+    in the backward of layer j, the resident bytes of layers before j, the gradients made so
+    far (the loss's, those of layers after j, j's own) plus j's own backward bytes. So each own
+    figure is the measured peak less those terms, and whatever else is alive then and unknown
+    to the simulator counts in it: the embedding output, which transformers' decoder keeps
+    (`inputs_embeds`) through every layer's forward; the model output's logits, which the
+    training loop holds through the backward."""
+    sizes = trace.sizes if sizes is None else sizes
+    entered, peaks, marks, peak = replay(trace.events, sizes)
+    grad = {k: sum(sizes[i] for i in ids) for k, ids in trace.grads.items()}
+    n = len(trace.inputs)
+    tensors = [[(name, sizes[i], module) for name, i, module in trace.saved[j]] for j in range(n)]
+    resident = [sum(b for _n, b, _m in t) for t in tensors]
+    grads = [grad.get(("layer", j), 0) for j in range(n)]
+    in0 = sizes[trace.inputs[0]]
+    other = entered[("forward", 0)] - entered["embedding"] - in0
+    points = []
+    for j in range(n):
+        fwd, bwd = ("forward", j), ("backward", j)
+        in_b, out_b = sizes[trace.inputs[j]], sizes[trace.outputs[j]]
+        saves_input = any(name == "input" for name, _b, _m in tensors[j])
+        before = other + sum(resident[:j])
+        bwd_own = (peaks[bwd] - before - grad.get("loss", 0) - sum(grads[j + 1:]) - grads[j])
+        points.append(LayerPoint(
+            input_bytes=in_b, output_bytes=out_b, saved=tensors[j],
+            retained_bytes=marks[("forward_end", j)] - entered[fwd],
+            forward_own_bytes=max(0, peaks[fwd] - before),
+            backward_own_bytes=max(0, bwd_own - (in_b if saves_input else 0)),
+            grad_bytes=grads[j]))
+    loss_peak = peaks["loss"] - other - sum(resident) - points[-1].output_bytes
+    return StepPoint(
+        seq_len=trace.seq_len, layers=points, other_bytes=other,
+        loss_peak_bytes=max(0, loss_peak), loss_grad_bytes=grad.get("loss", 0),
+        embedding_grad_bytes=grad.get("embedding", 0), peak_bytes=peak)
+
+
+@dataclasses.dataclass
+class HfModel:
+    """The model measure_hf runs: one layer per kind, and what the full depth has."""
+    model: nn.Module
+    kinds: list[int]           # per layer of the full model: its kind (index into `layers`)
+    kind_names: list[str]      # per kind: the class name of its layer
+    weights_bytes: int         # every parameter of the full-depth model
+    model_type: str
+    fake: bool
+    mode: Any = None           # the FakeTensorMode the model lives in
+
+
+def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bool = True,
+                   one_per_kind: bool = True) -> HfModel:
+    """The transformers model of `config` with one decoder layer per distinct kind (every
+    layer with one_per_kind=False)."""
+    from transformers import AutoModelForCausalLM
+    d = read_config(config)
+    cfg = build_config(d)
+    fake_mode = None
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        fake_mode = FakeTensorMode()
+    torch.manual_seed(0)
+    ctx = fake_mode if fake_mode is not None else _null()
+    with ctx:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.train()
+    decoder = _decoder(model)
+    weights = sum(_nbytes(p) for p in model.parameters())
+    signatures: list[tuple] = []
+    kinds = []
+    for layer in decoder.layers:
+        sig = layer_kind(layer)
+        if sig not in signatures:
+            signatures.append(sig)
+        kinds.append(signatures.index(sig))
+    firsts = [kinds.index(k) for k in range(len(signatures))]
+    names = [type(decoder.layers[i]).__name__ for i in firsts]
+    if one_per_kind:
+        decoder.layers = nn.ModuleList([decoder.layers[i] for i in firsts])
+    else:
+        kinds = list(range(len(kinds)))
+        names = [type(layer).__name__ for layer in decoder.layers]
+    return HfModel(model=model, kinds=kinds, kind_names=names,
+                   weights_bytes=weights, model_type=d["model_type"], fake=fake, mode=fake_mode)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def trace_step(hf: HfModel, seq_len: int) -> StepTrace:
+    """One logged training step of `hf.model` at `seq_len` tokens."""
+    with hf.mode if hf.mode is not None else _null():
+        return _trace_step(hf.model, seq_len)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting in the sequence length.
+
+def fit(points: Sequence[tuple[int, float]]) -> list[Fraction]:
+    """Coefficients c0, c1, c2 of c0 + c1*s + c2*s^2 through the points (fewer terms with fewer
+    points: two fit c1*s + c2*s^2), solved exactly."""
+    pts = [(Fraction(s), Fraction(v)) for s, v in points]
+    powers = [0, 1, 2] if len(pts) >= 3 else [1, 2][:len(pts)]
+    pts = pts[:len(powers)]
+    m = [[s ** p for p in powers] + [v] for s, v in pts]
+    size = len(powers)
+    for c in range(size):  # Gauss-Jordan; distinct lengths make it non-singular
+        pivot = next(r for r in range(c, size) if m[r][c] != 0)
+        m[c], m[pivot] = m[pivot], m[c]
+        for r in range(size):
+            if r != c and m[r][c] != 0:
+                f = m[r][c] / m[c][c]
+                m[r] = [a - f * b for a, b in zip(m[r], m[c])]
+    coeffs = [Fraction(0)] * 3
+    for c, p in enumerate(powers):
+        coeffs[p] = m[c][size] / m[c][c]
+    return coeffs
+
+
+def extrapolate(points: Sequence[tuple[int, float]], seq_len: int) -> Fraction:
+    c = fit(points)
+    return c[0] + c[1] * seq_len + c[2] * seq_len * seq_len
+
+
+def _work_at(works: Sequence[OpWork], lengths: Sequence[int], seq_len: int) -> OpWork:
+    out = OpWork()
+    for f in WORK_FIELDS:
+        v = extrapolate([(s, getattr(w, f)) for s, w in zip(lengths, works)], seq_len)
+        setattr(out, f, max(0.0, float(v)))
+    return out
+
+
+@dataclasses.dataclass
+class HfMeasurement:
+    hf: HfModel
+    lengths: list[int]
+    traces: list[StepTrace]
+
+    def at(self, seq_len: int) -> StepTrace:
+        """The step at `seq_len` tokens: each allocation's size and each phase's work fitted
+        through the measured lengths (Note [Replaying the step])."""
+        t0 = self.traces[0]
+        ls = self.lengths
+        sizes = [max(0, round(extrapolate([(s, t.sizes[i]) for s, t in zip(ls, self.traces)],
+                                          seq_len)))
+                 for i in range(len(t0.sizes))]
+        def works(key: Any, table: str) -> OpWork:
+            return _work_at([getattr(t, table).get(key, OpWork()) for t in self.traces], ls,
+                            seq_len)
+        return dataclasses.replace(
+            t0, seq_len=seq_len, sizes=sizes,
+            work={k: works(k, "work") for k in t0.work},
+            module_work={k: works(k, "module_work") for k in t0.module_work})
+
+
+def _check_same_step(traces: Sequence[StepTrace]) -> None:
+    """Sizes can be fitted one allocation at a time only if every length ran the same ops in
+    the same order."""
+    t0 = traces[0]
+    for t in traces[1:]:
+        same = (t.events == t0.events and len(t.sizes) == len(t0.sizes)
+                and [[(n, i, m) for n, i, m in l] for l in t.saved] == t0.saved
+                and t.inputs == t0.inputs and t.outputs == t0.outputs and t.grads == t0.grads
+                and set(t.work) == set(t0.work) and set(t.module_work) == set(t0.module_work))
+        if not same:
+            raise PlanError(
+                f"the step at {t.seq_len} tokens ran other ops than at {t0.seq_len} "
+                f"({len(t.events)} vs {len(t0.events)} events): its sizes cannot be fitted "
+                "allocation by allocation; choose other --lengths")
+
+
+def measure_hf(config: Any, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
+               dtype: torch.dtype = torch.bfloat16, fake: bool = True) -> HfMeasurement:
+    """Runs one step of the model of `config` (a config.json path or dict) at each length."""
+    lengths = sorted(set(int(s) for s in lengths))
+    if len(lengths) < 2 or lengths[0] < 1:
+        raise PlanError(f"lengths are {lengths}; allowed: at least two distinct positive lengths "
+                        "(three fit a constant term too)")
+    hf = build_hf_model(config, dtype=dtype, fake=fake)
+    traces = [trace_step(hf, s) for s in lengths]
+    _check_same_step(traces)
+    return HfMeasurement(hf=hf, lengths=lengths, traces=traces)
+
+
+def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
+    """The measured layer profile at `seq_len` tokens, each layer its kind's."""
+    from .profile import LayerProfile, ModelProfile, ModuleTime, SavedTensor
+    trace = m.at(seq_len)
+    step = evaluate(trace)
+    kinds = []
+    for k, point in enumerate(step.layers):
+        fwd = ("forward", k)
+        by_module: dict[str, int] = {}
+        for _n, b, mod in point.saved:
+            if mod:
+                by_module[mod] = by_module.get(mod, 0) + b
+        listed = sorted(by_module, key=lambda x: -by_module[x])[:MAX_MODULES]
+        saved = [(n, b, mod if mod in listed else "") for n, b, mod in point.saved]
+        if len(saved) > MAX_SAVED:
+            merged: dict[str, list] = {}
+            for n, b, mod in saved:
+                key = "input" if n == "input" else f"{mod or 'layer'}.all"
+                merged.setdefault(key, [0, mod])[0] += b
+            saved = [(n, b, mod) for n, (b, mod) in merged.items()]
+        kinds.append(dict(
+            input_bytes=point.input_bytes, output_bytes=point.output_bytes,
+            saved=[SavedTensor(n, b, mod) for n, b, mod in saved],
+            modules=[ModuleTime(name, 0.0, trace.module_work.get((fwd, name), OpWork()).to_dict())
+                     for name in listed],
+            forward_peak_bytes=max(0, point.forward_own_bytes - point.input_bytes),
+            backward_peak_bytes=max(0, point.backward_own_bytes), grad_bytes=point.grad_bytes,
+            forward_work=trace.work.get(fwd, OpWork()).to_dict(),
+            backward_work=trace.work.get(("backward", k), OpWork()).to_dict()))
+    layers = []
+    for i, k in enumerate(m.hf.kinds):
+        kk = kinds[k]
+        layers.append(LayerProfile(
+            index=i, type=m.hf.kind_names[k], input_bytes=kk["input_bytes"],
+            output_bytes=kk["output_bytes"], saved=[dataclasses.replace(t) for t in kk["saved"]],
+            modules=[dataclasses.replace(x) for x in kk["modules"]],
+            forward_peak_bytes=kk["forward_peak_bytes"],
+            backward_peak_bytes=kk["backward_peak_bytes"], forward_seconds=0.0,
+            backward_seconds=0.0, grad_bytes=kk["grad_bytes"], forward_work=kk["forward_work"],
+            backward_work=kk["backward_work"]))
+    loss = trace.work.get("loss", OpWork())
+    embedding = OpWork()
+    for phase in ("embedding", "embedding_backward"):
+        embedding.add(trace.work.get(phase, OpWork()))
+    return ModelProfile(
+        layers=layers, device="cpu (fake tensors)" if m.hf.fake else "cpu",
+        weights_bytes=m.hf.weights_bytes, gradients_bytes=0, other_bytes=step.other_bytes,
+        loss_peak_bytes=step.loss_peak_bytes, measured_memory=False, tokens=seq_len,
+        gradients_in_backward=True, loss_grad_bytes=step.loss_grad_bytes,
+        loss_work=loss.to_dict(), embedding_grad_bytes=step.embedding_grad_bytes,
+        embedding_work=embedding.to_dict(), d2h_bytes_per_second=0.0, h2d_bytes_per_second=0.0)
+
+
+def profile_hf(config: Any, seq_len: int, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
+               dtype: torch.dtype = torch.bfloat16, fake: bool = True) -> "ModelProfile":
+    """measure_hf + to_model_profile: the profile `stowage plan --profile` reads."""
+    if seq_len < 1:
+        raise PlanError(f"seq_len is {seq_len}; allowed: at least 1")
+    return to_model_profile(measure_hf(config, lengths=lengths, dtype=dtype, fake=fake), seq_len)
+
+
+__all__ = ["HfMeasurement", "LiveBytes", "OpWork", "StepTrace", "build_hf_model", "evaluate",
+           "extrapolate", "fit", "measure_hf", "op_work", "profile_hf", "replay",
+           "to_model_profile", "trace_step"]

@@ -1,0 +1,356 @@
+"""stowage.hf_profile: the measured profile of a transformers model, without a GPU (issue 12).
+
+- LiveBytes (the TorchDispatchMode that follows live bytes by storage) against a hand count on a
+  tiny module, and against what autograd saves (saved_tensors_hooks) in real decoder layers;
+- fake tensors at real widths against real CPU tensors: the same bytes, layer by layer;
+- the fit in the sequence length: the step extrapolated to a fourth length is the step measured
+  there, byte for byte;
+- `stowage plan --profile <measured>` against `stowage plan --framework hf` on every family
+  transformers builds here: peaks within 1%;
+- the live-bytes peak of a whole forward + backward against the hf profile's predicted peak;
+- the public H200 cases through the measured profile: peaks within 3%, as the analytic profile.
+
+Torch 2.x with transformers only (the PATH python of tools/setup-deps): torch 1.13 has neither
+FakeTensorMode on "cpu" nor storage objects that live as long as their StorageImpl (the weakref
+finalizers LiveBytes relies on). CTest passes the CLI as STOWAGE_CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+import support  # noqa: F401  (puts the package on sys.path)
+
+try:
+    import torch
+    import transformers  # noqa: F401
+    HAVE = int(torch.__version__.split(".")[0]) >= 2
+except ImportError:  # Debian's torch 1.13 interpreter has no transformers
+    HAVE = False
+
+if HAVE:
+    from stowage import hf_profile as H
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MEASURED = os.path.join(HERE, "..", "planner", "data", "measured")
+
+# Small enough for a real CPU step in well under a second, wide enough that every term shows.
+TINY = {
+    "llama": dict(model_type="llama", hidden_size=128, intermediate_size=352,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=512, tie_word_embeddings=False),
+    "qwen2": dict(model_type="qwen2", hidden_size=128, intermediate_size=320,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=512, tie_word_embeddings=True),
+    "qwen3_moe": dict(model_type="qwen3_moe", hidden_size=128, intermediate_size=256,
+                      moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                      decoder_sparse_step=1, mlp_only_layers=[0], norm_topk_prob=True,
+                      vocab_size=512, tie_word_embeddings=False),
+}
+
+# Every family the hf profile has recipes for that transformers builds: real-looking widths
+# (fake tensors cost nothing), few layers.
+FAMILIES = {
+    "llama": dict(model_type="llama", hidden_size=2048, intermediate_size=5632,
+                  num_hidden_layers=3, num_attention_heads=16, num_key_value_heads=4,
+                  vocab_size=32000, tie_word_embeddings=False),
+    "qwen2": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960,
+                  num_hidden_layers=3, num_attention_heads=12, num_key_value_heads=2,
+                  vocab_size=151936, tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", hidden_size=2048, intermediate_size=6144,
+                  num_hidden_layers=3, num_attention_heads=16, num_key_value_heads=8,
+                  head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3_moe": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+                      moe_intermediate_size=768, num_hidden_layers=3, num_attention_heads=32,
+                      num_key_value_heads=4, head_dim=128, num_experts=128,
+                      num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[0],
+                      norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False),
+    "mistral": dict(model_type="mistral", hidden_size=4096, intermediate_size=14336,
+                    num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
+                    head_dim=128, vocab_size=32768, sliding_window=None,
+                    tie_word_embeddings=False),
+    "mixtral": dict(model_type="mixtral", hidden_size=4096, intermediate_size=14336,
+                    num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
+                    num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
+                    sliding_window=None, tie_word_embeddings=False),
+}
+
+HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1",
+            "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
+            "--grad-dtype", "bf16", "--loss-chunk-tokens", "0"]
+# Held throughout a CUDA step and invisible on CPU: one cuBLAS workspace per handle, forward and
+# backward thread, 32 MiB each on sm90+ (planner/framework_hf.cc kCublasWorkspaceBytes).
+CUBLAS_WORKSPACES = 2 * 32 * 2**20
+
+
+def cli() -> str:
+    path = os.environ.get("STOWAGE_CLI", "")
+    if not path or not os.path.exists(path):
+        raise unittest.SkipTest("STOWAGE_CLI is not set to a built `stowage` CLI")
+    return path
+
+
+def plan(args: list[str]) -> dict:
+    out = subprocess.run([cli(), "plan", *args, "--format", "json"], capture_output=True,
+                         text=True, timeout=120)
+    if out.returncode not in (0, 1):
+        raise AssertionError(out.stdout + out.stderr)
+    return json.loads(out.stdout)
+
+
+def plan_both(config: dict, m: "H.HfMeasurement", seq_len: int, force: str) -> tuple[dict, dict]:
+    """(analytic hf plan, measured-profile plan) for one length and policy."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, prof = os.path.join(tmp, "config.json"), os.path.join(tmp, "profile.json")
+        with open(cfg, "w") as f:
+            json.dump(config, f)
+        H.to_model_profile(m, seq_len).save(prof)
+        analytic = plan(["--model", cfg, "--seq-len", str(seq_len), *HF_FLAGS, "--force", force])
+        measured = plan(["--profile", prof, "--hardware", "h200", "--force", force])
+    return analytic, measured
+
+
+def peak(p: dict) -> int:
+    return p["predicted"]["peak_device_bytes"]
+
+
+def live_peak(full: "H.HfModel", seq_len: int, checkpointing: bool) -> int:
+    """Weights plus the live-bytes peak of one training step of the full-depth model."""
+    model = full.model
+    with full.mode:
+        if checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        try:
+            trace = H._trace_step(model, seq_len)
+        finally:
+            if checkpointing:
+                model.gradient_checkpointing_disable()
+    return H.evaluate(trace).peak_bytes + full.weights_bytes
+
+
+# Where the measured profile is above the truth, and why: the planner's structure, not the
+# measurement (family, tokens) -> the reason.
+MEASURED_GAPS = {
+    ("mixtral", 4096): "the simulator charges a layer's gradients at the start of its backward "
+                       "with every saved tensor still alive (EvaluateOption: a backward peak is "
+                       "at least saved + output + input); Mixtral's expert gradients (2.6 GiB a "
+                       "layer) are made while autograd frees the saved tensors",
+}
+
+# Where `--framework hf` misses what transformers' code holds by more than 1% (the live bytes
+# say so; the test fails once the recipe is fixed: then drop the entry). (family, policy, tokens
+# or None for every length) -> the term.
+ANALYTIC_GAPS = {
+    ("mixtral", "keep", 4096): "MoE: ffn_backward_transient (6*fe*k + 4*h*k per token) on top "
+                               "of every saved tensor, and the layer's expert gradients charged "
+                               "at the start of its backward: above the live bytes",
+    ("mixtral", "recompute", None): "the hf plan runs the MoE in chunks (chunks 8), which "
+                                    "transformers' eager code does not: below the live bytes",
+    ("mistral", "recompute", 4096): "the hf plan runs the FFN in chunks, which transformers' "
+                                    "eager code does not: below the live bytes",
+}
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class LiveBytesTest(unittest.TestCase):
+    def test_hand_count_of_a_tiny_module(self) -> None:
+        w = torch.randn(8, 16, requires_grad=True)
+        x = torch.randn(4, 8, requires_grad=True)
+        mode = H.LiveBytes()
+        saved: list[int] = []
+        with mode, torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.append(H._key(t)) or t, lambda t: t):
+            loss = (x @ w).relu().sum()
+            # mm's [4, 16] fp32 output (256 B) and relu's (256 B) were alive together; the mm
+            # output is freed, relu's is saved for backward, the loss is 4 B.
+            self.assertEqual(mode.peak, 512)
+            self.assertEqual(mode.live, 256 + 4)
+            # What autograd keeps that the step made: relu's output (x and w existed before).
+            made = [k for k in saved if k in mode.live_ids]
+            self.assertEqual(sum(mode.sizes[mode.live_ids[k]] for k in set(made)), 256)
+            loss.backward()
+            del loss
+            # Left: the gradients, x.grad [4, 8] (128 B) and w.grad [8, 16] (512 B).
+            self.assertEqual(mode.live, 128 + 512)
+        self.assertEqual(mode.sizes[mode.ref(w.grad)], 512)
+
+    def test_views_and_in_place_ops_allocate_nothing(self) -> None:
+        x = torch.randn(64)
+        mode = H.LiveBytes()
+        with mode:
+            y = x.view(8, 8).t()
+            y.mul_(2)
+            z = y.contiguous()  # a copy: 256 B
+        self.assertEqual(mode.live, 256)
+        del z
+        self.assertEqual(mode.live, 0)
+
+    def test_live_bytes_agree_with_autograd_saved_bytes_in_real_layers(self) -> None:
+        # What stays allocated after a layer's forward, less its output, is what it saves.
+        for family, config in TINY.items():
+            hf = H.build_hf_model(config, fake=False)
+            step = H.evaluate(H.trace_step(hf, 64))
+            for j, layer in enumerate(step.layers):
+                with self.subTest(family=family, layer=j):
+                    self.assertGreater(layer.saved_bytes, 0)
+                    self.assertEqual(layer.retained_bytes - layer.output_bytes, layer.saved_bytes)
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class FakeTensorTest(unittest.TestCase):
+    def test_fake_tensors_measure_what_real_ones_do(self) -> None:
+        for family, config in TINY.items():
+            with self.subTest(family=family):
+                real = H.evaluate(H.trace_step(H.build_hf_model(config, fake=False), 96))
+                fake = H.evaluate(H.trace_step(H.build_hf_model(config, fake=True), 96))
+                self.assertEqual(fake, real)
+
+    def test_one_layer_per_kind_full_weights(self) -> None:
+        config = dict(TINY["qwen3_moe"], num_hidden_layers=5, mlp_only_layers=[0, 3])
+        hf = H.build_hf_model(config)
+        self.assertEqual(hf.kinds, [0, 1, 1, 0, 1])
+        full = H.build_hf_model(dict(config), fake=False)
+        self.assertEqual(hf.weights_bytes, full.weights_bytes)
+        self.assertEqual(len(hf.model.model.layers), 2)
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class FitTest(unittest.TestCase):
+    def test_fit_recovers_a_quadratic(self) -> None:
+        pts = [(s, 7 + 3 * s + 2 * s * s) for s in (100, 200, 400)]
+        self.assertEqual(H.fit(pts), [7, 3, 2])
+        self.assertEqual(H.extrapolate(pts, 10**6), 7 + 3 * 10**6 + 2 * 10**12)
+        # Two points fit the linear and quadratic terms only.
+        self.assertEqual(H.fit([(10, 30 + 200), (20, 60 + 800)]), [0, 3, 2])
+
+    def test_extrapolated_step_is_the_measured_step(self) -> None:
+        # Each allocation's size is fitted through 128, 256, 512 tokens and the step replayed
+        # at 2048 (Note [Replaying the step]): every figure equals the step measured there,
+        # peaks included, though a peak is a max of sums and no polynomial itself.
+        for family in ("llama", "qwen3_moe"):
+            with self.subTest(family=family):
+                m = H.measure_hf(FAMILIES[family], lengths=(128, 256, 512))
+                extrapolated = m.at(2048)
+                direct = H.trace_step(m.hf, 2048)
+                self.assertEqual(extrapolated.sizes, direct.sizes)
+                self.assertEqual(H.evaluate(extrapolated), H.evaluate(direct))
+                for phase, w in direct.work.items():
+                    for field in H.WORK_FIELDS:
+                        self.assertAlmostEqual(getattr(extrapolated.work[phase], field),
+                                               getattr(w, field),
+                                               delta=1e-9 * max(1.0, getattr(w, field)),
+                                               msg=f"{phase} {field}")
+
+    def test_lengths_must_be_two_distinct(self) -> None:
+        with self.assertRaisesRegex(Exception, "at least two distinct"):
+            H.measure_hf(TINY["llama"], lengths=(256, 256))
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class AgreementTest(unittest.TestCase):
+    def test_measured_and_analytic_hf_profiles_agree_within_1_percent(self) -> None:
+        # Three peaks per family, length and policy: the live bytes of the whole step at full
+        # depth (the truth on these fake tensors: the real code at real widths; recompute is
+        # transformers' own gradient checkpointing), `stowage plan --profile <measured>`, and
+        # `stowage plan --framework hf`. The measured profile must land within 1% of the truth;
+        # the two profiles within 1% of each other, except where the analytic plan is known to
+        # miss the truth (ANALYTIC_GAPS), where it must still miss it by more than 1% (the test
+        # fails once that is fixed: then drop the entry). The CPU cannot
+        # see the cuBLAS workspaces (64 MiB, CUDA only): they are added to the measured side.
+        rows = []
+        for family, config in FAMILIES.items():
+            m = H.measure_hf(config)
+            full = H.build_hf_model(config, one_per_kind=False)
+            for seq_len in (4096, 16384):
+                for force in ("keep", "recompute"):
+                    with self.subTest(family=family, seq_len=seq_len, force=force):
+                        truth = live_peak(full, seq_len, force == "recompute") + CUBLAS_WORKSPACES
+                        a, b = plan_both(config, m, seq_len, force)
+                        analytic, measured = peak(a), peak(b) + CUBLAS_WORKSPACES
+                        ta, tb = a["predicted"]["step_seconds"], b["predicted"]["step_seconds"]
+                        rows.append(f"{family:10s} {seq_len:6d} {force:9s} {truth / 2**30:8.3f} "
+                                    f"{measured / 2**30:8.3f} {analytic / 2**30:8.3f} "
+                                    f"{100 * (measured - truth) / truth:+6.2f}% "
+                                    f"{100 * (measured - analytic) / analytic:+6.2f}% "
+                                    f"{ta:8.4f} {tb:8.4f} {100 * (tb - ta) / ta:+6.1f}%")
+                        if (family, seq_len) in MEASURED_GAPS:
+                            # Conservative: never below the truth, within 3%.
+                            self.assertGreaterEqual(measured, truth, rows[-1])
+                            self.assertLessEqual((measured - truth) / truth, 0.03,
+                                                 f"{rows[-1]}: {MEASURED_GAPS[family, seq_len]}")
+                        else:
+                            self.assertLessEqual(abs(measured - truth) / truth, 0.01, rows[-1])
+                        gap = ANALYTIC_GAPS.get((family, force, seq_len),
+                                                ANALYTIC_GAPS.get((family, force, None)))
+                        if gap is None:
+                            self.assertLessEqual(abs(measured - analytic) / analytic, 0.01,
+                                                 rows[-1])
+                        else:
+                            self.assertGreater(abs(analytic - truth) / truth, 0.01,
+                                               f"{rows[-1]}: {gap}")
+        print("\nfamily     tokens policy    live GiB measured   hf GiB  vs live  vs hf   "
+              "hf s     meas s   diff\n" + "\n".join(rows))
+
+    def test_public_h200_cases_through_the_measured_profile(self) -> None:
+        cases = []
+        with open(os.path.join(MEASURED, "hf-h200.jsonl")) as f:
+            for line in f:
+                j = json.loads(line)
+                if "case" in j:
+                    cases.append(j)
+        self.assertEqual(len(cases), 4)
+        measured: dict[str, H.HfMeasurement] = {}
+        for c in cases:
+            key = json.dumps(c["config"], sort_keys=True)
+            if key not in measured:
+                measured[key] = H.measure_hf(os.path.join(MEASURED, c["config"]))
+            force = "recompute" if c["gradient_checkpointing"] else "keep"
+            with self.subTest(case=c["case"], seq_len=c["seq_len"], force=force):
+                with tempfile.TemporaryDirectory() as tmp:
+                    prof = os.path.join(tmp, "profile.json")
+                    H.to_model_profile(measured[key], c["seq_len"]).save(prof)
+                    p = plan(["--profile", prof, "--hardware", "h200", "--force", force])
+                err = (peak(p) - c["peak_bytes_2"]) / c["peak_bytes_2"]
+                print(f"\n{c['case']:16s} {force:9s} measured profile "
+                      f"{peak(p) / 2**30:.3f} GiB, H200 {c['peak_bytes_2'] / 2**30:.3f} GiB "
+                      f"({100 * err:+.2f}%)")
+                self.assertLessEqual(abs(err), 0.03)
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class CommandTest(unittest.TestCase):
+    def test_python_m_stowage_profile_writes_what_the_planner_reads(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg, prof = os.path.join(tmp, "config.json"), os.path.join(tmp, "profile.json")
+            with open(cfg, "w") as f:
+                json.dump(TINY["llama"], f)
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.path.join(HERE, "..", "..", "runtime", "python")
+            import sys
+            out = subprocess.run([sys.executable, "-m", "stowage.profile", "--hf", cfg,
+                                  "--seq-len", "4096", "--out", prof], env=env,
+                                 capture_output=True, text=True, timeout=300)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            with open(prof) as f:
+                d = json.load(f)
+            self.assertEqual(d["tokens"], 4096)
+            self.assertTrue(d["gradients_in_backward"])
+            self.assertEqual(len(d["layers"]), 2)
+            self.assertIn("forward_work", d["layers"][0])
+            p = plan(["--profile", prof, "--hardware", "h200", "--force", "keep"])
+            self.assertGreater(p["predicted"]["step_seconds"], 0)
+            bad = subprocess.run([sys.executable, "-m", "stowage.profile", "--hf",
+                                  os.path.join(tmp, "missing.json")], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            self.assertEqual(bad.returncode, 2)
+            self.assertIn("missing.json", bad.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
