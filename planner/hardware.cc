@@ -156,6 +156,10 @@ uint64_t HardwareProfile::HostBytesPerGpu() const {
   return host_bytes_per_numa_node / static_cast<uint64_t>(std::max(1, gpus_per_numa_node));
 }
 
+uint64_t HardwareProfile::DefaultHostBudgetPerGpu() const {
+  return static_cast<uint64_t>(static_cast<double>(HostBytesPerGpu()) * kDefaultHostPinnedShare);
+}
+
 std::vector<std::string> HardwarePresetNames() { return {"h200", "b200", "gb200"}; }
 
 absl::StatusOr<HardwareProfile> HardwarePreset(std::string name) {

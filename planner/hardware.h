@@ -20,6 +20,13 @@ struct ChunkBandwidth {
   double h2d_bytes_per_second = 0;
 };
 
+// Share of each GPU's host RAM a plan may pin by default. Pinned pages cannot be swapped or
+// reclaimed, and the node also runs the OS and page cache, the data-loader workers, the trainer's
+// own CPU memory (Python, the NCCL and gloo buffers, checkpoint staging): a fifth stays free for
+// them. `--host-mem` (or the request's host_budget_bytes) sets any other budget; the runtime's
+// admission then checks what is really free (offload/host_memory.h).
+inline constexpr double kDefaultHostPinnedShare = 0.8;
+
 struct HardwareProfile {
   std::string name;                  // e.g. "h200"
   std::string source = "datasheet";  // "measured" (probe or `stowage calibrate`) or "datasheet"
@@ -58,6 +65,9 @@ struct HardwareProfile {
   uint64_t UsableBytes() const;
   // Host RAM one GPU may use when the GPUs of a NUMA node share it evenly.
   uint64_t HostBytesPerGpu() const;
+  // The pinned host budget a plan gets when none is given: kDefaultHostPinnedShare of
+  // HostBytesPerGpu(), so the rest of the node's RAM stays for what else runs there.
+  uint64_t DefaultHostBudgetPerGpu() const;
 };
 
 // Names accepted by HardwarePreset, in the order --help lists them.

@@ -931,7 +931,7 @@ OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& o) {
 absl::StatusOr<uint64_t> LongestFittingSeqLen(const ModelConfig& model,
                                               const HardwareProfile& hardware, RunSettings run,
                                               const OptimizerOptions& options, uint64_t granularity,
-                                              uint64_t limit) {
+                                              uint64_t limit, double max_step_seconds) {
   if (granularity == 0) granularity = 1;
   // Feasibility is monotone in the sequence length (every byte and second grows with it), so a
   // bisection over multiples of the granularity finds the longest.
@@ -939,7 +939,8 @@ absl::StatusOr<uint64_t> LongestFittingSeqLen(const ModelConfig& model,
     run.seq_len = units * granularity;
     auto step = BuildStepCost(model, hardware, run);
     if (!step.ok()) return step.status();
-    return Optimize(*step, options).feasible;
+    const OptimizeResult r = Optimize(*step, options);
+    return r.feasible && (max_step_seconds <= 0 || r.sim.step_seconds <= max_step_seconds);
   };
   auto first = fits(1);
   if (!first.ok()) return first.status();

@@ -51,11 +51,12 @@ OptimizeResult ExhaustiveSearch(const StepCost& step, const OptimizerOptions& op
 OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& options);
 
 // The longest sequence (a multiple of `granularity` tokens) for which Optimize finds a plan
-// within the budgets, searching up to `limit` tokens; 0 when not even `granularity` fits.
+// within the budgets — and, when `max_step_seconds` > 0, a step no longer than that — searching
+// up to `limit` tokens; 0 when not even `granularity` fits.
 absl::StatusOr<uint64_t> LongestFittingSeqLen(const ModelConfig& model,
                                               const HardwareProfile& hardware, RunSettings run,
                                               const OptimizerOptions& options, uint64_t granularity,
-                                              uint64_t limit);
+                                              uint64_t limit, double max_step_seconds = 0);
 
 }  // namespace stowage::planner
 

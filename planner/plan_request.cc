@@ -158,7 +158,7 @@ absl::StatusOr<Source> ReadSource(const json::Object& o) {
   if (!step.ok()) return step.status();
   src.step = *std::move(step);
   src.default_gpu_budget = hw.UsableBytes();
-  src.default_host_budget = hw.HostBytesPerGpu();
+  src.default_host_budget = hw.DefaultHostBudgetPerGpu();
   return src;
 }
 

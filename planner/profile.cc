@@ -500,7 +500,7 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
 }
 
 uint64_t DefaultProfileHostBudget(const StepCost& step, const HardwareProfile* hardware) {
-  if (hardware != nullptr) return hardware->HostBytesPerGpu();
+  if (hardware != nullptr) return hardware->DefaultHostBudgetPerGpu();
   uint64_t all = 0;
   for (const LayerCost& l : step.layers) all += l.saved_bytes;  // bounded by the reader
   return std::max<uint64_t>(all, 1);

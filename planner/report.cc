@@ -54,6 +54,13 @@ std::string FormatBytes(uint64_t bytes) {
   return absl::StrCat(bytes, " B");
 }
 
+std::string FormatSeconds(double seconds) {
+  if (seconds < 1) return absl::StrFormat("%.0f ms", seconds * 1e3);
+  if (seconds < 120) return absl::StrFormat("%.2f s", seconds);
+  if (seconds < 7200) return absl::StrFormat("%.0f s (%.1f min)", seconds, seconds / 60);
+  return absl::StrFormat("%.0f s (%.1f h)", seconds, seconds / 3600);
+}
+
 Baseline ComputeBaseline(const StepCost& step, uint64_t gpu_budget_bytes) {
   Schedule keep;
   keep.options.assign(step.layers.size(), {LayerPolicy::kKeep, 0, 1});

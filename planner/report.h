@@ -46,6 +46,8 @@ std::string RenderStepTraceJson(const Plan& plan, const OptimizeResult& result);
 
 // "12.3 GiB", "512.0 MiB".
 std::string FormatBytes(uint64_t bytes);
+// "850 ms", "4.56 s", "2173 s (36.2 min)", "19566 s (5.4 h)".
+std::string FormatSeconds(double seconds);
 
 }  // namespace stowage::planner
 

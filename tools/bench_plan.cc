@@ -90,7 +90,7 @@ int BenchDepth(const std::string& list, const planner::HardwareProfile& hardware
   }
   planner::OptimizerOptions options;
   options.gpu_budget_bytes = hardware.UsableBytes();
-  options.host_budget_bytes = hardware.HostBytesPerGpu();
+  options.host_budget_bytes = hardware.DefaultHostBudgetPerGpu();
   std::printf("llama-3-8b layers x N on %s, 4096 tokens, CP 1, 4096 GPUs; %lld runs per depth\n\n",
               hardware.name.c_str(), static_cast<long long>(repeats));
   PrintHeader("layers");
@@ -165,7 +165,7 @@ int RunBenchPlan(int argc, char** argv) {
   const planner::ModelConfig model = *planner::ModelPreset("glm-5.3-flash");
   planner::OptimizerOptions options;
   options.gpu_budget_bytes = hardware->UsableBytes();
-  options.host_budget_bytes = hardware->HostBytesPerGpu();
+  options.host_budget_bytes = hardware->DefaultHostBudgetPerGpu();
 
   std::printf("glm-5.3-flash on %s, CP 8, EP 8, 64 GPUs; %lld runs per length\n\n",
               hardware_name->c_str(), static_cast<long long>(*repeats));

@@ -73,7 +73,8 @@ cli::FlagParser MakeParser() {
          "included",
          "the hardware's usable memory"});
   p.Add({"host-mem", "GiB", "pinned host memory budget per GPU",
-         "host RAM per NUMA node / GPUs per NUMA node"});
+         "80% of host RAM per NUMA node / GPUs per NUMA node: the rest stays for the OS, data "
+         "loaders and the trainer"});
   p.Add({"sharding", "MODE",
          "data-parallel sharding: no_shard, optim (distributed optimizer), optim_grads, "
          "optim_grads_params",
@@ -98,6 +99,9 @@ cli::FlagParser MakeParser() {
          "selective_recompute, offload_input (inputs offloaded, full recompute), offload_saved",
          ""});
   p.Add({"max-seq-len", "", "find the longest sequence that fits the budgets", ""});
+  p.Add({"max-step-seconds", "S",
+         "with --max-seq-len: also no longer a step than this (the longest that trains in time)",
+         ""});
   p.Add({"list-models", "", "list the config.json families (with aliases) and the presets", ""});
   p.Add({"from-megatron", "FILE",
          "take the run settings (parallel sizes, sequence length, micro batch, optimizer, "
@@ -218,7 +222,7 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
   if (!gpu_mem.ok()) return gpu_mem.status();
   in.options.gpu_budget_bytes = static_cast<uint64_t>(*gpu_mem * kGiB);
   auto host_mem = flags.GetDouble(
-      "host-mem", static_cast<double>(in.hardware.HostBytesPerGpu()) / kGiB, 0, 1e9);
+      "host-mem", static_cast<double>(in.hardware.DefaultHostBudgetPerGpu()) / kGiB, 0, 1e9);
   if (!host_mem.ok()) return host_mem.status();
   in.options.host_budget_bytes = static_cast<uint64_t>(*host_mem * kGiB);
   if (absl::Status s = ReadForce(flags, in.options); !s.ok()) return s;
@@ -364,22 +368,59 @@ int RunPlanCommand(int argc, char** argv) {
 
   if (flags.GetBool("max-seq-len")) {
     const uint64_t granularity = 1024ull * static_cast<uint64_t>(in.run.cp);
+    auto max_step = flags.GetDouble("max-step-seconds", 0, 0, 1e9);
+    if (!max_step.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(max_step.status().message()).c_str());
+      return kExitUsage;
+    }
     auto longest = planner::LongestFittingSeqLen(in.model, in.hardware, in.run, in.options,
-                                                 granularity, 1ull << 30);
+                                                 granularity, 1ull << 30, *max_step);
     if (!longest.ok()) {
       std::fprintf(stderr, "stowage plan: %s\n", std::string(longest.status().message()).c_str());
       return kExitUsage;
     }
+    FILE* say = *format == "json" ? stderr : stdout;  // with --format json stdout is the plan
+    // The job shape the answer is for: every default that went into it, named.
+    std::fprintf(say,
+                 "job: %s on %s, %d GPUs, TP %d, CP %d, EP %d, micro-batch %d; budgets: GPU %s, "
+                 "host %s per GPU%s\n",
+                 in.model_label.c_str(), in.hardware_label.c_str(), in.run.gpus, in.run.tp,
+                 in.run.cp, in.run.ep, in.run.micro_batch,
+                 planner::FormatBytes(in.options.gpu_budget_bytes).c_str(),
+                 planner::FormatBytes(in.options.host_budget_bytes).c_str(),
+                 *max_step > 0 ? absl::StrFormat(", step at most %g s", *max_step).c_str() : "");
+    // What stops the next length: the budget that binds there, or the step-time limit.
+    auto at = [&](uint64_t seq_len) -> absl::StatusOr<planner::OptimizeResult> {
+      planner::RunSettings run = in.run;
+      run.seq_len = seq_len;
+      auto step = planner::BuildStepCost(in.model, in.hardware, run);
+      if (!step.ok()) return step.status();
+      return planner::Optimize(*step, in.options);
+    };
+    auto next = at(*longest + granularity);
+    std::string binding = "the search limit";
+    if (next.ok()) {
+      binding = next->feasible ? "the step time limit (--max-step-seconds)"
+                               : absl::StrCat(next->binding, " (", next->explanation, ")");
+    }
     if (*longest == 0) {
-      std::printf("no sequence length fits: even %llu tokens exceeds the budgets\n",
-                  static_cast<unsigned long long>(granularity));
+      std::fprintf(say, "no sequence length fits: even %llu tokens exceeds; binding: %s\n",
+                   static_cast<unsigned long long>(granularity), binding.c_str());
       return kExitUnmet;
     }
-    // With --format json stdout carries only the plan.
-    std::fprintf(*format == "json" ? stderr : stdout,
-                 "longest sequence that fits: %llu tokens (%.0fK) on %s, CP %d, TP %d, EP %d\n",
+    auto found = at(*longest);
+    if (!found.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(found.status().message()).c_str());
+      return kExitUsage;
+    }
+    std::fprintf(say,
+                 "longest sequence that fits: %llu tokens (%.0fK): step %s, peak %s, %s pinned per "
+                 "GPU\nat %llu tokens it binds: %s\n",
                  static_cast<unsigned long long>(*longest), static_cast<double>(*longest) / 1024,
-                 in.hardware_label.c_str(), in.run.cp, in.run.tp, in.run.ep);
+                 planner::FormatSeconds(found->sim.step_seconds).c_str(),
+                 planner::FormatBytes(found->sim.peak_bytes).c_str(),
+                 planner::FormatBytes(found->sim.host_bytes).c_str(),
+                 static_cast<unsigned long long>(*longest + granularity), binding.c_str());
     if (!flags.Has("out") && !flags.Has("timeline") && !flags.Has("trace") && *format == "table")
       return kExitOk;
     in.run.seq_len = *longest;

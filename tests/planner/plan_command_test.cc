@@ -75,6 +75,40 @@ TEST_F(PlanCommand, FromMegatronTakesTheRunSettingsAndFlagsWin) {
   EXPECT_EQ(Stowage("plan --from-megatron " + Path("missing.sh")).code, 2);
 }
 
+TEST_F(PlanCommand, MaxSeqLenStatesTheJobItAssumedTheStepAndWhatBinds) {
+  const Result run = Stowage("plan --max-seq-len");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("job: glm-5.3-flash on b200, 64 GPUs, TP 1, CP 8, EP 8"));
+  EXPECT_THAT(run.out, HasSubstr("host 204.8 GiB per GPU"));  // 80% of 256 GiB stays pinnable
+  EXPECT_THAT(run.out, HasSubstr("longest sequence that fits:"));
+  EXPECT_THAT(run.out, HasSubstr(": step "));
+  EXPECT_THAT(run.out, HasSubstr("it binds: "));
+  // A step-time limit shortens the answer and is what binds.
+  const Result timed = Stowage("plan --max-seq-len --max-step-seconds 5");
+  ASSERT_EQ(timed.code, 0) << timed.out;
+  EXPECT_THAT(timed.out, HasSubstr("step at most 5 s"));
+  EXPECT_THAT(timed.out, HasSubstr("it binds: the step time limit (--max-step-seconds)"));
+  auto tokens = [](const std::string& out) {
+    const std::string marker = "longest sequence that fits: ";
+    return std::stoull(out.substr(out.find(marker) + marker.size()));
+  };
+  EXPECT_LT(tokens(timed.out), tokens(run.out));
+  // Nothing fits one H200 with this model: the answer says fixed memory is why.
+  const Result none = Stowage("plan --max-seq-len --hardware h200 --gpus 8 --cp 1");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_THAT(none.out, HasSubstr("no sequence length fits"));
+  EXPECT_THAT(none.out, HasSubstr("binding: fixed memory"));
+}
+
+TEST_F(PlanCommand, DefaultHostBudgetLeavesAFifthOfRamUnpinned) {
+  const Result run = Stowage("plan --seq-len 64K --format json");
+  ASSERT_EQ(run.code, 0) << run.out;
+  auto plan = stowage::ParsePlanJson(run.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // b200: 1 TiB per NUMA node, 4 GPUs each -> 256 GiB per GPU, 80% of it.
+  EXPECT_EQ(plan->host_budget_bytes, static_cast<uint64_t>(256.0 * 0.8 * (1ull << 30)));
+}
+
 TEST_F(PlanCommand, DefaultPlansTheReferenceRun) {
   const Result run = Stowage("plan");
   ASSERT_EQ(run.code, 0) << run.out;
