@@ -52,6 +52,17 @@ constexpr json::Range<int> kPrefetchAfterLayer{-1, kPlanMaxLayers - 1};
 constexpr json::Range<int> kSaveLag{1, kPlanMaxLayers};
 constexpr json::Range<int> kSaveWaitBeforeLayer{-1, kPlanMaxLayers};
 constexpr json::Range<int> kSchemaVersion{0, std::numeric_limits<int>::max()};
+constexpr json::Range<int> kPipelineStages{1, kPlanMaxPipelineStages};
+constexpr json::Range<int> kVirtualStages{1, kPlanMaxVirtualStages};
+constexpr json::Range<int> kMicrobatches{1, kPlanMaxMicrobatches};
+constexpr json::Range<int> kInFlight{1, kPlanMaxMicrobatches};
+constexpr json::Range<int> kStageIndex{0, kPlanMaxPipelineStages - 1};
+constexpr json::Range<int> kChunkLayers{0, kPlanMaxLayers};
+
+constexpr std::pair<PipelineSchedule, std::string_view> kScheduleNames[] = {
+    {PipelineSchedule::k1F1B, "1f1b"},
+    {PipelineSchedule::kInterleaved, "interleaved"},
+};
 
 // Old name -> new name (issue 10: moe_chunks also chunks dense FFNs).
 constexpr std::pair<std::string_view, std::string_view> kRenamedLayerFields[] = {
@@ -62,7 +73,50 @@ constexpr std::pair<std::string_view, std::string_view> kRenamedLayerFields[] = 
 struct ProtocolGiven {
   bool save_wait_before_layer = false;
   bool prefetch_after_layer = false;
+  bool in_flight_microbatches = false;
 };
+
+absl::StatusOr<StagePlan> ReadStage(const json::Json& value, const std::string& path,
+                                    int prefetch_distance) {
+  absl::StatusOr<json::Object> object = json::Object::Of(value, std::string(kSource), path);
+  if (!object.ok()) return object.status();
+  const json::Object& st = *object;
+  StagePlan stage;
+  stage.prefetch_distance = prefetch_distance;
+  STOWAGE_PLAN_RETURN_IF_ERROR(st.Read("stage", stage.stage, kStageIndex));
+  absl::StatusOr<const json::Json*> chunks = st.Array("chunks");
+  if (!chunks.ok()) return chunks.status();
+  if ((*chunks)->size() > static_cast<size_t>(kPlanMaxVirtualStages)) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field '", st.PathOf("chunks"), "' has ",
+                                                   (*chunks)->size(), " chunks; allowed: at most ",
+                                                   kPlanMaxVirtualStages, " (run.vpp)"));
+  }
+  for (size_t k = 0; k < (*chunks)->size(); ++k) {
+    absl::StatusOr<json::Object> c = json::Object::Of(
+        (**chunks)[k], std::string(kSource), absl::StrCat(st.PathOf("chunks"), "[", k, "]"));
+    if (!c.ok()) return c.status();
+    LayerRange range;
+    STOWAGE_PLAN_RETURN_IF_ERROR(c->Read("first_layer", range.first_layer, kLayerIndex));
+    STOWAGE_PLAN_RETURN_IF_ERROR(c->Read("num_layers", range.num_layers, kChunkLayers));
+    stage.chunks.push_back(range);
+  }
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      st.ReadOptional("prefetch_distance", stage.prefetch_distance, kPrefetchDistance));
+  STOWAGE_PLAN_RETURN_IF_ERROR(st.ReadOptional("embedding", stage.embedding));
+  STOWAGE_PLAN_RETURN_IF_ERROR(st.ReadOptional("lm_head", stage.lm_head));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      st.ReadOptional("peak_device_bytes", stage.peak_device_bytes, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      st.ReadOptional("fixed_device_bytes", stage.fixed_device_bytes, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      st.ReadOptional("host_bytes_per_gpu", stage.host_bytes_per_gpu, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(st.ReadOptional("host_arena_bytes", stage.host_arena_bytes, kBytes));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      st.ReadOptional("microbatch_seconds", stage.microbatch_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      st.ReadOptional("exposed_copy_seconds", stage.exposed_copy_seconds, kSeconds));
+  return stage;
+}
 
 absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& path,
                                     ProtocolGiven* given) {
@@ -105,6 +159,9 @@ absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& 
   STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("ffn_chunks", layer.ffn_chunks, kFfnChunks));
   given->save_wait_before_layer = l.Has("save_wait_before_layer");
   given->prefetch_after_layer = l.Has("prefetch_after_layer");
+  given->in_flight_microbatches = l.Has("in_flight_microbatches");
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      l.ReadOptional("in_flight_microbatches", layer.in_flight_microbatches, kInFlight));
   STOWAGE_PLAN_RETURN_IF_ERROR(
       l.ReadOptional("save_wait_before_layer", layer.save_wait_before_layer, kSaveWaitBeforeLayer));
   STOWAGE_PLAN_RETURN_IF_ERROR(
@@ -152,6 +209,116 @@ absl::Status CheckRange(std::string_view path, T value, json::Range<T> range) {
   }
 }
 
+// Note [Pipeline stages]: the run's pipeline fields agree with each other, and the stages' chunks
+// cover the layers in virtual-stage order (chunk c of stage s is virtual stage c x pp + s).
+// O(pp x vpp): the reader runs it before walking the layers.
+absl::Status CheckStages(const Plan& plan) {
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.pp", plan.pp, kPipelineStages));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.vpp", plan.vpp, kVirtualStages));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.microbatches", plan.microbatches, kMicrobatches));
+  const bool interleaved = plan.schedule == PipelineSchedule::kInterleaved;
+  if (plan.schedule != PipelineSchedule::k1F1B && !interleaved) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field 'run.schedule' is not a schedule (",
+                                                   static_cast<int>(plan.schedule),
+                                                   "); allowed: 1f1b, interleaved"));
+  }
+  if ((plan.vpp > 1) != interleaved) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field 'run.vpp' has value ", plan.vpp, " with run.schedule '",
+                     std::string(PipelineScheduleName(plan.schedule)),
+                     "'; allowed: vpp > 1 exactly with the interleaved schedule (1 with 1f1b)"));
+  }
+  if (interleaved && plan.pp < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field 'run.pp' has value ", plan.pp,
+                     "; the interleaved schedule needs at least 2 stages"));
+  }
+  if (interleaved && plan.microbatches % plan.pp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field 'run.microbatches' has value ", plan.microbatches,
+                     "; the interleaved schedule runs them in groups of run.pp (", plan.pp,
+                     "): allowed: a multiple of ", plan.pp));
+  }
+  if (plan.stages.size() != static_cast<size_t>(plan.pp)) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field 'stages' has ", plan.stages.size(),
+                                                   " stages; run.pp is ", plan.pp));
+  }
+  for (int s = 0; s < plan.pp; ++s) {
+    const StagePlan& st = plan.stages[s];
+    const std::string path = absl::StrCat("stages[", s, "]");
+    if (st.stage != s) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: field '", path, ".stage' is ", st.stage,
+                                                     "; stages must be listed in order from 0"));
+    }
+    if (st.chunks.size() != static_cast<size_t>(plan.vpp)) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: field '", path, ".chunks' has ",
+                                                     st.chunks.size(), " chunks; run.vpp is ",
+                                                     plan.vpp));
+    }
+    if (st.embedding != (s == 0) || st.lm_head != (s == plan.pp - 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field '", path, st.embedding != (s == 0) ? ".embedding" : ".lm_head", "' is ",
+          (st.embedding != (s == 0) ? st.embedding : st.lm_head) ? "true" : "false",
+          "; the embedding runs on the first stage, the LM head and loss on the last"));
+    }
+    for (const auto& [name, bytes] :
+         {std::pair<const char*, uint64_t>{"peak_device_bytes", st.peak_device_bytes},
+          {"fixed_device_bytes", st.fixed_device_bytes},
+          {"host_bytes_per_gpu", st.host_bytes_per_gpu},
+          {"host_arena_bytes", st.host_arena_bytes}}) {
+      STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".", name), bytes, kBytes));
+    }
+    STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".prefetch_distance"),
+                                            st.prefetch_distance, kPrefetchDistance));
+    if (plan.pp == 1 && st.prefetch_distance != plan.runtime.prefetch_distance) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: field '", path, ".prefetch_distance' has value ",
+                       st.prefetch_distance, "; allowed: runtime.prefetch_distance (",
+                       plan.runtime.prefetch_distance, ") in a plan of one stage"));
+    }
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        CheckRange(absl::StrCat(path, ".microbatch_seconds"), st.microbatch_seconds, kSeconds));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        CheckRange(absl::StrCat(path, ".exposed_copy_seconds"), st.exposed_copy_seconds, kSeconds));
+  }
+  int64_t next = 0;
+  for (int c = 0; c < plan.vpp; ++c) {
+    for (int s = 0; s < plan.pp; ++s) {
+      const LayerRange& r = plan.stages[s].chunks[c];
+      const std::string path = absl::StrCat("stages[", s, "].chunks[", c, "]");
+      STOWAGE_PLAN_RETURN_IF_ERROR(
+          CheckRange(absl::StrCat(path, ".num_layers"), r.num_layers, kChunkLayers));
+      if (r.first_layer != next) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan: field '", path, ".first_layer' is ", r.first_layer,
+                         "; allowed: ", next, " (virtual stage ", int64_t{c} * plan.pp + s,
+                         " starts where the one before it ends: chunk c of stage s is virtual "
+                         "stage c x pp + s)"));
+      }
+      next += r.num_layers;
+    }
+  }
+  if (next != static_cast<int64_t>(plan.layers.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field 'stages' chunks cover ", next,
+                                                   " layers; the plan has ", plan.layers.size(),
+                                                   " (every layer runs on exactly one stage)"));
+  }
+  return absl::OkStatus();
+}
+
+// Where each layer runs; the stages passed CheckStages.
+std::vector<LayerPlace> PlacesOfLayers(const Plan& plan) {
+  std::vector<LayerPlace> places(plan.layers.size());
+  for (const StagePlan& st : plan.stages) {
+    for (size_t c = 0; c < st.chunks.size(); ++c) {
+      for (int i = st.chunks[c].first_layer; i < st.chunks[c].end(); ++i) {
+        places[i] = {st.stage, static_cast<int>(c)};
+      }
+    }
+  }
+  return places;
+}
+
 }  // namespace
 
 std::string_view LayerPolicyName(LayerPolicy policy) {
@@ -180,6 +347,126 @@ LayerProtocol LayerProtocolFor(int layer, int num_layers, bool offloads, int pre
   p.prefetch_after_layer = static_cast<int>(
       std::min<int64_t>(int64_t{layer} + std::max(prefetch_distance, 1), num_layers - 1));
   return p;
+}
+
+LayerProtocol LayerProtocolFor(int layer, LayerRange chunk, bool offloads, int prefetch_distance,
+                               int save_lag) {
+  LayerProtocol p;
+  const int64_t end = int64_t{chunk.first_layer} + chunk.num_layers;
+  if (!offloads || layer < chunk.first_layer || layer >= end) return p;
+  p.save_wait_before_layer =
+      static_cast<int>(std::min<int64_t>(int64_t{layer} + std::max(save_lag, 1), end));
+  p.prefetch_after_layer =
+      static_cast<int>(std::min<int64_t>(int64_t{layer} + std::max(prefetch_distance, 1), end - 1));
+  return p;
+}
+
+std::string_view PipelineScheduleName(PipelineSchedule schedule) {
+  for (const auto& [s, name] : kScheduleNames) {
+    if (s == schedule) return name;
+  }
+  return "unknown";
+}
+
+absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name) {
+  for (const auto& [s, n] : kScheduleNames) {
+    if (n == name) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown pipeline schedule '", std::string(name),
+                                                 "'; allowed: 1f1b, interleaved"));
+}
+
+namespace {
+
+// Note [Pipeline stages]: the most microbatches of each chunk that `stage` holds at once, walking
+// Megatron-Core's order for the stage (forward_backward_pipelining_with_interleaving and
+// get_schedule_table in pipeline_parallel/schedules.py). Arguments within ValidatePlan's limits.
+std::vector<int> InFlightPerChunk(PipelineSchedule schedule, int pp, int vpp, int microbatches,
+                                  int stage) {
+  if (pp == 1) return std::vector<int>(vpp, 1);
+  if (schedule == PipelineSchedule::k1F1B || vpp == 1) {
+    // get_pp_rank_microbatches: pp - stage - 1 warmup forwards, then a forward before each
+    // backward: one more is held.
+    return std::vector<int>(vpp, std::min(pp - stage, microbatches));
+  }
+  const int64_t group = pp;  // microbatch_group_size_per_vp_stage (its default)
+  const int64_t m = microbatches, v = vpp;
+  const int64_t total = m * v;
+  const int64_t last_group = (m - 1) / group;
+  // The schedule table: groups of `group` microbatches (the last one possibly shorter), each run
+  // through chunk 0, 1, ..., vpp - 1; the backward visits the chunks in reverse.
+  auto chunk_of = [&](int64_t unit, bool forward) {
+    const int64_t g = std::min(unit / (group * v), last_group);
+    const int64_t size = std::min(group, m - g * group);
+    const int64_t c = (unit - g * group * v) / size;
+    return static_cast<int>(forward ? c : v - 1 - c);
+  };
+  const int64_t warmup = std::min<int64_t>(2 * (pp - stage - 1) + (v - 1) * group, total);
+  std::vector<int> held(vpp, 0), most(vpp, 0);
+  auto forward = [&](int64_t unit) {
+    const int c = chunk_of(unit, true);
+    most[c] = std::max(most[c], ++held[c]);
+  };
+  for (int64_t u = 0; u < warmup; ++u) forward(u);
+  // Steady state: forward warmup + k, then backward k. With every group full the counts repeat
+  // every group x vpp steps (both orders advance by one group of each chunk), so one period shows
+  // the most; the cooldown only releases.
+  const int64_t steady = total - warmup;
+  const int64_t walk = m % group == 0 ? std::min(steady, group * v) : steady;
+  for (int64_t k = 0; k < walk; ++k) {
+    forward(warmup + k);
+    --held[chunk_of(k, false)];
+  }
+  for (int& c : most) c = std::max(c, 1);
+  return most;
+}
+
+bool PipelineArgsInRange(int pp, int vpp, int microbatches) {
+  return pp >= 1 && pp <= kPlanMaxPipelineStages && vpp >= 1 && vpp <= kPlanMaxVirtualStages &&
+         microbatches >= 1 && microbatches <= kPlanMaxMicrobatches;
+}
+
+}  // namespace
+
+int InFlightMicrobatches(PipelineSchedule schedule, int pp, int vpp, int microbatches, int stage,
+                         int chunk) {
+  if (!PipelineArgsInRange(pp, vpp, microbatches) || stage < 0 || stage >= pp || chunk < 0 ||
+      chunk >= vpp) {
+    return 1;
+  }
+  return InFlightPerChunk(schedule, pp, vpp, microbatches, stage)[chunk];
+}
+
+StagePlan StageWithoutPipeline(const Plan& plan) {
+  StagePlan stage;
+  stage.stage = 0;
+  stage.chunks = {{0, static_cast<int>(plan.layers.size())}};
+  stage.embedding = stage.lm_head = true;
+  stage.prefetch_distance = plan.runtime.prefetch_distance;
+  stage.peak_device_bytes = plan.predicted.peak_device_bytes;
+  stage.fixed_device_bytes = plan.predicted.fixed_device_bytes;
+  stage.host_bytes_per_gpu = plan.predicted.host_bytes_per_gpu;
+  stage.host_arena_bytes = plan.runtime.host_arena_bytes;
+  stage.microbatch_seconds = plan.predicted.step_seconds / std::max(1, plan.microbatches);
+  stage.exposed_copy_seconds = plan.predicted.exposed_copy_seconds / std::max(1, plan.microbatches);
+  return stage;
+}
+
+std::vector<StagePlan> PlanStages(const Plan& plan) {
+  if (plan.stages.empty() && plan.pp == 1) return {StageWithoutPipeline(plan)};
+  return plan.stages;
+}
+
+LayerPlace PlaceOfLayer(const Plan& plan, int layer) {
+  for (const StagePlan& stage : PlanStages(plan)) {
+    for (size_t c = 0; c < stage.chunks.size(); ++c) {
+      const LayerRange& r = stage.chunks[c];
+      if (layer >= r.first_layer && int64_t{layer} < int64_t{r.first_layer} + r.num_layers) {
+        return {stage.stage, static_cast<int>(c)};
+      }
+    }
+  }
+  return {};
 }
 
 std::string_view StepEventKindName(StepEventKind kind) {
@@ -217,6 +504,10 @@ std::string PlanToJson(const Plan& plan) {
               {"tp", plan.tp},
               {"cp", plan.cp},
               {"ep", plan.ep},
+              {"pp", plan.pp},
+              {"vpp", plan.vpp},
+              {"schedule", PipelineScheduleName(plan.schedule)},
+              {"microbatches", plan.microbatches},
               {"gpu_budget_bytes", plan.gpu_budget_bytes},
               {"host_budget_bytes", plan.host_budget_bytes}};
   const PlanPrediction& p = plan.predicted;
@@ -235,6 +526,25 @@ std::string PlanToJson(const Plan& plan) {
                   {"copy_chunk_bytes", r.copy_chunk_bytes},
                   {"gpus_per_numa_node", r.gpus_per_numa_node},
                   {"link_bytes_per_second", r.link_bytes_per_second}};
+  ordered_json stages = ordered_json::array();
+  for (const StagePlan& st : PlanStages(plan)) {
+    ordered_json chunks = ordered_json::array();
+    for (const LayerRange& c : st.chunks) {
+      chunks.push_back({{"first_layer", c.first_layer}, {"num_layers", c.num_layers}});
+    }
+    stages.push_back({{"stage", st.stage},
+                      {"chunks", chunks},
+                      {"prefetch_distance", st.prefetch_distance},
+                      {"embedding", st.embedding},
+                      {"lm_head", st.lm_head},
+                      {"peak_device_bytes", st.peak_device_bytes},
+                      {"fixed_device_bytes", st.fixed_device_bytes},
+                      {"host_bytes_per_gpu", st.host_bytes_per_gpu},
+                      {"host_arena_bytes", st.host_arena_bytes},
+                      {"microbatch_seconds", st.microbatch_seconds},
+                      {"exposed_copy_seconds", st.exposed_copy_seconds}});
+  }
+  j["stages"] = std::move(stages);
   ordered_json layers = ordered_json::array();
   for (const LayerPlan& l : plan.layers) {
     ordered_json transfers = ordered_json::array();
@@ -249,6 +559,7 @@ std::string PlanToJson(const Plan& plan) {
                           {"transfers", transfers},
                           {"save_wait_before_layer", l.save_wait_before_layer},
                           {"prefetch_after_layer", l.prefetch_after_layer},
+                          {"in_flight_microbatches", l.in_flight_microbatches},
                           {"ffn_chunks", l.ffn_chunks},
                           {"forward_seconds", l.forward_seconds},
                           {"backward_seconds", l.backward_seconds},
@@ -293,6 +604,18 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("tp", plan.tp, kParallel));
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("cp", plan.cp, kParallel));
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("ep", plan.ep, kParallel));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("pp", plan.pp, kPipelineStages));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("vpp", plan.vpp, kVirtualStages));
+    std::string schedule(PipelineScheduleName(plan.schedule));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("schedule", schedule));
+    absl::StatusOr<PipelineSchedule> parsed_schedule = ParsePipelineSchedule(schedule);
+    if (!parsed_schedule.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: field 'run.schedule' has value '",
+                                                     schedule, "'; allowed: 1f1b, interleaved"));
+    }
+    plan.schedule = *parsed_schedule;
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        run->ReadOptional("microbatches", plan.microbatches, kMicrobatches));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
@@ -344,14 +667,46 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     if (!layer.ok()) return layer.status();
     plan.layers.push_back(*std::move(layer));
   }
-  // A protocol field a plan leaves out (one written before it existed) is the protocol's value.
+  // Note [Pipeline stages]: a plan without stages (one written before they existed) has the one
+  // stage of every layer; a pipelined plan must say which stage runs what.
+  if (j.Has("stages")) {
+    absl::StatusOr<const json::Json*> stages = j.Array("stages");
+    if (!stages.ok()) return stages.status();
+    if ((*stages)->size() > static_cast<size_t>(kPlanMaxPipelineStages)) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: field 'stages' has ", (*stages)->size(),
+                                                     " stages; allowed: at most ",
+                                                     kPlanMaxPipelineStages, " (run.pp)"));
+    }
+    for (size_t s = 0; s < (*stages)->size(); ++s) {
+      absl::StatusOr<StagePlan> stage =
+          ReadStage((**stages)[s], absl::StrCat("stages[", s, "]"), plan.runtime.prefetch_distance);
+      if (!stage.ok()) return stage.status();
+      plan.stages.push_back(*std::move(stage));
+    }
+  } else if (plan.pp > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field 'stages' is missing; a plan with run.pp = ", plan.pp,
+                     " lists its ", plan.pp, " stages (the layers each runs)"));
+  } else {
+    plan.stages.push_back(StageWithoutPipeline(plan));
+  }
+  // A protocol or in-flight field a plan leaves out (one written before it existed) is the
+  // protocol's (the schedule's) value.
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckStages(plan));
+  const std::vector<LayerPlace> places = PlacesOfLayers(plan);
   const int n = static_cast<int>(plan.layers.size());
   for (int i = 0; i < n; ++i) {
     LayerPlan& layer = plan.layers[i];
-    const LayerProtocol p = LayerProtocolFor(i, n, layer.host_bytes > 0,
-                                             plan.runtime.prefetch_distance, plan.runtime.save_lag);
+    const LayerPlace place = places[i];
+    const StagePlan& stage = plan.stages[place.stage];
+    const LayerProtocol p = LayerProtocolFor(i, stage.chunks[place.chunk], layer.host_bytes > 0,
+                                             stage.prefetch_distance, plan.runtime.save_lag);
     if (!given[i].save_wait_before_layer) layer.save_wait_before_layer = p.save_wait_before_layer;
     if (!given[i].prefetch_after_layer) layer.prefetch_after_layer = p.prefetch_after_layer;
+    if (!given[i].in_flight_microbatches) {
+      layer.in_flight_microbatches = InFlightMicrobatches(
+          plan.schedule, plan.pp, plan.vpp, plan.microbatches, place.stage, place.chunk);
+    }
   }
   STOWAGE_PLAN_RETURN_IF_ERROR(ValidatePlan(plan));
   return plan;
@@ -370,6 +725,12 @@ absl::StatusOr<Plan> ReadPlanFile(const std::string& path) {
 }
 
 absl::Status ValidatePlan(const Plan& plan) {
+  // A plan built in code without stages and without pipeline parallelism has the one stage.
+  if (plan.stages.empty() && plan.pp == 1) {
+    Plan staged = plan;
+    staged.stages = PlanStages(plan);
+    return ValidatePlan(staged);
+  }
   if (plan.schema_version != kPlanSchemaVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan: field 'schema_version' is ", plan.schema_version,
@@ -426,8 +787,11 @@ absl::Status ValidatePlan(const Plan& plan) {
     return absl::InvalidArgumentError(absl::StrCat("plan: field 'layers' has ", plan.layers.size(),
                                                    " layers; allowed: at most ", kPlanMaxLayers));
   }
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckStages(plan));
+  const std::vector<LayerPlace> places = PlacesOfLayers(plan);
   const int n = static_cast<int>(plan.layers.size());
-  uint64_t host_total = 0;
+  // Per stage: every byte its layers offload, each in-flight microbatch its own copy.
+  std::vector<uint64_t> stage_host(plan.stages.size(), 0);
   for (int i = 0; i < n; ++i) {
     const LayerPlan& l = plan.layers[i];
     const std::string path = absl::StrCat("layers[", i, "]");
@@ -473,23 +837,29 @@ absl::Status ValidatePlan(const Plan& plan) {
     // Note [Runtime protocol]: the fields are LayerProtocolFor's, so the simulator (which
     // computes them) and the runtime and wrapper (which read them) run one protocol; a prefetch
     // may also be left to the restore (-1).
-    const LayerProtocol want = LayerProtocolFor(static_cast<int>(i), static_cast<int>(n),
-                                                l.host_bytes > 0, r.prefetch_distance, r.save_lag);
+    const LayerPlace place = places[i];
+    const StagePlan& stage = plan.stages[place.stage];
+    const LayerProtocol want = LayerProtocolFor(i, stage.chunks[place.chunk], l.host_bytes > 0,
+                                                stage.prefetch_distance, r.save_lag);
     if (l.save_wait_before_layer != want.save_wait_before_layer) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("plan: field '", path, ".save_wait_before_layer' has value ",
-                       l.save_wait_before_layer, "; allowed: ", want.save_wait_before_layer,
-                       l.host_bytes > 0 ? " (min(index + runtime.save_lag, number of layers))"
-                                        : " (the layer offloads nothing)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field '", path, ".save_wait_before_layer' has value ", l.save_wait_before_layer,
+          "; allowed: ", want.save_wait_before_layer,
+          l.host_bytes > 0 ? (plan.pp == 1 ? " (min(index + runtime.save_lag, number of layers))"
+                                           : " (min(index + runtime.save_lag, end of its chunk))")
+                           : " (the layer offloads nothing)"));
     }
     if (l.prefetch_after_layer != want.prefetch_after_layer &&
         !(l.host_bytes > 0 && l.prefetch_after_layer == -1)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan: field '", path, ".prefetch_after_layer' has value ", l.prefetch_after_layer,
           "; allowed: ",
-          l.host_bytes > 0 ? absl::StrCat("-1 (restore on demand) or ", want.prefetch_after_layer,
-                                          " (min(index + runtime.prefetch_distance, last layer))")
-                           : "-1 (the layer offloads nothing)"));
+          l.host_bytes > 0
+              ? absl::StrCat("-1 (restore on demand) or ", want.prefetch_after_layer,
+                             plan.pp == 1 ? " (min(index + runtime.prefetch_distance, last layer))"
+                                          : " (min(index + runtime.prefetch_distance, "
+                                            "last layer of its chunk))")
+              : "-1 (the layer offloads nothing)"));
     }
     for (const auto& [name, seconds] :
          {std::pair<const char*, double>{"forward_seconds", l.forward_seconds},
@@ -499,18 +869,43 @@ absl::Status ValidatePlan(const Plan& plan) {
           {"h2d_seconds", l.h2d_seconds}}) {
       STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".", name), seconds, kSeconds));
     }
-    const std::optional<uint64_t> total = CheckedAdd(host_total, l.host_bytes);
+    STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".in_flight_microbatches"),
+                                            l.in_flight_microbatches, kInFlight));
+    const int in_flight = InFlightMicrobatches(plan.schedule, plan.pp, plan.vpp, plan.microbatches,
+                                               place.stage, place.chunk);
+    if (l.in_flight_microbatches != in_flight) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field '", path, ".in_flight_microbatches' has value ", l.in_flight_microbatches,
+          "; allowed: ", in_flight, " (what the ", std::string(PipelineScheduleName(plan.schedule)),
+          " schedule holds of chunk ", place.chunk, " of stage ", place.stage, " with run.pp ",
+          plan.pp, ", run.microbatches ", plan.microbatches, ")"));
+    }
+    const std::optional<uint64_t> copies =
+        CheckedMul<uint64_t>(l.host_bytes, static_cast<uint64_t>(l.in_flight_microbatches));
+    const std::optional<uint64_t> total =
+        copies ? CheckedAdd(stage_host[place.stage], *copies) : std::nullopt;
     if (!total) {
       return absl::InvalidArgumentError(
           absl::StrCat("plan: the layers' host_bytes sum past 2^64 bytes at ", path,
-                       "; runtime.host_arena_bytes must hold them all"));
+                       " (each x its in_flight_microbatches, over stage ", place.stage,
+                       "'s layers); runtime.host_arena_bytes must hold them all"));
     }
-    host_total = *total;
+    stage_host[place.stage] = *total;
   }
-  if (r.host_arena_bytes < host_total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan: field 'runtime.host_arena_bytes' is ", r.host_arena_bytes,
-        " but the layers offload ", host_total, " bytes in all; the arena must hold them"));
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    if (r.host_arena_bytes < stage_host[s]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: field 'runtime.host_arena_bytes' is ", r.host_arena_bytes,
+                       plan.pp == 1 ? std::string(" but the layers offload ")
+                                    : absl::StrCat(" but the layers of stage ", s, " offload "),
+                       stage_host[s], " bytes in all; the arena must hold them"));
+    }
+    if (plan.stages[s].host_arena_bytes < stage_host[s]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field 'stages[", s, "].host_arena_bytes' is ", plan.stages[s].host_arena_bytes,
+          " but the stage's layers offload ", stage_host[s],
+          " bytes in all (host_bytes x in_flight_microbatches); the arena must hold them"));
+    }
   }
   return absl::OkStatus();
 }

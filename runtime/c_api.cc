@@ -221,6 +221,7 @@ absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::Runti
   out->verify_checksums = options.verify_checksums != 0;
   out->copy_chunk_bytes = options.copy_chunk_bytes;
   out->copy_threads = options.copy_threads;
+  out->stage = options.stage;
   if (options.metrics_address != nullptr) *metrics_address = options.metrics_address;
   return absl::OkStatus();
 }

@@ -13,6 +13,40 @@ namespace {
 using offload::CopyDirection;
 using offload::CopyFence;
 
+// What a rank of `stage` carries out (Note [Pipeline stages]): every layer keeps its model index,
+// the other stages' layers reserve nothing and offload nothing here, and the predictions and the
+// arena are the stage's. `plan` passed ValidatePlan.
+absl::StatusOr<Plan> StageView(const Plan& plan, int stage, std::vector<int>* stage_of_layer) {
+  if (stage < 0 || stage >= plan.pp) {
+    return absl::InvalidArgumentError(absl::StrCat("options->stage is ", stage, "; allowed: 0 to ",
+                                                   plan.pp - 1, " (the plan's run.pp is ", plan.pp,
+                                                   ")"));
+  }
+  Plan view = plan;
+  const std::vector<StagePlan> stages = PlanStages(plan);
+  const StagePlan& mine = stages[stage];
+  stage_of_layer->assign(plan.layers.size(), -1);
+  for (const StagePlan& st : stages) {
+    for (const LayerRange& c : st.chunks) {
+      for (int i = c.first_layer; i < c.end(); ++i) (*stage_of_layer)[i] = st.stage;
+    }
+  }
+  for (size_t i = 0; i < view.layers.size(); ++i) {
+    if ((*stage_of_layer)[i] == stage) continue;
+    LayerPlan& l = view.layers[i];
+    l.host_bytes = 0;
+    l.transfers.clear();
+    l.save_wait_before_layer = l.prefetch_after_layer = -1;
+  }
+  view.stages = {mine};
+  view.runtime.prefetch_distance = mine.prefetch_distance;
+  view.runtime.host_arena_bytes = mine.host_arena_bytes;
+  view.predicted.peak_device_bytes = mine.peak_device_bytes;
+  view.predicted.fixed_device_bytes = mine.fixed_device_bytes;
+  view.predicted.host_bytes_per_gpu = mine.host_bytes_per_gpu;
+  return view;
+}
+
 }  // namespace
 
 class Runtime::CallScope {
@@ -29,17 +63,21 @@ void Runtime::EndCall() {
   --active_calls_;
 }
 
-absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& plan,
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& full_plan,
                                                          const RuntimeOptions& options) {
   const bool chunk_from_plan = options.copy_chunk_bytes == 0;
   const uint64_t chunk_bytes =
-      chunk_from_plan ? plan.runtime.copy_chunk_bytes : options.copy_chunk_bytes;
+      chunk_from_plan ? full_plan.runtime.copy_chunk_bytes : options.copy_chunk_bytes;
   if (absl::Status s = offload::CheckCopyChunkBytes(
           chunk_bytes, chunk_from_plan ? "plan: runtime.copy_chunk_bytes" : "copy_chunk_bytes");
       !s.ok()) {
     return s;
   }
   std::unique_ptr<Runtime> rt(new Runtime());
+  absl::StatusOr<Plan> staged = StageView(full_plan, options.stage, &rt->stage_of_layer_);
+  if (!staged.ok()) return staged.status();
+  const Plan& plan = *staged;
+  rt->stage_ = options.stage;
   rt->verify_ = options.verify_checksums;
   rt->prefetch_distance_ = plan.runtime.prefetch_distance;
   rt->layers_ = plan.layers;
@@ -270,6 +308,11 @@ absl::StatusOr<std::pair<TensorId, TensorEntry*>> Runtime::ReserveSave(int layer
   }
   if (src == nullptr && bytes > 0) {
     return absl::InvalidArgumentError(absl::StrCat("save: src is NULL (", bytes, " bytes)"));
+  }
+  if (stage_of_layer_[layer] != stage_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("save: layer ", layer, " runs on pipeline stage ", stage_of_layer_[layer],
+                     "; this runtime runs stage ", stage_, " (its stage option)"));
   }
   if (!regions_.reserved(layer)) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -67,6 +67,9 @@ struct RuntimeOptions {
   // Host-backend workers per stream and arena touch threads, in [0, offload::kMaxCopyThreads];
   // 0: chosen from the node's CPUs.
   int copy_threads = 0;
+  // The pipeline stage this rank runs (Note [Pipeline stages] in include/stowage/plan.h), in
+  // [0, run.pp): the runtime reserves host memory for that stage's layers only.
+  int stage = 0;
   // Skip the host-memory admission check (tests on small machines).
   bool skip_admission = false;
   // Arena setup progress (bytes touched so far, total), for long setups; called on the thread
@@ -194,6 +197,8 @@ class Runtime : private offload::CopyObserver {
   BackendKind backend_kind_ = BackendKind::kHost;
   bool verify_ = false;
   int prefetch_distance_ = 1;
+  int stage_ = 0;
+  std::vector<int> stage_of_layer_;  // the stage that runs each layer
   std::vector<LayerPlan> layers_;
   std::vector<LayerTypeCounters*> layer_type_of_;  // by layer index
   StepTrace trace_;  // outlives engine_'s callbacks: ~Runtime drains the engine first

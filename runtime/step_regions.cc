@@ -1,5 +1,6 @@
 #include "runtime/step_regions.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -27,8 +28,15 @@ absl::StatusOr<StepRegions> StepRegions::FromPlan(const Plan& plan) {
                                                      plan.layers.size(), " layers"));
     }
     Region& region = out.regions_[layer.index];
-    region.plan_bytes = layer.host_bytes;
     const std::string what = absl::StrCat("the host region of layer ", layer.index);
+    // Note [Pipeline stages]: each microbatch the schedule holds of the layer saves its own copy.
+    const uint64_t copies = static_cast<uint64_t>(std::max(1, layer.in_flight_microbatches));
+    const std::optional<uint64_t> plan_bytes = CheckedMul(layer.host_bytes, copies);
+    if (!plan_bytes) {
+      return absl::OutOfRangeError(absl::StrCat(what, " overflows: ", layer.host_bytes, " bytes x ",
+                                                copies, " in-flight microbatches"));
+    }
+    region.plan_bytes = *plan_bytes;
     std::optional<uint64_t> reserved = 0;
     for (const PlannedTransfer& t : layer.transfers) {
       std::optional<uint64_t> aligned = AlignUp(t.bytes, kSaveAlignment);
@@ -38,7 +46,8 @@ absl::StatusOr<StepRegions> StepRegions::FromPlan(const Plan& plan) {
             absl::StrCat(what, " overflows: transfer '", t.name, "' is ", t.bytes, " bytes"));
       }
     }
-    if (*reserved > 0) reserved = CheckedAdd(*reserved, kRegionSlack);
+    reserved = CheckedMul(*reserved, copies);
+    if (reserved && *reserved > 0) reserved = CheckedAdd(*reserved, kRegionSlack);
     std::optional<uint64_t> in_arena = reserved ? AlignUp(*reserved, kSaveAlignment) : std::nullopt;
     std::optional<uint64_t> total =
         in_arena ? CheckedAdd(out.arena_bytes_, *in_arena) : std::nullopt;

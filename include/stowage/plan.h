@@ -33,6 +33,12 @@ inline constexpr int kPlanMaxParallelSize = 1 << 20;        // micro_batch, tp, 
 inline constexpr uint64_t kPlanMaxSeqLen = uint64_t{1} << 40;
 inline constexpr int kPlanMaxGpusPerNumaNode = 1024;
 inline constexpr int kPlanMaxFfnChunks = 1 << 16;
+// Pipeline parallelism (Note [Pipeline stages]). Real runs use up to a few dozen stages
+// (DeepSeek-V3 and Llama 3 405B: 16) and a few virtual stages; the limits keep the in-flight count
+// (which walks a stage's schedule) cheap for any plan the reader accepts.
+inline constexpr int kPlanMaxPipelineStages = 512;  // run.pp
+inline constexpr int kPlanMaxVirtualStages = 32;    // run.vpp
+inline constexpr int kPlanMaxMicrobatches = 1 << 20;
 
 // What happens to one layer's activations between its forward and its backward.
 enum class LayerPolicy {
@@ -70,6 +76,13 @@ bool PolicyOffloads(LayerPolicy policy);
 // Layers that offload nothing have both fields -1.
 inline constexpr int kDefaultSaveLag = 2;
 
+// One model chunk (Note [Pipeline stages]): layers [first_layer, first_layer + num_layers).
+struct LayerRange {
+  int first_layer = 0;
+  int num_layers = 0;
+  int end() const { return first_layer + num_layers; }
+};
+
 struct LayerProtocol {
   int save_wait_before_layer = -1;  // in [i + 1, num_layers]; num_layers: backward start
   int prefetch_after_layer = -1;    // in [i, num_layers - 1]
@@ -77,6 +90,11 @@ struct LayerProtocol {
 
 // The one computation of Note [Runtime protocol]. `offloads`: the layer moves bytes to the host.
 LayerProtocol LayerProtocolFor(int layer, int num_layers, bool offloads, int prefetch_distance,
+                               int save_lag);
+// Within one model chunk (Note [Pipeline stages]): `chunk.end()` in place of num_layers, so the
+// fields stay in [layer + 1, chunk.end()] and [layer, chunk.end() - 1]. LayerProtocolFor(i, n, ...)
+// is LayerProtocolFor(i, {0, n}, ...).
+LayerProtocol LayerProtocolFor(int layer, LayerRange chunk, bool offloads, int prefetch_distance,
                                int save_lag);
 
 // What one step does, in the words of Note [Runtime protocol]: the runtime's trace
@@ -91,6 +109,43 @@ enum class StepEventKind {
 };
 // "save_issued", "save_landed", "save_wait", "prefetch_issued", "prefetch_landed", "restore".
 std::string_view StepEventKindName(StepEventKind kind);
+
+// Note [Pipeline stages]. With pipeline parallelism (run.pp = p > 1) the layers are split into
+// p x vpp model chunks (virtual stages) of consecutive layers; virtual stage v = c * p + s is chunk
+// c of stage s (Megatron-Core's order: stage s holds chunks s, p + s, 2p + s, ...). Stage 0 also
+// runs the embedding, stage p - 1 the final norm, LM head and loss. A plan lists every layer of the
+// model (indices are the model's), and one section per stage naming its chunks; the runtime of a
+// rank loads one stage (its `stage` option) and reserves host memory for that stage's layers only.
+// The protocol of Note [Runtime protocol] runs within a chunk: for a layer of chunk [first, end)
+// `end` plays the part of num_layers (the save wait before the chunk's backward, prefetches
+// triggered no later than its last layer). A pp = 1 plan has one stage with one chunk of every
+// layer, and reads exactly as before.
+//
+// A stage holds several microbatches of a layer at once (forwards done, backwards not yet): the
+// schedule decides how many, InFlightMicrobatches below, the one computation of it. Each in-flight
+// microbatch keeps its own copy of the layer's saved bytes (device and host), so the runtime
+// reserves host_bytes x in_flight_microbatches for the layer.
+enum class PipelineSchedule {
+  k1F1B,         // one forward, one backward (Megatron's forward_backward_pipelining_without_...)
+  kInterleaved,  // interleaved 1F1B over vpp > 1 model chunks per stage
+};
+// "1f1b", "interleaved" (the CLI's --schedule words).
+std::string_view PipelineScheduleName(PipelineSchedule schedule);
+absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name);
+
+// Microbatches of chunk `chunk` that stage `stage` of `pp` holds at once under `schedule` with
+// `microbatches` microbatches per step (Megatron-Core pipeline_parallel/schedules.py):
+//  - 1F1B: warmup runs pp - stage - 1 forwards (get_pp_rank_microbatches), then each forward is
+//    followed by the oldest backward, so min(pp - stage, microbatches) are held.
+//  - interleaved: the forwards go through the chunks in groups of pp microbatches (the schedule
+//    table, microbatch_group_size_per_vp_stage = pp), the backwards likewise with the chunks
+//    reversed; warmup runs min(2 (pp - stage - 1) + (vpp - 1) pp, microbatches x vpp) forwards,
+//    then one forward and one backward alternate, then the rest of the backwards. The count is
+//    the most of chunk `chunk` held at any point of that order.
+// pp = 1: 1 (gradient accumulation runs the microbatches one after another). Arguments outside the
+// plan's limits (ValidatePlan) give 1.
+int InFlightMicrobatches(PipelineSchedule schedule, int pp, int vpp, int microbatches, int stage,
+                         int chunk);
 
 // One device->host->device copy the runtime performs for a layer each step.
 struct PlannedTransfer {
@@ -112,6 +167,9 @@ struct LayerPlan {
   // `prefetch_after_layer` starts. Both -1 when nothing is offloaded.
   int save_wait_before_layer = -1;
   int prefetch_after_layer = -1;
+  // Note [Pipeline stages]: InFlightMicrobatches of the layer's stage and chunk (1 without
+  // pipeline parallelism); the runtime reserves host_bytes x this.
+  int in_flight_microbatches = 1;
   double forward_seconds = 0;
   double backward_seconds = 0;
   double recompute_seconds = 0;
@@ -142,6 +200,25 @@ struct RuntimeSettings {
   double link_bytes_per_second = 0;
 };
 
+// One pipeline stage: what the ranks of that stage run and what they need (Note [Pipeline stages]).
+struct StagePlan {
+  int stage = 0;
+  std::vector<LayerRange> chunks;  // run.vpp of them, chunk c = virtual stage c x pp + stage
+  bool embedding = false;          // stage 0
+  bool lm_head = false;            // the last stage: final norm, LM head and loss
+  // The stage's Note [Runtime protocol] distance (each stage is planned on its own); a plan read
+  // without it has runtime.prefetch_distance.
+  int prefetch_distance = 1;
+  uint64_t peak_device_bytes = 0;  // this stage's peak, its in-flight microbatches included
+  uint64_t fixed_device_bytes = 0;
+  uint64_t host_bytes_per_gpu = 0;
+  // Pinned bytes a rank of this stage reserves: at least its layers' host_bytes x
+  // in_flight_microbatches.
+  uint64_t host_arena_bytes = 0;
+  double microbatch_seconds = 0;  // one microbatch's forward and backward on this stage
+  double exposed_copy_seconds = 0;
+};
+
 struct Plan {
   int schema_version = kPlanSchemaVersion;
   std::string generator;  // "stowage <version>"
@@ -154,12 +231,36 @@ struct Plan {
   int micro_batch = 1;
   std::string framework = "megatron";  // the planner's framework profile: "megatron" or "hf"
   int tp = 1, cp = 1, ep = 1;
+  // Pipeline parallelism (Note [Pipeline stages]): stages, model chunks per stage, schedule and
+  // microbatches per step.
+  int pp = 1, vpp = 1;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  int microbatches = 1;
   uint64_t gpu_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
   PlanPrediction predicted;
   RuntimeSettings runtime;
+  // Every layer of the model, in order; `stages` say which stage runs each (pp entries; a plan
+  // without them read from JSON has the one stage of every layer, StagesWithoutPipeline).
   std::vector<LayerPlan> layers;
+  std::vector<StagePlan> stages;
 };
+
+// The one stage of a plan without pipeline parallelism: every layer in one chunk, the embedding
+// and the LM head, the plan's predictions and arena.
+StagePlan StageWithoutPipeline(const Plan& plan);
+
+// The plan's stages: `stages`, or StageWithoutPipeline when they are left empty with pp = 1 (a
+// plan built in code; PlanToJson writes that stage and ValidatePlan checks it).
+std::vector<StagePlan> PlanStages(const Plan& plan);
+
+// The stage and chunk that run layer `layer` (ValidatePlan guarantees there is one); {-1, -1} if
+// none does.
+struct LayerPlace {
+  int stage = -1;
+  int chunk = -1;
+};
+LayerPlace PlaceOfLayer(const Plan& plan, int layer);
 
 // Serialization. PlanToJson is pretty-printed and stable (same plan, same bytes).
 std::string PlanToJson(const Plan& plan);
@@ -174,8 +275,11 @@ absl::StatusOr<Plan> ReadPlanFile(const std::string& path);
 // stowage_plan_validate and Python's Plan all use this): each field within its limit (above),
 // indices 0..n-1 in order, transfers summing to host_bytes without overflow, host bytes only under
 // the offload policies, prefetch_after_layer -1 or a layer from index to n-1,
-// host_bytes_per_numa_node 0 (not stated) or host_bytes_per_gpu x gpus_per_numa_node, and an arena
-// that holds every offloaded byte.
+// host_bytes_per_numa_node 0 (not stated) or host_bytes_per_gpu x gpus_per_numa_node, pp stages
+// whose chunks cover the layers in virtual-stage order (Note [Pipeline stages]), vpp > 1 exactly
+// with the interleaved schedule (which needs pp > 1 and microbatches a multiple of pp),
+// in_flight_microbatches as InFlightMicrobatches gives, and each stage's arena (and
+// runtime.host_arena_bytes) holding every byte its layers offload.
 absl::Status ValidatePlan(const Plan& plan);
 
 }  // namespace stowage

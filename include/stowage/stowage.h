@@ -79,6 +79,10 @@ typedef struct stowage_options {
   /* Prometheus endpoint, "host:port". NULL: read STOWAGE_METRICS_ADDR; empty or unset: no
    * endpoint. Bound to the address given (127.0.0.1 unless asked otherwise). */
   const char* metrics_address;
+  /* The pipeline stage this rank runs, 0 to the plan's run.pp - 1 (default 0, the only stage of a
+   * plan without pipeline parallelism); INVALID_ARGUMENT otherwise. The runtime reserves host
+   * memory for that stage's layers only; saving into another stage's layer is INVALID_ARGUMENT. */
+  int32_t stage;
 } stowage_options;
 
 typedef struct stowage_stats {

@@ -86,6 +86,7 @@ struct Options {
   int copy_threads = 0;
   // nullopt: STOWAGE_METRICS_ADDR decides; "": no endpoint; "host:port" or a bare port.
   std::optional<std::string> metrics_address;
+  int stage = 0;  // the pipeline stage this rank runs (stowage_options.stage)
 };
 
 // Owns one stowage_runtime. Movable, not copyable. The destructor ends an open step (draining its
@@ -102,6 +103,7 @@ class Runtime {
     c.copy_chunk_bytes = options.copy_chunk_bytes;
     c.copy_threads = options.copy_threads;
     c.metrics_address = options.metrics_address ? options.metrics_address->c_str() : nullptr;
+    c.stage = options.stage;
     stowage_runtime* rt = nullptr;
     Status status = internal::Check(stowage_create(plan_json.data(), plan_json.size(), &c, &rt));
     if (!status.ok()) return status;

@@ -3,6 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
 namespace stowage {
 namespace {
 
@@ -139,6 +145,230 @@ TEST(PlanProtocol, MissingFieldsAreTheProtocolFunction) {
   EXPECT_EQ(parsed->layers[1].save_wait_before_layer, 2);
   EXPECT_EQ(parsed->layers[1].prefetch_after_layer, 1);
   EXPECT_EQ(parsed->layers[0].save_wait_before_layer, -1);
+}
+
+// Note [Pipeline stages]: hand counts of what each stage holds.
+TEST(InFlightMicrobatches, OneFOneBHoldsPpMinusStage) {
+  // pp 4, 8 microbatches: stage s runs 3 - s warmup forwards, then one more before each
+  // backward.
+  for (int stage = 0; stage < 4; ++stage) {
+    EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 4, 1, 8, stage, 0), 4 - stage);
+  }
+  // Fewer microbatches than stages: all of them, at most.
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 4, 1, 2, 0, 0), 2);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 4, 1, 2, 2, 0), 2);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 4, 1, 2, 3, 0), 1);
+  // DeepSeek-V3's pp 16 with 16 microbatches: stage 0 holds all 16, the last one.
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 16, 1, 16, 0, 0), 16);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 16, 1, 16, 15, 0), 1);
+  // No pipeline: one at a time (gradient accumulation).
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::k1F1B, 1, 1, 32, 0, 0), 1);
+}
+
+TEST(InFlightMicrobatches, InterleavedHandCount) {
+  // pp 2, vpp 2, 4 microbatches. Forward order (groups of pp = 2 microbatches through chunk 0,
+  // then chunk 1): c0 m0, c0 m1, c1 m0, c1 m1, c0 m2, c0 m3, c1 m2, c1 m3; backward the same with
+  // the chunks reversed: c1 m0, c1 m1, c0 m0, c0 m1, c1 m2, c1 m3, c0 m2, c0 m3.
+  // Stage 0: warmup 2 (2 - 0 - 1) + (2 - 1) 2 = 4 forwards (c0: 2, c1: 2); then F c0 m2 (c0 3),
+  // B c1 m0, F c0 m3 (c0 4), B c1 m1 (c1 0), F c1 m2 (c1 1), B c0 m0, F c1 m3 (c1 2), ...
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::kInterleaved, 2, 2, 4, 0, 0), 4);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::kInterleaved, 2, 2, 4, 0, 1), 2);
+  // Stage 1: warmup 0 + 2 = 2 forwards (c0 m0, c0 m1); then F c1 m0, B c1 m0, F c1 m1, B c1 m1,
+  // F c0 m2 (c0 3), B c0 m0, F c0 m3 (c0 3), B c0 m1, F c1 m2, B c1 m2, F c1 m3, B c1 m3.
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::kInterleaved, 2, 2, 4, 1, 0), 3);
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::kInterleaved, 2, 2, 4, 1, 1), 1);
+  // Out of range: 1.
+  EXPECT_EQ(InFlightMicrobatches(PipelineSchedule::kInterleaved, 2, 2, 4, 2, 0), 1);
+}
+
+// The whole schedule walked step by step (no shortcut), for the comparison below.
+int WalkInterleaved(int pp, int vpp, int m, int stage, int chunk) {
+  std::vector<std::pair<int, int>> table;  // (microbatch, chunk)
+  for (int first = 0; first < m; first += pp) {
+    const int last = std::min(m, first + pp);
+    for (int c = 0; c < vpp; ++c) {
+      for (int mb = first; mb < last; ++mb) table.push_back({mb, c});
+    }
+  }
+  const int total = m * vpp;
+  const int warmup = std::min(2 * (pp - stage - 1) + (vpp - 1) * pp, total);
+  std::vector<int> held(vpp, 0);
+  int most = 0;
+  auto f = [&](int u) {
+    if (++held[table[u].second] > most && table[u].second == chunk) most = held[chunk];
+  };
+  for (int u = 0; u < warmup; ++u) f(u);
+  for (int k = 0; k < total - warmup; ++k) {
+    f(warmup + k);
+    --held[vpp - 1 - table[k].second];
+  }
+  return std::max(most, 1);
+}
+
+TEST(InFlightMicrobatches, InterleavedMatchesTheWholeWalk) {
+  for (int pp : {2, 3, 4, 8}) {
+    for (int vpp : {2, 3, 4}) {
+      for (int m : {pp, 2 * pp, 5 * pp}) {
+        for (int stage = 0; stage < pp; ++stage) {
+          for (int chunk = 0; chunk < vpp; ++chunk) {
+            EXPECT_EQ(
+                InFlightMicrobatches(PipelineSchedule::kInterleaved, pp, vpp, m, stage, chunk),
+                WalkInterleaved(pp, vpp, m, stage, chunk))
+                << "pp " << pp << " vpp " << vpp << " m " << m << " stage " << stage << " chunk "
+                << chunk;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Four layers on two 1F1B stages (layers 0-1 and 2-3), 4 microbatches; layers 1 and 3 offload.
+Plan TwoStagePlan() {
+  Plan plan;
+  plan.generator = "stowage test";
+  plan.pp = 2;
+  plan.microbatches = 4;
+  plan.runtime.prefetch_distance = 1;
+  for (int i = 0; i < 4; ++i) {
+    LayerPlan l;
+    l.index = i;
+    l.type = "attention+swiglu";
+    if (i % 2 == 1) {
+      l.policy = LayerPolicy::kOffloadInput;
+      l.host_bytes = 100;
+      l.transfers = {{"input", 100}};
+    }
+    const LayerRange chunk{i < 2 ? 0 : 2, 2};
+    const LayerProtocol p = LayerProtocolFor(i, chunk, l.host_bytes > 0, 1, kDefaultSaveLag);
+    l.save_wait_before_layer = p.save_wait_before_layer;
+    l.prefetch_after_layer = p.prefetch_after_layer;
+    l.in_flight_microbatches = i < 2 ? 2 : 1;
+    plan.layers.push_back(l);
+  }
+  StagePlan first;
+  first.stage = 0;
+  first.chunks = {{0, 2}};
+  first.prefetch_distance = 1;
+  first.embedding = true;
+  first.host_arena_bytes = 200;  // layer 1, two microbatches in flight
+  StagePlan last;
+  last.stage = 1;
+  last.chunks = {{2, 2}};
+  last.prefetch_distance = 1;
+  last.lm_head = true;
+  last.host_arena_bytes = 100;
+  plan.stages = {first, last};
+  plan.runtime.host_arena_bytes = 200;
+  return plan;
+}
+
+TEST(PlanStages, TwoStagePlanRoundTrips) {
+  const Plan plan = TwoStagePlan();
+  ASSERT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
+  const std::string json = PlanToJson(plan);
+  EXPECT_THAT(json, HasSubstr("\"schedule\": \"1f1b\""));
+  EXPECT_THAT(json, HasSubstr("\"in_flight_microbatches\": 2"));
+  auto parsed = ParsePlanJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(PlanToJson(*parsed), json);
+  ASSERT_EQ(parsed->stages.size(), 2u);
+  EXPECT_EQ(parsed->stages[1].chunks[0].first_layer, 2);
+  EXPECT_EQ(PlaceOfLayer(*parsed, 3).stage, 1);
+  // Layer 1 ends its chunk: its save wait is the chunk's backward start (2), its prefetch its own
+  // backward (1), not layer 2 of the next stage.
+  EXPECT_EQ(parsed->layers[1].save_wait_before_layer, 2);
+  EXPECT_EQ(parsed->layers[1].prefetch_after_layer, 1);
+}
+
+TEST(PlanStages, MissingInFlightAndProtocolAreTheSchedules) {
+  nlohmann::json j = nlohmann::json::parse(PlanToJson(TwoStagePlan()));
+  for (auto& layer : j["layers"]) {
+    layer.erase("in_flight_microbatches");
+    layer.erase("save_wait_before_layer");
+    layer.erase("prefetch_after_layer");
+  }
+  auto parsed = ParsePlanJson(j.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(PlanToJson(*parsed), PlanToJson(TwoStagePlan()));
+}
+
+TEST(PlanStages, SingleStagePlanWithoutStagesReads) {
+  nlohmann::json j = nlohmann::json::parse(PlanToJson(TwoLayerPlan()));
+  ASSERT_TRUE(j.contains("stages"));
+  EXPECT_EQ(j["stages"].size(), 1u);
+  j.erase("stages");
+  j["run"].erase("pp");
+  auto parsed = ParsePlanJson(j.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->stages.size(), 1u);
+  EXPECT_EQ(parsed->stages[0].chunks[0].num_layers, 2);
+  EXPECT_EQ(parsed->stages[0].host_arena_bytes, 300u);
+  EXPECT_EQ(PlanToJson(*parsed), PlanToJson(TwoLayerPlan()));
+
+  nlohmann::json staged = nlohmann::json::parse(PlanToJson(TwoStagePlan()));
+  staged.erase("stages");
+  EXPECT_THAT(ParsePlanJson(staged.dump()).status().message(),
+              HasSubstr("field 'stages' is missing; a plan with run.pp = 2 lists its 2 stages"));
+}
+
+TEST(PlanStages, RejectsInconsistentStages) {
+  auto expect = [](Plan plan, const char* message) {
+    const absl::Status status = ValidatePlan(plan);
+    EXPECT_THAT(status.message(), HasSubstr(message)) << status;
+    // The reader says the same of the plan's JSON.
+    if (plan.stages.size() == static_cast<size_t>(plan.pp)) {
+      EXPECT_THAT(ParsePlanJson(PlanToJson(plan)).status().message(), HasSubstr(message));
+    }
+  };
+  Plan p = TwoStagePlan();
+  p.stages.pop_back();
+  expect(p, "field 'stages' has 1 stages; run.pp is 2");
+  p = TwoStagePlan();
+  p.stages[1].chunks[0].first_layer = 3;
+  expect(p, "field 'stages[1].chunks[0].first_layer' is 3; allowed: 2");
+  p = TwoStagePlan();
+  p.stages[1].chunks[0].num_layers = 3;
+  expect(p, "chunks cover 5 layers; the plan has 4");
+  p = TwoStagePlan();
+  p.vpp = 2;
+  expect(p, "'run.vpp' has value 2 with run.schedule '1f1b'");
+  p = TwoStagePlan();
+  p.schedule = PipelineSchedule::kInterleaved;
+  expect(p, "'run.vpp' has value 1 with run.schedule 'interleaved'");
+  p = TwoStagePlan();
+  p.stages[1].embedding = true;
+  expect(p, "'stages[1].embedding' is true; the embedding runs on the first stage");
+  p = TwoStagePlan();
+  p.layers[0].in_flight_microbatches = 1;
+  expect(p, "'layers[0].in_flight_microbatches' has value 1; allowed: 2");
+  p = TwoStagePlan();
+  p.stages[0].host_arena_bytes = 199;
+  expect(p, "'stages[0].host_arena_bytes' is 199 but the stage's layers offload 200 bytes");
+  p = TwoStagePlan();
+  p.layers[1].save_wait_before_layer = 3;
+  expect(p, "'layers[1].save_wait_before_layer' has value 3; allowed: 2");
+  p = TwoStagePlan();
+  p.pp = 1;
+  expect(p, "field 'stages' has 2 stages; run.pp is 1");
+}
+
+TEST(PlanStages, InterleavedNeedsMicrobatchesInGroupsOfPp) {
+  Plan p = TwoStagePlan();
+  p.vpp = 2;
+  p.schedule = PipelineSchedule::kInterleaved;
+  p.microbatches = 3;
+  EXPECT_THAT(ValidatePlan(p).message(),
+              HasSubstr("'run.microbatches' has value 3; the interleaved schedule runs them in "
+                        "groups of run.pp (2): allowed: a multiple of 2"));
+}
+
+TEST(PipelineSchedule, NamesRoundTrip) {
+  for (PipelineSchedule s : {PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved}) {
+    EXPECT_EQ(*ParsePipelineSchedule(PipelineScheduleName(s)), s);
+  }
+  EXPECT_THAT(ParsePipelineSchedule("gpipe").status().message(),
+              HasSubstr("unknown pipeline schedule 'gpipe'; allowed: 1f1b, interleaved"));
 }
 
 TEST(StepEventKind, Names) {

@@ -4,6 +4,7 @@ item 7 (plan text vs path, non-UTF-8 files, ctypes truncating out-of-range integ
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import tempfile
@@ -24,7 +25,49 @@ def small_plan() -> stowage.Plan:
         runtime=plan_mod.RuntimeSettings(host_arena_bytes=4096))
 
 
+def two_stage_plan() -> stowage.Plan:
+    """Two 1F1B stages of one offloading layer each, 4 microbatches: stage 0 holds 2 of its
+    layer at once, stage 1 one (Note [Pipeline stages] in include/stowage/plan.h)."""
+    layers = [plan_mod.LayerPlan(index=i, type="t", policy="offload_input", host_bytes=4096,
+                                 transfers=[plan_mod.Transfer("input", 4096)],
+                                 save_wait_before_layer=i + 1, prefetch_after_layer=i,
+                                 in_flight_microbatches=2 - i) for i in range(2)]
+    stages = [plan_mod.StagePlan(stage=s, chunks=[plan_mod.LayerRange(s, 1)], embedding=s == 0,
+                                 lm_head=s == 1, host_arena_bytes=4096 * (2 - s))
+              for s in range(2)]
+    return stowage.Plan(layers=layers, stages=stages,
+                        run=plan_mod.RunSettings(pp=2, microbatches=4),
+                        runtime=plan_mod.RuntimeSettings(host_arena_bytes=8192))
+
+
 class PlanViewTest(unittest.TestCase):
+    def test_pipeline_stages_round_trip(self) -> None:
+        plan = two_stage_plan()
+        plan.validate()
+        self.assertEqual(stowage.Plan.from_json(plan.to_json()), plan)
+        self.assertEqual(plan.stages[1].layer_indices(), [1])
+        d = plan.to_dict()
+        d["layers"][0]["in_flight_microbatches"] = 1
+        with self.assertRaisesRegex(stowage.PlanError,
+                                    r"'layers\[0\].in_flight_microbatches' has value 1; "
+                                    r"allowed: 2"):
+            stowage.Plan.from_dict(d)
+
+    def test_runtime_loads_its_stage(self) -> None:
+        plan = two_stage_plan()
+        with stowage.Runtime(plan, backend="host", copy_threads=1, metrics_address="",
+                             stage=1) as rt:
+            buf = ctypes.create_string_buffer(4096)
+            rt.begin_step()
+            with self.assertRaisesRegex(stowage.StowageError,
+                                        r"layer 0 runs on pipeline stage 0; this runtime runs "
+                                        r"stage 1"):
+                rt.save(0, ctypes.addressof(buf), 4096)
+            rt.save_wait(rt.save(1, ctypes.addressof(buf), 4096))
+            rt.end_step()
+        with self.assertRaisesRegex(stowage.StowageError, r"options->stage is 2; allowed: 0 to 1"):
+            stowage.Runtime(plan, backend="host", copy_threads=1, metrics_address="", stage=2)
+
     def test_round_trip(self) -> None:
         plan = small_plan()
         plan.validate()

@@ -70,6 +70,65 @@ TEST(CApi, CreateChecksItsArguments) {
 // Regression (issue 11): copy_chunk_bytes = UINT64_MAX (option or plan) hung the first copy;
 // 1 took about 1 GB of queue for 30 MiB of copies; copy_threads = 5000 aborted the process when
 // thread creation failed. Each is now INVALID_ARGUMENT naming the field and its range.
+// Note [Pipeline stages]: a rank loads its stage; it reserves host memory for that stage's layers
+// only, one copy per in-flight microbatch.
+TEST(CApi, StageOptionLoadsOneStage) {
+  // Two stages of two layers, 4 microbatches: stage 0 holds 2 of each layer, stage 1 one.
+  constexpr uint64_t kBytes = 4096;
+  const std::string plan =
+      stowage::PlanToJson(stowage::testing::MakePipelinedTestPlan(2, 2, 4, kBytes));
+  std::vector<char> src(3 * kBytes, 7);
+  stowage_tensor_id id = 0;
+
+  stowage_options options = HostOptions();
+  stowage_runtime* rt = nullptr;
+  ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  stowage_stats stats;
+  ASSERT_EQ(stowage_get_stats(rt, &stats), STOWAGE_OK);
+  EXPECT_GE(stats.arena_capacity_bytes, 2 * 2 * kBytes);
+  ASSERT_EQ(stowage_begin_step(rt), STOWAGE_OK);
+  // Two microbatches' saves of layer 0 fit its region; a third does not.
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(stowage_save(rt, 0, src.data(), kBytes, nullptr, &id), STOWAGE_OK);
+    EXPECT_EQ(stowage_save_wait(rt, id), STOWAGE_OK);
+  }
+  EXPECT_EQ(stowage_save(rt, 0, src.data(), kBytes, nullptr, &id),
+            STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(stowage_save(rt, 2, src.data(), kBytes, nullptr, &id), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stowage_last_error()).find("layer 2 runs on pipeline stage 1"),
+            std::string::npos)
+      << stowage_last_error();
+  EXPECT_EQ(stowage_end_step(rt), STOWAGE_OK);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+
+  options.stage = 1;
+  ASSERT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  ASSERT_EQ(stowage_begin_step(rt), STOWAGE_OK);
+  EXPECT_EQ(stowage_save(rt, 0, src.data(), kBytes, nullptr, &id), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_save(rt, 3, src.data(), kBytes, nullptr, &id), STOWAGE_OK);
+  EXPECT_EQ(stowage_save_wait(rt, id), STOWAGE_OK);
+  EXPECT_EQ(stowage_save(rt, 3, src.data(), kBytes, nullptr, &id),
+            STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  stowage_layer_info info;
+  info.struct_size = sizeof(info);
+  ASSERT_EQ(stowage_get_layer_info(rt, 0, &info), STOWAGE_OK);
+  EXPECT_EQ(info.offloads, 0);  // stage 0's layer
+  ASSERT_EQ(stowage_get_layer_info(rt, 2, &info), STOWAGE_OK);
+  EXPECT_EQ(info.offloads, 1);
+  EXPECT_EQ(info.save_wait_before_layer, 4);  // the chunk's end: its backward start
+  EXPECT_EQ(stowage_end_step(rt), STOWAGE_OK);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+
+  options.stage = 2;
+  EXPECT_EQ(stowage_create(plan.data(), plan.size(), &options, &rt),
+            STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(stowage_last_error()).find("options->stage is 2; allowed: 0 to 1"),
+            std::string::npos)
+      << stowage_last_error();
+}
+
 TEST(CApi, CopyChunkAndThreadCountOutsideTheirRangeAreInvalidArgument) {
   const std::string plan = SmallPlan();
   stowage_runtime* rt = nullptr;

@@ -60,6 +60,7 @@ class Options(ctypes.Structure):
         ("copy_chunk_bytes", ctypes.c_uint64),
         ("copy_threads", ctypes.c_int32),
         ("metrics_address", ctypes.c_char_p),
+        ("stage", ctypes.c_int32),
     ]
 
 

@@ -51,6 +51,9 @@ class LayerPlan:
     # and the wrapper waits when backward starts).
     save_wait_before_layer: int = -1
     prefetch_after_layer: int = -1
+    # Note [Pipeline stages] in include/stowage/plan.h: how many microbatches of this layer its
+    # stage holds at once (the C++ InFlightMicrobatches; 1 without pipeline parallelism).
+    in_flight_microbatches: int = 1
     ffn_chunks: int = 1
     recompute_modules: list[str] = dataclasses.field(default_factory=list)
     forward_seconds: float = 0.0
@@ -89,8 +92,39 @@ class RunSettings:
     tp: int = 1
     cp: int = 1
     ep: int = 1
+    pp: int = 1
+    vpp: int = 1
+    schedule: str = "1f1b"
+    microbatches: int = 1
     gpu_budget_bytes: int = 0
     host_budget_bytes: int = 0
+
+
+@dataclasses.dataclass
+class LayerRange:
+    """One model chunk: layers first_layer .. first_layer + num_layers - 1."""
+    first_layer: int
+    num_layers: int
+
+
+@dataclasses.dataclass
+class StagePlan:
+    """One pipeline stage (Note [Pipeline stages] in include/stowage/plan.h)."""
+    stage: int
+    chunks: list[LayerRange]
+    prefetch_distance: int = 1
+    embedding: bool = False
+    lm_head: bool = False
+    peak_device_bytes: int = 0
+    fixed_device_bytes: int = 0
+    host_bytes_per_gpu: int = 0
+    host_arena_bytes: int = 0
+    microbatch_seconds: float = 0.0
+    exposed_copy_seconds: float = 0.0
+
+    def layer_indices(self) -> list[int]:
+        """The model indices of the layers this stage runs, in its forward order."""
+        return [i for c in self.chunks for i in range(c.first_layer, c.first_layer + c.num_layers)]
 
 
 @dataclasses.dataclass
@@ -99,6 +133,9 @@ class Plan:
     predicted: Prediction = dataclasses.field(default_factory=Prediction)
     runtime: RuntimeSettings = dataclasses.field(default_factory=RuntimeSettings)
     run: RunSettings = dataclasses.field(default_factory=RunSettings)
+    # One per pipeline stage; empty: the one stage of every layer (a plan without pipeline
+    # parallelism, as plan.h's PlanStages reads it).
+    stages: list[StagePlan] = dataclasses.field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
     generator: str = "stowage-python"
     model: str = ""
@@ -116,7 +153,8 @@ class Plan:
                 "transfers": [{"name": t.name, "bytes": t.bytes} for t in l.transfers],
                 **({"save_wait_before_layer": l.save_wait_before_layer}
                    if l.save_wait_before_layer >= 0 else {}),
-                "prefetch_after_layer": l.prefetch_after_layer, "ffn_chunks": l.ffn_chunks,
+                "prefetch_after_layer": l.prefetch_after_layer,
+                "in_flight_microbatches": l.in_flight_microbatches, "ffn_chunks": l.ffn_chunks,
                 "forward_seconds": l.forward_seconds, "backward_seconds": l.backward_seconds,
                 "recompute_seconds": l.recompute_seconds, "d2h_seconds": l.d2h_seconds,
                 "h2d_seconds": l.h2d_seconds,
@@ -132,6 +170,7 @@ class Plan:
             "run": dataclasses.asdict(self.run),
             "predicted": dataclasses.asdict(self.predicted),
             "runtime": dataclasses.asdict(self.runtime),
+            **({"stages": [dataclasses.asdict(st) for st in self.stages]} if self.stages else {}),
             "layers": layers,
         }
 
@@ -209,11 +248,21 @@ class Plan:
                 transfers=transfers,
                 save_wait_before_layer=get(l, "save_wait_before_layer", -1),
                 prefetch_after_layer=get(l, "prefetch_after_layer", -1),
+                in_flight_microbatches=get(l, "in_flight_microbatches", 1),
                 ffn_chunks=get(l, "ffn_chunks", 1),
                 recompute_modules=list(get(l, "recompute_modules", [])),
                 **{k: float(get(l, k, 0.0)) for k in _LAYER_SECONDS}))
+        # As the C++ reader: a stage without prefetch_distance has the runtime's.
+        stage_defaults = {"prefetch_distance": get(rt, "prefetch_distance", 1)}
+        stages = [StagePlan(
+            stage=st["stage"],
+            chunks=[LayerRange(c["first_layer"], c["num_layers"]) for c in st["chunks"]],
+            **{f.name: (float if f.type in (float, "float") else _same)(
+                get(st, f.name, stage_defaults.get(f.name, f.default)))
+               for f in dataclasses.fields(StagePlan) if f.name not in ("stage", "chunks")})
+            for st in get(obj, "stages", [])]
         return Plan(
-            layers=layers,
+            layers=layers, stages=stages,
             predicted=Prediction(**{
                 f.name: (float if f.type in (float, "float") else _same)(get(pred, f.name, f.default))
                 for f in dataclasses.fields(Prediction)}),

@@ -160,7 +160,8 @@ class Runtime:
     def __init__(self, plan: PlanLike, *, backend: str = "auto", device: int = 0,
                  numa_node: int = -1, verify_checksums: bool = False,
                  copy_chunk_bytes: int = 0, copy_threads: int = 0,
-                 metrics_address: Optional[str] = None, trace_capacity: int = 0):
+                 metrics_address: Optional[str] = None, trace_capacity: int = 0,
+                 stage: int = 0):
         backends = {v: k for k, v in _lib.BACKEND_NAMES.items()}
         if backend not in backends:
             raise ValueError(f"backend is {backend!r}; allowed: {', '.join(backends)}")
@@ -178,6 +179,8 @@ class Runtime:
         opts.verify_checksums = 1 if verify_checksums else 0
         opts.copy_chunk_bytes = _int_arg("copy_chunk_bytes", copy_chunk_bytes, 0, _U64_MAX)
         opts.copy_threads = _int_arg("copy_threads", copy_threads, 0, _I32[1])
+        # The pipeline stage this rank runs (the C library checks it against the plan's run.pp).
+        opts.stage = _int_arg("stage", stage, _I32[0], _I32[1])
         # Keep the bytes alive for the call; NULL means "read STOWAGE_METRICS_ADDR".
         self._metrics = metrics_address.encode() if metrics_address is not None else None
         opts.metrics_address = self._metrics
