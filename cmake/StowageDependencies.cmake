@@ -7,3 +7,5 @@ pkg_check_modules(hwloc REQUIRED IMPORTED_TARGET GLOBAL hwloc)
 pkg_check_modules(numa REQUIRED IMPORTED_TARGET GLOBAL numa)
 pkg_check_modules(jemalloc REQUIRED IMPORTED_TARGET GLOBAL jemalloc)
 find_package(Threads REQUIRED)
+# xxHash, used header-only (XXH_INLINE_ALL) by the plan hash, so nothing is linked or exported.
+find_path(STOWAGE_XXHASH_INCLUDE_DIR xxhash.h REQUIRED DOC "xxHash header (Debian libxxhash-dev)")

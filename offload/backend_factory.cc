@@ -46,10 +46,11 @@ absl::StatusOr<Backend> CreateBackend(const BackendOptions& options) {
 
   if (out.kind == BackendKind::kHost) {
     HostBackendOptions host;
-    host.threads_per_stream =
-        options.copy_threads > 0
-            ? options.copy_threads
-            : std::clamp(static_cast<int>(out.placement.cpus.size()) / 4, 1, 4);
+    host.threads_per_stream = options.copy_threads > 0
+                                  ? options.copy_threads
+                                  : std::clamp(static_cast<int>(out.placement.cpus.size()) /
+                                                   std::max(1, options.ranks_sharing_node) / 4,
+                                               1, 4);
     host.cpus = out.placement.cpus;
     absl::StatusOr<std::unique_ptr<HostBackend>> created = HostBackend::Create(host);
     if (!created.ok()) return created.status();

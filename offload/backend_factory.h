@@ -23,7 +23,10 @@ struct BackendOptions {
   BackendKind kind = BackendKind::kAuto;  // kAuto: CUDA when built with it and a GPU is visible
   int device = 0;
   int numa_node = -1;    // -1: from topology
-  int copy_threads = 0;  // [0, kMaxCopyThreads]; 0: a quarter of the node's CPUs, 1 to 4
+  int copy_threads = 0;  // [0, kMaxCopyThreads]; 0: a quarter of this rank's share, 1 to 4
+  // Ranks whose runtimes share the node's CPUs (the plan's gpus_per_numa_node): with
+  // copy_threads 0 each takes a quarter of its 1/ranks_sharing_node share, not of all CPUs.
+  int ranks_sharing_node = 1;
 };
 
 struct Backend {

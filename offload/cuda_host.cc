@@ -56,6 +56,21 @@ absl::StatusOr<std::string> CudaDevicePciBusId(int device) {
   return NormalizePciBusId(bus_id);
 }
 
+absl::StatusOr<std::string> CudaDeviceUuid(int device) {
+  if (absl::Status status = CudaCheckDevice(device); !status.ok()) return status;
+  cudaDeviceProp prop{};
+  STOWAGE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device),
+                               absl::StrCat("cudaGetDeviceProperties(device ", device, ")"));
+  // 16 bytes as 8-4-4-4-12 hex digits, nvidia-smi's grouping.
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
+    absl::StrAppend(&out,
+                    absl::Hex(static_cast<unsigned char>(prop.uuid.bytes[i]), absl::kZeroPad2));
+  }
+  return out;
+}
+
 absl::Status CudaHostRegisterRange(int device, void* ptr, uint64_t bytes, int numa_node) {
   ScopedDevice scoped;
   if (absl::Status status = scoped.Set(device); !status.ok()) return status;

@@ -16,6 +16,8 @@ namespace stowage::offload {
 absl::Status CudaCheckDevice(int device);
 // "0000:3b:00.0" (normalized to sysfs form).
 absl::StatusOr<std::string> CudaDevicePciBusId(int device);
+// "GPU-8c2f3e1a-...": the device's UUID as nvidia-smi and DCGM write it.
+absl::StatusOr<std::string> CudaDeviceUuid(int device);
 // cudaHostRegister(ptr, bytes, portable) on `device`; the message names device, bytes and node.
 // Both leave the calling thread's current device as it was.
 absl::Status CudaHostRegisterRange(int device, void* ptr, uint64_t bytes, int numa_node);

@@ -248,7 +248,24 @@ uint64_t AdmissionMarginBytes(uint64_t total_bytes) {
   return std::max(kAdmissionMarginMinBytes, static_cast<uint64_t>(fraction));
 }
 
-absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest& request) {
+namespace {
+
+std::string RankName(int rank, int local_rank) {
+  std::string who = rank >= 0 ? absl::StrCat("rank ", rank) : std::string("rank ?");
+  if (local_rank >= 0) absl::StrAppend(&who, " (local rank ", local_rank, ")");
+  return who;
+}
+
+std::string DescribeShare(const RankShare& share) {
+  return absl::StrCat(RankName(share.rank, share.local_rank), " pid ", share.pid, " node ",
+                      share.numa_node, ": ", FormatBytes(share.bytes),
+                      share.resident ? " resident" : " pending");
+}
+
+}  // namespace
+
+absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest& request,
+                            const NodeShares& shares) {
   const std::string where =
       request.numa_node >= 0 ? absl::StrCat(" on NUMA node ", request.numa_node) : "";
   if (request.numa_node >= 0 && s.online_nodes > 0 && !s.node_total_bytes.has_value()) {
@@ -256,6 +273,29 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
         request.what, " of ", FormatBytes(request.bytes), where, ": the machine has no node ",
         request.numa_node, " (", s.online_nodes, " nodes)"));
   }
+  // What the other ranks add to the request, per limit (Note [Admission with other ranks]).
+  // Sums of values each bounded by a host's memory: checked anyway, a corrupt share must not wrap.
+  uint64_t pending = 0, pending_on_node = 0, reserved = 0;
+  bool wrapped = false;
+  auto add = [&wrapped](uint64_t& sum, uint64_t bytes) {
+    wrapped = wrapped || sum > UINT64_MAX - bytes;
+    sum = wrapped ? UINT64_MAX : sum + bytes;
+  };
+  for (const RankShare& other : shares.others) {
+    add(reserved, other.bytes);
+    if (other.resident) continue;
+    add(pending, other.bytes);
+    if (other.numa_node == request.numa_node) add(pending_on_node, other.bytes);
+  }
+  uint64_t with_pending = request.bytes, with_pending_on_node = request.bytes;
+  uint64_t with_reserved = request.bytes;
+  add(with_pending, pending);
+  add(with_pending_on_node, pending_on_node);
+  add(with_reserved, reserved);
+  auto others_text = [](uint64_t bytes, const char* what) {
+    return bytes == 0 ? std::string()
+                      : absl::StrCat(" (with ", FormatBytes(bytes), " ", what, " by other ranks)");
+  };
   std::vector<std::string> binding;
   // `available` less the margin of `total` (Note [Admission margin]); the request must fit in it.
   auto usable = [](uint64_t available, uint64_t total) {
@@ -266,22 +306,31 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
     return absl::StrCat(", of which ", FormatBytes(AdmissionMarginBytes(total)),
                         " is kept as the admission margin (5% of ", of, ", at least 1 GiB)");
   };
-  if (request.bytes > usable(s.mem_available_bytes, s.mem_total_bytes)) {
+  if (with_pending > usable(s.mem_available_bytes, s.mem_total_bytes)) {
     binding.push_back(absl::StrCat("MemAvailable is ", FormatBytes(s.mem_available_bytes),
-                                   kept(s.mem_total_bytes, "MemTotal")));
+                                   kept(s.mem_total_bytes, "MemTotal"),
+                                   others_text(pending, "admitted and not yet resident")));
   }
   if (const std::optional<uint64_t> headroom = s.cgroup.headroom_bytes();
-      headroom.has_value() && request.bytes > usable(*headroom, *s.cgroup.limit_bytes)) {
-    binding.push_back(absl::StrCat(
-        "cgroup ", s.cgroup.limiting_path, " limit ", FormatBytes(*s.cgroup.limit_bytes),
-        " leaves ", FormatBytes(*headroom), kept(*s.cgroup.limit_bytes, "the limit")));
+      headroom.has_value() && with_pending > usable(*headroom, *s.cgroup.limit_bytes)) {
+    binding.push_back(absl::StrCat("cgroup ", s.cgroup.limiting_path, " limit ",
+                                   FormatBytes(*s.cgroup.limit_bytes), " leaves ",
+                                   FormatBytes(*headroom), kept(*s.cgroup.limit_bytes, "the limit"),
+                                   others_text(pending, "admitted and not yet resident")));
   }
   if (request.numa_node >= 0 && s.online_nodes > 1 && s.node_available_bytes.has_value() &&
-      request.bytes >
+      with_pending_on_node >
           usable(*s.node_available_bytes, s.node_total_bytes.value_or(*s.node_available_bytes))) {
     binding.push_back(absl::StrCat(
         "node ", request.numa_node, " has ", FormatBytes(*s.node_available_bytes), " available",
-        kept(s.node_total_bytes.value_or(*s.node_available_bytes), "the node's memory")));
+        kept(s.node_total_bytes.value_or(*s.node_available_bytes), "the node's memory"),
+        others_text(pending_on_node, "admitted on it and not yet resident")));
+  }
+  if (shares.node_budget_bytes.has_value() &&
+      with_reserved > usable(*shares.node_budget_bytes, *shares.node_budget_bytes)) {
+    binding.push_back(absl::StrCat(
+        "the node budget (STOWAGE_NODE_MEMORY_BYTES) is ", FormatBytes(*shares.node_budget_bytes),
+        kept(*shares.node_budget_bytes, "the budget"), others_text(reserved, "reserved")));
   }
   if (request.memlock == MemlockUse::kLocked && !s.cap_ipc_lock &&
       s.memlock_limit_bytes.has_value()) {
@@ -295,9 +344,18 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
     }
   }
   if (binding.empty()) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      request.what, " of ", FormatBytes(request.bytes), where,
-      " does not fit: ", absl::StrJoin(binding, "; "), ". Host memory: ", DescribeHostMemory(s)));
+  std::string ranks;
+  if (!shares.ledger.empty()) {
+    std::vector<std::string> listed;
+    for (const RankShare& other : shares.others) listed.push_back(DescribeShare(other));
+    ranks = absl::StrCat(". Reservations on this node (", shares.ledger,
+                         "): ", listed.empty() ? std::string("none") : absl::StrJoin(listed, "; "),
+                         "; this request: ", RankName(shares.rank, shares.local_rank), " pid ",
+                         getpid(), " node ", request.numa_node, ": ", FormatBytes(request.bytes));
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat(request.what, " of ", FormatBytes(request.bytes), where, " does not fit: ",
+                   absl::StrJoin(binding, "; "), ranks, ". Host memory: ", DescribeHostMemory(s)));
 }
 
 absl::Status AdmitHostMemory(const AdmissionRequest& request, const HostRoots& roots) {

@@ -34,6 +34,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -94,9 +95,35 @@ uint64_t AdmissionMarginBytes(uint64_t total_bytes);
 // <proc>/meminfo cannot be read.
 absl::StatusOr<HostMemorySnapshot> ReadHostMemory(int numa_node, const HostRoots& roots = {});
 
+// Another rank's reservation on this node, as the node ledger (offload/node_ledger.h) holds it.
+// Note [Admission with other ranks]: a reservation whose arena is already resident is part of what
+// MemAvailable, the cgroup usage and the node's free memory already show, so against those
+// readings only the reservations still pending (admitted, not yet touched) are added to the
+// request; against a fixed node budget (STOWAGE_NODE_MEMORY_BYTES) every reservation counts.
+struct RankShare {
+  int rank = -1;        // -1: unknown
+  int local_rank = -1;  // -1: unknown
+  int64_t pid = 0;
+  int numa_node = -1;
+  uint64_t bytes = 0;
+  bool resident = false;  // the arena is touched: the readings include it
+};
+
+struct NodeShares {
+  std::vector<RankShare> others;  // live reservations of the other ranks on this node
+  // A fixed budget for every rank's arenas on this node together (STOWAGE_NODE_MEMORY_BYTES);
+  // nullopt: none. The margin of Note [Admission margin] is kept from it too.
+  std::optional<uint64_t> node_budget_bytes;
+  std::string ledger;  // where the reservations were read, for messages
+  int rank = -1;       // this request's rank and local rank, for messages
+  int local_rank = -1;
+};
+
 // Pure: OK, or RESOURCE_EXHAUSTED naming the requested bytes, every limit read, the margin kept
-// (Note [Admission margin]) and the node.
-absl::Status CheckAdmission(const HostMemorySnapshot& snapshot, const AdmissionRequest& request);
+// (Note [Admission margin]) and the node. With `shares`, the other ranks' reservations are added
+// as Note [Admission with other ranks] says, and a refusal names every rank's share.
+absl::Status CheckAdmission(const HostMemorySnapshot& snapshot, const AdmissionRequest& request,
+                            const NodeShares& shares = {});
 
 // ReadHostMemory + CheckAdmission.
 absl::Status AdmitHostMemory(const AdmissionRequest& request, const HostRoots& roots = {});

@@ -13,6 +13,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -21,6 +22,7 @@
 #include "plan/chrome_trace.h"
 #include "planner/plan_request.h"
 #include "runtime/metrics.h"
+#include "runtime/plan_agreement.h"
 #include "runtime/runtime.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
@@ -314,6 +316,53 @@ stowage_status stowage_plan_validate(const char* plan_json, size_t plan_json_byt
   });
 }
 
+stowage_status stowage_plan_hash(const char* plan_json, size_t plan_json_bytes,
+                                 uint64_t* out_hash) {
+  if (plan_json == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_plan_hash: plan_json is NULL");
+  }
+  if (out_hash == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_plan_hash: out_hash is NULL");
+  }
+  return Guard(nullptr, "stowage_plan_hash", [&]() -> absl::Status {
+    absl::StatusOr<stowage::Plan> plan =
+        stowage::ParsePlanJson(std::string_view(plan_json, plan_json_bytes));
+    if (!plan.ok()) return plan.status();
+    *out_hash = stowage::CanonicalPlanHash(*plan);
+    return absl::OkStatus();
+  });
+}
+
+stowage_status stowage_get_plan_hash(stowage_runtime* rt, uint64_t* out_hash) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_get_plan_hash");
+  if (out_hash == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_get_plan_hash: out_hash is NULL");
+  }
+  *out_hash = rt->runtime->plan_hash();
+  return STOWAGE_OK;
+}
+
+stowage_status stowage_check_plan_agreement(const uint64_t* hashes, size_t count) {
+  if (hashes == nullptr && count > 0) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
+                absl::StrCat("stowage_check_plan_agreement: hashes is NULL, count ", count));
+  }
+  return Guard(nullptr, "stowage_check_plan_agreement", [&]() -> absl::Status {
+    return stowage::runtime::CheckPlanAgreement(
+        std::vector<uint64_t>(hashes, hashes == nullptr ? hashes : hashes + count));
+  });
+}
+
+stowage_status stowage_agree_nccl(stowage_runtime* rt, void* nccl_comm) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_agree_nccl");
+  if (nccl_comm == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_agree_nccl: nccl_comm is NULL");
+  }
+  return Guard(rt, "stowage_agree_nccl", [&]() -> absl::Status {
+    return stowage::runtime::AgreeOverNccl(rt->runtime->plan_hash(), nccl_comm);
+  });
+}
+
 stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
                               const stowage_options* options, stowage_runtime** out) {
   if (out == nullptr) return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_create: out is NULL");
@@ -334,11 +383,13 @@ stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
     absl::StatusOr<std::unique_ptr<Runtime>> runtime = Runtime::Create(*plan, runtime_options);
     if (!runtime.ok()) return runtime.status();
     handle->runtime = *std::move(runtime);
-    const std::string address = stowage::runtime::ResolveMetricsAddress(
-        metrics_option.has_value() ? metrics_option->c_str() : nullptr);
-    if (!address.empty()) {
+    const absl::StatusOr<std::string> address = stowage::runtime::ResolveRankMetricsAddress(
+        metrics_option.has_value() ? metrics_option->c_str() : nullptr,
+        handle->runtime->counters().local_rank);
+    if (!address.ok()) return address.status();
+    if (!address->empty()) {
       absl::StatusOr<std::unique_ptr<stowage::runtime::MetricsExporter>> exporter =
-          stowage::runtime::MetricsExporter::Start(address, handle->runtime->shared_counters());
+          stowage::runtime::MetricsExporter::Start(*address, handle->runtime->shared_counters());
       if (!exporter.ok()) return exporter.status();
       handle->exporter = *std::move(exporter);
     }

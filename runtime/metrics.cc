@@ -122,10 +122,16 @@ class RuntimeCollector final : public prometheus::Collectable {
 RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counters)
     : counters_(std::move(counters)) {
   const RuntimeCounters& c = *counters_;
-  const std::string device = absl::StrCat(c.device);
   const std::string node = c.numa_node >= 0 ? absl::StrCat(c.numa_node) : "unknown";
-  const Labels on_device = {{"device", device}};
-  const Labels on_node = {{"device", device}, {"numa_node", node}};
+  auto id = [](int value) { return value >= 0 ? absl::StrCat(value) : std::string("unknown"); };
+  // Note [Rank labels]: every series names its rank, local rank, stage and GPU.
+  const Labels on_device = {{"gpu", c.gpu},
+                            {"local_rank", id(c.local_rank)},
+                            {"rank", id(c.rank)},
+                            {"stage", absl::StrCat(c.stage)}};
+  Labels on_node = on_device;
+  on_node.push_back({"numa_node", node});
+  std::sort(on_node.begin(), on_node.end());
   auto with = [](Labels labels, std::string name, std::string value) {
     labels.push_back({std::move(name), std::move(value)});
     std::sort(labels.begin(), labels.end());
@@ -133,7 +139,8 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
   };
 
   // Identity: a constant 1 carrying the labels dashboards build their variables from.
-  Gauge("stowage_runtime_info", "Runtime identity (value 1): device, NUMA node, backend.",
+  Gauge("stowage_runtime_info",
+        "Runtime identity (value 1): rank, local rank, stage, GPU, NUMA node, backend.",
         with(on_node, "backend", c.backend), [](const RuntimeCounters&) { return 1.0; });
 
   // The plan's predictions and budgets, exported next to what is observed.
@@ -360,6 +367,29 @@ absl::StatusOr<SocketAddress> ToSocketAddress(const std::string& host, int port)
   return a;
 }
 
+// UNAVAILABLE naming the address and the reason when `host:port` cannot be bound right now.
+absl::Status CheckPortFree(const std::string& host, int port) {
+  absl::StatusOr<SocketAddress> a = ToSocketAddress(host, port);
+  if (!a.ok()) return a.status();
+  const int fd = socket(a->storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
+  // As civetweb binds: SO_REUSEADDR, so a port in TIME_WAIT is not reported busy.
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const int bound = bind(fd, a->get(), a->length);
+  const int error = errno;
+  close(fd);
+  if (bound == 0) return absl::OkStatus();
+  if (error == EADDRINUSE) {
+    return absl::UnavailableError(absl::StrCat(
+        "metrics endpoint ", host, ":", port,
+        " is already in use by another process (another rank? with STOWAGE_METRICS_ADDR each "
+        "rank listens on the base port + LOCAL_RANK; or pick another port)"));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("metrics endpoint: cannot bind ", host, ":", port, ": ", std::strerror(error)));
+}
+
 // Note [Prompt shutdown]. civetweb's listener thread waits for connections in poll() with a
 // 2 s timeout and checks its stop flag only between polls, so stopping the server takes up to
 // 2 s -- paid by every stowage_destroy with an endpoint. While the server stops, this thread
@@ -455,6 +485,12 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   absl::StatusOr<std::pair<std::string, int>> parsed = ParseAddress(address);
   if (!parsed.ok()) return parsed.status();
   const auto& [host, port] = *parsed;
+  // civetweb reports a port it cannot bind as "null context when constructing CivetServer":
+  // bind it here first to say what is wrong (another process may still take it in between; the
+  // catch below then names the address too).
+  if (port != 0) {
+    if (absl::Status free = CheckPortFree(host, port); !free.ok()) return free;
+  }
   auto collector = std::make_shared<RuntimeCollector>(std::move(counters));
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
@@ -468,8 +504,9 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
                                  "enable_keep_alive", "no"},
         &callbacks);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics endpoint: cannot listen on ", host, ":", port, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("metrics endpoint: cannot listen on ", host, ":",
+                                               port,
+                                               " (is another process using it?): ", e.what()));
   }
   return std::make_unique<CivetMetricsExporter>(host, std::move(exposer), std::move(collector));
 }
@@ -487,6 +524,21 @@ std::string ResolveMetricsAddress(const char* option) {
     return absl::StrCat("127.0.0.1:", address);
   }
   return address;
+}
+
+absl::StatusOr<std::string> ResolveRankMetricsAddress(const char* option, int local_rank) {
+  const std::string address = ResolveMetricsAddress(option);
+  if (address.empty() || option != nullptr || local_rank < 0) return address;
+  absl::StatusOr<std::pair<std::string, int>> parsed = ParseAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  const auto& [host, port] = *parsed;
+  if (port == 0) return address;  // any free port: nothing to share out
+  if (port + local_rank > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "STOWAGE_METRICS_ADDR ", address, " with LOCAL_RANK ", local_rank, ": port ", port, " + ",
+        local_rank, " is past 65535; each rank listens on the base port + its LOCAL_RANK"));
+  }
+  return absl::StrCat(host, ":", port + local_rank);
 }
 
 absl::StatusOr<std::string> PickFreePort(const std::string& address) {

@@ -5,9 +5,17 @@
 // Every metric is a view of one RuntimeCounters field: the families (names, help, types, label
 // sets) are built once in Start(), and a scrape copies them and fills in the values it reads
 // from the atomics. Nothing is registered per step or per tensor, so the label sets stay
-// bounded: `device`, `numa_node`, `direction` (d2h, h2d), `layer_type` (the plan's distinct
-// layer types), `kind` (the stowage_status names, lower case). The README section "Metrics and
-// dashboards" lists every metric; dashboards/stowage.json queries them.
+// bounded: the identity labels below, `numa_node`, `direction` (d2h, h2d), `layer_type` (the
+// plan's distinct layer types), `kind` (the stowage_status names, lower case). The README section
+// "Metrics and dashboards" lists every metric; dashboards/stowage.json queries them.
+//
+// Note [Rank labels]. Every series carries `rank` and `local_rank` (the launcher's RANK and
+// LOCAL_RANK; "unknown" when unset), `stage` (the pipeline stage; 0 without pipeline
+// parallelism) and `gpu`: the GPU's UUID ("GPU-8c2f...", DCGM's `UUID` label and nvidia-smi's
+// spelling, so stowage's series join DCGM's), "host" on the host backend. A CUDA ordinal would
+// not do: under CUDA_VISIBLE_DEVICES every rank's GPU is device 0. One endpoint per rank: the
+// port of STOWAGE_METRICS_ADDR is the base, and a rank listens on base + LOCAL_RANK
+// (ResolveMetricsAddress).
 //
 // The fields of RuntimeCounters marked "set once at creation" (device, numa_node, backend, the
 // plan's predictions, layer_types) must be final before Start() is called: they become labels
@@ -43,6 +51,11 @@ class MetricsExporter {
 // The endpoint to open: `option` when non-null (empty string: none), else STOWAGE_METRICS_ADDR
 // (unset or empty: none). A bare port ("9464") means 127.0.0.1:9464.
 std::string ResolveMetricsAddress(const char* option);
+// A rank's endpoint: as above, and when it comes from STOWAGE_METRICS_ADDR (`option` null: one
+// setting for the whole job) its port is the base and this rank listens on base + local_rank
+// (local_rank >= 0, port not 0; Note [Rank labels]). An option is taken as given: the caller chose
+// it for this rank. INVALID_ARGUMENT naming the address and LOCAL_RANK when the sum passes 65535.
+absl::StatusOr<std::string> ResolveRankMetricsAddress(const char* option, int local_rank);
 
 // `address` ("host:0") with port 0 replaced by a port that is free on that host right now, for
 // callers that must know the endpoint before the runtime binds it (the C ABI does not report the

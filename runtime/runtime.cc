@@ -1,11 +1,16 @@
 #include "runtime/runtime.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "offload/checksum.h"
+#ifdef STOWAGE_HAVE_CUDA
+#include "offload/cuda_host.h"
+#endif
 
 namespace stowage::runtime {
 namespace {
@@ -47,6 +52,16 @@ absl::StatusOr<Plan> StageView(const Plan& plan, int stage, std::vector<int>* st
   return view;
 }
 
+// The `gpu` label (Note [Rank labels]): the UUID, else the PCI bus id, else the ordinal.
+std::string GpuLabel(BackendKind kind, int device, const offload::Placement& placement) {
+  if (kind != BackendKind::kCuda) return "host";
+#ifdef STOWAGE_HAVE_CUDA
+  if (absl::StatusOr<std::string> uuid = offload::CudaDeviceUuid(device); uuid.ok()) return *uuid;
+#endif
+  if (!placement.pci_bus_id.empty()) return placement.pci_bus_id;
+  return absl::StrCat("cuda:", device);
+}
+
 }  // namespace
 
 class Runtime::CallScope {
@@ -80,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& full_plan,
   rt->stage_ = options.stage;
   rt->verify_ = options.verify_checksums;
   rt->prefetch_distance_ = plan.runtime.prefetch_distance;
+  rt->plan_hash_ = CanonicalPlanHash(full_plan);  // every rank holds the whole plan
   rt->layers_ = plan.layers;
   absl::StatusOr<StepRegions> regions = StepRegions::FromPlan(plan);
   if (!regions.ok()) return regions.status();
@@ -93,12 +109,14 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& full_plan,
   backend_options.device = options.device;
   backend_options.numa_node = options.numa_node;
   backend_options.copy_threads = options.copy_threads;
+  backend_options.ranks_sharing_node = plan.runtime.gpus_per_numa_node;
   absl::StatusOr<offload::Backend> backend = offload::CreateBackend(backend_options);
   if (!backend.ok()) return backend.status();
   rt->backend_kind_ = backend->kind;
 
   // Counters, set before anything can count.
   rt->counters_ = MakeCounters(plan, options, *backend->device, &rt->layer_type_of_);
+  rt->counters_->gpu = GpuLabel(backend->kind, options.device, backend->placement);
   if (absl::Status s = rt->CreateArena(plan, options, *backend); !s.ok()) return s;
 
   offload::CopyEngineOptions engine_options;
@@ -113,7 +131,10 @@ std::shared_ptr<RuntimeCounters> Runtime::MakeCounters(const Plan& plan,
                                                        const offload::DeviceBackend& backend,
                                                        std::vector<LayerTypeCounters*>* type_of) {
   auto counters = std::make_shared<RuntimeCounters>();
-  counters->device = options.device;
+  counters->rank = options.ledger.rank >= 0 ? options.ledger.rank : offload::RankFromEnvironment();
+  counters->local_rank = options.ledger.local_rank >= 0 ? options.ledger.local_rank
+                                                        : offload::LocalRankFromEnvironment();
+  counters->stage = options.stage;  // the stage this rank runs (Note [Pipeline stages])
   counters->backend = backend.name();
   counters->predicted_peak_device_bytes = plan.predicted.peak_device_bytes;
   counters->link_bytes_per_second = plan.runtime.link_bytes_per_second;
@@ -147,19 +168,43 @@ absl::Status Runtime::CreateArena(const Plan& plan, const RuntimeOptions& option
     counters_->numa_node = backend.placement.numa_node;
     return absl::OkStatus();
   }
+  // Admitted together with the other ranks on this node (Note [Node ledger]); the arena's own
+  // check, which sees this process alone, is then redundant.
+  const int numa_node = backend.placement.numa_node;
+  int ranks_sharing = std::max(1, plan.runtime.gpus_per_numa_node);
+  int slot = 0;
+  if (!options.skip_admission) {
+    offload::AdmissionRequest request;
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    request.bytes = arena_bytes + (page - arena_bytes % page) % page;  // the arena's capacity
+    request.numa_node = numa_node;
+    request.what = backend.kind == BackendKind::kCuda
+                       ? absl::StrCat("pinned host arena for CUDA device ", options.device)
+                       : std::string("pinned host arena");
+    absl::StatusOr<std::unique_ptr<offload::NodeReservation>> reservation =
+        offload::NodeReservation::Admit(request, options.ledger);
+    if (!reservation.ok()) return reservation.status();
+    reservation_ = *std::move(reservation);
+    ranks_sharing = std::max(ranks_sharing, reservation_->ranks_on_node());
+    slot = reservation_->slot();
+  }
   offload::ArenaOptions arena_options;
   arena_options.bytes = arena_bytes;
-  arena_options.numa_node = backend.placement.numa_node;
-  arena_options.touch_cpus = backend.placement.cpus;
+  arena_options.numa_node = numa_node;
+  // Ranks sharing the node touch with their own slice of its CPUs, not each with all of them.
+  arena_options.touch_cpus = offload::CpuShare(backend.placement.cpus, slot, ranks_sharing);
   arena_options.touch_threads = options.copy_threads;
   arena_options.register_with_cuda = backend.kind == BackendKind::kCuda;
   arena_options.cuda_device = options.device;
-  arena_options.skip_admission = options.skip_admission;
+  arena_options.skip_admission = true;
   arena_options.progress = options.arena_progress;
   absl::StatusOr<std::unique_ptr<offload::PinnedArena>> arena =
       offload::PinnedArena::Create(arena_options);
   if (!arena.ok()) return arena.status();
   arena_ = *std::move(arena);
+  if (reservation_ != nullptr) {
+    if (absl::Status s = reservation_->MarkResident(); !s.ok()) return s;
+  }
   counters_->arena_capacity_bytes.store(arena_->capacity());
   counters_->numa_node = arena_->numa_node();
   return absl::OkStatus();
@@ -169,6 +214,7 @@ Runtime::~Runtime() {
   if (in_step()) EndStep().IgnoreError();
   engine_.reset();  // drains before the arena goes
   arena_.reset();
+  reservation_.reset();  // after the memory is unmapped
 }
 
 bool Runtime::in_step() const {

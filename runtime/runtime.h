@@ -45,6 +45,7 @@
 #include "absl/synchronization/mutex.h"
 #include "offload/backend_factory.h"
 #include "offload/copy_engine.h"
+#include "offload/node_ledger.h"
 #include "offload/pinned_arena.h"
 #include "runtime/runtime_counters.h"
 #include "runtime/step_regions.h"
@@ -70,8 +71,11 @@ struct RuntimeOptions {
   // The pipeline stage this rank runs (Note [Pipeline stages] in include/stowage/plan.h), in
   // [0, run.pp): the runtime reserves host memory for that stage's layers only.
   int stage = 0;
-  // Skip the host-memory admission check (tests on small machines).
+  // Skip the host-memory admission check and the node ledger (tests on small machines).
   bool skip_admission = false;
+  // The node ledger the arena is admitted through (offload/node_ledger.h, Note [Node ledger]);
+  // empty fields come from the environment.
+  offload::LedgerOptions ledger;
   // Arena setup progress (bytes touched so far, total), for long setups; called on the thread
   // that calls Create.
   std::function<void(uint64_t, uint64_t)> arena_progress;
@@ -134,6 +138,8 @@ class Runtime : private offload::CopyObserver {
   LayerInfo GetLayerInfo(int layer) const;  // layer must be in [0, num_layers())
   int num_layers() const { return static_cast<int>(layers_.size()); }
   int prefetch_distance() const { return prefetch_distance_; }
+  // CanonicalPlanHash of the plan this runtime was created from (plan agreement).
+  uint64_t plan_hash() const { return plan_hash_; }
 
   const RuntimeCounters& counters() const { return *counters_; }
   std::shared_ptr<const RuntimeCounters> shared_counters() const { return counters_; }
@@ -192,6 +198,8 @@ class Runtime : private offload::CopyObserver {
   void EndCall();
 
   std::shared_ptr<RuntimeCounters> counters_;
+  // Destroyed after the arena: the reservation goes once the memory is unmapped.
+  std::unique_ptr<offload::NodeReservation> reservation_;
   std::unique_ptr<offload::PinnedArena> arena_;
   std::unique_ptr<offload::CopyEngine> engine_;
   BackendKind backend_kind_ = BackendKind::kHost;
@@ -199,6 +207,7 @@ class Runtime : private offload::CopyObserver {
   int prefetch_distance_ = 1;
   int stage_ = 0;
   std::vector<int> stage_of_layer_;  // the stage that runs each layer
+  uint64_t plan_hash_ = 0;
   std::vector<LayerPlan> layers_;
   std::vector<LayerTypeCounters*> layer_type_of_;  // by layer index
   StepTrace trace_;  // outlives engine_'s callbacks: ~Runtime drains the engine first

@@ -39,8 +39,11 @@ inline constexpr std::array<double, 12> kStepSecondsBuckets = {0.01, 0.025, 0.05
                                                                1,    2.5,   5,    10,  25,   60};
 
 struct RuntimeCounters {
-  // Set once at creation.
-  int device = 0;
+  // Set once at creation. Identity (Note [Rank labels] in runtime/metrics.h).
+  std::string gpu = "host";  // the GPU's UUID as DCGM names it ("GPU-8c2f..."); "host" backend
+  int rank = -1;             // RANK (-1: not launched as a rank)
+  int local_rank = -1;       // LOCAL_RANK
+  int stage = 0;             // pipeline stage this runtime runs (options.stage)
   int numa_node = -1;
   std::string backend;                       // "host" or "cuda"
   uint64_t predicted_peak_device_bytes = 0;  // from the plan

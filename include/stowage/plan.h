@@ -270,6 +270,11 @@ std::string PlanToJson(const Plan& plan);
 absl::StatusOr<Plan> ParsePlanJson(std::string_view json);
 // As ParsePlanJson; errors start with the file's path.
 absl::StatusOr<Plan> ReadPlanFile(const std::string& path);
+// The hash ranks compare to agree on one plan (stowage_plan_hash, Python's stowage.agree):
+// XXH3-64 of PlanToJson(plan), the canonical text -- the plan as the strict reader fills it,
+// written by the one writer -- so whitespace, key order and fields the reader ignores in the file
+// a rank loaded do not matter, and every field the runtime reads does.
+uint64_t CanonicalPlanHash(const Plan& plan);
 
 // Every rule a plan obeys, in one place (the C++ planner, the runtime, the C ABI's
 // stowage_plan_validate and Python's Plan all use this): each field within its limit (above),

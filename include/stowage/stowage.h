@@ -76,8 +76,9 @@ typedef struct stowage_options {
   int32_t verify_checksums;  /* non-zero: checksum every save, verify on restore */
   uint64_t copy_chunk_bytes; /* 0: the plan's value; else 4 KiB to 1 GiB (INVALID_ARGUMENT) */
   int32_t copy_threads;      /* host backend / arena touch threads, 0 to 64; 0: the node's CPUs */
-  /* Prometheus endpoint, "host:port". NULL: read STOWAGE_METRICS_ADDR; empty or unset: no
-   * endpoint. Bound to the address given (127.0.0.1 unless asked otherwise). */
+  /* Prometheus endpoint, "host:port". NULL: read STOWAGE_METRICS_ADDR, whose port is the job's
+   * base: this rank listens on base + LOCAL_RANK; empty or unset: no endpoint. Bound to the
+   * address given (127.0.0.1 unless asked otherwise). */
   const char* metrics_address;
   /* The pipeline stage this rank runs, 0 to the plan's run.pp - 1 (default 0, the only stage of a
    * plan without pipeline parallelism); INVALID_ARGUMENT otherwise. The runtime reserves host
@@ -123,6 +124,26 @@ STOWAGE_API stowage_status stowage_options_init(stowage_options* options);
  * lives in the C++ validator; bindings (Python's stowage.Plan) validate through this call.
  * Thread-safe. */
 STOWAGE_API stowage_status stowage_plan_validate(const char* plan_json, size_t plan_json_bytes);
+
+/* Plan agreement (README "Plan agreement"): the ranks of a job check before step 0 that they hold
+ * the same plan by comparing one number, the hash of the canonical plan (XXH3-64 of the plan as
+ * the strict reader fills it, written by the one writer: whitespace, key order and fields the
+ * reader ignores do not change it). stowage_plan_hash validates as stowage_plan_validate does
+ * (INVALID_ARGUMENT otherwise); stowage_get_plan_hash is that of the plan `rt` was created from.
+ * stowage_check_plan_agreement is the rule every rank applies to the gathered hashes
+ * (hashes[r]: rank r's; 0: rank r has no valid plan): OK when all ranks hold one valid plan, else
+ * FAILED_PRECONDITION with stowage_last_error() naming the ranks that differ and the hash each
+ * holds -- the same text on every rank. Thread-safe. */
+STOWAGE_API stowage_status stowage_plan_hash(const char* plan_json, size_t plan_json_bytes,
+                                             uint64_t* out_hash);
+STOWAGE_API stowage_status stowage_get_plan_hash(stowage_runtime* rt, uint64_t* out_hash);
+STOWAGE_API stowage_status stowage_check_plan_agreement(const uint64_t* hashes, size_t count);
+/* C++ trainers: all-gathers rt's plan hash over `nccl_comm` (the trainer's ncclComm_t; every rank
+ * of it must call, as for any collective) on a stream of its own on the communicator's device,
+ * waits for it, then applies stowage_check_plan_agreement. NCCL is the one already loaded in the
+ * process (else libnccl.so.2). UNAVAILABLE when this library was built without NCCL or none can
+ * be loaded; INTERNAL naming the CUDA or NCCL call that failed. Blocks like any collective. */
+STOWAGE_API stowage_status stowage_agree_nccl(stowage_runtime* rt, void* nccl_comm);
 
 /* Creates a runtime from a plan (JSON text, see the README's "Plan format"). Checks host memory
  * admission, then maps, binds, touches and pins the arena the plan asks for. */

@@ -8,6 +8,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -81,8 +83,13 @@ std::string Scrape(const std::string& address) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-// Exposition text -> {"name{labels}" -> value}; labels exactly as served (sorted by name).
-std::map<std::string, double> ParseSamples(const std::string& text) {
+// The identity labels every series carries (Note [Rank labels]).
+constexpr const char* kIdentityLabels[] = {"gpu", "local_rank", "rank", "stage"};
+
+// Exposition text -> {"name{labels}" -> value}; labels exactly as served (sorted by name), less
+// the identity labels, which go to `identities` ("name{...}" -> "gpu=...,local_rank=...").
+std::map<std::string, double> ParseSamples(const std::string& text,
+                                           std::map<std::string, std::string>* identities) {
   std::map<std::string, double> samples;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     if (line.empty() || line.front() == '#') continue;
@@ -94,9 +101,28 @@ std::map<std::string, double> ParseSamples(const std::string& text) {
     } else if (!absl::SimpleAtod(value_text, &value)) {
       continue;
     }
-    samples[std::string(line.substr(0, space))] = value;
+    const absl::string_view series = line.substr(0, space);
+    const size_t open = series.find('{');
+    std::string name(series.substr(0, open));
+    std::vector<std::string> rest, identity;
+    if (open != absl::string_view::npos) {
+      // k="v",k="v" (no value of ours holds a quote or a comma).
+      for (absl::string_view label :
+           absl::StrSplit(series.substr(open + 1, series.size() - open - 2), ',')) {
+        const std::string key(label.substr(0, label.find('=')));
+        const bool is_identity = std::find(std::begin(kIdentityLabels), std::end(kIdentityLabels),
+                                           key) != std::end(kIdentityLabels);
+        (is_identity ? identity : rest).emplace_back(label);
+      }
+    }
+    const std::string key = absl::StrCat(name, "{", absl::StrJoin(rest, ","), "}");
+    samples[key] = value;
+    if (identities != nullptr) (*identities)[key] = absl::StrJoin(identity, ",");
   }
   return samples;
+}
+std::map<std::string, double> ParseSamples(const std::string& text) {
+  return ParseSamples(text, nullptr);
 }
 
 std::optional<double> Sample(const std::map<std::string, double>& samples,
@@ -108,7 +134,10 @@ std::optional<double> Sample(const std::map<std::string, double>& samples,
 
 std::shared_ptr<RuntimeCounters> KnownCounters() {
   auto c = std::make_shared<RuntimeCounters>();
-  c->device = 3;
+  c->gpu = "GPU-5e1b0c4a-0000-4000-8000-00000000000a";
+  c->rank = 11;
+  c->local_rank = 3;
+  c->stage = 0;
   c->numa_node = 1;
   c->backend = "host";
   c->predicted_peak_device_bytes = 98ull << 30;
@@ -162,6 +191,23 @@ TEST(ResolveMetricsAddressTest, OptionWinsOverEnvironment) {
   EXPECT_EQ(ResolveMetricsAddress("0.0.0.0:9464"), "0.0.0.0:9464");  // all interfaces if asked
 }
 
+// Note [Rank labels]: one STOWAGE_METRICS_ADDR for the job, one port per rank.
+TEST(ResolveMetricsAddressTest, EachLocalRankListensOnBasePlusLocalRank) {
+  setenv("STOWAGE_METRICS_ADDR", "127.0.0.1:9464", 1);
+  EXPECT_EQ(ResolveRankMetricsAddress(nullptr, 3).value_or("?"), "127.0.0.1:9467");
+  EXPECT_EQ(ResolveRankMetricsAddress(nullptr, -1).value_or("?"), "127.0.0.1:9464");
+  // An option is this rank's own choice: taken as given.
+  EXPECT_EQ(ResolveRankMetricsAddress("127.0.0.1:9500", 3).value_or("?"), "127.0.0.1:9500");
+  setenv("STOWAGE_METRICS_ADDR", "0.0.0.0:0", 1);  // any free port: nothing to shift
+  EXPECT_EQ(ResolveRankMetricsAddress(nullptr, 3).value_or("?"), "0.0.0.0:0");
+  setenv("STOWAGE_METRICS_ADDR", "65535", 1);
+  const absl::StatusOr<std::string> past = ResolveRankMetricsAddress(nullptr, 1);
+  ASSERT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(past.status().message()), HasSubstr("LOCAL_RANK 1"));
+  unsetenv("STOWAGE_METRICS_ADDR");
+  EXPECT_EQ(ResolveRankMetricsAddress(nullptr, 3).value_or("?"), "");
+}
+
 TEST(MetricsExporterTest, RejectsMalformedAddresses) {
   auto counters = std::make_shared<RuntimeCounters>();
   for (const char* bad : {"", "localhost:", "127.0.0.1:99999", "127.0.0.1:80,8080",
@@ -189,6 +235,9 @@ TEST(MetricsExporterTest, PortInUseIsUnavailableAndNamesTheAddress) {
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(second.status().message()), HasSubstr(taken));
+  // Regression (issue 15): it said "null context when constructing CivetServer".
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("already in use"));
+  EXPECT_THAT(std::string(second.status().message()), Not(HasSubstr("null context")));
 }
 
 TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
@@ -197,12 +246,21 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
   ASSERT_TRUE(exporter.ok()) << exporter.status();
   const std::string text = Scrape((*exporter)->bound_address());
   ASSERT_FALSE(text.empty());
-  const std::map<std::string, double> s = ParseSamples(text);
-  const std::string dev = R"(device="3")";
-  const std::string node = R"(device="3",numa_node="1")";
+  std::map<std::string, std::string> identities;
+  const std::map<std::string, double> s = ParseSamples(text, &identities);
+  // Every series names the rank, the local rank, the stage and the GPU.
+  ASSERT_FALSE(identities.empty());
+  for (const auto& [series, identity] : identities) {
+    EXPECT_EQ(identity,
+              R"(gpu="GPU-5e1b0c4a-0000-4000-8000-00000000000a",local_rank="3",rank="11",)"
+              R"(stage="0")")
+        << series;
+  }
+  const std::string dev = "";
+  const std::string node = R"(numa_node="1")";
   auto at = [&](const std::string& series) { return Sample(s, series); };
 
-  EXPECT_EQ(at(R"(stowage_runtime_info{backend="host",device="3",numa_node="1"})"), 1);
+  EXPECT_EQ(at(R"(stowage_runtime_info{backend="host",numa_node="1"})"), 1);
   EXPECT_EQ(at("stowage_plan_peak_device_bytes{" + dev + "}"), 98.0 * (1ull << 30));
   EXPECT_EQ(at("stowage_plan_device_budget_bytes{" + dev + "}"), 140.0 * (1ull << 30));
   EXPECT_EQ(at("stowage_plan_host_per_gpu_bytes{" + node + "}"), 45.0 * (1ull << 30));
@@ -214,44 +272,41 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
   EXPECT_EQ(at("stowage_host_pinned_used_bytes{" + node + "}"), 400);
   EXPECT_EQ(at("stowage_host_pinned_peak_bytes{" + node + "}"), 600);
 
-  EXPECT_EQ(at(R"(stowage_copy_bytes_total{device="3",direction="d2h"})"), 4000);
-  EXPECT_EQ(at(R"(stowage_copy_bytes_total{device="3",direction="h2d"})"), 3000);
-  EXPECT_EQ(at(R"(stowage_copy_seconds_total{device="3",direction="d2h"})"), 2.0);
-  EXPECT_EQ(at(R"(stowage_copy_seconds_total{device="3",direction="h2d"})"), 0.5);
-  EXPECT_EQ(at(R"(stowage_copy_operations_total{device="3",direction="d2h"})"), 4);
-  EXPECT_EQ(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{device="3",direction="d2h"})"),
-            2000);
-  EXPECT_EQ(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{device="3",direction="h2d"})"),
-            6000);
+  EXPECT_EQ(at(R"(stowage_copy_bytes_total{direction="d2h"})"), 4000);
+  EXPECT_EQ(at(R"(stowage_copy_bytes_total{direction="h2d"})"), 3000);
+  EXPECT_EQ(at(R"(stowage_copy_seconds_total{direction="d2h"})"), 2.0);
+  EXPECT_EQ(at(R"(stowage_copy_seconds_total{direction="h2d"})"), 0.5);
+  EXPECT_EQ(at(R"(stowage_copy_operations_total{direction="d2h"})"), 4);
+  EXPECT_EQ(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{direction="d2h"})"), 2000);
+  EXPECT_EQ(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{direction="h2d"})"), 6000);
   EXPECT_EQ(at("stowage_copy_link_bytes_per_second{" + dev + "}"), 55.3e9);
   EXPECT_EQ(at("stowage_copy_in_flight{" + dev + "}"), 2);
 
-  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{device="3",layer_type="kda+moe"})"), 2500);
-  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{device="3",layer_type="dsa+moe"})"), 1500);
-  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{device="3",layer_type="kda+moe"})"), 2000);
-  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{device="3",layer_type="dsa+moe"})"), 1000);
+  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{layer_type="kda+moe"})"), 2500);
+  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{layer_type="dsa+moe"})"), 1500);
+  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{layer_type="kda+moe"})"), 2000);
+  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{layer_type="dsa+moe"})"), 1000);
   EXPECT_EQ(at("stowage_offload_saves_total{" + dev + "}"), 4);
   EXPECT_EQ(at("stowage_offload_restores_total{" + dev + "}"), 3);
   EXPECT_EQ(at("stowage_compute_stall_seconds_total{" + dev + "}"), 0.25);
 
   EXPECT_EQ(at("stowage_steps_total{" + dev + "}"), 4);
   EXPECT_EQ(at("stowage_step_last_duration_seconds{" + dev + "}"), 100);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="3",le="0.01"})"), 0);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="3",le="0.025"})"), 1);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="3",le="0.5"})"), 3);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="3",le="60"})"), 3);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="3",le="+Inf"})"), 4);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.01"})"), 0);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.025"})"), 1);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.5"})"), 3);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="60"})"), 3);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="+Inf"})"), 4);
   EXPECT_EQ(at("stowage_step_duration_seconds_count{" + dev + "}"), 4);
   ASSERT_TRUE(at("stowage_step_duration_seconds_sum{" + dev + "}").has_value());
   EXPECT_NEAR(*at("stowage_step_duration_seconds_sum{" + dev + "}"), 100.62, 1e-6);
 
-  EXPECT_EQ(at(R"(stowage_errors_total{device="3",kind="resource_exhausted"})"), 2);
-  EXPECT_EQ(at(R"(stowage_errors_total{device="3",kind="data_loss"})"), 1);
+  EXPECT_EQ(at(R"(stowage_errors_total{kind="resource_exhausted"})"), 2);
+  EXPECT_EQ(at(R"(stowage_errors_total{kind="data_loss"})"), 1);
   // Every kind is exported from the start, at zero.
   for (const char* kind :
        {"invalid_argument", "not_found", "failed_precondition", "unavailable", "internal"}) {
-    EXPECT_EQ(at(absl::StrCat(R"(stowage_errors_total{device="3",kind=")", kind, "\"}")), 0)
-        << kind;
+    EXPECT_EQ(at(absl::StrCat(R"(stowage_errors_total{kind=")", kind, "\"}")), 0) << kind;
   }
   EXPECT_THAT(text, HasSubstr("# TYPE stowage_steps_total counter"));
   EXPECT_THAT(text, HasSubstr("# TYPE stowage_step_duration_seconds histogram"));
@@ -263,14 +318,14 @@ TEST(MetricsExporterTest, ScrapesSeeLaterUpdates) {
   auto exporter = MetricsExporter::Start("127.0.0.1:0", counters);
   ASSERT_TRUE(exporter.ok()) << exporter.status();
   const std::string address = (*exporter)->bound_address();
-  EXPECT_EQ(Sample(ParseSamples(Scrape(address)), R"(stowage_steps_total{device="0"})"), 0);
+  EXPECT_EQ(Sample(ParseSamples(Scrape(address)), R"(stowage_steps_total{})"), 0);
   counters->RecordStep(0.1);
   counters->d2h.bytes += 4096;
   const std::map<std::string, double> s = ParseSamples(Scrape(address));
-  EXPECT_EQ(Sample(s, R"(stowage_steps_total{device="0"})"), 1);
-  EXPECT_EQ(Sample(s, R"(stowage_copy_bytes_total{device="0",direction="d2h"})"), 4096);
+  EXPECT_EQ(Sample(s, R"(stowage_steps_total{})"), 1);
+  EXPECT_EQ(Sample(s, R"(stowage_copy_bytes_total{direction="d2h"})"), 4096);
   // An unknown NUMA node is labelled, not dropped, so per-node panels still show the host.
-  EXPECT_EQ(Sample(s, R"(stowage_host_pinned_reserved_bytes{device="0",numa_node="unknown"})"), 0);
+  EXPECT_EQ(Sample(s, R"(stowage_host_pinned_reserved_bytes{numa_node="unknown"})"), 0);
 }
 
 // Regression (issue 11, "the metrics endpoint stalls"): with civetweb's defaults (2 workers,
@@ -389,7 +444,11 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
   options.backend = BackendKind::kHost;
   options.skip_admission = true;
   options.copy_threads = 1;
+  setenv("RANK", "5", 1);  // as torchrun sets them
+  setenv("LOCAL_RANK", "2", 1);
   absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(SmallPlan(), options);
+  unsetenv("RANK");
+  unsetenv("LOCAL_RANK");
   ASSERT_TRUE(rt.ok()) << rt.status();
   absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
       MetricsExporter::Start("127.0.0.1:0", (*rt)->shared_counters());
@@ -407,11 +466,15 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
   EXPECT_EQ(back, device);  // the bytes made the round trip
   (*rt)->ReportDevicePeak(69ull << 30);
 
-  const std::map<std::string, double> s = ParseSamples(Scrape(address));
+  std::map<std::string, std::string> identities;
+  const std::map<std::string, double> s = ParseSamples(Scrape(address), &identities);
+  for (const auto& [series, identity] : identities) {
+    EXPECT_EQ(identity, R"(gpu="host",local_rank="2",rank="5",stage="0")") << series;
+  }
   const RuntimeCounters& c = (*rt)->counters();
-  const std::string dev = R"(device="0")";
+  const std::string dev = "";
   const std::string node = absl::StrCat(
-      R"(device="0",numa_node=")", c.numa_node >= 0 ? absl::StrCat(c.numa_node) : "unknown", "\"");
+      R"(numa_node=")", c.numa_node >= 0 ? absl::StrCat(c.numa_node) : "unknown", "\"");
   auto at = [&](const std::string& series) { return Sample(s, series); };
   constexpr double kStepBytes = 896 * kKib;
 
@@ -419,22 +482,20 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
   // The ceiling the plan assumed is exported next to the achieved bandwidth.
   EXPECT_EQ(at("stowage_copy_link_bytes_per_second{" + dev + "}"), 52e9);
   EXPECT_EQ(at("stowage_step_duration_seconds_count{" + dev + "}"), kSteps);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{device="0",le="+Inf"})"), kSteps);
-  EXPECT_EQ(at(R"(stowage_copy_bytes_total{device="0",direction="d2h"})"), kSteps * kStepBytes);
-  EXPECT_EQ(at(R"(stowage_copy_bytes_total{device="0",direction="h2d"})"), kSteps * kStepBytes);
-  EXPECT_GE(at(R"(stowage_copy_operations_total{device="0",direction="d2h"})").value_or(0),
-            kSteps * 3);
-  EXPECT_GT(at(R"(stowage_copy_seconds_total{device="0",direction="d2h"})").value_or(0), 0);
-  EXPECT_GT(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{device="0",direction="h2d"})")
-                .value_or(0),
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="+Inf"})"), kSteps);
+  EXPECT_EQ(at(R"(stowage_copy_bytes_total{direction="d2h"})"), kSteps * kStepBytes);
+  EXPECT_EQ(at(R"(stowage_copy_bytes_total{direction="h2d"})"), kSteps * kStepBytes);
+  EXPECT_GE(at(R"(stowage_copy_operations_total{direction="d2h"})").value_or(0), kSteps * 3);
+  EXPECT_GT(at(R"(stowage_copy_seconds_total{direction="d2h"})").value_or(0), 0);
+  EXPECT_GT(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{direction="h2d"})").value_or(0),
             0);
-  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{device="0",layer_type="kda+moe"})"),
+  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{layer_type="kda+moe"})"),
             kSteps * 768.0 * kKib);
-  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{device="0",layer_type="dsa+moe"})"),
+  EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{layer_type="dsa+moe"})"),
             kSteps * 128.0 * kKib);
-  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{device="0",layer_type="kda+moe"})"),
+  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{layer_type="kda+moe"})"),
             kSteps * 768.0 * kKib);
-  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{device="0",layer_type="dsa+moe"})"),
+  EXPECT_EQ(at(R"(stowage_offload_restored_bytes_total{layer_type="dsa+moe"})"),
             kSteps * 128.0 * kKib);
   EXPECT_EQ(at("stowage_offload_saves_total{" + dev + "}"), kSteps * 3);
   EXPECT_EQ(at("stowage_offload_restores_total{" + dev + "}"), kSteps * 3);
@@ -454,7 +515,7 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
                             node.substr(0, node.size()), "}")),
             1);
   // No call failed (the C++ API does not count errors; the C ABI does, see below).
-  EXPECT_EQ(at(R"(stowage_errors_total{device="0",kind="internal"})"), 0);
+  EXPECT_EQ(at(R"(stowage_errors_total{kind="internal"})"), 0);
 }
 
 TEST(RuntimeMetricsTest, SavedBytesAreOnTheDeviceUntilTheirCopyLands) {
@@ -473,9 +534,9 @@ TEST(RuntimeMetricsTest, SavedBytesAreOnTheDeviceUntilTheirCopyLands) {
   ASSERT_TRUE((*rt)->SaveWait(*q).ok());
   // Landed and reaped: the bytes now live only on the host, in use in the arena.
   const std::map<std::string, double> s = ParseSamples(Scrape((*exporter)->bound_address()));
-  EXPECT_EQ(Sample(s, R"(stowage_device_offloaded_bytes{device="0"})"), 512.0 * kKib);
-  EXPECT_EQ(Sample(s, R"(stowage_device_offload_pending_bytes{device="0"})"), 0);
-  EXPECT_EQ(Sample(s, R"(stowage_steps_total{device="0"})"), 0);
+  EXPECT_EQ(Sample(s, R"(stowage_device_offloaded_bytes{})"), 512.0 * kKib);
+  EXPECT_EQ(Sample(s, R"(stowage_device_offload_pending_bytes{})"), 0);
+  EXPECT_EQ(Sample(s, R"(stowage_steps_total{})"), 0);
   ASSERT_TRUE((*rt)->Restore(*q, device.data(), nullptr).ok());
   ASSERT_TRUE((*rt)->EndStep().ok());
 }
@@ -509,14 +570,14 @@ TEST(RuntimeMetricsTest, CApiErrorsAreCountedByKind) {
   ASSERT_EQ(stowage_end_step(rt), STOWAGE_OK);
 
   const std::map<std::string, double> s = ParseSamples(Scrape(*address));
-  EXPECT_EQ(Sample(s, R"(stowage_errors_total{device="0",kind="failed_precondition"})"), 2);
-  EXPECT_EQ(Sample(s, R"(stowage_errors_total{device="0",kind="resource_exhausted"})"), 1);
-  EXPECT_EQ(Sample(s, R"(stowage_errors_total{device="0",kind="not_found"})"), 1);
-  EXPECT_EQ(Sample(s, R"(stowage_errors_total{device="0",kind="data_loss"})"), 0);
+  EXPECT_EQ(Sample(s, R"(stowage_errors_total{kind="failed_precondition"})"), 2);
+  EXPECT_EQ(Sample(s, R"(stowage_errors_total{kind="resource_exhausted"})"), 1);
+  EXPECT_EQ(Sample(s, R"(stowage_errors_total{kind="not_found"})"), 1);
+  EXPECT_EQ(Sample(s, R"(stowage_errors_total{kind="data_loss"})"), 0);
   stowage_stats stats{};
   ASSERT_EQ(stowage_get_stats(rt, &stats), STOWAGE_OK);
   EXPECT_EQ(stats.errors_total, 4u);  // the same counters as the C ABI's stats
-  EXPECT_EQ(Sample(s, R"(stowage_steps_total{device="0"})"), stats.steps_completed);
+  EXPECT_EQ(Sample(s, R"(stowage_steps_total{})"), stats.steps_completed);
   EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
 }
 
@@ -533,7 +594,7 @@ TEST(RuntimeMetricsTest, CApiReadsTheEnvironmentWhenTheOptionIsNull) {
   ASSERT_EQ(stowage_create(json.data(), json.size(), &options, &rt), STOWAGE_OK)
       << stowage_last_error();
   unsetenv("STOWAGE_METRICS_ADDR");
-  EXPECT_EQ(Sample(ParseSamples(Scrape(*address)), R"(stowage_steps_total{device="0"})"), 0);
+  EXPECT_EQ(Sample(ParseSamples(Scrape(*address)), R"(stowage_steps_total{})"), 0);
   EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
   EXPECT_EQ(Scrape(*address), "");  // the endpoint went with the runtime
 }

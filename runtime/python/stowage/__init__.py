@@ -10,6 +10,7 @@ ABI with ctypes — nothing is compiled against torch, so one build serves any t
             loss.backward()
         optimizer.step()
 
+Ranks of a distributed job check they hold one plan with stowage.agree(plan) (torch.distributed).
 The plan and runtime bindings (stowage.Plan, stowage.Runtime) do not need torch; the wrapper
 (stowage.wrap, stowage.PlannedLayers), the profiler (stowage.profile_layers) and the planner
 calls (stowage.plan_for_budget, stowage.evaluate: the C++ planner through the C ABI) import it.
@@ -21,7 +22,8 @@ from typing import Any
 
 from ._lib import LibraryNotFoundError
 from .plan import LayerPlan, Plan, PlanError, Transfer
-from .runtime import Runtime, Stats, StowageError, Trace, TraceEvent, version
+from .runtime import Runtime, Stats, StowageError, Trace, TraceEvent, plan_hash, version
+from .agree import PlanAgreementError, agree
 
 
 _TORCH_NAMES = {
@@ -46,5 +48,6 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
-__all__ = ["LayerPlan", "LibraryNotFoundError", "Plan", "PlanError", "Runtime", "Stats",
-           "StowageError", "Transfer", "version", "__version__", *_TORCH_NAMES]
+__all__ = ["LayerPlan", "LibraryNotFoundError", "Plan", "PlanAgreementError", "PlanError",
+           "Runtime", "Stats", "StowageError", "Transfer", "agree", "plan_hash", "version",
+           "__version__", *_TORCH_NAMES]

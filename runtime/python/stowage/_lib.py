@@ -108,6 +108,11 @@ _PROTOTYPES = {
     "stowage_last_error": (ctypes.c_char_p, []),
     "stowage_options_init": (_status, [ctypes.POINTER(Options)]),
     "stowage_plan_validate": (_status, [ctypes.c_char_p, ctypes.c_size_t]),
+    "stowage_plan_hash": (
+        _status, [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)]),
+    "stowage_get_plan_hash": (_status, [_rt, ctypes.POINTER(ctypes.c_uint64)]),
+    "stowage_check_plan_agreement": (
+        _status, [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]),
     "stowage_create": (
         _status,
         [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(Options), ctypes.POINTER(_rt)],

@@ -146,6 +146,21 @@ def plan_json_text(plan: PlanLike) -> str:
     raise TypeError(f"plan must be a stowage.Plan, a dict, JSON text or a path, not {type(plan)!r}")
 
 
+def plan_hash(plan: PlanLike) -> int:
+    """The canonical hash of a plan (stowage_plan_hash): equal for two plans exactly when the
+    runtime would run them alike, whatever their whitespace, key order or ignored fields. Raises
+    PlanError when the plan is not valid."""
+    try:
+        text = plan_json_text(plan).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PlanError(f"plan: not valid UTF-8 text ({e})") from e
+    lib = _lib.load()
+    out = ctypes.c_uint64()
+    if lib.stowage_plan_hash(text, len(text), ctypes.byref(out)) != 0:
+        raise PlanError(lib.stowage_last_error().decode("utf-8", "replace"))
+    return out.value
+
+
 def _id(tensor_id: int) -> int:
     return _int_arg("tensor_id", tensor_id, 0, _U64_MAX)
 
@@ -302,6 +317,14 @@ class Runtime:
             return ctypes.string_at(out.value).decode()
         finally:
             self._lib.stowage_free_string(out)
+
+    def plan_hash(self) -> int:
+        """The canonical hash of the plan this runtime was created from (stowage_get_plan_hash;
+        what stowage.agree compares across ranks)."""
+        out = ctypes.c_uint64()
+        _check("stowage_get_plan_hash",
+               self._lib.stowage_get_plan_hash(self._h(), ctypes.byref(out)))
+        return out.value
 
     def report_device_peak(self, nbytes: int) -> None:
         _check("stowage_report_device_peak",

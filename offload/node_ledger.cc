@@ -1,0 +1,432 @@
+#include "offload/node_ledger.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "offload/topology.h"
+
+namespace stowage::offload {
+namespace {
+
+constexpr char kHeader[] = "stowage node ledger v1";
+constexpr char kDefaultDir[] = "/dev/shm";
+constexpr char kDefaultJob[] = "node";
+// Job ids go into a file name: anything else becomes '_', and they are cut to this length.
+constexpr size_t kMaxJobIdChars = 96;
+
+std::string Errno(int error) { return absl::StrCat(std::strerror(error), " (errno ", error, ")"); }
+
+const char* Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : nullptr;
+}
+
+// The first of `names` that is set, as a non-negative int; -1 when none is.
+absl::StatusOr<int> IntFromEnv(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* value = Env(name);
+    if (value == nullptr) continue;
+    int parsed = 0;
+    if (!absl::SimpleAtoi(value, &parsed) || parsed < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("environment variable ", name, " is '", value,
+                       "'; allowed: a non-negative integer (the launcher's rank)"));
+    }
+    return parsed;
+  }
+  return -1;
+}
+
+std::string SanitizeJobId(absl::string_view job) {
+  std::string out;
+  for (char ch : job.substr(0, kMaxJobIdChars)) {
+    out.push_back(absl::ascii_isalnum(ch) || ch == '-' || ch == '.' || ch == '_' ? ch : '_');
+  }
+  return out;
+}
+
+// The lock file's descriptor and its flock(LOCK_EX), released together.
+class LockedFile {
+ public:
+  static absl::StatusOr<LockedFile> Acquire(const std::string& path) {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      const int error = errno;
+      return absl::InternalError(
+          absl::StrCat("node ledger lock ", path, ": cannot open: ", Errno(error),
+                       error == EACCES ? " (another user's job? set STOWAGE_JOB_ID or "
+                                         "STOWAGE_LEDGER_DIR)"
+                                       : ""));
+    }
+    LockedFile file(fd);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(kLedgerLockTimeoutSeconds);
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      if (error != EWOULDBLOCK && error != EINTR) {
+        return absl::InternalError(
+            absl::StrCat("node ledger lock ", path, ": flock: ", Errno(error)));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "node ledger lock ", path, " was not free within ", kLedgerLockTimeoutSeconds,
+            " s: a process holding it is stopped (`fuser ", path, "` names it)"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return file;
+  }
+  LockedFile(LockedFile&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  LockedFile& operator=(LockedFile&&) = delete;
+  ~LockedFile() {
+    if (fd_ >= 0) close(fd_);  // releases the flock
+  }
+
+ private:
+  explicit LockedFile(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+absl::StatusOr<std::vector<LedgerEntry>> ReadLedgerFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) return std::vector<LedgerEntry>{};
+    return absl::InternalError(absl::StrCat("node ledger ", path, ": cannot open: ", Errno(error)));
+  }
+  std::string text;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return absl::InternalError(absl::StrCat("node ledger ", path, ": read: ", Errno(error)));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return ParseLedger(text, path);
+}
+
+// Replaces the ledger by rename (Note [Node ledger]); no entries: removes it.
+absl::Status WriteLedgerFile(const std::string& path, const std::vector<LedgerEntry>& entries) {
+  if (entries.empty()) {
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      const int error = errno;
+      return absl::InternalError(absl::StrCat("node ledger ", path, ": unlink: ", Errno(error)));
+    }
+    return absl::OkStatus();
+  }
+  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int error = errno;
+    return absl::InternalError(
+        absl::StrCat("node ledger ", temp, ": cannot create: ", Errno(error)));
+  }
+  const std::string text = FormatLedger(entries);
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : ENOSPC;
+      close(fd);
+      unlink(temp.c_str());
+      return absl::InternalError(absl::StrCat("node ledger ", temp, ": write: ", Errno(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    unlink(temp.c_str());
+    return absl::InternalError(
+        absl::StrCat("node ledger ", path, ": rename from ", temp, ": ", Errno(error)));
+  }
+  return absl::OkStatus();
+}
+
+std::atomic<uint64_t> next_reservation_id{1};
+
+struct Paths {
+  std::string ledger;
+  std::string lock;
+};
+
+Paths PathsFor(const LedgerOptions& options) {
+  const std::string stem =
+      absl::StrCat(options.dir, "/stowage-", getuid(), "-", SanitizeJobId(options.job_id));
+  return {absl::StrCat(stem, ".ledger"), absl::StrCat(stem, ".lock")};
+}
+
+}  // namespace
+
+int RankFromEnvironment() { return IntFromEnv({"RANK", "SLURM_PROCID"}).value_or(-1); }
+int LocalRankFromEnvironment() { return IntFromEnv({"LOCAL_RANK", "SLURM_LOCALID"}).value_or(-1); }
+
+absl::StatusOr<LedgerOptions> ResolveLedgerOptions(const LedgerOptions& options) {
+  LedgerOptions out = options;
+  if (out.dir.empty())
+    out.dir = Env("STOWAGE_LEDGER_DIR") ? Env("STOWAGE_LEDGER_DIR") : kDefaultDir;
+  if (out.job_id.empty()) {
+    for (const char* name : {"STOWAGE_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"}) {
+      if (const char* value = Env(name); value != nullptr) {
+        out.job_id = value;
+        break;
+      }
+    }
+    if (out.job_id.empty()) out.job_id = kDefaultJob;
+  }
+  if (out.rank < 0) {
+    absl::StatusOr<int> rank = IntFromEnv({"RANK", "SLURM_PROCID"});
+    if (!rank.ok()) return rank.status();
+    out.rank = *rank;
+  }
+  if (out.local_rank < 0) {
+    absl::StatusOr<int> local = IntFromEnv({"LOCAL_RANK", "SLURM_LOCALID"});
+    if (!local.ok()) return local.status();
+    out.local_rank = *local;
+  }
+  if (!out.node_budget_bytes.has_value()) {
+    if (const char* value = Env("STOWAGE_NODE_MEMORY_BYTES"); value != nullptr) {
+      uint64_t bytes = 0;
+      if (!absl::SimpleAtoi(value, &bytes) || bytes == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("environment variable STOWAGE_NODE_MEMORY_BYTES is '", value,
+                         "'; allowed: a positive decimal byte count"));
+      }
+      out.node_budget_bytes = bytes;
+    }
+  }
+  return out;
+}
+
+std::string FormatLedger(const std::vector<LedgerEntry>& entries) {
+  std::string out = absl::StrCat(kHeader, "\n");
+  for (const LedgerEntry& e : entries) {
+    absl::StrAppend(&out, "pid=", e.pid, " start=", e.start_time, " id=", e.id, " rank=", e.rank,
+                    " local_rank=", e.local_rank, " node=", e.numa_node, " slot=", e.slot,
+                    " bytes=", e.bytes, " resident=", e.resident ? 1 : 0,
+                    " pidns=", e.pid_namespace, "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<LedgerEntry>> ParseLedger(std::string_view text,
+                                                     const std::string& path) {
+  const std::string remedy =
+      " -- it was not written by this version of stowage; with no stowage runtime of this job "
+      "running on the node, remove it";
+  std::vector<absl::string_view> lines =
+      absl::StrSplit(absl::string_view(text.data(), text.size()), '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  if (lines.empty() || lines[0] != kHeader) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ledger ", path, " line 1 is '",
+                     lines.empty() ? std::string() : std::string(lines[0].substr(0, 80)),
+                     "', expected '", kHeader, "'", remedy));
+  }
+  std::vector<LedgerEntry> entries;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const std::vector<absl::string_view> fields = absl::StrSplit(lines[i], ' ');
+    LedgerEntry e;
+    int resident = -1;
+    bool ok = fields.size() == 10;
+    const std::pair<const char*, std::function<bool(absl::string_view)>> keys[] = {
+        {"pid=", [&](absl::string_view v) { return absl::SimpleAtoi(v, &e.pid) && e.pid > 0; }},
+        {"start=", [&](absl::string_view v) { return absl::SimpleAtoi(v, &e.start_time); }},
+        {"id=", [&](absl::string_view v) { return absl::SimpleAtoi(v, &e.id); }},
+        {"rank=",
+         [&](absl::string_view v) { return absl::SimpleAtoi(v, &e.rank) && e.rank >= -1; }},
+        {"local_rank=",
+         [&](absl::string_view v) {
+           return absl::SimpleAtoi(v, &e.local_rank) && e.local_rank >= -1;
+         }},
+        {"node=",
+         [&](absl::string_view v) {
+           return absl::SimpleAtoi(v, &e.numa_node) && e.numa_node >= -1;
+         }},
+        {"slot=", [&](absl::string_view v) { return absl::SimpleAtoi(v, &e.slot) && e.slot >= 0; }},
+        {"bytes=", [&](absl::string_view v) { return absl::SimpleAtoi(v, &e.bytes); }},
+        {"resident=",
+         [&](absl::string_view v) {
+           return absl::SimpleAtoi(v, &resident) && (resident | 1) == 1;
+         }},
+        {"pidns=", [&](absl::string_view v) { return absl::SimpleAtoi(v, &e.pid_namespace); }},
+    };
+    for (size_t k = 0; ok && k < std::size(keys); ++k) {
+      absl::string_view field = fields[k];
+      ok = absl::ConsumePrefix(&field, keys[k].first) && keys[k].second(field);
+    }
+    if (!ok) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ledger ", path, " line ", i + 1, " is not a reservation: '",
+          std::string(lines[i].substr(0, 200)),
+          "' (expected pid= start= id= rank= local_rank= node= slot= bytes= resident=0|1 pidns=)",
+          remedy));
+    }
+    e.resident = resident == 1;
+    entries.push_back(e);
+  }
+  return entries;
+}
+
+absl::StatusOr<uint64_t> ProcessStartTime(int64_t pid, const std::string& proc) {
+  absl::StatusOr<std::string> stat = ReadSmallFile(absl::StrCat(proc, "/", pid, "/stat"));
+  if (!stat.ok()) return absl::NotFoundError(absl::StrCat("no process ", pid));
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so fields are counted
+  // from the last ')'. starttime is field 22; field 3 (state) is the first after it.
+  const size_t close = stat->rfind(')');
+  if (close == std::string::npos) {
+    return absl::InternalError(absl::StrCat(proc, "/", pid, "/stat has no ')'"));
+  }
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(*stat).substr(close + 1), ' ', absl::SkipEmpty());
+  constexpr size_t kStartTimeAfterComm = 22 - 3;
+  uint64_t start = 0;
+  if (fields.size() <= kStartTimeAfterComm ||
+      !absl::SimpleAtoi(fields[kStartTimeAfterComm], &start)) {
+    return absl::InternalError(absl::StrCat(proc, "/", pid, "/stat: no start time"));
+  }
+  return start;
+}
+
+uint64_t PidNamespace(int64_t pid, const std::string& proc) {
+  struct stat st {};
+  if (stat(absl::StrCat(proc, "/", pid, "/ns/pid").c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+bool ReservationAlive(const LedgerEntry& entry, const std::string& proc) {
+  const uint64_t ours = PidNamespace(getpid(), proc);
+  if (entry.pid_namespace != 0 && ours != 0 && entry.pid_namespace != ours) return true;
+  absl::StatusOr<uint64_t> start = ProcessStartTime(entry.pid, proc);
+  return start.ok() && *start == entry.start_time;
+}
+
+std::vector<int> CpuShare(const std::vector<int>& cpus, int slot, int share) {
+  const size_t n = cpus.size();
+  if (share <= 1 || n < static_cast<size_t>(share)) return cpus;
+  const size_t s = static_cast<size_t>(slot % share);
+  const size_t begin = s * n / static_cast<size_t>(share);
+  const size_t end = (s + 1) * n / static_cast<size_t>(share);
+  return std::vector<int>(cpus.begin() + static_cast<std::ptrdiff_t>(begin),
+                          cpus.begin() + static_cast<std::ptrdiff_t>(end));
+}
+
+absl::StatusOr<std::unique_ptr<NodeReservation>> NodeReservation::Admit(
+    const AdmissionRequest& request, const LedgerOptions& options, const HostRoots& roots) {
+  absl::StatusOr<LedgerOptions> resolved = ResolveLedgerOptions(options);
+  if (!resolved.ok()) return resolved.status();
+  const Paths paths = PathsFor(*resolved);
+  std::unique_ptr<NodeReservation> reservation(new NodeReservation());
+  reservation->ledger_path_ = paths.ledger;
+  reservation->lock_path_ = paths.lock;
+  LedgerEntry& self = reservation->entry_;
+  self.pid = getpid();
+  absl::StatusOr<uint64_t> start = ProcessStartTime(self.pid, roots.proc);
+  if (!start.ok()) {
+    return absl::InternalError(absl::StrCat("node ledger: cannot read this process's start time: ",
+                                            start.status().message()));
+  }
+  self.start_time = *start;
+  self.id = next_reservation_id.fetch_add(1);
+  self.rank = resolved->rank;
+  self.local_rank = resolved->local_rank;
+  self.numa_node = request.numa_node;
+  self.bytes = request.bytes;
+  self.pid_namespace = PidNamespace(self.pid, roots.proc);
+
+  absl::StatusOr<LockedFile> lock = LockedFile::Acquire(paths.lock);
+  if (!lock.ok()) return lock.status();
+  absl::StatusOr<std::vector<LedgerEntry>> entries = ReadLedgerFile(paths.ledger);
+  if (!entries.ok()) return entries.status();
+  std::vector<LedgerEntry> live;
+  for (const LedgerEntry& e : *entries) {
+    if (ReservationAlive(e, roots.proc)) live.push_back(e);  // the dead are reclaimed here
+  }
+  // Read under the lock: the reservations already resident are in these readings.
+  absl::StatusOr<HostMemorySnapshot> snapshot = ReadHostMemory(request.numa_node, roots);
+  if (!snapshot.ok()) return snapshot.status();
+  NodeShares shares;
+  shares.node_budget_bytes = resolved->node_budget_bytes;
+  shares.ledger = paths.ledger;
+  shares.rank = self.rank;
+  shares.local_rank = self.local_rank;
+  std::set<int> slots_taken;
+  for (const LedgerEntry& e : live) {
+    shares.others.push_back({e.rank, e.local_rank, e.pid, e.numa_node, e.bytes, e.resident});
+    if (e.numa_node == self.numa_node) slots_taken.insert(e.slot);
+  }
+  if (absl::Status s = CheckAdmission(*snapshot, request, shares); !s.ok()) {
+    // Still write back what was reclaimed, so the next reader has less to check.
+    if (live.size() != entries->size()) WriteLedgerFile(paths.ledger, live).IgnoreError();
+    return s;
+  }
+  while (slots_taken.count(self.slot) > 0) ++self.slot;
+  reservation->ranks_on_node_ = static_cast<int>(slots_taken.size()) + 1;
+  live.push_back(self);
+  if (absl::Status s = WriteLedgerFile(paths.ledger, live); !s.ok()) return s;
+  return reservation;
+}
+
+absl::Status NodeReservation::MarkResident() {
+  absl::StatusOr<LockedFile> lock = LockedFile::Acquire(lock_path_);
+  if (!lock.ok()) return lock.status();
+  absl::StatusOr<std::vector<LedgerEntry>> entries = ReadLedgerFile(ledger_path_);
+  if (!entries.ok()) return entries.status();
+  entry_.resident = true;
+  bool found = false;
+  for (LedgerEntry& e : *entries) {
+    if (e.pid == entry_.pid && e.start_time == entry_.start_time && e.id == entry_.id) {
+      e.resident = true;
+      found = true;
+    }
+  }
+  // Someone removed the file meanwhile: put this reservation back, it still holds the memory.
+  if (!found) entries->push_back(entry_);
+  return WriteLedgerFile(ledger_path_, *entries);
+}
+
+NodeReservation::~NodeReservation() {
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<LockedFile> lock = LockedFile::Acquire(lock_path_);
+    if (!lock.ok()) return lock.status();
+    absl::StatusOr<std::vector<LedgerEntry>> entries = ReadLedgerFile(ledger_path_);
+    if (!entries.ok()) return entries.status();
+    std::erase_if(*entries, [&](const LedgerEntry& e) {
+      return e.pid == entry_.pid && e.start_time == entry_.start_time && e.id == entry_.id;
+    });
+    return WriteLedgerFile(ledger_path_, *entries);
+  }();
+  if (!status.ok()) {
+    std::fprintf(stderr, "stowage: releasing the node reservation of %s: %s\n",
+                 ledger_path_.c_str(), std::string(status.message()).c_str());
+  }
+}
+
+}  // namespace stowage::offload

@@ -1,0 +1,290 @@
+// The node ledger (offload/node_ledger.h, Note [Node ledger]) and CheckAdmission with other
+// ranks' shares (Note [Admission with other ranks]).
+#include "offload/node_ledger.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace stowage::offload {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class NodeLedgerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/stowage-ledger-test-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    options_.dir = dir_;
+    options_.job_id = "unit";
+    options_.rank = 3;
+    options_.local_rank = 1;
+    // A fixed budget: the machine's own memory is far larger than what these tests reserve, so
+    // the budget is what binds. 1 GiB of it is the margin (Note [Admission margin]).
+    options_.node_budget_bytes = kGiB + 100 * kMiB;
+    ledger_ = absl::StrCat(dir_, "/stowage-", getuid(), "-unit.ledger");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  AdmissionRequest Request(uint64_t bytes) const {
+    AdmissionRequest request;
+    request.bytes = bytes;
+    request.numa_node = -1;
+    return request;
+  }
+  void WriteLedger(const std::string& text) const { std::ofstream(ledger_) << text; }
+  LedgerEntry Entry(int64_t pid, uint64_t start, uint64_t bytes) const {
+    LedgerEntry e;
+    e.pid = pid;
+    e.start_time = start;
+    e.id = 99;
+    e.rank = 7;
+    e.local_rank = 7;
+    e.bytes = bytes;
+    e.pid_namespace = PidNamespace(getpid());
+    return e;
+  }
+
+  std::string dir_;
+  std::string ledger_;
+  LedgerOptions options_;
+};
+
+TEST_F(NodeLedgerTest, FormatParseRoundTrip) {
+  LedgerEntry a = Entry(12, 345, 6 * kMiB);
+  a.numa_node = 1;
+  a.slot = 2;
+  a.resident = true;
+  const LedgerEntry b = Entry(13, 346, 7);
+  absl::StatusOr<std::vector<LedgerEntry>> parsed = ParseLedger(FormatLedger({a, b}), "x");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 2u);
+  EXPECT_EQ((*parsed)[0].pid, 12);
+  EXPECT_EQ((*parsed)[0].start_time, 345u);
+  EXPECT_EQ((*parsed)[0].numa_node, 1);
+  EXPECT_EQ((*parsed)[0].slot, 2);
+  EXPECT_EQ((*parsed)[0].bytes, 6 * kMiB);
+  EXPECT_TRUE((*parsed)[0].resident);
+  EXPECT_FALSE((*parsed)[1].resident);
+  EXPECT_EQ(FormatLedger(*parsed), FormatLedger({a, b}));
+}
+
+TEST_F(NodeLedgerTest, AdmitsRecordsAndReleases) {
+  {
+    absl::StatusOr<std::unique_ptr<NodeReservation>> r =
+        NodeReservation::Admit(Request(40 * kMiB), options_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)->ledger_path(), ledger_);
+    absl::StatusOr<std::vector<LedgerEntry>> entries = ParseLedger(ReadAll(ledger_), ledger_);
+    ASSERT_TRUE(entries.ok()) << entries.status();
+    ASSERT_EQ(entries->size(), 1u);
+    EXPECT_EQ((*entries)[0].pid, getpid());
+    EXPECT_EQ((*entries)[0].rank, 3);
+    EXPECT_EQ((*entries)[0].local_rank, 1);
+    EXPECT_EQ((*entries)[0].bytes, 40 * kMiB);
+    EXPECT_FALSE((*entries)[0].resident);
+    ASSERT_TRUE((*r)->MarkResident().ok());
+    entries = ParseLedger(ReadAll(ledger_), ledger_);
+    ASSERT_TRUE(entries.ok());
+    EXPECT_TRUE((*entries)[0].resident);
+  }
+  // Destroyed: the last reservation went, and the ledger with it.
+  EXPECT_FALSE(std::filesystem::exists(ledger_));
+}
+
+TEST_F(NodeLedgerTest, SecondReservationThatDoesNotFitNamesEveryShare) {
+  absl::StatusOr<std::unique_ptr<NodeReservation>> first =
+      NodeReservation::Admit(Request(60 * kMiB), options_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  LedgerOptions other = options_;
+  other.rank = 4;
+  other.local_rank = 2;
+  absl::StatusOr<std::unique_ptr<NodeReservation>> second =
+      NodeReservation::Admit(Request(60 * kMiB), other);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(second.status().message());
+  EXPECT_THAT(message, HasSubstr("STOWAGE_NODE_MEMORY_BYTES"));
+  EXPECT_THAT(message, HasSubstr("rank 3 (local rank 1) pid"));
+  EXPECT_THAT(message, HasSubstr("this request: rank 4 (local rank 2)"));
+  EXPECT_THAT(message, HasSubstr(ledger_));
+  // One that fits beside it is admitted, on the next CPU slot.
+  absl::StatusOr<std::unique_ptr<NodeReservation>> third =
+      NodeReservation::Admit(Request(30 * kMiB), other);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ((*first)->slot(), 0);
+  EXPECT_EQ((*third)->slot(), 1);
+  EXPECT_EQ((*third)->ranks_on_node(), 2);
+}
+
+// A rank SIGKILLed (or OOM-killed) leaves its line: the next admission reclaims it.
+TEST_F(NodeLedgerTest, ReclaimsTheReservationOfADeadProcess) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  absl::StatusOr<uint64_t> start = ProcessStartTime(child);  // a zombie still has its stat
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(start.ok()) << start.status();
+  // 90 MiB of the 100 MiB budget held by the dead child: counted, a 40 MiB request would fail.
+  WriteLedger(FormatLedger({Entry(child, *start, 90 * kMiB)}));
+  EXPECT_FALSE(ReservationAlive(Entry(child, *start, 0)));
+  absl::StatusOr<std::unique_ptr<NodeReservation>> r =
+      NodeReservation::Admit(Request(40 * kMiB), options_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<std::vector<LedgerEntry>> entries = ParseLedger(ReadAll(ledger_), ledger_);
+  ASSERT_TRUE(entries.ok());
+  ASSERT_EQ(entries->size(), 1u);
+  EXPECT_EQ((*entries)[0].pid, getpid());
+}
+
+// A pid the kernel gave to a new process after the rank died: same pid, another start time.
+TEST_F(NodeLedgerTest, ReclaimsAReusedPid) {
+  absl::StatusOr<uint64_t> start = ProcessStartTime(getpid());
+  ASSERT_TRUE(start.ok());
+  const LedgerEntry reused = Entry(getpid(), *start + 1, 90 * kMiB);
+  EXPECT_FALSE(ReservationAlive(reused));
+  EXPECT_TRUE(ReservationAlive(Entry(getpid(), *start, 0)));
+  WriteLedger(FormatLedger({reused}));
+  absl::StatusOr<std::unique_ptr<NodeReservation>> r =
+      NodeReservation::Admit(Request(40 * kMiB), options_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // The same entry with the right start time is alive, and binds.
+  WriteLedger(FormatLedger({Entry(getpid(), *start, 90 * kMiB)}));
+  absl::StatusOr<std::unique_ptr<NodeReservation>> refused =
+      NodeReservation::Admit(Request(40 * kMiB), options_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  std::filesystem::remove(ledger_);  // so that `r` releases into an empty ledger
+}
+
+TEST_F(NodeLedgerTest, CorruptLedgerIsAnErrorNamingFileAndLine) {
+  WriteLedger("not a ledger\n");
+  absl::StatusOr<std::unique_ptr<NodeReservation>> r =
+      NodeReservation::Admit(Request(kMiB), options_);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr(ledger_));
+  EXPECT_THAT(r.status().message(), HasSubstr("line 1 is 'not a ledger'"));
+
+  WriteLedger(
+      "stowage node ledger v1\npid=1 start=2 id=3 rank=0 local_rank=0 node=0 slot=0 "
+      "bytes=12abc resident=0 pidns=0\n");
+  r = NodeReservation::Admit(Request(kMiB), options_);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("line 2 is not a reservation"));
+  EXPECT_THAT(r.status().message(), HasSubstr("bytes=12abc"));
+  // Nothing was rebuilt behind the caller's back.
+  EXPECT_THAT(ReadAll(ledger_), HasSubstr("bytes=12abc"));
+}
+
+TEST_F(NodeLedgerTest, EnvironmentFillsTheOptions) {
+  setenv("TORCHELASTIC_RUN_ID", "run/42 x", 1);
+  setenv("LOCAL_RANK", "5", 1);
+  setenv("STOWAGE_NODE_MEMORY_BYTES", "123", 1);
+  absl::StatusOr<LedgerOptions> resolved = ResolveLedgerOptions({});
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->job_id, "run/42 x");
+  EXPECT_EQ(resolved->local_rank, 5);
+  EXPECT_EQ(resolved->node_budget_bytes, 123u);
+  // The job id is made safe for a file name.
+  LedgerOptions options = options_;
+  options.job_id = "run/42 x";
+  options.node_budget_bytes.reset();
+  options.node_budget_bytes = 100 * kGiB;
+  {
+    absl::StatusOr<std::unique_ptr<NodeReservation>> r =
+        NodeReservation::Admit(Request(kMiB), options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*r)->ledger_path(), absl::StrCat(dir_, "/stowage-", getuid(), "-run_42_x.ledger"));
+  }
+  setenv("STOWAGE_NODE_MEMORY_BYTES", "12 GiB", 1);
+  EXPECT_EQ(ResolveLedgerOptions({}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ResolveLedgerOptions({}).status().message(), HasSubstr("STOWAGE_NODE_MEMORY_BYTES"));
+  setenv("LOCAL_RANK", "-1", 1);
+  unsetenv("STOWAGE_NODE_MEMORY_BYTES");
+  EXPECT_THAT(ResolveLedgerOptions({}).status().message(), HasSubstr("LOCAL_RANK is '-1'"));
+  unsetenv("LOCAL_RANK");
+  unsetenv("TORCHELASTIC_RUN_ID");
+}
+
+TEST(CpuShareTest, SplitsTheNodesCpusAmongItsRanks) {
+  const std::vector<int> cpus = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(CpuShare(cpus, 0, 1), cpus);
+  EXPECT_EQ(CpuShare(cpus, 0, 4), (std::vector<int>{0, 1}));
+  EXPECT_EQ(CpuShare(cpus, 1, 4), (std::vector<int>{2, 3, 4}));
+  EXPECT_EQ(CpuShare(cpus, 3, 4), (std::vector<int>{7, 8, 9}));
+  EXPECT_EQ(CpuShare(cpus, 5, 4), (std::vector<int>{2, 3, 4}));  // slot past the share: wraps
+  // Fewer CPUs than ranks: each keeps them all rather than none.
+  EXPECT_EQ(CpuShare({0, 1}, 1, 4), (std::vector<int>{0, 1}));
+}
+
+// Note [Admission with other ranks]: resident reservations are already in the readings.
+TEST(CheckAdmissionWithSharesTest, ResidentSharesAreInTheReadingsPendingOnesAreAdded) {
+  HostMemorySnapshot s;
+  s.mem_total_bytes = 20 * kGiB;
+  s.mem_available_bytes = 10 * kGiB;  // margin: 1 GiB; 9 GiB usable
+  AdmissionRequest request;
+  request.bytes = 4 * kGiB;
+  NodeShares shares;
+  shares.ledger = "ledger";
+  shares.others.push_back({0, 0, 100, -1, 5 * kGiB, /*resident=*/true});
+  EXPECT_TRUE(CheckAdmission(s, request, shares).ok());
+  shares.others[0].resident = false;  // 4 + 5 pending = 9: still fits
+  EXPECT_TRUE(CheckAdmission(s, request, shares).ok());
+  shares.others.push_back({1, 1, 101, -1, 1, false});
+  absl::Status refused = CheckAdmission(s, request, shares);
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("admitted and not yet resident"));
+  EXPECT_THAT(refused.message(), HasSubstr("rank 0 (local rank 0) pid 100 node -1: 5.00 GiB"));
+  EXPECT_THAT(refused.message(), HasSubstr("rank 1 (local rank 1) pid 101"));
+  // A fixed budget counts every reservation, resident or not.
+  shares.others.pop_back();
+  shares.others[0].resident = true;
+  shares.node_budget_bytes = 10 * kGiB;  // 9 usable: 4 + 5 reserved fit
+  EXPECT_TRUE(CheckAdmission(s, request, shares).ok());
+  shares.node_budget_bytes = 10 * kGiB - 1;
+  refused = CheckAdmission(s, request, shares);
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("node budget (STOWAGE_NODE_MEMORY_BYTES)"));
+}
+
+// Only reservations on the same NUMA node count against that node's free memory.
+TEST(CheckAdmissionWithSharesTest, NodeMemoryCountsTheSameNodesPendingShares) {
+  HostMemorySnapshot s;
+  s.mem_total_bytes = 200 * kGiB;
+  s.mem_available_bytes = 150 * kGiB;
+  s.node = 1;
+  s.online_nodes = 2;
+  s.node_total_bytes = 100 * kGiB;
+  s.node_available_bytes = 50 * kGiB;  // margin 5 GiB: 45 usable
+  AdmissionRequest request;
+  request.bytes = 30 * kGiB;
+  request.numa_node = 1;
+  NodeShares shares;
+  shares.others.push_back({0, 0, 100, 0, 20 * kGiB, false});  // on node 0
+  EXPECT_TRUE(CheckAdmission(s, request, shares).ok());
+  shares.others[0].numa_node = 1;
+  absl::Status refused = CheckAdmission(s, request, shares);
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("node 1 has 50.00 GiB"));
+}
+
+}  // namespace
+}  // namespace stowage::offload
