@@ -413,6 +413,8 @@ absl::Status NodeReservation::MarkResident() {
 }
 
 NodeReservation::~NodeReservation() {
+  // A forked child (a data loader worker) holds a copy of this object, not the reservation.
+  if (getpid() != entry_.pid) return;
   absl::Status status = [&]() -> absl::Status {
     absl::StatusOr<LockedFile> lock = LockedFile::Acquire(lock_path_);
     if (!lock.ok()) return lock.status();

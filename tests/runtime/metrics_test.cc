@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -87,7 +88,8 @@ std::string Scrape(const std::string& address) {
 constexpr const char* kIdentityLabels[] = {"gpu", "local_rank", "rank", "stage"};
 
 // Exposition text -> {"name{labels}" -> value}; labels exactly as served (sorted by name), less
-// the identity labels, which go to `identities` ("name{...}" -> "gpu=...,local_rank=...").
+// the identity labels, which go to `identities` ("name{...}" -> "gpu=...,local_rank=...";
+// stowage_* series only).
 std::map<std::string, double> ParseSamples(const std::string& text,
                                            std::map<std::string, std::string>* identities) {
   std::map<std::string, double> samples;
@@ -117,7 +119,10 @@ std::map<std::string, double> ParseSamples(const std::string& text,
     }
     const std::string key = absl::StrCat(name, "{", absl::StrJoin(rest, ","), "}");
     samples[key] = value;
-    if (identities != nullptr) (*identities)[key] = absl::StrJoin(identity, ",");
+    // Only stowage's own series: prometheus-cpp adds its exposer_* ones.
+    if (identities != nullptr && absl::StartsWith(name, "stowage_")) {
+      (*identities)[key] = absl::StrJoin(identity, ",");
+    }
   }
   return samples;
 }
