@@ -9,6 +9,7 @@
 #include "base/checked_math.h"
 #include "planner/framework_hf.h"
 #include "planner/op_time.h"
+#include "planner/pipeline.h"
 
 namespace stowage::planner {
 namespace {
@@ -645,11 +646,22 @@ absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
 }
 
 absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfile& hw,
-                                       const RunSettings& run) {
+                                       const RunSettings& run, int stage) {
   if (absl::Status s = ValidateModel(m); !s.ok()) return s;
   if (absl::Status s = ValidateHardwareProfile(hw); !s.ok()) return s;
   if (absl::Status s = ValidateRun(m, run); !s.ok()) return s;
+  // Note [Pipeline] (pipeline.cc): this stage's layers, embedding on the first, head on the last.
+  if (absl::Status s = ValidatePipeline(m, run); !s.ok()) return s;
+  if (stage < 0 || stage >= run.pp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", stage, " is not a stage of --pp ", run.pp));
+  }
+  absl::StatusOr<std::vector<LayerRange>> split = VirtualStageLayers(m, run);
+  if (!split.ok()) return split.status();
+  const bool first_stage = stage == 0, last_stage = stage == run.pp - 1;
   StepCost c;
+  c.stage = stage;
+  c.chunks = StageChunks(*split, run.pp, run.vpp, stage);
   c.model = m.name;
   c.model_parameters = ModelParameters(m);
   c.run = run;
@@ -661,15 +673,19 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   if (hf) {
     if (absl::Status s = ValidateHfRun(m, run); !s.ok()) return s;
   }
-  c.layers.reserve(m.layers.size());
-  for (int i = 0; i < m.num_layers(); ++i) {
-    if (hf) {
-      c.layers.push_back(BuildHfLayer(m, hw, run, i, tokens));
-      continue;
+  for (size_t k = 0; k < c.chunks.size(); ++k) {
+    const int in_flight =
+        InFlightMicrobatches(run.schedule, run.pp, run.vpp, run.microbatches, stage, k);
+    for (int i = c.chunks[k].first_layer; i < c.chunks[k].end(); ++i) {
+      if (hf) {
+        c.layers.push_back(BuildHfLayer(m, hw, run, i, tokens));
+      } else {
+        absl::StatusOr<LayerCost> layer = BuildLayer(m, hw, run, i, tokens);
+        if (!layer.ok()) return layer.status();
+        c.layers.push_back(*std::move(layer));
+      }
+      c.layers.back().in_flight_microbatches = in_flight;
     }
-    absl::StatusOr<LayerCost> layer = BuildLayer(m, hw, run, i, tokens);
-    if (!layer.ok()) return layer.status();
-    c.layers.push_back(*std::move(layer));
   }
   // Fixed memory and the loss are whole-step counts: the same checked conversion as a layer's.
   Builder whole{m, hw, run, tokens, {}, 0, 0, 0, 0, 0, absl::OkStatus()};
@@ -677,22 +693,38 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
 
   // Fixed memory. Dense parameters shard over the data-parallel ranks of a TP group (DP x CP),
   // routed experts over the expert-data-parallel ranks (gpus / ep).
+  // With pipeline parallelism each stage's state shards over its own data-parallel group, a
+  // pp-th of the ranks (Megatron's rank order puts PP outermost).
   const double tp = run.tp;
-  const double dense_group = static_cast<double>(run.gpus) / tp;
-  const double expert_group = static_cast<double>(run.gpus) / run.ep;
+  const double dense_group = static_cast<double>(run.gpus) / tp / run.pp;
+  const double expert_group = static_cast<double>(run.gpus) / run.ep / run.pp;
   // Embedding, head and final norm, and the multi-token-prediction modules (model.cc) where the
-  // framework trains them. Note [MTP]: Megatron-Core builds and trains the MTP block when the
-  // config has one (--mtp-num-layers from num_nextn_predict_layers), so its weights, gradients
-  // and optimizer state are fixed memory; its activations (one more layer at the end of the
-  // forward and a second loss) are not counted yet. transformers drops the MTP weights on load
+  // framework trains them: the embedding on the first stage; the final norm, head and MTP on the
+  // last. Note [MTP]: Megatron-Core builds and trains the MTP block when the config has one
+  // (--mtp-num-layers from num_nextn_predict_layers), so its weights, gradients and optimizer
+  // state are fixed memory; its activations (one more layer at the end of the forward and a
+  // second loss) are not counted yet. transformers drops the MTP weights on load
   // (`_keys_to_ignore_on_load_unexpected`, modeling_deepseek_v3.py / modeling_glm_moe_dsa.py)
   // and never runs them: under --framework hf nothing of them is on the GPU.
   const bool mtp_trained = !hf;
+  const double input_embedding =
+      (static_cast<double>(m.vocab) + m.extra_embedding_rows) * static_cast<double>(m.hidden);
+  const double head_and_norm = static_cast<double>(EmbeddingParams(m)) - input_embedding;
   double dense =
-      static_cast<double>(EmbeddingParams(m) + (mtp_trained ? MtpDenseParams(m) : 0)) / tp;
-  double experts = static_cast<double>(mtp_trained ? MtpRoutedExpertParams(m) : 0) / run.ep,
-         max_layer = 0;
-  for (const LayerSpec& l : m.layers) {
+      ((first_stage ? input_embedding : 0) +
+       (last_stage ? head_and_norm + static_cast<double>(mtp_trained ? MtpDenseParams(m) : 0)
+                   : 0)) /
+      tp;
+  // Tied embeddings: the last stage keeps its own copy of the word embeddings for the LM head
+  // (Megatron-Core's shared_embedding_or_output_weight, kept equal by an all-reduce).
+  if (run.pp > 1 && last_stage && m.tied_embeddings) {
+    dense += static_cast<double>(m.vocab) * m.hidden / tp;
+  }
+  double experts =
+      last_stage && mtp_trained ? static_cast<double>(MtpRoutedExpertParams(m)) / run.ep : 0;
+  double max_layer = 0;
+  for (const LayerCost& layer : c.layers) {
+    const LayerSpec& l = m.layers[layer.index];
     const double d = static_cast<double>(DenseLayerParams(m, l)) / tp;
     const double e = static_cast<double>(RoutedExpertParams(m, l)) / run.ep;
     dense += d;
@@ -752,6 +784,8 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
       OpSeconds({.gemm_flops = passes * head_flops, .elementwise_bytes = 3 * tokens * v * 4}, hw);
   c.embedding_seconds = OpSeconds({.elementwise_bytes = 3 * tokens * h * dt * m.hc_mult}, hw);
   if (hf) ApplyHfStep(m, hw, run, c);
+  if (!first_stage) c.embedding_seconds = 0, c.embedding_grad_bytes = 0;
+  if (!last_stage) c.tail_seconds = 0, c.tail_bytes = 0, c.tail_grad_bytes = 0;
 
   c.copy_chunk_bytes = 16ull << 20;
   c.d2h_bytes_per_second = Rate(hw, c.copy_chunk_bytes, true);

@@ -56,6 +56,18 @@ struct RunSettings {
   // The LM head and loss run over this many tokens at a time (a fused/chunked cross-entropy);
   // 0 materializes the logits of every token at once.
   uint64_t loss_chunk_tokens = 8192;
+  // Pipeline parallelism (planner/pipeline.h, Note [Pipeline] in pipeline.cc): stages, model
+  // chunks per stage, schedule, microbatches per step (gradient accumulation without pipeline),
+  // layers per stage or virtual stage (empty: Megatron-Core's even split), and whether that
+  // split counts the embedding / the loss as a layer (Megatron's
+  // --account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split).
+  int pp = 1;
+  int vpp = 1;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  int microbatches = 1;
+  std::vector<int> pp_layout;
+  bool account_for_embedding_in_pipeline_split = false;
+  bool account_for_loss_in_pipeline_split = false;
 };
 
 // Checks ranges and divisibility (e.g. gpus by tp*cp, experts by ep) and the limits above;
@@ -118,6 +130,9 @@ struct FixedMemory {
 // Everything the simulator and optimizer need about one step on one rank.
 struct StepCost {
   std::string model;
+  // The pipeline stage this step is (0 without pipeline parallelism) and its model chunks.
+  int stage = 0;
+  std::vector<LayerRange> chunks;
   uint64_t model_parameters = 0;  // ModelParameters(model)
   RunSettings run;
   HardwareProfile hardware;
@@ -144,8 +159,12 @@ struct StepCost {
   double optimizer_copy_seconds = 0;
 };
 
+// One pipeline stage's step (run.pp = 1: the whole model; planner/pipeline.h): that stage's
+// layers (LayerCost::index is the model's layer index; in_flight_microbatches the schedule's),
+// their weights, gradients and optimizer state sharded over the stage's data-parallel group, the
+// embedding on stage 0 and the final norm, LM head and loss on the last stage.
 absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& model, const HardwareProfile& hardware,
-                                       const RunSettings& run);
+                                       const RunSettings& run, int stage = 0);
 
 // Whether a step cost (built here, or from a measured profile) keeps within kMaxLayers,
 // kMaxTensorBytes and kMaxStepBytes, and has finite, non-negative seconds: what the simulator

@@ -937,10 +937,16 @@ absl::StatusOr<uint64_t> LongestFittingSeqLen(const ModelConfig& model,
   // bisection over multiples of the granularity finds the longest.
   auto fits = [&](uint64_t units) -> absl::StatusOr<bool> {
     run.seq_len = units * granularity;
-    auto step = BuildStepCost(model, hardware, run);
-    if (!step.ok()) return step.status();
-    const OptimizeResult r = Optimize(*step, options);
-    return r.feasible && (max_step_seconds <= 0 || r.sim.step_seconds <= max_step_seconds);
+    // Every pipeline stage must fit (planner/pipeline.h); without pipeline parallelism, the one.
+    for (int stage = 0; stage < run.pp; ++stage) {
+      auto step = BuildStepCost(model, hardware, run, stage);
+      if (!step.ok()) return step.status();
+      const OptimizeResult r = Optimize(*step, options);
+      if (!r.feasible || (max_step_seconds > 0 && r.sim.step_seconds > max_step_seconds)) {
+        return false;
+      }
+    }
+    return true;
   };
   auto first = fits(1);
   if (!first.ok()) return first.status();

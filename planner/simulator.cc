@@ -37,9 +37,27 @@ std::vector<LayerProtocol> ProtocolFor(const std::vector<OptionCost>& costs, int
   return out;
 }
 
+std::vector<LayerProtocol> ProtocolFor(const StepCost& step, const std::vector<OptionCost>& costs,
+                                       int prefetch_distance, int save_lag) {
+  if (step.chunks.size() <= 1) return ProtocolFor(costs, prefetch_distance, save_lag);
+  // Note [Pipeline stages] (plan.h): the protocol runs within each model chunk of the stage; the
+  // step's layers are the chunks' layers in order.
+  const int n = static_cast<int>(costs.size());
+  std::vector<LayerProtocol> out(n);
+  int first = 0;
+  for (const LayerRange& chunk : step.chunks) {
+    const LayerRange local{first, chunk.num_layers};
+    for (int i = first; i < std::min(n, local.end()); ++i) {
+      out[i] = LayerProtocolFor(i, local, costs[i].host_bytes > 0, prefetch_distance, save_lag);
+    }
+    first = local.end();
+  }
+  return out;
+}
+
 SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
                    int prefetch_distance, bool record) {
-  return Simulate(step, costs, ProtocolFor(costs, prefetch_distance), record);
+  return Simulate(step, costs, ProtocolFor(step, costs, prefetch_distance), record);
 }
 
 SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
@@ -232,8 +250,8 @@ SimResult Simulate(const StepCost& step, const Schedule& schedule, bool record) 
   for (size_t i = 0; i < step.layers.size(); ++i) {
     costs.push_back(EvaluateOption(step.layers[i], schedule.options[i]));
   }
-  return Simulate(step, costs, ProtocolFor(costs, schedule.prefetch_distance, schedule.save_lag),
-                  record);
+  return Simulate(step, costs,
+                  ProtocolFor(step, costs, schedule.prefetch_distance, schedule.save_lag), record);
 }
 
 }  // namespace stowage::planner

@@ -90,6 +90,11 @@ struct SimResult {
 std::vector<LayerProtocol> ProtocolFor(const std::vector<OptionCost>& costs, int prefetch_distance,
                                        int save_lag = kDefaultSaveLag);
 
+// The same within each of the step's model chunks (StepCost::chunks; a pipeline stage with
+// several): a layer's fields stay inside its chunk (Note [Pipeline stages] in plan.h).
+std::vector<LayerProtocol> ProtocolFor(const StepCost& step, const std::vector<OptionCost>& costs,
+                                       int prefetch_distance, int save_lag = kDefaultSaveLag);
+
 // `costs[i]` = EvaluateOption(step.layers[i], schedule.options[i]); `protocol[i]` the layer's
 // plan fields (ProtocolFor, or a plan's layers).
 SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,

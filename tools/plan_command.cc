@@ -5,13 +5,16 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "planner/cost_model.h"
 #include "planner/hardware.h"
 #include "planner/model.h"
 #include "planner/optimizer.h"
+#include "planner/pipeline.h"
 #include "planner/profile.h"
 #include "planner/report.h"
 #include "planner/trainer_arguments.h"
@@ -64,7 +67,33 @@ cli::FlagParser MakeParser() {
          "expert parallel size",
          "8 (1 for dense models)",
          {"expert-model-parallel-size"}});
-  p.Add({"gpus", "N", "GPUs in the job (data parallel = gpus / (tp x cp))", "64"});
+  p.Add({"gpus", "N", "GPUs in the job (data parallel = gpus / (tp x cp x pp))", "64"});
+  p.Add({"pp", "N", "pipeline parallel size (stages)", "1", {"pipeline-model-parallel-size"}});
+  p.Add({"vpp",
+         "N",
+         "model chunks per stage (virtual stages; with --schedule interleaved)",
+         "1",
+         {"virtual-pipeline-model-parallel-size"}});
+  p.Add({"schedule", "1f1b|interleaved", "pipeline schedule", "1f1b"});
+  p.Add({"microbatches", "M", "microbatches per step (gradient accumulation steps)",
+         "--pp (1 without pipeline parallelism)"});
+  p.Add({"global-batch",
+         "N",
+         "sequences per step over the whole job, instead of --microbatches: microbatches = N / "
+         "(micro-batch x data parallel)",
+         "",
+         {"global-batch-size"}});
+  p.Add({"pp-layout", "N,N,...",
+         "layers of each stage (with --vpp: of each virtual stage, in order), e.g. 3,4,4,...,2; "
+         "the embedding runs on the first stage, the LM head and loss on the last",
+         "Megatron's even split"});
+  p.Add({"account-for-embedding-in-pipeline-split", "",
+         "the even split counts the embedding as a layer of the first stage (Megatron's flag)",
+         ""});
+  p.Add({"account-for-loss-in-pipeline-split", "",
+         "the even split counts the LM head and loss as a layer of the last stage (Megatron's "
+         "flag)",
+         ""});
   p.Add({"moe-imbalance", "X",
          "tokens on the busiest expert-parallel rank over the average (the reference run saw 4)",
          "1"});
@@ -148,6 +177,63 @@ absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& 
   return absl::OkStatus();
 }
 
+// --pp, --vpp, --schedule, --microbatches or --global-batch, --pp-layout and Megatron's two
+// accounting switches; planner::ValidatePipeline checks them against each other and the model.
+absl::Status ReadPipeline(const cli::FlagParser& flags, planner::RunSettings& r) {
+  auto pp = flags.GetInt("pp", 1, 1, kPlanMaxPipelineStages);
+  if (!pp.ok()) return pp.status();
+  r.pp = static_cast<int>(*pp);
+  auto vpp = flags.GetInt("vpp", 1, 1, kPlanMaxVirtualStages);
+  if (!vpp.ok()) return vpp.status();
+  r.vpp = static_cast<int>(*vpp);
+  auto schedule = flags.GetString("schedule", "1f1b");
+  if (!schedule.ok()) return schedule.status();
+  auto parsed = ParsePipelineSchedule(*schedule);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule is '", *schedule, "'; allowed: 1f1b, interleaved"));
+  }
+  r.schedule = *parsed;
+  if (flags.Has("microbatches") && flags.Has("global-batch")) {
+    return absl::InvalidArgumentError(
+        "--microbatches and --global-batch both set the microbatches per step; give one");
+  }
+  auto microbatches = flags.GetInt("microbatches", r.pp, 1, kPlanMaxMicrobatches);
+  if (!microbatches.ok()) return microbatches.status();
+  r.microbatches = static_cast<int>(*microbatches);
+  if (flags.Has("global-batch")) {
+    auto global = flags.GetInt("global-batch", 1, 1, int64_t{1} << 40);
+    if (!global.ok()) return global.status();
+    const int64_t model_parallel = int64_t{r.tp} * r.cp * r.pp;
+    const int64_t dp = r.gpus % model_parallel == 0 ? r.gpus / model_parallel : 0;
+    const int64_t per_step = dp * r.micro_batch;
+    if (dp == 0 || *global % per_step != 0 || *global / per_step > kPlanMaxMicrobatches) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--global-batch is ", *global,
+          "; it must be a multiple of --micro-batch x data parallel (", r.micro_batch, " x ", dp,
+          " = gpus / (tp x cp x pp)), at most ", kPlanMaxMicrobatches, " microbatches"));
+    }
+    r.microbatches = static_cast<int>(*global / per_step);
+  }
+  if (auto layout = flags.Get("pp-layout"); layout.has_value()) {
+    for (absl::string_view part : absl::StrSplit(*layout, ',')) {
+      int count = 0;
+      if (!absl::SimpleAtoi(part, &count) || count < 0 || count > planner::kMaxLayers ||
+          part.empty() || part.find_first_not_of("0123456789") != absl::string_view::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--pp-layout is '", *layout,
+                         "'; allowed: layer counts (0 or more) separated by "
+                         "commas, one per stage, e.g. 3,4,4,2"));
+      }
+      r.pp_layout.push_back(count);
+    }
+  }
+  r.account_for_embedding_in_pipeline_split =
+      flags.GetBool("account-for-embedding-in-pipeline-split");
+  r.account_for_loss_in_pipeline_split = flags.GetBool("account-for-loss-in-pipeline-split");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
   Inputs in;
   auto model = flags.GetString("model", "glm-5.3-flash");
@@ -185,6 +271,7 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
         {"gpus", 64, &r.gpus}}) {
     if (absl::Status s = get_int(name, fallback, *out); !s.ok()) return s;
   }
+  if (absl::Status s = ReadPipeline(flags, r); !s.ok()) return s;
   auto imbalance = flags.GetDouble("moe-imbalance", 1.0, 1.0, 1e6);
   if (!imbalance.ok()) return imbalance.status();
   r.moe_imbalance = *imbalance;
@@ -232,9 +319,29 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
 // --profile: the step cost comes from a measured layer profile; only the budgets, --force and
 // (optionally) --hardware apply. Run-setting flags belong to a model config and are refused.
 absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags, Inputs& in) {
-  for (const char* flag : {"model", "seq-len", "micro-batch", "tp", "cp", "ep", "gpus",
-                           "moe-imbalance", "sharding", "grad-dtype", "loss-chunk-tokens",
-                           "max-seq-len", "framework", "optimizer", "optimizer-offload"}) {
+  for (const char* flag : {"model",
+                           "seq-len",
+                           "micro-batch",
+                           "tp",
+                           "cp",
+                           "ep",
+                           "gpus",
+                           "moe-imbalance",
+                           "sharding",
+                           "grad-dtype",
+                           "loss-chunk-tokens",
+                           "max-seq-len",
+                           "framework",
+                           "optimizer",
+                           "optimizer-offload",
+                           "pp",
+                           "vpp",
+                           "schedule",
+                           "microbatches",
+                           "global-batch",
+                           "pp-layout",
+                           "account-for-embedding-in-pipeline-split",
+                           "account-for-loss-in-pipeline-split"}) {
     if (flags.Has(flag)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--", flag, " describes a model config; with --profile the layers are measured"));
@@ -287,6 +394,68 @@ bool WriteFile(const std::string& path, const std::string& text) {
     return false;
   }
   return true;
+}
+
+// With pipeline parallelism (or several microbatches): every stage planned (planner/pipeline.h),
+// each stage's layers, the per-stage table naming the binding stage, the binding stage's summary.
+int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::string& format) {
+  if (in.options.force.has_value()) {
+    std::fprintf(stderr,
+                 "stowage plan: --force evaluates one stage; with --pp or --microbatches "
+                 "the planner chooses every stage's options\n");
+    return kExitUsage;
+  }
+  auto pipeline = planner::PlanPipeline(in.model, in.hardware, in.run, in.options);
+  if (!pipeline.ok()) {
+    std::fprintf(stderr, "stowage plan: %s\n", std::string(pipeline.status().message()).c_str());
+    return kExitUsage;
+  }
+  std::FILE* text = format == "json" ? stderr : stdout;
+  const planner::StageResult& binding = pipeline->stages[pipeline->binding_stage];
+  if (!pipeline->feasible) {
+    std::fprintf(text,
+                 "does not fit: %s on %s at %llu tokens: stage %d needs at least %s per GPU "
+                 "against a budget of %s\nbinding: %s\n%s\n",
+                 in.model_label.c_str(), in.hardware_label.c_str(),
+                 static_cast<unsigned long long>(in.run.seq_len), binding.stage,
+                 planner::FormatBytes(binding.result.min_peak_bytes).c_str(),
+                 planner::FormatBytes(in.options.gpu_budget_bytes).c_str(),
+                 binding.result.binding.c_str(), binding.result.explanation.c_str());
+    return kExitUnmet;
+  }
+  planner::PlanLabels labels{absl::StrCat("stowage ", stowage_version()), in.model_label,
+                             in.hardware_label, in.options.gpu_budget_bytes,
+                             in.options.host_budget_bytes};
+  const Plan plan = planner::MakePipelinePlan(*pipeline, labels);
+  const std::string json = PlanToJson(plan);
+  if (format == "json") {
+    std::fputs(json.c_str(), stdout);
+  } else {
+    std::printf("stowage plan: %s on %s (%s figures), %llu tokens, PP %d, %d microbatches\n",
+                in.model_label.c_str(), in.hardware_label.c_str(), in.hardware.source.c_str(),
+                static_cast<unsigned long long>(in.run.seq_len), in.run.pp, in.run.microbatches);
+    for (const planner::StageResult& stage : pipeline->stages) {
+      const Plan part = planner::MakePlan(stage.step, stage.result, stage.baseline, labels);
+      std::printf("\nstage %d\n", stage.stage);
+      std::fputs(planner::RenderTable(stage.step, part, stage.result).c_str(), stdout);
+    }
+    std::fputs("\n", stdout);
+    std::fputs(planner::RenderStageTable(*pipeline, plan).c_str(), stdout);
+    std::printf("\nstage %d (binding):\n", binding.stage);
+    std::fputs(planner::RenderSummary(binding.step, plan, binding.result).c_str(), stdout);
+  }
+  if (auto out = flags.Get("out"); out.has_value() && !WriteFile(*out, json)) return kExitUnmet;
+  if (auto svg = flags.Get("timeline"); svg.has_value()) {
+    const Plan part = planner::MakePlan(binding.step, binding.result, binding.baseline, labels);
+    if (!WriteFile(*svg, planner::RenderTimelineSvg(binding.step, part, binding.result))) {
+      return kExitUnmet;
+    }
+  }
+  if (auto trace = flags.Get("trace"); trace.has_value()) {
+    const Plan part = planner::MakePlan(binding.step, binding.result, binding.baseline, labels);
+    if (!WriteFile(*trace, planner::RenderStepTraceJson(part, binding.result))) return kExitUnmet;
+  }
+  return kExitOk;
 }
 
 }  // namespace
@@ -426,6 +595,9 @@ int RunPlanCommand(int argc, char** argv) {
     in.run.seq_len = *longest;
   }
 
+  if (!profile_step.has_value() && (in.run.pp > 1 || in.run.microbatches > 1)) {
+    return RunPipelinePlan(flags, in, *format);
+  }
   auto step = profile_step.has_value() ? absl::StatusOr<planner::StepCost>(*profile_step)
                                        : planner::BuildStepCost(in.model, in.hardware, in.run);
   if (!step.ok()) {

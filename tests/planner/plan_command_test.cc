@@ -252,3 +252,43 @@ TEST_F(PlanCommand, HostileNumbersAreClearUsageErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 14: every stage planned, the binding one named, the plan carrying one section per stage.
+TEST_F(PlanCommand, PipelinePlansEveryStage) {
+  const std::string out = Path("pp.json");
+  const Result run = Stowage(
+      "plan --model llama-3.1-8b --hardware h200 --seq-len 8K --cp 1 --gpus 64 "
+      "--pipeline-model-parallel-size 4 --microbatches 8 --out " +
+      out);
+  ASSERT_EQ(run.code, 0) << run.out;
+  for (int stage = 0; stage < 4; ++stage) {
+    EXPECT_THAT(run.out, HasSubstr("\nstage " + std::to_string(stage) + "\n"));
+  }
+  EXPECT_THAT(run.out, HasSubstr("<- binding"));
+  EXPECT_THAT(run.out, HasSubstr("PP 4, 1f1b, 8 microbatches: step = (8 + 3/1) x"));
+  auto plan = stowage::ReadPlanFile(out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->pp, 4);
+  ASSERT_EQ(plan->stages.size(), 4u);
+  EXPECT_EQ(plan->layers[0].in_flight_microbatches, 4);
+  EXPECT_EQ(plan->layers[31].in_flight_microbatches, 1);
+}
+
+TEST_F(PlanCommand, PipelineFlagErrors) {
+  const std::string base = "plan --model llama-3.1-8b --hardware h200 --seq-len 8K --cp 1 ";
+  Result run = Stowage(base + "--pp 4 --vpp 2");
+  EXPECT_NE(run.code, 0);
+  EXPECT_THAT(run.out, HasSubstr("--vpp is 2; virtual stages run only under --schedule interleaved"));
+  run = Stowage(base + "--pp 3 --gpus 63");
+  EXPECT_THAT(run.out, HasSubstr("give the layers of each with --pp-layout, e.g. --pp-layout"));
+  run = Stowage(base + "--pp 4 --pp-layout 8,8,8,x");
+  EXPECT_THAT(run.out, HasSubstr("--pp-layout is '8,8,8,x'; allowed: layer counts"));
+  run = Stowage(base + "--pp 4 --schedule interleaved --vpp 2 --microbatches 2");
+  EXPECT_THAT(run.out, HasSubstr("the interleaved schedule needs at least --pp (4) microbatches"));
+  run = Stowage(base + "--pp 4 --microbatches 4 --global-batch 64");
+  EXPECT_THAT(run.out, HasSubstr("give one"));
+}
+
+}  // namespace

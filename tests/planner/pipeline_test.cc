@@ -1,0 +1,234 @@
+// Pipeline parallelism (Note [Pipeline] in planner/pipeline.cc): Megatron's layer split, each
+// stage's fixed memory and in-flight microbatches, the step with its bubble, and the issue-14
+// DeepSeek-V3 run on 2,048 GPUs with PP 16 planned stage by stage.
+#include "planner/pipeline.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "planner/cost_model.h"
+#include "planner/hardware.h"
+#include "planner/model.h"
+#include "planner/optimizer.h"
+#include "stowage/plan.h"
+
+namespace stowage::planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+RunSettings Run(int pp, int microbatches) {
+  RunSettings run;
+  run.seq_len = 8192;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 64;
+  run.pp = pp;
+  run.microbatches = microbatches;
+  return run;
+}
+
+std::vector<int> Counts(const std::vector<LayerRange>& ranges) {
+  std::vector<int> out;
+  for (const LayerRange& r : ranges) out.push_back(r.num_layers);
+  return out;
+}
+
+TEST(PipelineSplit, MegatronEvenSplitAndAccounting) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");  // 32 layers
+  RunSettings run = Run(4, 4);
+  EXPECT_EQ(Counts(*VirtualStageLayers(llama, run)), (std::vector<int>{8, 8, 8, 8}));
+  // Counting the embedding and the loss as layers: 34 do not divide by 4 ...
+  run.account_for_embedding_in_pipeline_split = true;
+  run.account_for_loss_in_pipeline_split = true;
+  EXPECT_THAT(VirtualStageLayers(llama, run).status().message(),
+              HasSubstr("(34 with the embedding / loss counted) do not divide evenly over 4"));
+  // ... but by 2: 17 per stage, the first and the last one fewer.
+  run.pp = 2;
+  run.gpus = 64;
+  EXPECT_EQ(Counts(*VirtualStageLayers(llama, run)), (std::vector<int>{16, 16}));
+  run.account_for_loss_in_pipeline_split = false;  // 33: not divisible by 2
+  EXPECT_FALSE(VirtualStageLayers(llama, run).ok());
+}
+
+TEST(PipelineSplit, VirtualStagesAreChunksOfEachStage) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  RunSettings run = Run(2, 4);
+  run.vpp = 4;
+  run.schedule = PipelineSchedule::kInterleaved;
+  auto split = VirtualStageLayers(llama, run);
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_EQ(split->size(), 8u);
+  // Virtual stage c x 2 + s is chunk c of stage s: stage 1 runs layers 4-7, 12-15, 20-23, 28-31.
+  const std::vector<LayerRange> chunks = StageChunks(*split, 2, 4, 1);
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0].first_layer, 4);
+  EXPECT_EQ(chunks[1].first_layer, 12);
+  EXPECT_EQ(chunks[3].first_layer, 28);
+  EXPECT_EQ(chunks[3].num_layers, 4);
+}
+
+TEST(PipelineSplit, Errors) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  RunSettings run = Run(3, 3);
+  run.gpus = 63;
+  EXPECT_THAT(ValidatePipeline(llama, run).message(),
+              HasSubstr("--pp is 3; the model's 32 layers do not divide evenly over 3 stages; "
+                        "give the layers of each with --pp-layout, e.g. --pp-layout 10,11,11"));
+  run.pp_layout = {10, 11, 10};
+  EXPECT_THAT(ValidatePipeline(llama, run).message(),
+              HasSubstr("--pp-layout is 10,11,10; it places 31 layers; the model has 32"));
+  run.pp_layout = {10, 11, 11};
+  EXPECT_TRUE(ValidatePipeline(llama, run).ok());
+  run.pp_layout = {10, 22};
+  EXPECT_THAT(ValidatePipeline(llama, run).message(),
+              HasSubstr("allowed: one per stage (--pp = 3)"));
+  run = Run(4, 8);
+  run.vpp = 2;
+  EXPECT_THAT(ValidatePipeline(llama, run).message(),
+              HasSubstr("--vpp is 2; virtual stages run only under --schedule interleaved"));
+  run.schedule = PipelineSchedule::kInterleaved;
+  run.microbatches = 2;
+  EXPECT_THAT(ValidatePipeline(llama, run).message(),
+              HasSubstr("--microbatches is 2; the interleaved schedule needs at least --pp (4)"));
+  run.microbatches = 6;
+  EXPECT_THAT(ValidatePipeline(llama, run).message(), HasSubstr("use a multiple of 4"));
+  run = Run(4, 4);
+  run.gpus = 6;
+  EXPECT_THAT(ValidatePipeline(llama, run).message(),
+              HasSubstr("--gpus is 6; it must be a multiple of --tp x --cp x --pp (4)"));
+}
+
+// Each stage holds only its layers' state, sharded over its own data-parallel group: without
+// sharding the stages' weights add up to the whole model's (untied embeddings), and the
+// embedding and head sit only on the first and last stage.
+TEST(PipelineCost, StageFixedMemoryIsItsOwnLayers) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run = Run(1, 1);
+  run.sharding = Sharding::kNoShard;
+  const StepCost whole = *BuildStepCost(llama, hw, run);
+  run.pp = 4;
+  run.microbatches = 8;
+  uint64_t sum = 0;
+  std::vector<StepCost> stages;
+  for (int s = 0; s < 4; ++s) {
+    auto step = BuildStepCost(llama, hw, run, s);
+    ASSERT_TRUE(step.ok()) << step.status();
+    sum += step->fixed.weights;
+    stages.push_back(*step);
+  }
+  EXPECT_NEAR(static_cast<double>(sum), static_cast<double>(whole.fixed.weights), 64.0);
+  // Embedding (128256 x 4096 x 2 bytes) on stage 0, the head and final norm on stage 3.
+  const double layer_weights = static_cast<double>(stages[1].fixed.weights);
+  EXPECT_NEAR(static_cast<double>(stages[0].fixed.weights) - layer_weights, 128256.0 * 4096 * 2,
+              16.0);
+  EXPECT_NEAR(static_cast<double>(stages[3].fixed.weights) - layer_weights,
+              (128256.0 * 4096 + 4096) * 2, 16.0);
+  EXPECT_GT(stages[0].embedding_seconds, 0);
+  EXPECT_EQ(stages[1].embedding_seconds, 0);
+  EXPECT_EQ(stages[1].tail_bytes, 0u);
+  EXPECT_GT(stages[3].tail_bytes, 0u);
+  // Sharded state divides by the stage's data-parallel group: 64 / 4 = 16 ranks.
+  run.sharding = Sharding::kOptim;
+  const StepCost sharded = *BuildStepCost(llama, hw, run, 1);
+  EXPECT_NEAR(static_cast<double>(sharded.fixed.optimizer),
+              static_cast<double>(stages[1].fixed.weights) / 2 * 12 / 16, 64.0);
+  // In-flight microbatches: 1F1B stage s of 4 holds min(4 - s, 8).
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(stages[s].layers.front().in_flight_microbatches, 4 - s);
+    EXPECT_EQ(stages[s].layers.front().index, 8 * s);
+  }
+}
+
+// The simulator holds the other in-flight microbatches' resident bytes for the whole microbatch
+// and a host copy each: keep-everything peaks grow by (in flight - 1) x the saved bytes.
+TEST(PipelineCost, InFlightMicrobatchesMultiplyHeldBytes) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run = Run(4, 8);
+  StepCost step = *BuildStepCost(llama, hw, run, 0);
+  Schedule keep;
+  keep.options.assign(step.layers.size(), {LayerPolicy::kKeep, 0, 1});
+  const SimResult four = Simulate(step, keep, false);
+  uint64_t saved = 0;
+  for (const LayerCost& l : step.layers) saved += EvaluateOption(l, keep.options[0]).resident_bytes;
+  for (LayerCost& l : step.layers) l.in_flight_microbatches = 1;
+  const SimResult one = Simulate(step, keep, false);
+  EXPECT_EQ(four.peak_bytes - one.peak_bytes, 3 * saved);
+  Schedule offload;
+  offload.options.assign(step.layers.size(), {LayerPolicy::kOffloadInput, 0, 1});
+  const SimResult host_one = Simulate(step, offload, false);
+  for (LayerCost& l : step.layers) l.in_flight_microbatches = 4;
+  EXPECT_EQ(Simulate(step, offload, false).host_bytes, 4 * host_one.host_bytes);
+}
+
+TEST(PipelineStep, BubbleIsPMinusOneSlotsOverVpp) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  OptimizerOptions options;
+  options.gpu_budget_bytes = hw.UsableBytes();
+  options.host_budget_bytes = hw.HostBytesPerGpu();
+  RunSettings run = Run(4, 8);
+  auto p = PlanPipeline(llama, hw, run, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->feasible);
+  const double slot = p->microbatch_seconds + p->p2p_seconds;
+  EXPECT_NEAR(p->step_seconds, (8 + 3) * slot, 1e-9);
+  EXPECT_NEAR(p->bubble_seconds, 3 * slot, 1e-9);
+  run.vpp = 2;
+  run.schedule = PipelineSchedule::kInterleaved;
+  auto q = PlanPipeline(llama, hw, run, options);
+  ASSERT_TRUE(q.ok()) << q.status();
+  const double qslot = q->microbatch_seconds + q->p2p_seconds;
+  EXPECT_NEAR(q->step_seconds, (8 + 1.5) * qslot, 1e-9);
+  // The plan of the pipeline passes the contract, one section per stage.
+  const Plan plan = MakePipelinePlan(*q, {"stowage test", "llama-3.1-8b", "h200",
+                                          options.gpu_budget_bytes, options.host_budget_bytes});
+  ASSERT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
+  ASSERT_EQ(plan.stages.size(), 4u);
+  EXPECT_EQ(plan.stages[0].chunks.size(), 2u);
+  EXPECT_EQ(plan.schedule, PipelineSchedule::kInterleaved);
+  auto parsed = ParsePlanJson(PlanToJson(plan));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+}
+
+// Issue 14, done-when: DeepSeek-V3 on 2,048 GPUs with PP 16, EP 64 and 16 microbatches plans every
+// stage, and stage 0 (16 microbatches in flight) needs more than the last (1).
+TEST(PipelinePlan, DeepSeekV3On2048GpusPlansEveryStage) {
+  const ModelConfig ds = *ModelPreset("deepseek-v3");  // 61 layers
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run;
+  run.seq_len = 4096;
+  run.tp = 1;
+  run.cp = 1;
+  run.ep = 64;
+  run.gpus = 2048;
+  run.pp = 16;
+  run.microbatches = 16;
+  run.sharding = Sharding::kOptim;
+  run.pp_layout = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+  OptimizerOptions options;
+  options.gpu_budget_bytes = hw.UsableBytes();
+  options.host_budget_bytes = hw.HostBytesPerGpu();
+  auto p = PlanPipeline(ds, hw, run, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->stages.size(), 16u);
+  EXPECT_TRUE(p->feasible);
+  for (const StageResult& s : p->stages) {
+    EXPECT_TRUE(s.result.feasible) << "stage " << s.stage;
+    EXPECT_EQ(s.step.layers.front().in_flight_microbatches, 16 - s.stage);
+  }
+  EXPECT_GT(p->stages.front().result.sim.peak_bytes, p->stages.back().result.sim.peak_bytes);
+  const Plan plan = MakePipelinePlan(*p, {"stowage test", "deepseek-v3", "h200",
+                                          options.gpu_budget_bytes, options.host_budget_bytes});
+  ASSERT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
+  EXPECT_EQ(plan.layers.size(), 61u);
+  EXPECT_EQ(plan.layers[0].in_flight_microbatches, 16);
+  EXPECT_EQ(plan.layers[60].in_flight_microbatches, 1);
+}
+
+}  // namespace
+}  // namespace stowage::planner
