@@ -426,6 +426,16 @@ bool PipelineArgsInRange(int pp, int vpp, int microbatches) {
          microbatches >= 1 && microbatches <= kPlanMaxMicrobatches;
 }
 
+// InFlightMicrobatches of every stage's chunks, each stage's schedule walked once (the stages
+// passed CheckStages): [stage][chunk].
+std::vector<std::vector<int>> InFlightOfStages(const Plan& plan) {
+  std::vector<std::vector<int>> out;
+  for (int s = 0; s < plan.pp; ++s) {
+    out.push_back(InFlightPerChunk(plan.schedule, plan.pp, plan.vpp, plan.microbatches, s));
+  }
+  return out;
+}
+
 }  // namespace
 
 int InFlightMicrobatches(PipelineSchedule schedule, int pp, int vpp, int microbatches, int stage,
@@ -694,6 +704,7 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
   // protocol's (the schedule's) value.
   STOWAGE_PLAN_RETURN_IF_ERROR(CheckStages(plan));
   const std::vector<LayerPlace> places = PlacesOfLayers(plan);
+  const std::vector<std::vector<int>> in_flight = InFlightOfStages(plan);
   const int n = static_cast<int>(plan.layers.size());
   for (int i = 0; i < n; ++i) {
     LayerPlan& layer = plan.layers[i];
@@ -704,8 +715,7 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     if (!given[i].save_wait_before_layer) layer.save_wait_before_layer = p.save_wait_before_layer;
     if (!given[i].prefetch_after_layer) layer.prefetch_after_layer = p.prefetch_after_layer;
     if (!given[i].in_flight_microbatches) {
-      layer.in_flight_microbatches = InFlightMicrobatches(
-          plan.schedule, plan.pp, plan.vpp, plan.microbatches, place.stage, place.chunk);
+      layer.in_flight_microbatches = in_flight[place.stage][place.chunk];
     }
   }
   STOWAGE_PLAN_RETURN_IF_ERROR(ValidatePlan(plan));
@@ -789,6 +799,7 @@ absl::Status ValidatePlan(const Plan& plan) {
   }
   STOWAGE_PLAN_RETURN_IF_ERROR(CheckStages(plan));
   const std::vector<LayerPlace> places = PlacesOfLayers(plan);
+  const std::vector<std::vector<int>> in_flight_of = InFlightOfStages(plan);
   const int n = static_cast<int>(plan.layers.size());
   // Per stage: every byte its layers offload, each in-flight microbatch its own copy.
   std::vector<uint64_t> stage_host(plan.stages.size(), 0);
@@ -871,8 +882,7 @@ absl::Status ValidatePlan(const Plan& plan) {
     }
     STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".in_flight_microbatches"),
                                             l.in_flight_microbatches, kInFlight));
-    const int in_flight = InFlightMicrobatches(plan.schedule, plan.pp, plan.vpp, plan.microbatches,
-                                               place.stage, place.chunk);
+    const int in_flight = in_flight_of[place.stage][place.chunk];
     if (l.in_flight_microbatches != in_flight) {
       return absl::InvalidArgumentError(absl::StrCat(
           "plan: field '", path, ".in_flight_microbatches' has value ", l.in_flight_microbatches,

@@ -399,6 +399,12 @@ bool WriteFile(const std::string& path, const std::string& text) {
 // With pipeline parallelism (or several microbatches): every stage planned (planner/pipeline.h),
 // each stage's layers, the per-stage table naming the binding stage, the binding stage's summary.
 int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::string& format) {
+  if (flags.Has("emit")) {
+    std::fprintf(stderr,
+                 "stowage plan: --emit megatron does not express pipeline stages (their layers "
+                 "and in-flight microbatches); use --out for the plan\n");
+    return kExitUsage;
+  }
   if (in.options.force.has_value()) {
     std::fprintf(stderr,
                  "stowage plan: --force evaluates one stage; with --pp or --microbatches "

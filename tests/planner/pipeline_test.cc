@@ -19,7 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-RunSettings Run(int pp, int microbatches) {
+RunSettings PpRun(int pp, int microbatches) {
   RunSettings run;
   run.seq_len = 8192;
   run.cp = 1;
@@ -38,7 +38,7 @@ std::vector<int> Counts(const std::vector<LayerRange>& ranges) {
 
 TEST(PipelineSplit, MegatronEvenSplitAndAccounting) {
   const ModelConfig llama = *ModelPreset("llama-3.1-8b");  // 32 layers
-  RunSettings run = Run(4, 4);
+  RunSettings run = PpRun(4, 4);
   EXPECT_EQ(Counts(*VirtualStageLayers(llama, run)), (std::vector<int>{8, 8, 8, 8}));
   // Counting the embedding and the loss as layers: 34 do not divide by 4 ...
   run.account_for_embedding_in_pipeline_split = true;
@@ -55,7 +55,7 @@ TEST(PipelineSplit, MegatronEvenSplitAndAccounting) {
 
 TEST(PipelineSplit, VirtualStagesAreChunksOfEachStage) {
   const ModelConfig llama = *ModelPreset("llama-3.1-8b");
-  RunSettings run = Run(2, 4);
+  RunSettings run = PpRun(2, 4);
   run.vpp = 4;
   run.schedule = PipelineSchedule::kInterleaved;
   auto split = VirtualStageLayers(llama, run);
@@ -72,7 +72,7 @@ TEST(PipelineSplit, VirtualStagesAreChunksOfEachStage) {
 
 TEST(PipelineSplit, Errors) {
   const ModelConfig llama = *ModelPreset("llama-3.1-8b");
-  RunSettings run = Run(3, 3);
+  RunSettings run = PpRun(3, 3);
   run.gpus = 63;
   EXPECT_THAT(ValidatePipeline(llama, run).message(),
               HasSubstr("--pp is 3; the model's 32 layers do not divide evenly over 3 stages; "
@@ -85,7 +85,7 @@ TEST(PipelineSplit, Errors) {
   run.pp_layout = {10, 22};
   EXPECT_THAT(ValidatePipeline(llama, run).message(),
               HasSubstr("allowed: one per stage (--pp = 3)"));
-  run = Run(4, 8);
+  run = PpRun(4, 8);
   run.vpp = 2;
   EXPECT_THAT(ValidatePipeline(llama, run).message(),
               HasSubstr("--vpp is 2; virtual stages run only under --schedule interleaved"));
@@ -95,7 +95,7 @@ TEST(PipelineSplit, Errors) {
               HasSubstr("--microbatches is 2; the interleaved schedule needs at least --pp (4)"));
   run.microbatches = 6;
   EXPECT_THAT(ValidatePipeline(llama, run).message(), HasSubstr("use a multiple of 4"));
-  run = Run(4, 4);
+  run = PpRun(4, 4);
   run.gpus = 6;
   EXPECT_THAT(ValidatePipeline(llama, run).message(),
               HasSubstr("--gpus is 6; it must be a multiple of --tp x --cp x --pp (4)"));
@@ -107,7 +107,7 @@ TEST(PipelineSplit, Errors) {
 TEST(PipelineCost, StageFixedMemoryIsItsOwnLayers) {
   const ModelConfig llama = *ModelPreset("llama-3.1-8b");
   const HardwareProfile hw = *HardwarePreset("h200");
-  RunSettings run = Run(1, 1);
+  RunSettings run = PpRun(1, 1);
   run.sharding = Sharding::kNoShard;
   const StepCost whole = *BuildStepCost(llama, hw, run);
   run.pp = 4;
@@ -148,7 +148,7 @@ TEST(PipelineCost, StageFixedMemoryIsItsOwnLayers) {
 TEST(PipelineCost, InFlightMicrobatchesMultiplyHeldBytes) {
   const ModelConfig llama = *ModelPreset("llama-3.1-8b");
   const HardwareProfile hw = *HardwarePreset("h200");
-  RunSettings run = Run(4, 8);
+  RunSettings run = PpRun(4, 8);
   StepCost step = *BuildStepCost(llama, hw, run, 0);
   Schedule keep;
   keep.options.assign(step.layers.size(), {LayerPolicy::kKeep, 0, 1});
@@ -171,7 +171,7 @@ TEST(PipelineStep, BubbleIsPMinusOneSlotsOverVpp) {
   OptimizerOptions options;
   options.gpu_budget_bytes = hw.UsableBytes();
   options.host_budget_bytes = hw.HostBytesPerGpu();
-  RunSettings run = Run(4, 8);
+  RunSettings run = PpRun(4, 8);
   auto p = PlanPipeline(llama, hw, run, options);
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_TRUE(p->feasible);
