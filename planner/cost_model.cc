@@ -875,7 +875,7 @@ std::vector<PlannedTransfer> OptionTransfers(const LayerCost& l, const LayerOpti
 
 std::vector<LayerOption> AllOptions(const LayerCost& l, const std::vector<int>& chunk_counts) {
   std::vector<LayerOption> out;
-  for (int k : chunk_counts) {
+  for (int k : l.ffn_chunkable ? chunk_counts : std::vector<int>{1}) {
     out.push_back({LayerPolicy::kKeep, 0, k});
     const uint32_t subsets = 1u << l.modules.size();
     for (uint32_t mask = 1; mask < subsets; ++mask) {

@@ -115,6 +115,10 @@ struct LayerCost {
   // min(p - s, M)); the simulator keeps the other m - 1 microbatches' resident bytes on the GPU
   // throughout and m copies of its host bytes in host memory. 1 without pipelining.
   int in_flight_microbatches = 1;
+  // Whether the trainer can run this layer's FFN/MoE in token chunks (LayerOption::chunks > 1).
+  // Megatron's recipe can; transformers' eager MLP and expert loop take every token at once
+  // (framework_hf.cc), and a measured layer ran as it was measured.
+  bool ffn_chunkable = true;
 };
 inline constexpr int kMaxInFlightMicrobatches = 1024;
 
@@ -199,6 +203,8 @@ OptionCost EvaluateOption(const LayerCost& layer, const LayerOption& option);
 std::vector<PlannedTransfer> OptionTransfers(const LayerCost& layer, const LayerOption& option);
 // Every option for a layer: keep, each non-empty subset of its modules, recompute,
 // offload_input, offload_saved, each with chunk counts 1, 2, 4, 8 (FFN/MoE layers).
+// Every option of `layer`, with each of `chunk_counts` where the layer is ffn_chunkable (else
+// chunk count 1 only).
 std::vector<LayerOption> AllOptions(const LayerCost& layer, const std::vector<int>& chunk_counts);
 
 }  // namespace stowage::planner

@@ -438,6 +438,9 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   HfLayer b{m, hw, tokens, static_cast<double>(run.seq_len), DialectFor(m), {}};
   b.cost.index = index;
   b.cost.type = spec.TypeName();
+  // LlamaMLP.forward is down_proj(act_fn(gate_proj(x)) * up_proj(x)) over every token, and the
+  // MoE blocks route all tokens at once: nothing in transformers chunks the FFN.
+  b.cost.ffn_chunkable = false;
   if (spec.attention == AttentionKind::kAttention) {
     SoftmaxAttention(b, spec);
   } else {

@@ -884,7 +884,7 @@ OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& o) {
   uint64_t host = 0;
   bool host_limited = false;
   for (const LayerCost& l : step.layers) {
-    LayerOption option{LayerPolicy::kRecompute, 0, chunks};
+    LayerOption option{LayerPolicy::kRecompute, 0, l.ffn_chunkable ? chunks : 1};
     if (o.force.has_value()) {
       option.policy = *o.force;
     } else if (const uint64_t held =

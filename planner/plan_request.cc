@@ -194,7 +194,6 @@ absl::Status ReadOptions(const json::Object& o, const Source& src, bool budget_r
       return s;
     options.prefetch_distances = {distance};
   }
-  if (src.profile) ApplyProfileSearchOptions(options);
   return absl::OkStatus();
 }
 

@@ -434,6 +434,7 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
   auto sat = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
   for (const ProfileLayer& pl : p.layers) {
     LayerCost l;
+    l.ffn_chunkable = false;  // measured as it ran: unchunked
     l.index = pl.index;
     l.type = pl.type;
     l.input_bytes = pl.input_bytes;
@@ -505,7 +506,5 @@ uint64_t DefaultProfileHostBudget(const StepCost& step, const HardwareProfile* h
   for (const LayerCost& l : step.layers) all += l.saved_bytes;  // bounded by the reader
   return std::max<uint64_t>(all, 1);
 }
-
-void ApplyProfileSearchOptions(OptimizerOptions& options) { options.chunk_counts = {1}; }
 
 }  // namespace stowage::planner

@@ -102,7 +102,7 @@ std::string ProfileToJson(const LayerProfileSet& profile);
 // The step cost of a measured profile. `hardware` supplies what a profile does not measure
 // (host RAM per NUMA node, GPUs per node, pin rate; the copy rates when the profile has no
 // link; the op rates that turn op work into seconds); the link rates are the profile's. Measured
-// layers have no FFN chunking: plan them with ApplyProfileSearchOptions.
+// layers are not ffn_chunkable.
 absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& profile,
                                                   const HardwareProfile& hardware);
 // A hardware profile for a profile planned without one: the device the profile names, link rates
@@ -112,9 +112,6 @@ HardwareProfile HardwareForProfile(const LayerProfileSet& profile);
 // The host budget of a profile planned without one: what `hardware` says one GPU may use when
 // it is given (HostBytesPerGpu), else every saved byte of the step (no limit in effect).
 uint64_t DefaultProfileHostBudget(const StepCost& step, const HardwareProfile* hardware);
-
-// The options that apply to measured layers: chunk count 1 only.
-void ApplyProfileSearchOptions(OptimizerOptions& options);
 
 }  // namespace stowage::planner
 

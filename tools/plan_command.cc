@@ -380,7 +380,6 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
   in.options.host_budget_bytes =
       flags.Has("host-mem") ? static_cast<uint64_t>(*host_mem * kGiB) : host_default;
   if (absl::Status s = ReadForce(flags, in.options); !s.ok()) return s;
-  planner::ApplyProfileSearchOptions(in.options);
   in.run = step->run;
   return step;
 }

@@ -29,7 +29,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.gpu_budget_bytes = 1ull << 40;
   options.host_budget_bytes = 1ull << 40;
   options.node_limit = 200;
-  ApplyProfileSearchOptions(options);
   const OptimizeResult r = Optimize(*step, options);
   if (r.feasible) {
     STOWAGE_FUZZ_CHECK(r.sim.peak_bytes <= options.gpu_budget_bytes, "a feasible plan over budget");

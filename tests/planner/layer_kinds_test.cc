@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "planner/cost_model.h"
+#include "planner/optimizer.h"
 
 namespace stowage::planner {
 namespace {
@@ -254,6 +255,37 @@ TEST(LayerKinds, MtpModuleIsNotLoadedByTransformers) {
   const StepCost without = *BuildStepCost(m, *HardwarePreset("h200"), run);
   EXPECT_EQ(with.fixed.weights, without.fixed.weights);
   EXPECT_EQ(with.layers.size(), without.layers.size());
+}
+
+// transformers runs an FFN over every token at once: under the hf profile no option chunks it,
+// and a plan that must squeeze memory still never picks ffn_chunks > 1 (it chose 2-8 before,
+// below what the real code holds).
+TEST(LayerKinds, HfLayersAreNeverChunked) {
+  const ModelConfig m = Read("mistral-7b-v0.3.json");
+  RunSettings run;
+  run.seq_len = 16384;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  run.framework = Framework::kHf;
+  run.loss_chunk_tokens = 0;
+  const StepCost hf = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  for (const LayerCost& l : hf.layers) {
+    EXPECT_FALSE(l.ffn_chunkable);
+    for (const LayerOption& o : AllOptions(l, {1, 2, 4, 8})) EXPECT_EQ(o.chunks, 1);
+  }
+  OptimizerOptions o;
+  o.gpu_budget_bytes = MinimumPeak(hf, o).min_peak_bytes + (1ull << 30);
+  o.host_budget_bytes = 0;
+  const OptimizeResult r = Optimize(hf, o);
+  ASSERT_TRUE(r.feasible) << r.explanation;
+  for (const LayerOption& option : r.schedule.options) EXPECT_EQ(option.chunks, 1);
+  // The megatron recipe keeps its chunked options.
+  run.framework = Framework::kMegatron;
+  const StepCost megatron = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  EXPECT_EQ(AllOptions(megatron.layers[0], {1, 2}).size(),
+            2 * AllOptions(megatron.layers[0], {1}).size());
 }
 
 // Mllama: cross-attention layers carry q/k norms and two scalar gates.

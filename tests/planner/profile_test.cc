@@ -361,7 +361,6 @@ TEST(ProfilePlanning, SamePlansAsTheEquivalentStepCost) {
       OptimizerOptions o;
       o.gpu_budget_bytes = static_cast<uint64_t>(share * static_cast<double>(top));
       o.host_budget_bytes = 1500;
-      ApplyProfileSearchOptions(o);
       const OptimizeResult a = Optimize(*from_profile, o);
       const OptimizeResult b = Optimize(pair.expected, o);
       ASSERT_EQ(a.feasible, b.feasible) << "trial " << trial;
@@ -400,7 +399,6 @@ TEST(ProfilePlanning, SelectiveRecomputeOfACheapModuleWhenItFits) {
   OptimizerOptions o;
   o.gpu_budget_bytes = keep_peak - 300;  // one layer's fc1 output must go
   o.host_budget_bytes = 10000;
-  ApplyProfileSearchOptions(o);
   const OptimizeResult r = Optimize(*step, o);
   ASSERT_TRUE(r.feasible) << r.explanation;
   int selective = 0;

@@ -80,7 +80,6 @@ TEST(PlanRequest, PlansAProfileWithinTheWholeDeviceBudget) {
   stowage::planner::OptimizerOptions o;
   o.gpu_budget_bytes = 60000;
   o.host_budget_bytes = 3 * 4000;
-  stowage::planner::ApplyProfileSearchOptions(o);
   const auto direct = stowage::planner::Optimize(*step, o);
   ASSERT_TRUE(direct.feasible);
   EXPECT_EQ(plan->predicted.peak_device_bytes, direct.sim.peak_bytes);
