@@ -528,7 +528,8 @@ std::string PlanToJson(const Plan& plan) {
                     {"step_seconds", p.step_seconds},
                     {"exposed_copy_seconds", p.exposed_copy_seconds},
                     {"baseline", p.baseline},
-                    {"baseline_step_seconds", p.baseline_step_seconds}};
+                    {"baseline_step_seconds", p.baseline_step_seconds},
+                    {"unoverlapped_step_seconds", p.unoverlapped_step_seconds}};
   const RuntimeSettings& r = plan.runtime;
   j["runtime"] = {{"prefetch_distance", r.prefetch_distance},
                   {"save_lag", r.save_lag},
@@ -647,6 +648,8 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     STOWAGE_PLAN_RETURN_IF_ERROR(p->ReadOptional("baseline", out.baseline));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         p->ReadOptional("baseline_step_seconds", out.baseline_step_seconds, kSeconds));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        p->ReadOptional("unoverlapped_step_seconds", out.unoverlapped_step_seconds, kSeconds));
   }
   if (j.Has("runtime")) {
     absl::StatusOr<json::Object> r = j.Child("runtime");
@@ -768,6 +771,8 @@ absl::Status ValidatePlan(const Plan& plan) {
       CheckRange("predicted.exposed_copy_seconds", p.exposed_copy_seconds, kSeconds));
   STOWAGE_PLAN_RETURN_IF_ERROR(
       CheckRange("predicted.baseline_step_seconds", p.baseline_step_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("predicted.unoverlapped_step_seconds", p.unoverlapped_step_seconds, kSeconds));
 
   const RuntimeSettings& r = plan.runtime;
   STOWAGE_PLAN_RETURN_IF_ERROR(

@@ -332,18 +332,20 @@ absl::StatusOr<LayerCost> BuildLayer(const ModelConfig& m, const HardwareProfile
   const double elementwise = 3.0 * static_cast<double>(b.cost.saved_bytes);
   const double other_cores = b.core_flops - b.attention_flops;  // GEMM-like (linear attention)
   b.cost.forward_flops = b.matmul_flops + b.grouped_flops + b.core_flops;
-  b.cost.forward_seconds = OpSeconds({.gemm_flops = b.matmul_flops + other_cores,
-                                      .attention_forward_flops = b.attention_flops,
-                                      .grouped_gemm_flops = b.grouped_flops,
-                                      .tokens_per_expert = b.tokens_per_expert,
-                                      .elementwise_bytes = elementwise},
-                                     hw);
-  b.cost.backward_seconds = OpSeconds({.gemm_flops = 2 * b.matmul_flops + 2.5 * other_cores,
-                                       .attention_backward_flops = 2.5 * b.attention_flops,
-                                       .grouped_gemm_flops = 2 * b.grouped_flops,
-                                       .tokens_per_expert = b.tokens_per_expert,
-                                       .elementwise_bytes = 2 * elementwise},
-                                      hw);
+  b.cost.forward_time = OpTimeOf({.gemm_flops = b.matmul_flops + other_cores,
+                                  .attention_forward_flops = b.attention_flops,
+                                  .grouped_gemm_flops = b.grouped_flops,
+                                  .tokens_per_expert = b.tokens_per_expert,
+                                  .elementwise_bytes = elementwise},
+                                 hw);
+  b.cost.forward_seconds = b.cost.forward_time.total();
+  b.cost.backward_time = OpTimeOf({.gemm_flops = 2 * b.matmul_flops + 2.5 * other_cores,
+                                   .attention_backward_flops = 2.5 * b.attention_flops,
+                                   .grouped_gemm_flops = 2 * b.grouped_flops,
+                                   .tokens_per_expert = b.tokens_per_expert,
+                                   .elementwise_bytes = 2 * elementwise},
+                                  hw);
+  b.cost.backward_seconds = b.cost.backward_time.total();
   b.cost.chunk_overhead_seconds = kChunkOverheadSeconds;
   if (!b.status.ok()) return b.status;
   return b.cost;
@@ -780,9 +782,11 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   // each chunk's logits in backward (a fourth pass) unless one chunk covers every token, when
   // the logits are kept as with 0 (issue 11: that case was charged four passes).
   const double passes = chunk >= tokens ? 3 : 4;
-  c.tail_seconds =
-      OpSeconds({.gemm_flops = passes * head_flops, .elementwise_bytes = 3 * tokens * v * 4}, hw);
-  c.embedding_seconds = OpSeconds({.elementwise_bytes = 3 * tokens * h * dt * m.hc_mult}, hw);
+  c.tail_time =
+      OpTimeOf({.gemm_flops = passes * head_flops, .elementwise_bytes = 3 * tokens * v * 4}, hw);
+  c.tail_seconds = c.tail_time.total();
+  c.embedding_time = OpTimeOf({.elementwise_bytes = 3 * tokens * h * dt * m.hc_mult}, hw);
+  c.embedding_seconds = c.embedding_time.total();
   if (hf) ApplyHfStep(m, hw, run, c);
   if (!first_stage) c.embedding_seconds = 0, c.embedding_grad_bytes = 0;
   if (!last_stage) c.tail_seconds = 0, c.tail_bytes = 0, c.tail_grad_bytes = 0;

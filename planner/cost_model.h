@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "planner/hardware.h"
 #include "planner/model.h"
+#include "planner/op_time.h"
 #include "stowage/plan.h"
 
 namespace stowage::planner {
@@ -106,6 +107,10 @@ struct LayerCost {
   uint64_t ffn_backward_transient = 0;
   double forward_seconds = 0;
   double backward_seconds = 0;
+  // forward_seconds and backward_seconds by op class, where the analytic recipes built them
+  // (a measured profile's are empty): what `--explain`-style tables and tests print.
+  OpTime forward_time;
+  OpTime backward_time;
   double chunk_overhead_seconds = 0;  // per extra FFN/MoE chunk, per pass
   double forward_flops = 0;
   // Parameter gradients this layer's backward creates (StepCost::gradients_in_backward): they
@@ -145,7 +150,9 @@ struct StepCost {
   std::vector<LayerCost> layers;
   double embedding_seconds = 0;  // forward + backward
   double tail_seconds = 0;       // final norm, LM head and loss, forward + backward
-  uint64_t tail_bytes = 0;       // working set of the LM head and loss
+  OpTime embedding_time;         // embedding_seconds and tail_seconds by op class (analytic)
+  OpTime tail_time;
+  uint64_t tail_bytes = 0;  // working set of the LM head and loss
   double d2h_bytes_per_second = 0;
   double h2d_bytes_per_second = 0;
   double bidir_d2h_bytes_per_second = 0;

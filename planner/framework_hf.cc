@@ -172,14 +172,21 @@ struct HfLayer {
     Save(name, "", bytes, per_layer);
     NormTraffic(width);
   }
-  // An RMSNorm over `width` per token with `rows` rsqrt values: to(fp32) 2w+4w, pow 8w, mean
-  // 4w, mul 8w, to(bf16) 6w, weight mul 4w = 36w forward.
-  void NormTraffic(double width) {
-    fwd_bytes += 36 * width;
-    bwd_bytes += 72 * width;
-    fwd_kernels += 7;
-    bwd_kernels += 12;
+  // Element-wise work of one module: bytes per token read + written, forward and backward, and
+  // the kernels each pass launches.
+  void Traffic(double fwd, double bwd, double fwd_launches, double bwd_launches) {
+    fwd_bytes += fwd;
+    bwd_bytes += bwd;
+    fwd_kernels += fwd_launches;
+    bwd_kernels += bwd_launches;
   }
+  // An RMSNorm over `width` (LlamaRMSNorm.forward), bytes per element. Forward: to(fp32) r2 w4,
+  // pow r4 w4, mean r4, (+eps, rsqrt: per row), mul r4 w4, to(bf16) r4 w2, weight mul r2 w2 =
+  // 36, 8 kernels. Backward, in autograd's order: the weight mul's two gradients (g * x r4 w2
+  // summed over tokens r2; g * weight r2 w2), to(bf16)'s (r2 w4), the rsqrt mul's (g * r r4
+  // w4; (g * x).sum(-1) r8 w4 + r4), mean's expand / width (w4), pow's (x.pow(1) r4 w4, * 2 r4
+  // w4, * g r8 w4), the sum of x32's two gradients (r8 w4), to(fp32)'s (r4 w2) = 92, 15 kernels.
+  void NormTraffic(double width) { Traffic(36 * width, 92 * width, 8, 15); }
 };
 
 void AddModule(HfLayer& b, const std::string& name, double seconds, bool in_ffn) {
@@ -250,24 +257,25 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   } else {
     b.Save("attn.core_out", "attn_core", 2 * hq * d + 4 * hq);
   }
-  // RoPE on q and k (apply_rotary_pos_emb): two muls, rotate_half's neg and cat, an add:
-  // 20 bytes per element forward, about as many backward.
-  b.fwd_bytes += 20 * (hq + hkv) * d;
-  b.bwd_bytes += 20 * (hq + hkv) * d;
-  b.fwd_kernels += 12;
-  b.bwd_kernels += 12;
-  // Residual add (r 4h, w 2h); backward sums the three projections' input gradients.
-  b.fwd_bytes += 6 * h;
-  b.bwd_bytes += 12 * h;
-  b.fwd_kernels += 5;  // q, k, v, o projections, residual add
-  b.bwd_kernels += 12;
+  // RoPE on q and k (apply_rotary_pos_emb), bytes per element: forward x * cos r2 w2,
+  // rotate_half's neg over half r1 w1 and cat r2 w2, * sin r2 w2, the add r4 w2 = 20, 5 kernels;
+  // backward * sin r2 w2, neg r1 w1, the two slices' zeros-and-copy (w2 + r1 w1 each), * cos r2
+  // w2, and the sum of the three gradients (2 x r4 w2) = 30, 9 kernels. Per head tensor.
+  b.Traffic(20 * (hq + hkv) * d, 30 * (hq + hkv) * d, 10, 18);
+  // Residual add (r 4h, w 2h); backward sums the gradients of the layer input's two uses (the
+  // norm and the add: r 4h w 2h) and of the normed input's three (q, k and v: 2 x r 4h w 2h).
+  // The q, k, v, o GEMMs: 4 forward, 8 backward (input and weight gradients).
+  b.Traffic(6 * h, 18 * h, 1 + 4, 3 + 8);
+  if (m.qkv_bias) {
+    // q/k/v biases: added in the GEMM epilogue forward; backward sums each gradient over tokens.
+    b.Traffic(0, 2 * (hq + 2 * hkv) * d, 0, 3);
+  }
   // Causal flash skips the blocks above the diagonal (a query sees half the sequence on
   // average); a masked kernel and eager attention compute the whole square.
   AttentionCore(b, hq, d, d, masked || b.dialect.eager ? s : 0.5 * s);
   if (b.dialect.eager) {
     // softmax (r 4, w 4 per score), its bf16 copy, the mask add: about 20 bytes per score.
-    b.fwd_bytes += 20 * hq * s;
-    b.bwd_bytes += 24 * hq * s;
+    b.Traffic(20 * hq * s, 24 * hq * s, 0, 0);
   }
   // Forward: the projections before RoPE and RoPE's temporaries (eager: the scores' fp32
   // softmax input as well); backward: dq, dk, dv and the fp32 dq accumulator of the flash
@@ -314,19 +322,16 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
   const bool post_norms = m.norms_per_layer == 4;  // Gemma 2/3: post-attention norm here
   if (post_norms) b.Norm("attn.post_norm", h, 1, false);
   b.Norm("ffn.norm", h, 1, true);
-  b.fwd_bytes += 6 * h;  // residual add
-  b.bwd_bytes += 6 * h;
+  // Residual add; backward sums the gradients of the mid state's two uses.
+  b.Traffic(6 * h, 6 * h, 1, 1);
   const size_t first = b.cost.saved.size();
   // A SwiGLU of width f (LlamaMLP.forward): silu r 2f w 2f, mul r 4f w 2f; backward the mul's
-  // two gradients (r 6f w 4f) and silu's (r 4f w 2f), and the sum of gate's and up's input
-  // gradients.
+  // two gradients (2 x r 4f w 2f) and silu's (r 4f w 2f), and the sum of gate's and up's input
+  // gradients (r 4h w 2h); 3 GEMMs forward, 6 backward.
   auto swiglu = [&](double f, const char* prefix, const char* module) {
     b.Save(absl::StrCat(prefix, ".gate_up"), "", 4 * f);
     b.Save(absl::StrCat(prefix, ".act"), module, 4 * f);
-    b.fwd_bytes += 10 * f;
-    b.bwd_bytes += 16 * f + 6 * h;
-    b.fwd_kernels += 5;
-    b.bwd_kernels += 10;
+    b.Traffic(10 * f, 18 * f + 6 * h, 2 + 3, 4 + 6);
   };
   if (spec.ffn == FfnKind::kDense) {
     const double f = m.intermediate;
@@ -372,16 +377,29 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     b.Save("moe.act", "moe_act", act);
     if (b.dialect.router != HfRouter::kLlama4) b.Save("moe.expert_out", "", 2 * h * k);
     const double routed = b.dialect.router == HfRouter::kLlama4 ? e : k;
-    // Router: softmax r 2E w 4E, top-k r 4E; sort of t*k int64 keys (radix passes, ~64 bytes
-    // per key); the gathers hidden[perm // k] and weighted_out[inv_perm] (r 2hk w 2hk each);
-    // gate/up activation 10*fe*k; the weighting mul 4hk; the sum over k r 2hk w 2h.
-    b.fwd_bytes += 6 * e + 4 * e + 64 * routed + 4 * h * routed + 10 * fe * routed +
-                   4 * h * routed + 4 * h * routed + 2 * h * routed + 2 * h;
-    b.bwd_bytes += 2 * (4 * h * routed + 10 * fe * routed + 4 * h * routed + 4 * h * routed +
-                        2 * h * routed + 2 * h) +
-                   6 * e;
-    b.fwd_kernels += 30;
-    b.bwd_kernels += 45;
+    // grouped_mm_experts_forward (integrations/moe.py), bytes per token (k routed experts; Llama 4
+    // runs all E). Forward: the router GEMM, softmax to fp32 r 2E w 4E, top-k r 4E, the top-k
+    // renormalisation and cast (4 kernels, per-row sizes); torch.sort of the t*k int64 expert ids
+    // with their positions (CUB radix sort, 8 passes of r 16 w 16 per key: 256k, ~10 kernels); perm
+    // // k, the weight gather, histc, cumsum and casts (6 kernels, per-key sizes); the gather
+    // hidden[perm // k] r 2hk w 2hk; the up grouped_mm; silu(gate) * up over the [t*k, 2fe] halves
+    // r 2fe w 2fe + r 4fe w 2fe; the down grouped_mm; the routing-weight mul r 2hk w 2hk; inv_perm
+    // (arange, index_put); the gather weighted_out[inv_perm] r 2hk w 2hk; the sum over k r 2hk w
+    // 2h. Backward: sum's expand is a view; the inv_perm gather's index_put(accumulate) into zeros
+    // (w 2hk, its own sort of the indices, r 2hk + r 2hk w 2hk); the weighting mul's two
+    // gradients (r 4hk w 2hk; r 4hk w 2hk, summed r 2hk); down's two grouped GEMMs; the gate's
+    // mul and silu gradients (2 x r 4fe w 2fe per k, r 4fe w 2fe) and the chunk's cat into
+    // [t*k, 2fe] (r 4fe w 4fe); up's two grouped GEMMs; the hidden gather's index_put into
+    // zeros (w 2h, sort, r 2hk, r 2hk w 2hk); the routing weights' gather, top-k's scatter
+    // (w 4E), softmax's backward (r 8E w 4E) and cast (r 4E w 2E); the router's two GEMMs; the
+    // sum of the normed input's two gradients (router and experts: r 4h w 2h).
+    const double r = routed;
+    b.Traffic(6 * e + 4 * e + 256 * r + 4 * h * r + 10 * fe * r + 4 * h * r + 4 * h * r +
+                  2 * h * r + 2 * h,
+              2 * h * r + 256 * r + 6 * h * r + 14 * h * r + 18 * fe * r + 8 * fe * r + 2 * h +
+                  256 * r + 6 * h * r + 4 * e + 12 * e + 6 * e + 6 * h,
+              1 + 1 + 1 + 4 + 10 + 6 + 1 + 1 + 2 + 1 + 1 + 2 + 1 + 1,
+              1 + 10 + 2 + 3 + 2 + 4 + 2 + 1 + 10 + 2 + 2 + 2 + 2 + 2 + 1);
     b.grouped_flops += 2 * 3 * h * fe * routed * b.t;
     b.tokens_per_expert = per_expert;
     if (m.shared_intermediate > 0) swiglu(m.shared_intermediate, "moe.shared", "");
@@ -457,20 +475,22 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   b.cost.output_bytes = b.cost.input_bytes;
   for (const SavedTensor& s : b.cost.saved) b.cost.saved_bytes += s.bytes;
   b.cost.forward_flops = b.gemm_flops + b.grouped_flops + b.core_flops;
-  b.cost.forward_seconds = OpSeconds({.gemm_flops = b.gemm_flops,
-                                      .attention_forward_flops = b.core_flops,
-                                      .grouped_gemm_flops = b.grouped_flops,
-                                      .tokens_per_expert = b.tokens_per_expert,
-                                      .elementwise_bytes = b.fwd_bytes * tokens,
-                                      .kernels = b.fwd_kernels},
-                                     hw);
-  b.cost.backward_seconds = OpSeconds({.gemm_flops = 2 * b.gemm_flops,
-                                       .attention_backward_flops = 2.5 * b.core_flops,
-                                       .grouped_gemm_flops = 2 * b.grouped_flops,
-                                       .tokens_per_expert = b.tokens_per_expert,
-                                       .elementwise_bytes = b.bwd_bytes * tokens,
-                                       .kernels = b.bwd_kernels},
-                                      hw);
+  b.cost.forward_time = OpTimeOf({.gemm_flops = b.gemm_flops,
+                                  .attention_forward_flops = b.core_flops,
+                                  .grouped_gemm_flops = b.grouped_flops,
+                                  .tokens_per_expert = b.tokens_per_expert,
+                                  .elementwise_bytes = b.fwd_bytes * tokens,
+                                  .kernels = b.fwd_kernels},
+                                 hw);
+  b.cost.forward_seconds = b.cost.forward_time.total();
+  b.cost.backward_time = OpTimeOf({.gemm_flops = 2 * b.gemm_flops,
+                                   .attention_backward_flops = 2.5 * b.core_flops,
+                                   .grouped_gemm_flops = 2 * b.grouped_flops,
+                                   .tokens_per_expert = b.tokens_per_expert,
+                                   .elementwise_bytes = b.bwd_bytes * tokens,
+                                   .kernels = b.bwd_kernels},
+                                  hw);
+  b.cost.backward_seconds = b.cost.backward_time.total();
   b.cost.grad_bytes =
       static_cast<uint64_t>((dense_params + expert_params) * static_cast<double>(run.grad_bytes));
   return b.cost;
@@ -491,12 +511,23 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   c.fixed.other += static_cast<uint64_t>(kCublasWorkspaces * kCublasWorkspaceBytes + 4 * d * t);
   // The tail: final norm (8h + 4) + the loss's 14V + labels (16) per token (Note [hf profile]).
   c.tail_bytes = static_cast<uint64_t>(std::llround((8 * h + 4 + 14 * v + 16) * t));
-  // LM head: forward GEMM and two backward GEMMs. Loss element-wise: float() 6V, log_softmax
-  // 12V, nll_loss backward's zeros 4V, log_softmax backward 16V, to(bf16) 6V; the final norm.
-  c.tail_seconds =
-      OpSeconds({.gemm_flops = 3 * 2 * h * v * t, .elementwise_bytes = (44 * v + 108 * h) * t}, hw);
-  // Embedding: the gather forward; backward zeroes a V x h gradient and scatters into it.
-  c.embedding_seconds = OpSeconds({.elementwise_bytes = 4 * h * t + 2 * v * h + 6 * h * t}, hw);
+  // LM head: one GEMM forward, two backward (one chunk covers every token, so the logits are
+  // not recomputed). The loss (ForCausalLMLoss, loss/loss_utils.py), bytes per token: float()
+  // r 2V w 4V; log_softmax over V = 1e5+ columns (cunn_SoftMaxForward: a row does not fit in
+  // shared memory, so max, sum and write each read it) r 12V w 4V; nll_loss; backward
+  // nll_loss's zeros w 4V and scatter; log_softmax's (the row sum of the gradient, then
+  // r 8V w 4V) r 12V w 4V; float()'s r 4V w 2V: 48V, ~12 kernels with the label pad and shift.
+  // The final norm: 36h forward, 92h backward, 8 + 15 kernels (NormTraffic).
+  c.tail_time = OpTimeOf({.gemm_flops = 3 * 2 * h * v * t,
+                          .elementwise_bytes = (48 * v + 128 * h) * t,
+                          .kernels = 3 + 12 + 8 + 15},
+                         hw);
+  c.tail_seconds = c.tail_time.total();
+  // Embedding: the gather forward (r 2h w 2h); backward (embedding_dense_backward) zeroes the
+  // V x h gradient, sorts the ids and sums each id's rows in fp32 (r 2h, w+r 8h, w 2h).
+  c.embedding_time =
+      OpTimeOf({.elementwise_bytes = 4 * h * t + 2 * v * h + 12 * h * t, .kernels = 8}, hw);
+  c.embedding_seconds = c.embedding_time.total();
 }
 
 }  // namespace stowage::planner

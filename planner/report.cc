@@ -99,6 +99,8 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   p.exposed_copy_seconds = sim.exposed_copy_seconds;
   p.baseline = baseline.name;
   p.baseline_step_seconds = baseline.sim.step_seconds;
+  p.unoverlapped_step_seconds =
+      sim.compute_seconds + sim.copy_seconds + step.optimizer_copy_seconds;
   plan.runtime.prefetch_distance = distance;
   plan.runtime.save_lag = result.schedule.save_lag;
   plan.runtime.host_arena_bytes = sim.host_bytes;  // every offloaded byte is live at the loss
@@ -232,6 +234,16 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                                   : baseline_fits      ? "full recompute"
                                                        : "full recompute, which does not fit",
                                   p.baseline_step_seconds));
+  if (p.unoverlapped_step_seconds > p.step_seconds) {
+    // The planned time assumes the copies overlap compute as simulated; with none overlapped
+    // (a synchronizing trainer, a contended link) the step is compute plus every copy.
+    absl::StrAppend(
+        &out, absl::StrFormat("copies not overlapped  %.3f s (compute %.3f s + every copy back to "
+                              "back %.3f s): expect %.3f-%.3f s\n",
+                              p.unoverlapped_step_seconds, result.sim.compute_seconds,
+                              p.unoverlapped_step_seconds - result.sim.compute_seconds,
+                              p.step_seconds, p.unoverlapped_step_seconds));
+  }
   const double gap = result.sim.step_seconds > 0 && result.lower_bound_seconds > 0
                          ? (result.sim.step_seconds / result.lower_bound_seconds - 1) * 100
                          : 0;

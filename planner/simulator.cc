@@ -119,6 +119,7 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
       const double issued = c.save_at_forward_start ? start : end;
       const double copy_start = std::max(issued, d2h_free);
       d2h_done[i] = copy_start + static_cast<double>(c.host_bytes) / step.d2h_bytes_per_second;
+      r.copy_seconds += d2h_done[i] - copy_start;
       d2h_free = d2h_done[i];
       event(StepEventKind::kSaveIssued, i, issued);
       event(StepEventKind::kSaveLanded, i, d2h_done[i]);
@@ -153,6 +154,7 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   auto issue_h2d = [&](int k, double t) {
     const double copy_start = std::max({t, h2d_free, d2h_done[k]});
     h2d_done[k] = copy_start + static_cast<double>(costs[k].host_bytes) / step.h2d_bytes_per_second;
+    r.copy_seconds += h2d_done[k] - copy_start;
     h2d_free = h2d_done[k];
     add(t, static_cast<int64_t>(costs[k].host_bytes), -2, Phase::kBackward);
     event(StepEventKind::kPrefetchIssued, k, t);

@@ -77,6 +77,9 @@ struct SimResult {
   double step_seconds = 0;
   double compute_seconds = 0;
   double exposed_copy_seconds = 0;
+  // Every D2H and H2D of the step at its one-way rate, back to back: with compute_seconds, the
+  // step time if no copy overlapped compute (PlanPrediction::unoverlapped_step_seconds).
+  double copy_seconds = 0;
   // Filled when recording: timeline, compute and copy intervals.
   std::vector<MemoryPoint> timeline;
   std::vector<ComputeInterval> compute;

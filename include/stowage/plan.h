@@ -183,7 +183,10 @@ struct PlanPrediction {
   uint64_t host_bytes_per_gpu = 0;
   uint64_t host_bytes_per_numa_node = 0;
   double step_seconds = 0;
-  double exposed_copy_seconds = 0;   // compute stalled waiting on copies
+  double exposed_copy_seconds = 0;  // compute stalled waiting on copies
+  // The step if no copy overlapped compute: compute, then every D2H and H2D (and the optimizer
+  // offload's copies) one after another. With step_seconds, the range a user can expect.
+  double unoverlapped_step_seconds = 0;
   double baseline_step_seconds = 0;  // keep-everything if it fits, else full recompute
   std::string baseline;              // "keep" or "recompute"
 };

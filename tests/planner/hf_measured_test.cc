@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -12,6 +13,10 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "planner/cost_model.h"
+#include "planner/hardware.h"
+#include "planner/model.h"
+#include "planner/op_time.h"
 #include "stowage/plan.h"
 #include "tests/test_util.h"
 
@@ -51,13 +56,65 @@ CliRun Plan(const Case& c) {
   return stowage::testing::RunCommand(command);
 }
 
+// The predicted step of a case by op class (the same StepCost the CLI plans from): every
+// layer's forward and backward, its forward again under full recompute, the LM head and loss,
+// and the embedding. With no offload the planned step is exactly their sum.
+struct Terms {
+  stowage::planner::OpTime layers, recompute, tail, embedding;
+};
+
+Terms TermsOf(const Case& c) {
+  using namespace stowage::planner;
+  Terms terms;
+  absl::StatusOr<ModelConfig> model = ReadHfConfigFile(DataDir() + "/" + c.config);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return terms;
+  RunSettings run;
+  run.seq_len = c.seq_len;
+  run.micro_batch = 1;
+  run.tp = run.cp = run.ep = 1;
+  run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  run.framework = Framework::kHf;
+  run.optimizer = OptimizerKind::kNone;
+  run.grad_bytes = 2;
+  run.loss_chunk_tokens = 0;
+  absl::StatusOr<StepCost> step = BuildStepCost(*model, *HardwarePreset("h200"), run);
+  EXPECT_TRUE(step.ok()) << step.status();
+  if (!step.ok()) return terms;
+  for (const LayerCost& l : step->layers) {
+    terms.layers += l.forward_time;
+    terms.layers += l.backward_time;
+    if (c.checkpointing) terms.recompute += l.forward_time;
+  }
+  terms.tail = step->tail_time;
+  terms.embedding = step->embedding_time;
+  return terms;
+}
+
+void PrintTerms(const Case& c, const Terms& t) {
+  stowage::planner::OpTime all = t.layers;
+  all += t.recompute;
+  all += t.tail;
+  all += t.embedding;
+  std::printf(
+      "  %-14s ms: gemm %.1f  attn fwd %.1f  attn bwd %.1f  grouped %.1f  elementwise %.1f  "
+      "launch %.1f | layers %.1f  recompute %.1f  head+loss %.1f  embedding %.1f | sum %.1f\n",
+      c.name.c_str(), 1e3 * all.gemm, 1e3 * all.attention_forward, 1e3 * all.attention_backward,
+      1e3 * all.grouped_gemm, 1e3 * all.elementwise, 1e3 * all.launch, 1e3 * t.layers.total(),
+      1e3 * t.recompute.total(), 1e3 * t.tail.total(), 1e3 * t.embedding.total(),
+      1e3 * all.total());
+}
+
 // Runs every case, prints predicted vs measured and checks the bound on one quantity.
-void CheckCases(bool peak_bound, bool time_bound) {
+// `only`: the case names to run (empty: all four).
+void CheckCases(bool peak_bound, bool time_bound, const std::vector<std::string>& only = {}) {
   const std::vector<Case> cases = ReadCases();
   ASSERT_EQ(cases.size(), 4u);
   std::printf("%-16s %-9s %12s %12s %7s %9s %9s %7s\n", "case", "policy", "peak GiB", "measured",
               "err", "step s", "measured", "err");
   for (const Case& c : cases) {
+    if (!only.empty() && std::find(only.begin(), only.end(), c.name) == only.end()) continue;
     const CliRun run = Plan(c);
     ASSERT_EQ(run.code, 0) << c.name << ": " << run.out;
     auto plan = stowage::ParsePlanJson(run.out);
@@ -74,6 +131,7 @@ void CheckCases(bool peak_bound, bool time_bound) {
       EXPECT_LE(std::abs(peak_error), 0.03) << c.name << " seq " << c.seq_len;
     }
     if (time_bound) {
+      PrintTerms(c, TermsOf(c));
       EXPECT_LE(std::abs(time_error), 0.10) << c.name << " seq " << c.seq_len;
     }
   }
@@ -81,10 +139,20 @@ void CheckCases(bool peak_bound, bool time_bound) {
 
 TEST(HfMeasured, PeakWithin3Percent) { CheckCases(true, false); }
 
-// Not met yet (issue 12, step time): with the per-op-class rates of Note [Op rates]
-// (hardware.cc) the dense cases come out -10% (llama keep), -8% (llama recompute) and -5%
-// (qwen2 recompute), the MoE case -27%: the hf recipe's kernel counts and element-wise traffic
-// are still being counted (framework_hf.cc Note [Step time]).
-TEST(HfMeasured, DISABLED_StepTimeWithin10Percent) { CheckCases(false, true); }
+// The dense cases: every term from the op counts of Note [Step time] (framework_hf.cc) at the
+// rates of Note [Op rates] (hardware.cc); none is fitted to these runs.
+TEST(HfMeasured, StepTimeWithin10Percent) {
+  CheckCases(false, true, {"llama-8layer", "qwen2-6layer"});
+}
+
+// Not met (issue 12): the MoE case is predicted 23% fast (0.117 s against 0.152 s). Its terms
+// (printed) are GEMMs 28 ms, grouped expert GEMMs 17 ms (1.1e13 FLOPs at 512 tokens per
+// expert, 663 TFLOP/s by the preset's tile-padding model), attention 22 ms, element-wise 46
+// ms, launches 4 ms. No measurement of torch._grouped_mm's rate at these shapes (or of its
+// weight-gradient form, which reduces over the 512 tokens) exists here: `stowage calibrate`
+// on an H200 measures it; a constant chosen to close this gap would be a fit to this case.
+TEST(HfMeasured, DISABLED_MoeStepTimeWithin10Percent) {
+  CheckCases(false, true, {"qwen3moe-6layer"});
+}
 
 }  // namespace

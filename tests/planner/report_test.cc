@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "stowage/plan.h"
 
 namespace stowage::planner {
@@ -66,6 +67,12 @@ TEST(MakePlan, ThePlanIsValidAndCarriesThePrediction) {
   }
   EXPECT_EQ(p.plan.runtime.host_arena_bytes, host);
   EXPECT_GT(host, 100ull << 30);  // 1M tokens must offload most layer inputs
+  // With no copy overlapped: compute plus every byte D2H and back H2D at the one-way rates.
+  const double copies = static_cast<double>(host) / p.step.d2h_bytes_per_second +
+                        static_cast<double>(host) / p.step.h2d_bytes_per_second;
+  EXPECT_NEAR(p.plan.predicted.unoverlapped_step_seconds, p.result.sim.compute_seconds + copies,
+              1e-6 * copies);
+  EXPECT_GT(p.plan.predicted.unoverlapped_step_seconds, p.plan.predicted.step_seconds);
   auto parsed = ParsePlanJson(PlanToJson(p.plan));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(PlanToJson(*parsed), PlanToJson(p.plan));
@@ -82,6 +89,11 @@ TEST(RenderTable, OneRowPerLayerAndASummary) {
   EXPECT_THAT(summary, HasSubstr("peak device memory"));
   EXPECT_THAT(summary, HasSubstr("per NUMA node"));
   EXPECT_THAT(summary, HasSubstr("step time"));
+  // The range a user can expect: the planned step and the step with no copy overlapped.
+  EXPECT_THAT(summary, HasSubstr("copies not overlapped"));
+  EXPECT_THAT(summary,
+              HasSubstr(absl::StrFormat("expect %.3f-%.3f s", p.plan.predicted.step_seconds,
+                                        p.plan.predicted.unoverlapped_step_seconds)));
 }
 
 // The timeline must render: rsvg-convert (librsvg2-bin, installed by tools/setup-deps) turns

@@ -73,6 +73,7 @@ class Prediction:
     exposed_copy_seconds: float = 0.0
     baseline: str = ""
     baseline_step_seconds: float = 0.0
+    unoverlapped_step_seconds: float = 0.0
 
 
 @dataclasses.dataclass
