@@ -4,6 +4,7 @@
 #include <cctype>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,32 @@ constexpr uint64_t kMiB = 1ull << 20;
 //    its datasheet 4.8 TB/s, 3930 / 4800 = 0.82.
 //  - kernel_seconds 3 us: the launch-to-launch time of a null kernel on recent GPUs and drivers
 //    (NVIDIA developer forums, "Too much time for kernel launch latency", 2022).
+
+// Note [Topology]
+// What the communication model (planner/communication.h) needs: how many GPUs one NVLink
+// fabric joins (an HGX board: 8; an NVL72 rack: 72) and its per-GPU rate, the per-GPU network
+// rate (NIC line rate / GPUs sharing the NIC) and the per-hop latencies. The latencies are
+// NCCL's own model of a Simple-protocol ring hop (src/graph/tuning.cc, hwLat: 3.4 us over
+// NVLink, 14 us over the network). Rates are datasheet peaks per direction, an upper bound on
+// what NCCL reaches; `stowage calibrate` writes the measured all_to_all/all_gather/
+// reduce_scatter bus bandwidths among a node's GPUs, which the model then uses instead.
+// The shared host link (gpus_per_host_link, host_link_bytes_per_second) is what several GPUs
+// copying to host memory at once divide among themselves; an HGX board gives each GPU its own
+// PCIe Gen5 x16 link, so its presets share nothing there.
+
+// An HGX/DGX 8-GPU node: one NVSwitch domain of 8 GPUs, and one ConnectX-7 NDR 400 Gb/s
+// (50 GB/s) compute-fabric NIC per GPU (DGX H100/H200/B200 user guides: eight OSFP ports, each
+// with its GPU).
+void HgxTopology(HardwareProfile& p, double nvlink_bytes_per_second) {
+  p.nvlink_domain_gpus = 8;
+  p.gpus_per_node = 8;
+  p.nvlink_bytes_per_second = nvlink_bytes_per_second;
+  p.nic_bytes_per_second = 50e9;
+  p.gpus_per_nic = 1;
+  p.gpus_per_host_link = 1;
+  p.host_link_bytes_per_second = 0;
+}
+
 // H200, PCIe Gen5 x16, figures from reference/h200-probe.log (DESIGN.md "Measured ceilings").
 // The host side (2 sockets, 1 TiB and 4 GPUs per NUMA node) is the HGX H200 reference layout,
 // since the probe VM's single node is not what training nodes look like.
@@ -71,6 +98,7 @@ HardwareProfile H200() {
   p.pin_seconds_per_gib = 0.038;
   p.host_bytes_per_numa_node = 1024 * kGiB;
   p.gpus_per_numa_node = 4;
+  HgxTopology(p, 450e9);  // NVLink 4: 18 links x 25 GB/s per direction
   return p;
 }
 
@@ -91,6 +119,7 @@ HardwareProfile B200() {
   p.pin_seconds_per_gib = 0.038;
   p.host_bytes_per_numa_node = 1024 * kGiB;  // DGX B200: 2 TiB, 2 sockets, 4 GPUs each
   p.gpus_per_numa_node = 4;
+  HgxTopology(p, 900e9);  // NVLink 5: 18 links x 50 GB/s per direction
   return p;
 }
 
@@ -111,6 +140,17 @@ HardwareProfile GB200() {
   p.pin_seconds_per_gib = 0.038;
   p.host_bytes_per_numa_node = 480ull * 1000 * 1000 * 1000;
   p.gpus_per_numa_node = 2;
+  // GB200 NVL72: one NVLink 5 domain of 72 GPUs (18 links x 50 GB/s per direction each) over 18
+  // compute trays of 4 GPUs (2 superchips); one ConnectX-7 400 Gb/s NIC per GPU. Both GPUs of a
+  // superchip copy into the one Grace's LPDDR5X, 512 GB/s at most (GB200 datasheet): two GPUs
+  // copying at once get 256 GB/s each, below their 450 GB/s C2C links.
+  p.nvlink_domain_gpus = 72;
+  p.gpus_per_node = 4;
+  p.nvlink_bytes_per_second = 900e9;
+  p.nic_bytes_per_second = 50e9;
+  p.gpus_per_nic = 1;
+  p.gpus_per_host_link = 2;
+  p.host_link_bytes_per_second = 512e9;
   return p;
 }
 
@@ -132,6 +172,13 @@ constexpr json::Range<int> kGpusPerNumaNode{1, 1024};
 constexpr json::Range<double> kHalfTokens{0, 1e6};
 // One kernel's fixed cost: 0 to 10 ms (a launch slower than that is a broken measurement).
 constexpr json::Range<double> kKernelSeconds{0, 1e-2};
+// Topology: a group of GPUs in one node, NIC or host link is at most 1024; an NVLink domain at
+// most the largest world size (kMaxParallel, 2^20). Optional rates are 0 (absent) or a rate in
+// kBytesPerSecond; latencies up to a second.
+constexpr json::Range<int> kGpusPerGroup{1, 1024};
+constexpr json::Range<int> kNvlinkDomainGpus{1, 1 << 20};
+constexpr json::Range<double> kOptionalBytesPerSecond{0, 1e15};
+constexpr json::Range<double> kLatencySeconds{0, 1};
 
 #define STOWAGE_HW_RETURN_IF_ERROR(expr) \
   do {                                   \
@@ -146,6 +193,25 @@ absl::Status InRange(const std::string& field, T value, json::Range<T> range) {
                                                  "; allowed: [", range.min, ", ", range.max, "]"));
 }
 
+// The rates that may be 0 (absent): each 0 or within kBytesPerSecond.
+std::vector<std::pair<const char*, double>> OptionalRates(const HardwareProfile& p) {
+  return {{"nvlink_bytes_per_second", p.nvlink_bytes_per_second},
+          {"nic_bytes_per_second", p.nic_bytes_per_second},
+          {"all_to_all_bytes_per_second", p.all_to_all_bytes_per_second},
+          {"all_gather_bytes_per_second", p.all_gather_bytes_per_second},
+          {"reduce_scatter_bytes_per_second", p.reduce_scatter_bytes_per_second},
+          {"host_link_bytes_per_second", p.host_link_bytes_per_second}};
+}
+
+absl::Status OptionalRate(const std::string& field, double value) {
+  if (value == 0 || (value >= kBytesPerSecond.min && value <= kBytesPerSecond.max)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("hardware profile: field '", field, "' is ", value,
+                                                 "; allowed: 0 (absent) or [", kBytesPerSecond.min,
+                                                 ", ", kBytesPerSecond.max, "]"));
+}
+
 }  // namespace
 
 uint64_t HardwareProfile::UsableBytes() const {
@@ -158,6 +224,18 @@ uint64_t HardwareProfile::HostBytesPerGpu() const {
 
 uint64_t HardwareProfile::DefaultHostBudgetPerGpu() const {
   return static_cast<uint64_t>(static_cast<double>(HostBytesPerGpu()) * kDefaultHostPinnedShare);
+}
+
+double HardwareProfile::NetworkBytesPerSecond() const {
+  return nic_bytes_per_second / std::max(1, gpus_per_nic);
+}
+
+double HardwareProfile::SharedHostLinkRate(double one_gpu_rate) const {
+  if (host_link_bytes_per_second <= 0 || gpus_per_host_link <= 1) {
+    return host_link_bytes_per_second > 0 ? std::min(one_gpu_rate, host_link_bytes_per_second)
+                                          : one_gpu_rate;
+  }
+  return std::min(one_gpu_rate, host_link_bytes_per_second / gpus_per_host_link);
 }
 
 std::vector<std::string> HardwarePresetNames() { return {"h200", "b200", "gb200"}; }
@@ -208,6 +286,18 @@ absl::Status ValidateHardwareProfile(const HardwareProfile& p) {
   STOWAGE_HW_RETURN_IF_ERROR(
       InRange("host_bytes_per_numa_node", p.host_bytes_per_numa_node, kHostBytes));
   STOWAGE_HW_RETURN_IF_ERROR(InRange("gpus_per_numa_node", p.gpus_per_numa_node, kGpusPerNumaNode));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("nvlink_domain_gpus", p.nvlink_domain_gpus, kNvlinkDomainGpus));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("gpus_per_node", p.gpus_per_node, kGpusPerGroup));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("gpus_per_nic", p.gpus_per_nic, kGpusPerGroup));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("gpus_per_host_link", p.gpus_per_host_link, kGpusPerGroup));
+  for (auto [field, rate] : OptionalRates(p)) {
+    STOWAGE_HW_RETURN_IF_ERROR(OptionalRate(field, rate));
+  }
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("nvlink_latency_seconds", p.nvlink_latency_seconds, kLatencySeconds));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("network_latency_seconds", p.network_latency_seconds, kLatencySeconds));
   for (size_t i = 0; i < p.chunk_bandwidth.size(); ++i) {
     const ChunkBandwidth& c = p.chunk_bandwidth[i];
     const std::string at = absl::StrCat("chunk_bandwidth[", i, "].");
@@ -254,6 +344,18 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
   j["pin_seconds_per_gib"] = p.pin_seconds_per_gib;
   j["host_bytes_per_numa_node"] = p.host_bytes_per_numa_node;
   j["gpus_per_numa_node"] = p.gpus_per_numa_node;
+  j["nvlink_domain_gpus"] = p.nvlink_domain_gpus;
+  j["gpus_per_node"] = p.gpus_per_node;
+  j["nvlink_bytes_per_second"] = p.nvlink_bytes_per_second;
+  j["nvlink_latency_seconds"] = p.nvlink_latency_seconds;
+  j["nic_bytes_per_second"] = p.nic_bytes_per_second;
+  j["gpus_per_nic"] = p.gpus_per_nic;
+  j["network_latency_seconds"] = p.network_latency_seconds;
+  j["all_to_all_bytes_per_second"] = p.all_to_all_bytes_per_second;
+  j["all_gather_bytes_per_second"] = p.all_gather_bytes_per_second;
+  j["reduce_scatter_bytes_per_second"] = p.reduce_scatter_bytes_per_second;
+  j["gpus_per_host_link"] = p.gpus_per_host_link;
+  j["host_link_bytes_per_second"] = p.host_link_bytes_per_second;
   return j.dump(2) + "\n";
 }
 
@@ -332,6 +434,29 @@ absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& text
       j.ReadOptional("host_bytes_per_numa_node", p.host_bytes_per_numa_node, kHostBytes));
   STOWAGE_HW_RETURN_IF_ERROR(
       j.ReadOptional("gpus_per_numa_node", p.gpus_per_numa_node, kGpusPerNumaNode));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("nvlink_domain_gpus", p.nvlink_domain_gpus, kNvlinkDomainGpus));
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("gpus_per_node", p.gpus_per_node, kGpusPerGroup));
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("gpus_per_nic", p.gpus_per_nic, kGpusPerGroup));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("gpus_per_host_link", p.gpus_per_host_link, kGpusPerGroup));
+  for (auto [field, rate] :
+       {std::pair<const char*, double*>{"nvlink_bytes_per_second", &p.nvlink_bytes_per_second},
+        {"nic_bytes_per_second", &p.nic_bytes_per_second},
+        {"all_to_all_bytes_per_second", &p.all_to_all_bytes_per_second},
+        {"all_gather_bytes_per_second", &p.all_gather_bytes_per_second},
+        {"reduce_scatter_bytes_per_second", &p.reduce_scatter_bytes_per_second},
+        {"host_link_bytes_per_second", &p.host_link_bytes_per_second}}) {
+    STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional(field, *rate, kOptionalBytesPerSecond));
+    if (*rate != 0 && *rate < kBytesPerSecond.min) {
+      return j.Invalid(field, absl::StrCat("0 (absent) or [", kBytesPerSecond.min, ", ",
+                                           kBytesPerSecond.max, "]"));
+    }
+  }
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("nvlink_latency_seconds", p.nvlink_latency_seconds, kLatencySeconds));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("network_latency_seconds", p.network_latency_seconds, kLatencySeconds));
   STOWAGE_HW_RETURN_IF_ERROR(ValidateHardwareProfile(p));
   return p;
 }

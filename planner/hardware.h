@@ -61,6 +61,26 @@ struct HardwareProfile {
   uint64_t host_bytes_per_numa_node = 0;
   int gpus_per_numa_node = 1;
 
+  // Topology (Note [Topology] in hardware.cc; planner/communication.h reads it). Rates are per
+  // GPU and per direction; latencies are NCCL's per-hop figures.
+  int nvlink_domain_gpus = 1;          // GPUs one NVLink/NVSwitch fabric joins (an NVL72 rack: 72)
+  int gpus_per_node = 1;               // GPUs in one host (one OS, one host RAM)
+  double nvlink_bytes_per_second = 0;  // per GPU into the NVLink fabric; 0: no NVLink
+  double nvlink_latency_seconds = 3.4e-6;
+  double nic_bytes_per_second = 0;  // one NIC's line rate, shared by gpus_per_nic GPUs
+  int gpus_per_nic = 1;
+  double network_latency_seconds = 14e-6;
+  // Bus bandwidth NCCL reaches among one node's GPUs (nccl-tests' busBw), written by `stowage
+  // calibrate`; 0: not measured, nvlink_bytes_per_second is used.
+  double all_to_all_bytes_per_second = 0;
+  double all_gather_bytes_per_second = 0;
+  double reduce_scatter_bytes_per_second = 0;
+  // The host link several GPUs share (a PCIe switch's uplink, or the memory of the CPU a
+  // Grace-Blackwell pair hangs off): its capacity per direction and how many GPUs share it.
+  // 0: no shared limit beyond each GPU's own link.
+  int gpus_per_host_link = 1;
+  double host_link_bytes_per_second = 0;
+
   // hbm_bytes * usable_fraction: the default GPU memory budget.
   uint64_t UsableBytes() const;
   // Host RAM one GPU may use when the GPUs of a NUMA node share it evenly.
@@ -68,6 +88,12 @@ struct HardwareProfile {
   // The pinned host budget a plan gets when none is given: kDefaultHostPinnedShare of
   // HostBytesPerGpu(), so the rest of the node's RAM stays for what else runs there.
   uint64_t DefaultHostBudgetPerGpu() const;
+  // Per-GPU network rate: nic_bytes_per_second / gpus_per_nic.
+  double NetworkBytesPerSecond() const;
+  // The host-link rate one GPU gets when every GPU of its node copies at once (all ranks of a
+  // node run the same schedule): `one_gpu_rate` capped by host_link_bytes_per_second /
+  // gpus_per_host_link.
+  double SharedHostLinkRate(double one_gpu_rate) const;
 };
 
 // Names accepted by HardwarePreset, in the order --help lists them.

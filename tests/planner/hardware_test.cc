@@ -39,6 +39,39 @@ TEST(HardwarePreset, OthersAreMarkedDatasheetAndValid) {
   EXPECT_THAT(bad.status().message(), HasSubstr("allowed: h200, b200, gb200"));
 }
 
+// Note [Topology]: an HGX board is one NVLink domain of 8 with a NIC per GPU; an NVL72 rack is
+// one domain of 72, and the two GPUs of a superchip share the Grace's 512 GB/s.
+TEST(HardwarePreset, TopologyFromTheDatasheets) {
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  EXPECT_EQ(h200.nvlink_domain_gpus, 8);
+  EXPECT_EQ(h200.gpus_per_node, 8);
+  EXPECT_DOUBLE_EQ(h200.nvlink_bytes_per_second, 450e9);
+  EXPECT_DOUBLE_EQ(h200.NetworkBytesPerSecond(), 50e9);
+  EXPECT_DOUBLE_EQ(h200.SharedHostLinkRate(55.3e9), 55.3e9);  // own PCIe link per GPU
+  const HardwareProfile gb200 = *HardwarePreset("gb200");
+  EXPECT_EQ(gb200.nvlink_domain_gpus, 72);
+  EXPECT_EQ(gb200.gpus_per_node, 4);
+  EXPECT_DOUBLE_EQ(gb200.SharedHostLinkRate(450e9), 256e9);
+  HardwareProfile shared = h200;
+  shared.gpus_per_nic = 2;
+  shared.gpus_per_host_link = 4;
+  shared.host_link_bytes_per_second = 110.6e9;  // one x16 uplink behind a switch of four
+  EXPECT_DOUBLE_EQ(shared.NetworkBytesPerSecond(), 25e9);
+  EXPECT_DOUBLE_EQ(shared.SharedHostLinkRate(55.3e9), 27.65e9);
+  EXPECT_TRUE(ValidateHardwareProfile(shared).ok());
+}
+
+TEST(HardwareProfileJson, OldProfilesWithoutTopologyReadAsOneGpu) {
+  auto p = ParseHardwareProfileJson(R"({"hbm_bytes": 1073741824, "hbm_bytes_per_second": 1e12,
+      "dense_bf16_flops": 1e15, "d2h_bytes_per_second": 5e10, "h2d_bytes_per_second": 4e10})");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->nvlink_domain_gpus, 1);
+  EXPECT_EQ(p->gpus_per_node, 1);
+  EXPECT_EQ(p->nvlink_bytes_per_second, 0);
+  EXPECT_EQ(p->nic_bytes_per_second, 0);
+  EXPECT_DOUBLE_EQ(p->SharedHostLinkRate(5e10), 5e10);
+}
+
 TEST(HardwareProfileJson, RoundTripsExactly) {
   for (const std::string& name : HardwarePresetNames()) {
     const HardwareProfile p = *HardwarePreset(name);
@@ -114,6 +147,13 @@ TEST(HardwareProfileJson, LooseNumbersAreErrorsNamingFieldValueAndRange) {
            {"kernel_seconds", "1", "1"},
            {"kernel_seconds", "-1e-6", "-1e-06"},
            {"name", "7", "7"},
+           {"nvlink_domain_gpus", "0", "0"},
+           {"gpus_per_nic", "1.5", "1.5"},
+           {"gpus_per_host_link", "2000", "2000"},
+           {"nic_bytes_per_second", "5", "5"},
+           {"nvlink_bytes_per_second", "-1", "-1"},
+           {"all_to_all_bytes_per_second", "1e16", "1e+16"},
+           {"network_latency_seconds", "-1e-6", "-1e-06"},
        }) {
     auto p = ParseHardwareProfileJson(WithField(c.field, c.value), "hardware profile x.json");
     ASSERT_FALSE(p.ok()) << c.field << " = " << c.value;
