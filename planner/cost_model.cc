@@ -29,7 +29,8 @@ namespace {
 // attention, MLA and DSA's sparse core) by their own FLOP counts (causal: each query sees half
 // the sequence on average, under CP too; backward 2.5x forward as in flash kernels); linear
 // attention's chunked cores and the DSA indexer as GEMMs; element-wise work as three passes
-// over the saved bytes. Communication is assumed overlapped.
+// over the saved bytes. Communication adds what compute does not hide (Note
+// [Communication] in communication.cc).
 
 // Note [megatron profile]
 // What a Megatron-Core (0.16) layer with TransformerEngine (2.x) kernels keeps for backward, per
@@ -500,7 +501,8 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
       return s;
     }
     if (!finite(l.forward_seconds) || !finite(l.backward_seconds) ||
-        !finite(l.chunk_overhead_seconds)) {
+        !finite(l.chunk_overhead_seconds) || !finite(l.forward_comm_seconds) ||
+        !finite(l.backward_comm_seconds)) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " has a negative or non-finite time (forward ", l.forward_seconds,
                        " s, backward ", l.backward_seconds, " s)"));
@@ -519,8 +521,9 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
                      " (2^62, README \"Limits\"): fewer tokens per rank or layers"));
   }
   if (!finite(step.tail_seconds) || !finite(step.embedding_seconds) ||
-      !(step.d2h_bytes_per_second > 0) || !(step.h2d_bytes_per_second > 0) ||
-      !(step.bidir_d2h_bytes_per_second > 0) || !(step.bidir_h2d_bytes_per_second > 0)) {
+      !finite(step.comm.step_exposed_seconds) || !(step.d2h_bytes_per_second > 0) ||
+      !(step.h2d_bytes_per_second > 0) || !(step.bidir_d2h_bytes_per_second > 0) ||
+      !(step.bidir_h2d_bytes_per_second > 0)) {
     return absl::InvalidArgumentError("the step has a negative or non-finite time or link rate");
   }
   return absl::OkStatus();
@@ -790,10 +793,18 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   if (hf) ApplyHfStep(m, hw, run, c);
   if (!first_stage) c.embedding_seconds = 0, c.embedding_grad_bytes = 0;
   if (!last_stage) c.tail_seconds = 0, c.tail_bytes = 0, c.tail_grad_bytes = 0;
+  c.comm = BuildStepComm(m, hw, run, c.layers);
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    c.layers[i].forward_comm_seconds = c.comm.layers[i].forward_exposed_seconds;
+    c.layers[i].backward_comm_seconds = c.comm.layers[i].backward_exposed_seconds;
+  }
 
   c.copy_chunk_bytes = 16ull << 20;
-  c.d2h_bytes_per_second = Rate(hw, c.copy_chunk_bytes, true);
-  c.h2d_bytes_per_second = Rate(hw, c.copy_chunk_bytes, false);
+  // Every rank of a node runs this schedule, so each copy of this rank runs while the GPUs
+  // sharing its host link copy too: the link's share is the rate (HardwareProfile::
+  // SharedHostLinkRate).
+  c.d2h_bytes_per_second = hw.SharedHostLinkRate(Rate(hw, c.copy_chunk_bytes, true));
+  c.h2d_bytes_per_second = hw.SharedHostLinkRate(Rate(hw, c.copy_chunk_bytes, false));
   const double bidir_scale_d = hw.bidir_d2h_bytes_per_second / hw.d2h_bytes_per_second;
   const double bidir_scale_h = hw.bidir_h2d_bytes_per_second / hw.h2d_bytes_per_second;
   c.bidir_d2h_bytes_per_second = c.d2h_bytes_per_second * std::min(1.0, bidir_scale_d);
@@ -807,8 +818,9 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
   OptionCost c;
   const int k = std::max(1, o.chunks);
   const double overhead = (k - 1) * l.chunk_overhead_seconds;
-  c.forward_seconds = l.forward_seconds + overhead;
-  c.backward_seconds = l.backward_seconds + overhead;
+  c.forward_seconds = l.forward_seconds + l.forward_comm_seconds + overhead;
+  c.backward_seconds = l.backward_seconds + l.backward_comm_seconds + overhead;
+  c.comm_seconds = l.forward_comm_seconds + l.backward_comm_seconds;
   // Attention runs before the FFN/MoE in forward and after it in backward: the FFN part's
   // working set (divided by the chunk count) sits on top of everything the attention part
   // saved, the attention part's on top of its own saved tensors only. The output (forward) or
@@ -851,6 +863,7 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
       c.host_bytes = o.policy == LayerPolicy::kOffloadInput ? l.input_bytes : 0;
       c.save_at_forward_start = o.policy == LayerPolicy::kOffloadInput;
       c.recompute_seconds = c.forward_seconds;
+      c.comm_seconds += l.forward_comm_seconds;  // the recompute's collectives run again
       // Forward saves nothing but the input; the recompute in backward regenerates the FFN/MoE
       // part chunk by chunk.
       c.forward_peak = forward_with(l.input_bytes, 0);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/communication.h"
 #include "planner/hardware.h"
 #include "planner/model.h"
 #include "planner/op_time.h"
@@ -124,6 +125,10 @@ struct LayerCost {
   // Megatron's recipe can; transformers' eager MLP and expert loop take every token at once
   // (framework_hf.cc), and a measured layer ran as it was measured.
   bool ffn_chunkable = true;
+  // Exposed communication of one forward (made again by a recompute) and one backward
+  // (StepComm::layers; planner/communication.h), added to the pass times by EvaluateOption.
+  double forward_comm_seconds = 0;
+  double backward_comm_seconds = 0;
 };
 inline constexpr int kMaxInFlightMicrobatches = 1024;
 
@@ -168,6 +173,9 @@ struct StepCost {
   // (gradients D2H, weights H2D) that do not overlap the forward and backward.
   uint64_t optimizer_host_bytes = 0;
   double optimizer_copy_seconds = 0;
+  // The step's collectives (planner/communication.h); comm.step_exposed_seconds is added to
+  // the step by the simulator, each layer's exposed part is in its LayerCost.
+  StepComm comm;
 };
 
 // One pipeline stage's step (run.pp = 1: the whole model; planner/pipeline.h): that stage's
@@ -202,6 +210,7 @@ struct OptionCost {
   double forward_seconds = 0;
   double recompute_seconds = 0;
   double backward_seconds = 0;
+  double comm_seconds = 0;  // the exposed communication included in the three above
   double compute_seconds() const { return forward_seconds + recompute_seconds + backward_seconds; }
 };
 

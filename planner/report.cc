@@ -170,6 +170,41 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
   return out;
 }
 
+namespace {
+
+// The "exposed communication" line: what compute waited for, then per group the bytes one
+// rank moves per step and their time on the links (Note [Communication]); then its warnings.
+std::string RenderCommunication(const StepCost& step, const SimResult& sim) {
+  std::string groups;
+  for (CommGroup g :
+       {CommGroup::kTp, CommGroup::kCp, CommGroup::kEp, CommGroup::kFsdp, CommGroup::kDp}) {
+    double seconds = 0;
+    CommLink link = CommLink::kNone;
+    auto count = [&](const CommOp& op) {
+      if (op.group != g) return;
+      seconds += (op.forward_calls + op.backward_calls) * op.seconds;
+      if (op.link == CommLink::kNetwork || link == CommLink::kNone) link = op.link;
+    };
+    for (const LayerComm& l : step.comm.layers) {
+      for (const CommOp& op : l.ops) count(op);
+    }
+    for (const CommOp& op : step.comm.step_ops) count(op);
+    const double bytes = StepCommBytes(step.comm, g);
+    if (bytes <= 0) continue;
+    absl::StrAppend(
+        &groups, groups.empty() ? "" : ", ",
+        absl::StrFormat("%s %s in %.3f s (%s)", CommGroupName(g),
+                        FormatBytes(static_cast<uint64_t>(bytes)), seconds, CommLinkName(link)));
+  }
+  std::string out = absl::StrFormat(
+      "exposed communication  %.3f s, in the step time; per step and rank, on the links: %s\n",
+      sim.exposed_comm_seconds, groups.empty() ? std::string("none") : groups);
+  for (const std::string& w : step.comm.warnings) absl::StrAppend(&out, "  ", w, "\n");
+  return out;
+}
+
+}  // namespace
+
 std::string RenderSummary(const StepCost& step, const Plan& plan, const OptimizeResult& result) {
   const PlanPrediction& p = plan.predicted;
   const HardwareProfile& hw = step.hardware;
@@ -244,6 +279,7 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                               p.unoverlapped_step_seconds - result.sim.compute_seconds,
                               p.step_seconds, p.unoverlapped_step_seconds));
   }
+  absl::StrAppend(&out, RenderCommunication(step, result.sim));
   const double gap = result.sim.step_seconds > 0 && result.lower_bound_seconds > 0
                          ? (result.sim.step_seconds / result.lower_bound_seconds - 1) * 100
                          : 0;

@@ -135,6 +135,7 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
     others =
         CheckedAdd(others, CheckedMul(c.resident_bytes, m - 1).value_or(~0ull)).value_or(~0ull);
     r.compute_seconds += c.compute_seconds();
+    r.exposed_comm_seconds += c.comm_seconds;
   }
   const double tail_start = now;
   const double tail_end = now + step.tail_seconds;
@@ -187,7 +188,9 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   const double step_end = now;
   if (grads) add(step_end, static_cast<int64_t>(step.embedding_grad_bytes), -2, Phase::kBackward);
   // --optimizer-offload: the step's gradient and weight copies run after the backward.
-  r.step_seconds = step_end + step.embedding_seconds * 2 / 3 + step.optimizer_copy_seconds;
+  r.step_seconds = step_end + step.embedding_seconds * 2 / 3 + step.optimizer_copy_seconds +
+                   step.comm.step_exposed_seconds;
+  r.exposed_comm_seconds += step.comm.step_exposed_seconds;
   r.host_bytes += step.optimizer_host_bytes;
   if (record) {
     r.compute.push_back({Phase::kEmbedding, -1, step_end, r.step_seconds, 0});

@@ -80,6 +80,8 @@ struct SimResult {
   // Every D2H and H2D of the step at its one-way rate, back to back: with compute_seconds, the
   // step time if no copy overlapped compute (PlanPrediction::unoverlapped_step_seconds).
   double copy_seconds = 0;
+  // Communication compute waits for (planner/communication.h), included in step_seconds.
+  double exposed_comm_seconds = 0;
   // Filled when recording: timeline, compute and copy intervals.
   std::vector<MemoryPoint> timeline;
   std::vector<ComputeInterval> compute;

@@ -1,0 +1,103 @@
+// Communication time: the bytes each collective of a training step moves on one rank, the link
+// it crosses, its time on that link and how much of it compute hides. Note [Communication] in
+// communication.cc states the collectives, their byte counts, the cost model and the overlap
+// rules; the cost model (cost_model.cc) adds each layer's exposed part to the layer's times and
+// the simulator adds the once-per-step part to the step.
+#ifndef STOWAGE_PLANNER_COMMUNICATION_H_
+#define STOWAGE_PLANNER_COMMUNICATION_H_
+
+#include <string>
+#include <vector>
+
+#include "planner/hardware.h"
+
+namespace stowage::planner {
+
+struct LayerCost;
+struct ModelConfig;
+struct RunSettings;
+
+enum class Collective { kAllGather, kReduceScatter, kAllReduce, kAllToAll, kSendRecv };
+const char* CollectiveName(Collective collective);  // "all-gather", ..., "send/recv"
+
+// The link a group's traffic is limited by: none (a group of one), the NVLink fabric (every
+// member in one NVLink domain), or the network (the group leaves its NVLink domain).
+enum class CommLink { kNone, kNvlink, kNetwork };
+const char* CommLinkName(CommLink link);  // "none", "NVLink", "network"
+
+// A process group as Megatron lays it out: `size` members whose global ranks are `stride` apart
+// (rank order TP innermost, then CP, then EP / DP, then PP).
+struct GroupPlacement {
+  int size = 1;
+  int stride = 1;
+};
+
+struct GroupLinks {
+  CommLink link = CommLink::kNone;
+  int members_per_domain = 1;  // members of the group inside one NVLink domain
+};
+GroupLinks LinksOf(const HardwareProfile& hw, GroupPlacement group);
+
+// Seconds of one collective on `group`, by the alpha-beta ring model with NCCL's bus-bandwidth
+// factors (Note [Communication]). `bytes` is what nccl-tests calls the size: the gathered output
+// of an all-gather, the input of a reduce-scatter, the buffer of an all-reduce, everything one
+// rank sends (its own share included) in an all-to-all, the message of a send/recv. 0 when the
+// link's rate is absent from the profile (the summary says so).
+double CollectiveSeconds(const HardwareProfile& hw, Collective collective, GroupPlacement group,
+                         double bytes);
+
+// One activation message between adjacent pipeline stages whose ranks are `stride` apart
+// (Megatron: world / pp): NVLink inside a domain, the network otherwise.
+double PointToPointSeconds(const HardwareProfile& hw, int stride, double bytes);
+
+// The parallel dimension a collective runs over.
+enum class CommGroup { kTp, kCp, kEp, kFsdp, kDp };
+const char* CommGroupName(CommGroup group);  // "TP", "CP", "EP", "FSDP", "DP"
+
+// One collective of a layer (or of the whole step), as it runs once.
+struct CommOp {
+  std::string name;  // e.g. "TP all-gather (attention input)"
+  CommGroup group = CommGroup::kTp;
+  Collective collective = Collective::kAllGather;
+  GroupPlacement placement;
+  CommLink link = CommLink::kNone;
+  double bytes = 0;    // per call, CollectiveSeconds' `bytes`
+  double seconds = 0;  // per call on the link
+  // Calls per layer forward (also made again by a recompute) and per layer backward; for a
+  // once-per-step op, `backward_calls` is its count per step.
+  int forward_calls = 0;
+  int backward_calls = 0;
+  bool latency_bound = false;  // its latency term exceeds its bandwidth term
+};
+
+// A layer's collectives and the part of their time no compute hides, per pass.
+struct LayerComm {
+  std::vector<CommOp> ops;
+  double forward_seconds = 0;  // on the links
+  double backward_seconds = 0;
+  double forward_exposed_seconds = 0;  // what the layer's forward (and recompute) waits
+  double backward_exposed_seconds = 0;
+};
+
+struct StepComm {
+  std::vector<LayerComm> layers;  // one per model layer
+  std::vector<CommOp> step_ops;   // once per step: embedding, LM head, DP gradient reduction
+  double step_seconds = 0;
+  double step_exposed_seconds = 0;
+  // "WARNING: ..." lines for the summary: groups leaving the NVLink domain, too few tokens per
+  // rank, a sequence length CP cannot split for load balance, links the profile lacks.
+  std::vector<std::string> warnings;
+};
+
+// The step's communication for `layers` (built by the cost model from the same model and run;
+// their compute times are what hides the overlapped collectives).
+StepComm BuildStepComm(const ModelConfig& model, const HardwareProfile& hw, const RunSettings& run,
+                       const std::vector<LayerCost>& layers);
+
+// Bytes one rank sends or gathers per step in `group` when every layer runs forward and
+// backward once (no recompute): the sum of calls x bytes.
+double StepCommBytes(const StepComm& comm, CommGroup group);
+
+}  // namespace stowage::planner
+
+#endif  // STOWAGE_PLANNER_COMMUNICATION_H_

@@ -1,0 +1,310 @@
+// The communication model against hand-computed byte counts per collective and the alpha-beta
+// times of Note [Communication] (planner/communication.cc).
+#include "planner/communication.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "planner/cost_model.h"
+#include "planner/model.h"
+#include "planner/optimizer.h"
+#include "planner/simulator.h"
+
+namespace stowage::planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+StepCost Build(const std::string& model, const std::string& hardware, const RunSettings& run) {
+  auto step = BuildStepCost(*ModelPreset(model), *HardwarePreset(hardware), run);
+  EXPECT_TRUE(step.ok()) << step.status();
+  return *step;
+}
+
+// The op named `name` of layer `layer` (or of the step when layer < 0).
+const CommOp* Find(const StepCost& step, int layer, const std::string& name) {
+  const std::vector<CommOp>& ops = layer < 0 ? step.comm.step_ops : step.comm.layers[layer].ops;
+  for (const CommOp& op : ops) {
+    if (op.name == name) return &op;
+  }
+  return nullptr;
+}
+
+double Seconds(const StepCost& step, LayerPolicy policy) {
+  Schedule s;
+  s.options.assign(step.layers.size(), LayerOption{policy, 0, 1});
+  return Simulate(step, s, false).step_seconds;
+}
+
+TEST(CollectiveSeconds, RingAndAllToAllByHand) {
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  // All-gather of 1 GB over 8 GPUs of one NVLink domain: 7/8 of it at 450 GB/s, 7 hops.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kAllGather, {8, 1}, 1e9),
+                   1e9 * 7 / 8 / 450e9 + 7 * 3.4e-6);
+  // All-reduce: twice the bytes and the hops.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kAllReduce, {8, 1}, 1e9),
+                   2 * (1e9 * 7 / 8 / 450e9) + 14 * 3.4e-6);
+  // 16 GPUs leave the 8-GPU domain: the ring runs at the NIC's 50 GB/s, 14 us a hop.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kReduceScatter, {16, 1}, 1e9),
+                   1e9 * 15 / 16 / 50e9 + 15 * 14e-6);
+  // All-to-all over 16 = 2 x 8: half the bytes leave the node, 7/16 stay on NVLink.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kAllToAll, {16, 1}, 1e9),
+                   1e9 * 8 / 16 / 50e9 + 14e-6);
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kAllToAll, {8, 1}, 1e9),
+                   1e9 * 7 / 8 / 450e9 + 3.4e-6);
+  EXPECT_EQ(CollectiveSeconds(h200, Collective::kAllGather, {1, 1}, 1e9), 0);
+  // Pipeline neighbours 8 ranks apart are on different nodes.
+  EXPECT_DOUBLE_EQ(PointToPointSeconds(h200, 8, 1e8), 1e8 / 50e9 + 14e-6);
+  EXPECT_DOUBLE_EQ(PointToPointSeconds(h200, 4, 1e8), 1e8 / 450e9 + 3.4e-6);
+  // A measured bus bandwidth replaces NVLink's inside one node, not across nodes.
+  HardwareProfile measured = h200;
+  measured.all_gather_bytes_per_second = 360e9;
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(measured, Collective::kAllGather, {8, 1}, 1e9),
+                   1e9 * 7 / 8 / 360e9 + 7 * 3.4e-6);
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(measured, Collective::kAllGather, {16, 1}, 1e9),
+                   1e9 * 15 / 16 / 50e9 + 15 * 14e-6);
+}
+
+TEST(LinksOf, FollowsMegatronRankOrder) {
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  EXPECT_EQ(LinksOf(h200, {8, 1}).link, CommLink::kNvlink);   // TP 8
+  EXPECT_EQ(LinksOf(h200, {2, 4}).link, CommLink::kNvlink);   // CP 2 under TP 4
+  EXPECT_EQ(LinksOf(h200, {2, 8}).link, CommLink::kNetwork);  // CP 2 under TP 8
+  EXPECT_EQ(LinksOf(h200, {2, 8}).members_per_domain, 1);
+  EXPECT_EQ(LinksOf(h200, {16, 1}).members_per_domain, 8);
+  EXPECT_EQ(LinksOf(*HardwarePreset("gb200"), {64, 1}).link, CommLink::kNvlink);  // NVL72
+  EXPECT_EQ(LinksOf(h200, {1, 1}).link, CommLink::kNone);
+}
+
+// The reference run (GLM-5.3-Flash, 1M tokens, CP 8, EP 8, 64 B200s): each of the 42 MoE layers
+// dispatches and combines 131,072 tokens x top-8 x 4096 x 2 bytes = 8 GiB, forward and backward:
+// 42 x 4 x 8 GiB = 1.44 TB per step per rank, ~1.6 s over NVLink, ~25 s over the network.
+TEST(StepComm, ReferenceExpertAllToAllIs1_4TBPerStepPerRank) {
+  RunSettings run;
+  const StepCost step = Build("glm-5.3-flash", "b200", run);
+  const double per_call = 131072.0 * 8 * 4096 * 2;
+  const CommOp* a2a = Find(step, 3, "EP all-to-all (dispatch, combine)");
+  ASSERT_NE(a2a, nullptr);
+  EXPECT_DOUBLE_EQ(a2a->bytes, per_call);
+  EXPECT_EQ(a2a->forward_calls, 2);
+  EXPECT_EQ(a2a->backward_calls, 2);
+  EXPECT_EQ(a2a->link, CommLink::kNvlink);
+  EXPECT_DOUBLE_EQ(StepCommBytes(step.comm, CommGroup::kEp), 42 * 4 * per_call);
+  EXPECT_NEAR(StepCommBytes(step.comm, CommGroup::kEp) / 1e12, 1.443, 0.001);
+  EXPECT_DOUBLE_EQ(a2a->seconds, per_call * 7 / 8 / 900e9 + 3.4e-6);
+  EXPECT_EQ(Find(step, 0, "EP all-to-all (dispatch, combine)"), nullptr);  // dense FFN layer
+  // The busiest rank's imbalance scales its time, not what the average rank sends.
+  run.moe_imbalance = 2;
+  const StepCost skewed = Build("glm-5.3-flash", "b200", run);
+  const CommOp* busy = Find(skewed, 3, "EP all-to-all (dispatch, combine)");
+  EXPECT_DOUBLE_EQ(busy->bytes, per_call);
+  EXPECT_DOUBLE_EQ(busy->seconds, 2 * per_call * 7 / 8 / 900e9 + 3.4e-6);
+}
+
+TEST(StepComm, StepTimeGrowsWhenTheExpertGroupCrossesNodes) {
+  RunSettings run;
+  run.seq_len = 262144;
+  const StepCost ep8 = Build("glm-5.3-flash", "b200", run);
+  run.ep = 16;
+  const StepCost ep16 = Build("glm-5.3-flash", "b200", run);
+  const CommOp* a = Find(ep8, 3, "EP all-to-all (dispatch, combine)");
+  const CommOp* b = Find(ep16, 3, "EP all-to-all (dispatch, combine)");
+  EXPECT_EQ(a->link, CommLink::kNvlink);
+  EXPECT_EQ(b->link, CommLink::kNetwork);
+  EXPECT_DOUBLE_EQ(b->bytes, a->bytes);  // the same tokens leave each rank
+  // Half of EP 16's bytes leave the 8-GPU node at 50 GB/s instead of 7/8 at 900 GB/s.
+  EXPECT_DOUBLE_EQ(b->seconds, a->bytes * 8 / 16 / 50e9 + 14e-6);
+  EXPECT_GT(Seconds(ep16, LayerPolicy::kRecompute), Seconds(ep8, LayerPolicy::kRecompute) + 1.0);
+  EXPECT_THAT(ep16.comm.warnings,
+              testing::Contains(HasSubstr("the EP group of 16 GPUs leaves its NVLink domain")));
+}
+
+// Issue 14: at 1,024 and 4,096 GPUs the reference model's step stayed at 28.3 s. The data-
+// parallel rings grow with the world (FSDP gathers over gpus / tp ranks, 14 us a hop).
+TEST(StepComm, LargerWorldsNoLongerPlanTheSameStep) {
+  RunSettings run;
+  run.gpus = 1024;
+  const StepCost small = Build("glm-5.3-flash", "b200", run);
+  run.gpus = 4096;
+  const StepCost large = Build("glm-5.3-flash", "b200", run);
+  EXPECT_GT(Seconds(large, LayerPolicy::kRecompute), Seconds(small, LayerPolicy::kRecompute));
+}
+
+// Llama 3.1 8B (32 layers, hidden 4096, 8 KV heads of 128), 8,192 tokens on TP 8: each
+// attention and FFN all-gathers and reduce-scatters 8192 x 4096 x 2 bytes; backward makes the
+// reverse pair and gathers the input again for the weight gradient.
+TEST(StepComm, TensorParallelBytesByHand) {
+  RunSettings run;
+  run.seq_len = 8192;
+  run.tp = 8;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 8;
+  const StepCost step = Build("llama-3.1-8b", "h200", run);
+  const double s = 8192.0 * 4096 * 2;
+  const CommOp* ag = Find(step, 0, "TP all-gather");
+  const CommOp* rs = Find(step, 0, "TP reduce-scatter");
+  ASSERT_NE(ag, nullptr);
+  ASSERT_NE(rs, nullptr);
+  EXPECT_DOUBLE_EQ(ag->bytes, s);
+  EXPECT_EQ(ag->forward_calls, 2);
+  EXPECT_EQ(ag->backward_calls, 4);
+  EXPECT_EQ(rs->forward_calls, 2);
+  EXPECT_EQ(rs->backward_calls, 2);
+  EXPECT_DOUBLE_EQ(ag->seconds, s * 7 / 8 / 450e9 + 7 * 3.4e-6);
+  // Per layer 10 calls, plus the embedding's and the LM head's 4.
+  EXPECT_DOUBLE_EQ(StepCommBytes(step.comm, CommGroup::kTp), (32 * 10 + 4) * s);
+  // Exposed: every forward call, and backward all but the re-gathers.
+  EXPECT_DOUBLE_EQ(step.layers[0].forward_comm_seconds, 2 * ag->seconds + 2 * rs->seconds);
+  EXPECT_DOUBLE_EQ(step.layers[0].backward_comm_seconds, 2 * ag->seconds + 2 * rs->seconds);
+  // A recompute makes the forward's collectives again.
+  const OptionCost keep = EvaluateOption(step.layers[0], {LayerPolicy::kKeep, 0, 1});
+  const OptionCost recompute = EvaluateOption(step.layers[0], {LayerPolicy::kRecompute, 0, 1});
+  EXPECT_DOUBLE_EQ(recompute.comm_seconds - keep.comm_seconds, step.layers[0].forward_comm_seconds);
+  // TP 16 leaves the 8-GPU board.
+  run.tp = 16;
+  run.gpus = 16;
+  auto wide = BuildStepCost(*ModelPreset("qwen3-32b"), *HardwarePreset("h200"), run);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_THAT(wide->comm.warnings,
+              testing::Contains(HasSubstr("the TP group of 16 GPUs leaves its NVLink domain")));
+}
+
+// Context parallel, softmax attention: Llama 3.1 8B at 131,072 tokens on CP 4 holds 32,768
+// tokens per rank; its K/V block (8 heads x 128 x 2, bf16) goes round the ring 3 times forward,
+// K/V and dK/dV 3 times backward.
+TEST(StepComm, ContextParallelRingBytesByHand) {
+  RunSettings run;
+  run.seq_len = 131072;
+  run.cp = 4;
+  run.ep = 1;
+  run.gpus = 4;
+  const StepCost step = Build("llama-3.1-8b", "h200", run);
+  const double block = 32768.0 * 8 * 128 * 2 * 2;
+  const CommOp* fwd = Find(step, 0, "CP ring K/V exchange");
+  const CommOp* bwd = Find(step, 0, "CP ring K/V + dK/dV exchange");
+  ASSERT_NE(fwd, nullptr);
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_DOUBLE_EQ(fwd->bytes, block);
+  EXPECT_EQ(fwd->forward_calls, 3);
+  EXPECT_DOUBLE_EQ(bwd->bytes, 2 * block);
+  EXPECT_EQ(bwd->backward_calls, 3);
+  EXPECT_DOUBLE_EQ(StepCommBytes(step.comm, CommGroup::kCp), 32 * 9 * block);
+  // A 128 MiB block takes 0.3 ms over NVLink, well inside a 32K-token attention block.
+  EXPECT_EQ(step.layers[0].forward_comm_seconds, 0);
+  // 131072 is a multiple of 2 x 4: no zigzag warning; 131076 is not.
+  for (const std::string& w : step.comm.warnings) EXPECT_THAT(w, testing::Not(HasSubstr("zigzag")));
+  run.seq_len = 131076;
+  const StepCost odd = Build("llama-3.1-8b", "h200", run);
+  EXPECT_THAT(odd.comm.warnings, testing::Contains(HasSubstr("not divisible by 2 x --cp (8)")));
+}
+
+// Linear attention under CP passes each rank's recurrent state on: GLM-5.3-Flash's KDA layers
+// hold 64 heads x 128 x 128 fp32 per sequence, passed cp - 1 = 7 times each way.
+TEST(StepComm, LinearAttentionPassesItsStateAlongTheCpRanks) {
+  RunSettings run;
+  const StepCost step = Build("glm-5.3-flash", "b200", run);
+  const CommOp* pass = Find(step, 0, "CP recurrent-state pass");
+  ASSERT_NE(pass, nullptr);
+  EXPECT_DOUBLE_EQ(pass->bytes, 64.0 * 128 * 128 * 4);
+  EXPECT_EQ(pass->forward_calls, 7);
+  EXPECT_EQ(pass->backward_calls, 7);
+  // CP 8 under TP 1 on 8-GPU nodes: neighbours share a node.
+  EXPECT_EQ(pass->link, CommLink::kNvlink);
+}
+
+// FSDP (optim_grads_params): Llama 3.1 405B on TP 8 gathers its layer weights, 405e9 / 8 x 2
+// bytes (~100 GB) per pass per rank; the gradients are reduce-scattered once, in fp32.
+TEST(StepComm, FsdpGathersEveryLayersWeightsPerPass) {
+  RunSettings run;
+  run.seq_len = 8192;
+  run.tp = 8;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 1024;
+  const ModelConfig model = *ModelPreset("llama-3.1-405b");
+  const StepCost step = Build("llama-3.1-405b", "h200", run);
+  double gathered = 0, reduced = 0;
+  for (size_t i = 0; i < step.layers.size(); ++i) {
+    const CommOp* ag = Find(step, static_cast<int>(i), "FSDP weight all-gather");
+    const CommOp* rs = Find(step, static_cast<int>(i), "FSDP gradient reduce-scatter");
+    ASSERT_NE(ag, nullptr);
+    ASSERT_NE(rs, nullptr);
+    EXPECT_EQ(ag->forward_calls, 1);
+    EXPECT_EQ(ag->backward_calls, 1);
+    EXPECT_EQ(ag->placement.size, 128);  // 1024 / TP 8 ranks, 8 apart
+    EXPECT_EQ(ag->placement.stride, 8);
+    gathered += ag->bytes;
+    reduced += rs->bytes;
+  }
+  double layer_params = 0;
+  for (const LayerSpec& l : model.layers) layer_params += DenseLayerParams(model, l);
+  EXPECT_DOUBLE_EQ(gathered, layer_params / 8 * 2);
+  EXPECT_DOUBLE_EQ(reduced, layer_params / 8 * 4);
+  EXPECT_NEAR(gathered / 1e9, 100, 5);
+}
+
+// Without sharding the gradients are all-reduced once per step over the DP group; only the
+// last bucket's reduction (or what backward cannot cover) is exposed.
+TEST(StepComm, DataParallelAllReduceOncePerStep) {
+  RunSettings run;
+  run.seq_len = 8192;
+  run.tp = 1;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 16;
+  run.sharding = Sharding::kNoShard;
+  const ModelConfig model = *ModelPreset("llama-3.1-8b");
+  const StepCost step = Build("llama-3.1-8b", "h200", run);
+  const CommOp* ar = Find(step, -1, "DP dense gradient all-reduce");
+  ASSERT_NE(ar, nullptr);
+  EXPECT_DOUBLE_EQ(ar->bytes, static_cast<double>(ModelParameters(model)) * 4);
+  EXPECT_EQ(ar->placement.size, 16);
+  EXPECT_EQ(ar->link, CommLink::kNetwork);
+  EXPECT_DOUBLE_EQ(ar->seconds, ar->bytes * 2 * 15 / 16 / 50e9 + 2 * 15 * 14e-6);
+  const double bucket = ar->seconds * 4e7 / (ar->bytes / 4);
+  EXPECT_GE(step.comm.step_exposed_seconds, bucket * (1 - 1e-12));
+  EXPECT_LT(step.comm.step_exposed_seconds, ar->seconds);
+}
+
+TEST(StepComm, TooFewTokensPerExpertIsAWarning) {
+  RunSettings run;
+  run.seq_len = 4096;
+  run.cp = 1;
+  run.ep = 8;
+  run.gpus = 8;
+  const StepCost step = Build("glm-5.3-flash", "b200", run);
+  // 4096 x top-8 x ep 8 / 288 experts = 910 tokens per expert: fine.
+  for (const std::string& w : step.comm.warnings) {
+    EXPECT_THAT(w, testing::Not(HasSubstr("tokens per expert")));
+  }
+  run.seq_len = 256;  // 57 tokens per expert
+  const StepCost few = Build("glm-5.3-flash", "b200", run);
+  EXPECT_THAT(few.comm.warnings, testing::Contains(HasSubstr("57 tokens per expert")));
+}
+
+// All ranks of a node run one schedule, so GPUs behind one host link copy at once and share it.
+TEST(SharedHostLink, DividesTheCopyRateAndSlowsAnOffloadingStep) {
+  RunSettings run;
+  run.seq_len = 262144;
+  HardwareProfile own = *HardwarePreset("h200");
+  HardwareProfile shared = own;
+  shared.gpus_per_host_link = 2;
+  shared.host_link_bytes_per_second = 64e9;  // one Gen5 x16 uplink for two GPUs
+  const ModelConfig model = *ModelPreset("glm-5.3-flash");
+  auto a = BuildStepCost(model, own, run);
+  auto b = BuildStepCost(model, shared, run);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_DOUBLE_EQ(b->d2h_bytes_per_second, 32e9);
+  EXPECT_DOUBLE_EQ(b->h2d_bytes_per_second, 32e9);
+  EXPECT_DOUBLE_EQ(a->d2h_bytes_per_second, 55.1e9);  // the 16 MiB chunk rate, unshared
+  Schedule s;
+  s.options.assign(a->layers.size(), LayerOption{LayerPolicy::kOffloadInput, 0, 1});
+  EXPECT_GT(Simulate(*b, s, false).exposed_copy_seconds,
+            Simulate(*a, s, false).exposed_copy_seconds);
+}
+
+}  // namespace
+}  // namespace stowage::planner
