@@ -20,14 +20,24 @@ if(NOT STOWAGE_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD 20)
     set(STOWAGE_HAVE_CUDA ON)
     message(STATUS "CUDA toolkit ${CUDAToolkit_VERSION} at ${CUDAToolkit_LIBRARY_ROOT}")
-    # NCCL, from the same toolkit tree. The runtime compiles against nccl.h only and takes NCCL's
-    # functions from the process (runtime/nccl_agreement.cc, Note [NCCL from the process]), so
-    # nothing links it (the library must still exist: a header alone is no NCCL).
+    # NCCL's header beside the toolkit: target stowage::nccl and STOWAGE_HAVE_NCCL. The library
+    # is not linked but opened at run time (dlopen of libnccl.so.2, then the one found here):
+    # at ~200 MiB it would not fit the gpu-check folder, and a binary linked to it would not
+    # start on a machine without it.
     find_path(STOWAGE_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-    find_library(STOWAGE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
-    if(STOWAGE_NCCL_INCLUDE_DIR AND STOWAGE_NCCL_LIBRARY)
+    find_library(STOWAGE_NCCL_LIBRARY NAMES libnccl.so.2 nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+    if(STOWAGE_NCCL_INCLUDE_DIR)
       set(STOWAGE_HAVE_NCCL ON)
-      message(STATUS "NCCL at ${STOWAGE_NCCL_LIBRARY}")
+      add_library(stowage_nccl INTERFACE IMPORTED GLOBAL)
+      add_library(stowage::nccl ALIAS stowage_nccl)
+      target_include_directories(stowage_nccl INTERFACE ${STOWAGE_NCCL_INCLUDE_DIR})
+      target_link_libraries(stowage_nccl INTERFACE ${CMAKE_DL_LIBS})
+      target_compile_definitions(stowage_nccl INTERFACE STOWAGE_HAVE_NCCL=1)
+      if(STOWAGE_NCCL_LIBRARY)
+        target_compile_definitions(stowage_nccl INTERFACE
+                                   STOWAGE_NCCL_LIBRARY="${STOWAGE_NCCL_LIBRARY}")
+      endif()
+      message(STATUS "NCCL header: ${STOWAGE_NCCL_INCLUDE_DIR} (library opened at run time)")
     endif()
   elseif(STOWAGE_CUDA STREQUAL "ON")
     message(FATAL_ERROR "STOWAGE_CUDA=ON but no CUDA toolkit was found; set CUDAToolkit_ROOT")
