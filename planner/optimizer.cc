@@ -196,7 +196,9 @@ class Model {
         cost_[i].push_back(cost);
       }
     }
-    fixed_seconds_ = step.embedding_seconds + step.tail_seconds + step.optimizer_copy_seconds;
+    // Once per step, whatever the schedule: the once-per-step exposed communication too.
+    fixed_seconds_ = step.embedding_seconds + step.tail_seconds + step.optimizer_copy_seconds +
+                     step.comm.step_exposed_seconds;
   }
 
   int n() const { return n_; }

@@ -41,6 +41,10 @@ TEST(CalibrateGpu, WritesAMeasuredProfile) {
   EXPECT_THAT(profile.str(), HasSubstr("\"measured\""));
   EXPECT_THAT(profile.str(), HasSubstr("d2h_bytes_per_second"));
   EXPECT_THAT(profile.str(), HasSubstr("chunk_bandwidth"));
+  // The node's GPUs together: the shared host link, and NCCL's rates among them (or a line
+  // saying why not: one GPU, or no NCCL).
+  EXPECT_THAT(profile.str(), HasSubstr("\"gpus_per_host_link\""));
+  EXPECT_THAT(profile.str(), HasSubstr("\"all_to_all_bytes_per_second\""));
 
   std::ifstream table_file(table);
   std::stringstream text;
@@ -48,6 +52,8 @@ TEST(CalibrateGpu, WritesAMeasuredProfile) {
   EXPECT_THAT(text.str(), HasSubstr("arena setup"));
   EXPECT_THAT(text.str(), HasSubstr("bidirectional"));
   EXPECT_THAT(text.str(), HasSubstr("GEMM bf16"));
+  EXPECT_THAT(text.str(), HasSubstr("host link, every GPU copying at once"));
+  EXPECT_THAT(text.str(), HasSubstr("NCCL"));
   std::printf("%s", text.str().c_str());
 }
 
