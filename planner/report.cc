@@ -172,8 +172,9 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
 
 namespace {
 
-// The "exposed communication" line: what compute waited for, then per group the bytes one
-// rank moves per step and their time on the links (Note [Communication]); then its warnings.
+// The "exposed communication" line: what compute waited for (recomputes included), then per
+// group the bytes one rank moves in one forward and backward of every layer and their time on
+// the links (Note [Communication]); then its warnings.
 std::string RenderCommunication(const StepCost& step, const SimResult& sim) {
   std::string groups;
   for (CommGroup g :
@@ -197,7 +198,8 @@ std::string RenderCommunication(const StepCost& step, const SimResult& sim) {
                         FormatBytes(static_cast<uint64_t>(bytes)), seconds, CommLinkName(link)));
   }
   std::string out = absl::StrFormat(
-      "exposed communication  %.3f s, in the step time; per step and rank, on the links: %s\n",
+      "exposed communication  %.3f s, in the step time; per rank, each layer's forward and "
+      "backward once (a recompute repeats the forward's), on the links: %s\n",
       sim.exposed_comm_seconds, groups.empty() ? std::string("none") : groups);
   for (const std::string& w : step.comm.warnings) absl::StrAppend(&out, "  ", w, "\n");
   return out;

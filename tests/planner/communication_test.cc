@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "planner/cost_model.h"
@@ -213,6 +214,30 @@ TEST(StepComm, LinearAttentionPassesItsStateAlongTheCpRanks) {
   EXPECT_EQ(pass->backward_calls, 7);
   // CP 8 under TP 1 on 8-GPU nodes: neighbours share a node.
   EXPECT_EQ(pass->link, CommLink::kNvlink);
+}
+
+// DSA under CP: any query may pick any key, so the latent K/V (kv_lora_rank 512, no rope part)
+// and the indexer key (128) of all 8 x 131,072 tokens are gathered, their gradients
+// reduce-scattered.
+TEST(StepComm, SparseAttentionGathersTheLatentKvOverCp) {
+  RunSettings run;
+  const StepCost step = Build("glm-5.3-flash", "b200", run);
+  const CommOp* ag = Find(step, 3, "CP latent K/V all-gather");
+  const CommOp* rs = Find(step, 3, "CP latent K/V gradient reduce-scatter");
+  ASSERT_NE(ag, nullptr);
+  ASSERT_NE(rs, nullptr);
+  EXPECT_DOUBLE_EQ(ag->bytes, 131072.0 * 8 * (512 + 0 + 128) * 2);
+  EXPECT_EQ(ag->forward_calls, 1);
+  EXPECT_EQ(rs->backward_calls, 1);
+  // Exposed forward: the gather, the two all-to-alls, and what of the FSDP gathers the layer's
+  // forward does not cover.
+  double fsdp = 0;
+  for (const CommOp& op : step.comm.layers[3].ops) {
+    if (op.group == CommGroup::kFsdp) fsdp += op.forward_calls * op.seconds;
+  }
+  const double a2a = Find(step, 3, "EP all-to-all (dispatch, combine)")->seconds;
+  EXPECT_DOUBLE_EQ(step.layers[3].forward_comm_seconds,
+                   ag->seconds + 2 * a2a + std::max(0.0, fsdp - step.layers[3].forward_seconds));
 }
 
 // FSDP (optim_grads_params): Llama 3.1 405B on TP 8 gathers its layer weights, 405e9 / 8 x 2
