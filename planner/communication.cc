@@ -190,7 +190,7 @@ struct Builder {
       out.warnings.push_back(absl::StrFormat(
           "WARNING: %s moves %s per call, too little to fill its link: its latency "
           "(%.1f us) exceeds its transfer time (%.1f us); too few tokens per rank (%d)",
-          op.name, FormatBytes(static_cast<uint64_t>(bytes)), cost.latency * 1e6,
+          op.name, FormatBytes(static_cast<uint64_t>(std::min(bytes, 1.8e19))), cost.latency * 1e6,
           cost.transfer * 1e6, static_cast<uint64_t>(Tokens())));
     }
     return op;

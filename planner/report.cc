@@ -176,6 +176,7 @@ namespace {
 // group the bytes one rank moves in one forward and backward of every layer and their time on
 // the links (Note [Communication]); then its warnings.
 std::string RenderCommunication(const StepCost& step, const SimResult& sim) {
+  // Byte sums over 10,000 layers may pass 2^64: shown clamped, never converted out of range.
   std::string groups;
   for (CommGroup g :
        {CommGroup::kTp, CommGroup::kCp, CommGroup::kEp, CommGroup::kFsdp, CommGroup::kDp}) {
@@ -192,10 +193,10 @@ std::string RenderCommunication(const StepCost& step, const SimResult& sim) {
     for (const CommOp& op : step.comm.step_ops) count(op);
     const double bytes = StepCommBytes(step.comm, g);
     if (bytes <= 0) continue;
-    absl::StrAppend(
-        &groups, groups.empty() ? "" : ", ",
-        absl::StrFormat("%s %s in %.3f s (%s)", CommGroupName(g),
-                        FormatBytes(static_cast<uint64_t>(bytes)), seconds, CommLinkName(link)));
+    absl::StrAppend(&groups, groups.empty() ? "" : ", ",
+                    absl::StrFormat("%s %s in %.3f s (%s)", CommGroupName(g),
+                                    FormatBytes(static_cast<uint64_t>(std::min(bytes, 1.8e19))),
+                                    seconds, CommLinkName(link)));
   }
   std::string out = absl::StrFormat(
       "exposed communication  %.3f s, in the step time; per rank, each layer's forward and "
