@@ -201,13 +201,6 @@ struct Builder {
   }
 };
 
-double CoreForwardSeconds(const LayerCost& l) {
-  for (const RecomputeModule& mod : l.modules) {
-    if (mod.name == "attn_core") return mod.seconds;
-  }
-  return 0;
-}
-
 }  // namespace
 
 const char* CollectiveName(Collective c) {
@@ -313,7 +306,6 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
           sublayers, sublayers);
     }
     if (cp > 1) {
-      const double core = CoreForwardSeconds(cost);
       switch (spec.attention) {
         case AttentionKind::kAttention:
         case AttentionKind::kMla: {
@@ -337,8 +329,10 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
           CommOp bwd = b.Op("CP ring K/V + dK/dV exchange", CommGroup::kCp, Collective::kSendRecv,
                             cp_g, 2 * block, 0, steps);
           // Each step hides behind one block of the core (1/cp of it).
-          const double fwd_step = std::max(0.0, fwd.seconds - core / cp);
-          const double bwd_step = std::max(0.0, bwd.seconds - 2.5 * core / cp);
+          const double fwd_step =
+              std::max(0.0, fwd.seconds - cost.attention_core_forward_seconds / cp);
+          const double bwd_step =
+              std::max(0.0, bwd.seconds - cost.attention_core_backward_seconds / cp);
           fwd_exposed += steps * fwd_step;
           bwd_exposed += steps * bwd_step;
           add(std::move(fwd), 0, 0);

@@ -347,6 +347,12 @@ absl::StatusOr<LayerCost> BuildLayer(const ModelConfig& m, const HardwareProfile
                                    .elementwise_bytes = 2 * elementwise},
                                   hw);
   b.cost.backward_seconds = b.cost.backward_time.total();
+  // The softmax/MLA attention core alone: what each CP ring step hides behind
+  // (Note [Communication] in communication.cc).
+  b.cost.attention_core_forward_seconds =
+      OpSeconds({.attention_forward_flops = b.attention_flops}, hw);
+  b.cost.attention_core_backward_seconds =
+      OpSeconds({.attention_backward_flops = 2.5 * b.attention_flops}, hw);
   b.cost.chunk_overhead_seconds = kChunkOverheadSeconds;
   if (!b.status.ok()) return b.status;
   return b.cost;

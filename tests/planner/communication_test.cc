@@ -193,8 +193,27 @@ TEST(StepComm, ContextParallelRingBytesByHand) {
   EXPECT_DOUBLE_EQ(bwd->bytes, 2 * block);
   EXPECT_EQ(bwd->backward_calls, 3);
   EXPECT_DOUBLE_EQ(StepCommBytes(step.comm, CommGroup::kCp), 32 * 9 * block);
-  // A 128 MiB block takes 0.3 ms over NVLink, well inside a 32K-token attention block.
+  // A 128 MiB block takes 0.3 ms over NVLink, well inside a quarter of the attention core.
+  EXPECT_GT(step.layers[0].attention_core_forward_seconds / 4, fwd->seconds);
+  EXPECT_GT(step.layers[0].attention_core_backward_seconds / 4, bwd->seconds);
   EXPECT_EQ(step.layers[0].forward_comm_seconds, 0);
+  EXPECT_EQ(step.layers[0].backward_comm_seconds, 0);
+  // Over the network (CP 2 under TP 8 on 8-GPU nodes would leave the node; here: no NVLink at
+  // all) the ring steps outgrow the core's blocks and the excess is exposed, step by step.
+  HardwareProfile no_nvlink = *HardwarePreset("h200");
+  no_nvlink.nvlink_bytes_per_second = 0;
+  no_nvlink.nic_bytes_per_second = 1e9;
+  auto slow = BuildStepCost(*ModelPreset("llama-3.1-8b"), no_nvlink, run);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  const CommOp* slow_fwd = Find(*slow, 0, "CP ring K/V exchange");
+  EXPECT_EQ(slow_fwd->link, CommLink::kNetwork);
+  double fsdp = 0;
+  for (const CommOp& op : slow->comm.layers[0].ops) {
+    if (op.group == CommGroup::kFsdp) fsdp += op.forward_calls * op.seconds;
+  }
+  EXPECT_DOUBLE_EQ(slow->layers[0].forward_comm_seconds,
+                   3 * (slow_fwd->seconds - slow->layers[0].attention_core_forward_seconds / 4) +
+                       std::max(0.0, fsdp - slow->layers[0].forward_seconds));
   // 131072 is a multiple of 2 x 4: no zigzag warning; 131076 is not.
   for (const std::string& w : step.comm.warnings) EXPECT_THAT(w, testing::Not(HasSubstr("zigzag")));
   run.seq_len = 131076;
