@@ -54,8 +54,10 @@ namespace stowage::planner {
 //    x h x dtype per rank, forward and backward (four per layer, two more under recompute).
 //    The busiest rank receives moe_imbalance x the average, so its time scales by it. Exposed
 //    (no shared-expert or DualPipe overlap modelled).
-//  - FSDP (optim_grads_params): each layer's weights are all-gathered before its forward,
-//    again before its recompute and again before its backward; its gradients reduce-scattered
+//  - FSDP (optim_grads_params): each layer's weights are all-gathered before its forward and
+//    again before its backward (a recompute runs inside the layer's backward, on the weights
+//    that gather brought: FSDP2's and Megatron-FSDP's unshard at the backward pre-hook; the
+//    recompute repeats every other collective); its gradients reduce-scattered
 //    after its backward (dense parts over the dense DP group, experts over the expert DP
 //    group). Prefetch overlaps them with a layer's compute: exposed is what exceeds the
 //    layer's own pass time.
@@ -286,6 +288,7 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
     backward_compute += cost.backward_seconds;
     LayerComm lc;
     double fwd_exposed = 0, bwd_exposed = 0;
+    bool fsdp_in_forward = false;
     // Adds op's time to the layer's link totals; `*_exposed_calls` of its calls are on the
     // critical path (the rest are hidden, or their exposed part is added by the caller).
     auto add = [&](CommOp op, int fwd_exposed_calls, int bwd_exposed_calls) {
@@ -391,10 +394,13 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
                      Collective::kReduceScatter, expert_dp, experts * gb, 0, 1));
       }
       // Prefetched during the neighbouring layer's pass, about as long as this one's.
+      lc.recompute_exposed_seconds = fwd_exposed;  // the gathers so far are not FSDP's
+      fsdp_in_forward = true;
       fwd_exposed += std::max(0.0, fwd_fsdp - cost.forward_seconds);
       bwd_exposed += std::max(0.0, bwd_fsdp - cost.backward_seconds);
     }
     lc.forward_exposed_seconds = fwd_exposed;
+    if (!fsdp_in_forward) lc.recompute_exposed_seconds = fwd_exposed;
     lc.backward_exposed_seconds = bwd_exposed;
     b.out.layers.push_back(std::move(lc));
   }

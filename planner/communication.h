@@ -75,8 +75,11 @@ struct LayerComm {
   std::vector<CommOp> ops;
   double forward_seconds = 0;  // on the links
   double backward_seconds = 0;
-  double forward_exposed_seconds = 0;  // what the layer's forward (and recompute) waits
+  double forward_exposed_seconds = 0;  // what the layer's forward waits
   double backward_exposed_seconds = 0;
+  // What its recompute waits: the forward's collectives but FSDP's gather, whose weights the
+  // backward's gather has just brought (the recompute runs inside the layer's backward).
+  double recompute_exposed_seconds = 0;
 };
 
 struct StepComm {

@@ -508,7 +508,7 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
     }
     if (!finite(l.forward_seconds) || !finite(l.backward_seconds) ||
         !finite(l.chunk_overhead_seconds) || !finite(l.forward_comm_seconds) ||
-        !finite(l.backward_comm_seconds)) {
+        !finite(l.backward_comm_seconds) || !finite(l.recompute_comm_seconds)) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " has a negative or non-finite time (forward ", l.forward_seconds,
                        " s, backward ", l.backward_seconds, " s)"));
@@ -803,6 +803,7 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   for (size_t i = 0; i < c.layers.size(); ++i) {
     c.layers[i].forward_comm_seconds = c.comm.layers[i].forward_exposed_seconds;
     c.layers[i].backward_comm_seconds = c.comm.layers[i].backward_exposed_seconds;
+    c.layers[i].recompute_comm_seconds = c.comm.layers[i].recompute_exposed_seconds;
   }
 
   c.copy_chunk_bytes = 16ull << 20;
@@ -868,8 +869,8 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
       c.resident_bytes = o.policy == LayerPolicy::kRecompute ? l.input_bytes : 0;
       c.host_bytes = o.policy == LayerPolicy::kOffloadInput ? l.input_bytes : 0;
       c.save_at_forward_start = o.policy == LayerPolicy::kOffloadInput;
-      c.recompute_seconds = c.forward_seconds;
-      c.comm_seconds += l.forward_comm_seconds;  // the recompute's collectives run again
+      c.recompute_seconds = c.forward_seconds - l.forward_comm_seconds + l.recompute_comm_seconds;
+      c.comm_seconds += l.recompute_comm_seconds;  // the recompute's collectives run again
       // Forward saves nothing but the input; the recompute in backward regenerates the FFN/MoE
       // part chunk by chunk.
       c.forward_peak = forward_with(l.input_bytes, 0);

@@ -129,6 +129,7 @@ struct LayerCost {
   // (StepComm::layers; planner/communication.h), added to the pass times by EvaluateOption.
   double forward_comm_seconds = 0;
   double backward_comm_seconds = 0;
+  double recompute_comm_seconds = 0;  // a recompute's (StepComm: no FSDP gather again)
   // The softmax/MLA attention core's share of forward_seconds / backward_seconds (what a CP ring
   // step overlaps); 0 for other attention kinds and measured profiles.
   double attention_core_forward_seconds = 0;

@@ -164,6 +164,7 @@ TEST(StepComm, TensorParallelBytesByHand) {
   const OptionCost keep = EvaluateOption(step.layers[0], {LayerPolicy::kKeep, 0, 1});
   const OptionCost recompute = EvaluateOption(step.layers[0], {LayerPolicy::kRecompute, 0, 1});
   EXPECT_DOUBLE_EQ(recompute.comm_seconds - keep.comm_seconds, step.layers[0].forward_comm_seconds);
+  EXPECT_DOUBLE_EQ(step.layers[0].recompute_comm_seconds, step.layers[0].forward_comm_seconds);
   // TP 16 leaves the 8-GPU board.
   run.tp = 16;
   run.gpus = 16;
