@@ -281,7 +281,8 @@ TEST_F(PlanCommand, PipelineFlagErrors) {
   const std::string base = "plan --model llama-3.1-8b --hardware h200 --seq-len 8K --cp 1 ";
   Result run = Stowage(base + "--pp 4 --vpp 2");
   EXPECT_NE(run.code, 0);
-  EXPECT_THAT(run.out, HasSubstr("--vpp is 2; virtual stages run only under --schedule interleaved"));
+  EXPECT_THAT(run.out,
+              HasSubstr("--vpp is 2; virtual stages run only under --schedule interleaved"));
   run = Stowage(base + "--pp 3 --gpus 63");
   EXPECT_THAT(run.out, HasSubstr("give the layers of each with --pp-layout, e.g. --pp-layout"));
   run = Stowage(base + "--pp 4 --pp-layout 8,8,8,x");
