@@ -141,14 +141,21 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
 }
 
 std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeResult& result) {
-  std::string out = absl::StrFormat("%5s  %-14s  %-52s  %6s  %10s  %10s  %9s  %15s  %8s\n", "layer",
-                                    "type", "choice", "chunks", "on GPU", "offloaded", "recomp ms",
-                                    "prefetch", "stall ms");
   std::vector<double> stall(plan.layers.size(), 0);
   for (const ComputeInterval& c : result.sim.compute) {
     if (c.phase == Phase::kBackward && c.layer >= 0) stall[c.layer] = c.stall;
   }
+  // Columns as wide as their longest entry ("attention+dense_ffn" overflowed a fixed width).
+  size_t type_width = 4, choice_width = 6;
+  std::vector<std::string> choices(plan.layers.size());
   for (size_t i = 0; i < plan.layers.size(); ++i) {
+    choices[i] = PolicyText(step.layers[i], result.schedule.options[i]);
+    type_width = std::max(type_width, plan.layers[i].type.size());
+    choice_width = std::max(choice_width, choices[i].size());
+  }
+  const std::string row_format =
+      absl::StrCat("%-", type_width, "s  %-", choice_width, "s  %6d  %10s  %10s  %9s  %15s  %8s");
+  auto cells = [&](size_t i) {
     const LayerPlan& l = plan.layers[i];
     std::string prefetch = "-";
     if (l.prefetch_after_layer >= 0) {
@@ -160,12 +167,30 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
         }
       }
     }
-    absl::StrAppend(&out,
-                    absl::StrFormat("%5d  %-14s  %-52s  %6d  %10s  %10s  %9s  %15s  %8s\n", l.index,
-                                    l.type, PolicyText(step.layers[i], result.schedule.options[i]),
-                                    l.ffn_chunks, FormatBytes(l.device_saved_bytes),
-                                    l.host_bytes ? FormatBytes(l.host_bytes) : "-",
-                                    Ms(l.recompute_seconds), prefetch, Ms(stall[i])));
+    const auto format = absl::ParsedFormat<'s', 's', 'd', 's', 's', 's', 's', 's'>::New(row_format);
+    return absl::StrFormat(*format, l.type, choices[i], l.ffn_chunks,
+                           FormatBytes(l.device_saved_bytes),
+                           l.host_bytes ? FormatBytes(l.host_bytes) : "-", Ms(l.recompute_seconds),
+                           prefetch, Ms(stall[i]));
+  };
+  const auto header =
+      absl::ParsedFormat<'s', 's', 's', 's', 's', 's', 's', 's', 's'>::New(absl::StrCat(
+          "%9s  %-", type_width, "s  %-", choice_width, "s  %6s  %10s  %10s  %9s  %15s  %8s\n"));
+  std::string out = absl::StrFormat(*header, "layers", "type", "choice", "chunks", "on GPU",
+                                    "offloaded", "recomp ms", "prefetch", "stall ms");
+  // Runs of consecutive layers that read the same are one row ("1-32").
+  for (size_t i = 0; i < plan.layers.size();) {
+    const std::string row = cells(i);
+    size_t j = i + 1;
+    while (j < plan.layers.size() && plan.layers[j].index == plan.layers[j - 1].index + 1 &&
+           cells(j) == row) {
+      ++j;
+    }
+    const std::string layers =
+        j - i == 1 ? absl::StrCat(plan.layers[i].index)
+                   : absl::StrCat(plan.layers[i].index, "-", plan.layers[j - 1].index);
+    absl::StrAppend(&out, absl::StrFormat("%9s  %s\n", layers, row));
+    i = j;
   }
   return out;
 }
@@ -244,16 +269,18 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
           step.fixed.other > 0 ? absl::StrCat(", other ", FormatBytes(step.fixed.other)) : ""));
   const double pin_seconds =
       hw.pin_seconds_per_gib * static_cast<double>(p.host_bytes_per_gpu) / kGiB;
-  absl::StrAppend(
-      &out,
-      absl::StrFormat("pinned host memory     %s per GPU (budget %s), %s per NUMA node "
-                      "(%d GPUs, %s RAM); pinning takes ~%.1f s once\n",
-                      FormatBytes(p.host_bytes_per_gpu), FormatBytes(plan.host_budget_bytes),
-                      FormatBytes(p.host_bytes_per_numa_node), hw.gpus_per_numa_node,
-                      // 0: unknown (a measured profile planned without --hardware).
-                      hw.host_bytes_per_numa_node > 0 ? FormatBytes(hw.host_bytes_per_numa_node)
-                                                      : std::string("unknown"),
-                      pin_seconds));
+  // Nothing pinned: no line about pinning it.
+  if (p.host_bytes_per_gpu > 0)
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("pinned host memory     %s per GPU (budget %s), %s per NUMA node "
+                        "(%d GPUs, %s RAM); pinning takes ~%.1f s once\n",
+                        FormatBytes(p.host_bytes_per_gpu), FormatBytes(plan.host_budget_bytes),
+                        FormatBytes(p.host_bytes_per_numa_node), hw.gpus_per_numa_node,
+                        // 0: unknown (a measured profile planned without --hardware).
+                        hw.host_bytes_per_numa_node > 0 ? FormatBytes(hw.host_bytes_per_numa_node)
+                                                        : std::string("unknown"),
+                        pin_seconds));
   if (hw.host_bytes_per_numa_node > 0 && p.host_bytes_per_numa_node > hw.host_bytes_per_numa_node) {
     absl::StrAppend(&out, absl::StrFormat("                       WARNING: %s per NUMA node "
                                           "exceeds its %s of RAM\n",

@@ -81,9 +81,25 @@ TEST(MakePlan, ThePlanIsValidAndCarriesThePrediction) {
 TEST(RenderTable, OneRowPerLayerAndASummary) {
   const Planned p = PlanReference(262144);
   const std::string table = RenderTable(p.step, p.plan, p.result);
-  int rows = 0;
-  for (char c : table) rows += c == '\n';
-  EXPECT_EQ(rows, 46);  // header + 45 layers
+  // Every layer in exactly one row: a row names one layer ("7") or a run of identical ones
+  // ("0-2"); the rows' first columns cover 0..44 in order.
+  std::istringstream lines(table);
+  std::string line;
+  std::getline(lines, line);  // the header
+  EXPECT_THAT(line, HasSubstr("layers"));
+  int next = 0;
+  while (std::getline(lines, line)) {
+    std::istringstream cells(line);
+    std::string first;
+    cells >> first;
+    const size_t dash = first.find('-');
+    const int from = std::stoi(first.substr(0, dash));
+    const int to = dash == std::string::npos ? from : std::stoi(first.substr(dash + 1));
+    EXPECT_EQ(from, next) << line;
+    EXPECT_GE(to, from) << line;
+    next = to + 1;
+  }
+  EXPECT_EQ(next, 45);
   EXPECT_THAT(table, HasSubstr("dsa+moe"));
   const std::string summary = RenderSummary(p.step, p.plan, p.result);
   EXPECT_THAT(summary, HasSubstr("peak device memory"));
@@ -122,9 +138,10 @@ TEST(RenderTimelineSvg, RendersToPng) {
 }
 
 // Every layer kept, simulated as planned: the picture of a plan at any scale.
-Planned PlanKeep(const std::string& model, uint64_t seq_len) {
+Planned PlanKeep(const std::string& model, uint64_t seq_len, int ep = 8) {
   RunSettings run;
   run.seq_len = seq_len;
+  run.ep = ep;
   Planned p{*BuildStepCost(*ModelPreset(model), *HardwarePreset("b200"), run), {}, {}};
   p.result.feasible = true;
   p.result.schedule.options.assign(p.step.layers.size(), {LayerPolicy::kKeep, 0, 1});
@@ -183,6 +200,22 @@ TEST(RenderTimelineSvg, AxisStartsJustBelowFixedMemoryWithSaneTicksAtAnyScale) {
     EXPECT_LE(Count(svg, "text-anchor=\"middle\">") - Count(svg, "text-anchor=\"middle\" fill"), 10)
         << seq_len;
   }
+}
+
+TEST(RenderTable, RunsOfIdenticalLayersAreOneRowAndColumnsAlign) {
+  const Planned keep = PlanKeep("llama-3-8b", 8192, /*ep=*/1);
+  const std::string table = RenderTable(keep.step, keep.plan, keep.result);
+  std::istringstream lines(table);
+  std::string header, row, extra;
+  std::getline(lines, header);
+  std::getline(lines, row);
+  EXPECT_FALSE(std::getline(lines, extra)) << table;  // 32 identical layers: one row
+  EXPECT_THAT(row, HasSubstr(" 0-31  attention+dense_ffn  keep "));
+  // The type column is as wide as its longest entry: the next column starts at the same place.
+  EXPECT_EQ(header.find("choice"), row.find("keep"));
+  // Nothing is pinned: the summary has no pinning line.
+  EXPECT_THAT(RenderSummary(keep.step, keep.plan, keep.result),
+              ::testing::Not(HasSubstr("pinning takes")));
 }
 
 TEST(FormatBytes, PicksAUnit) {
