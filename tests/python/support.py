@@ -7,9 +7,12 @@ block with causal attention; both carry dropout so recompute has RNG state to ge
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,3 +108,24 @@ def train(layers: nn.ModuleList, x0: torch.Tensor, steps: int,
 
 def clone_layers(layers: nn.ModuleList) -> nn.ModuleList:
     return copy.deepcopy(layers)
+
+
+def planned_saved_per_layer(cli: str, config: dict, seq_len: int) -> list:
+    """Each layer's device_saved_bytes that `stowage plan --framework hf --force keep` predicts for
+    a config.json (`config`, with its model_type) at `seq_len` tokens on one GPU, the settings of
+    the measured runs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "config.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+        out = subprocess.run(
+            [cli, "plan", "--model", path, "--hardware", "h200", "--seq-len", str(seq_len),
+             "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1", "--tp", "1",
+             "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
+             "--grad-dtype", "bf16", "--loss-chunk-tokens", "0", "--force", "keep",
+             "--format", "json"], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise AssertionError(out.stdout + out.stderr)
+    plan = json.loads(out.stdout)
+    assert plan["run"]["framework"] == "hf"
+    return [layer["device_saved_bytes"] for layer in plan["layers"]]

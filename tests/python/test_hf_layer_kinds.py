@@ -19,10 +19,7 @@ they are. CTest passes the CLI as STOWAGE_CLI."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import tempfile
 import unittest
 import weakref
 
@@ -193,21 +190,8 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
 
 
 def planned_saved_per_layer(cli: str, model_type: str, seq_len: int) -> list[int]:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "config.json")
-        with open(path, "w") as f:
-            json.dump(dict(CONFIGS[model_type], model_type=model_type), f)
-        out = subprocess.run(
-            [cli, "plan", "--model", path, "--hardware", "h200", "--seq-len", str(seq_len),
-             "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1", "--tp", "1",
-             "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
-             "--grad-dtype", "bf16", "--loss-chunk-tokens", "0", "--force", "keep",
-             "--format", "json"], capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        raise AssertionError(out.stdout + out.stderr)
-    plan = json.loads(out.stdout)
-    assert plan["run"]["framework"] == "hf"
-    return [layer["device_saved_bytes"] for layer in plan["layers"]]
+    return support.planned_saved_per_layer(cli, dict(CONFIGS[model_type], model_type=model_type),
+                                           seq_len)
 
 
 @unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
