@@ -29,6 +29,10 @@ namespace {
 //    are reached by every plan, and together with one level reached only when a forward waits
 //    for a save (fixed + E + R_<=i + H_{i-L+1..i}) they are the peak. So the memory a plan needs
 //    is a sum of prefix resident bytes and terms of a window of W = max(L - 1, d) layers.
+//    Which layers of the window count is the protocol's (OffloadProtocol): on a stage of several
+//    model chunks (vpp > 1) a save is waited for by its chunk's end and a prefetch issued no
+//    earlier than its chunk's last layer (Note [Pipeline stages] in plan.h), so a window ends
+//    where its chunk ends; the copy-wait windows below end there too.
 //  - Step time = embedding + tail + optimizer copies + the chosen options' compute + copy
 //    waits. The waits are a max-plus function of the copy queues; what every plan must wait is
 //    bounded from below per layer: layer i's save (h = H_i / D2H rate) must land before the
@@ -57,6 +61,12 @@ namespace {
 //     depth-first branch and bound over the layers (exact prefix memory and host bytes; bound =
 //     the prefix's costs + the suffix front's least cost admitting the prefix) closes the gap or
 //     stops at node_limit and reports it (OptimizeResult::lower_bound_seconds).
+// What is proven, with pipeline stages: the plan is optimal for the step the simulator replays
+// for the stage (its chunks' layers in order for one microbatch, the other in-flight
+// microbatches' resident bytes on the GPU all step: Note [In-flight microbatches]), for any
+// number of chunks and in-flight counts per chunk; optimizer_test.cc checks both against
+// exhaustive search. It says nothing about the order the schedule interleaves microbatches in
+// beyond what that replay and the in-flight counts (planner/pipeline.h) capture.
 // On the reference model the bound is attained: the compute-optimal plan under these memory
 // terms waits for no copy, so step 1's plan is the optimum and step 3 never runs. On small
 // random instances the branch and bound runs to completion and equals exhaustive search
@@ -127,6 +137,15 @@ std::vector<std::vector<Candidate>> Candidates(const StepCost& step, const Optim
   return out;
 }
 
+// The protocol fields every layer would get if it offloaded (a layer that does not has no host
+// bytes, so its fields never count): within each model chunk of the stage (Note [Pipeline
+// stages] in plan.h), as the simulator runs it.
+std::vector<LayerProtocol> OffloadProtocol(const StepCost& step, int n, int distance, int lag) {
+  std::vector<OptionCost> offloading(n);
+  for (OptionCost& c : offloading) c.host_bytes = 1;
+  return ProtocolFor(step, offloading, distance, lag);
+}
+
 // The per-layer quantities of Note [Exact search] for prefetch distance `distance` (the backward
 // wait bound for `wait_distance`: a larger one hides more, so a model with the smallest distance
 // for memory and the largest for waits bounds every distance in between).
@@ -135,7 +154,12 @@ class Model {
   Model(const StepCost& step, const OptimizerOptions& o,
         const std::vector<std::vector<Candidate>>& cand, int distance, int lag, int max_window,
         int wait_distance)
-      : step_(step), cand_(cand), n_(static_cast<int>(cand.size())), d_(distance), lag_(lag) {
+      : step_(step),
+        cand_(cand),
+        n_(static_cast<int>(cand.size())),
+        d_(distance),
+        lag_(lag),
+        protocol_(OffloadProtocol(step, n_, distance, lag)) {
     const uint64_t fixed = step.fixed.total();
     room_ = o.gpu_budget_bytes > fixed
                 ? static_cast<double>(std::min<uint64_t>(o.gpu_budget_bytes - fixed, 1ull << 63))
@@ -175,6 +199,7 @@ class Model {
       }
     }
     const int slots_fwd = std::max(lag_, 1);
+    const std::vector<LayerProtocol> waits = OffloadProtocol(step, n_, wait_distance, lag);
     cost_.resize(n_);
     for (int i = 0; i < n_; ++i) {
       for (const Candidate& c : cand[i]) {
@@ -183,12 +208,12 @@ class Model {
           const double bytes = static_cast<double>(c.cost.host_bytes);
           // Forward: from the save's issue to the wait before the forward of i + L (backward).
           double hide = c.cost.save_at_forward_start ? c.cost.forward_seconds : 0;
-          const int wait_at = std::min(i + slots_fwd, n_);
+          const int wait_at = protocol_[i].save_wait_before_layer;
           for (int j = i + 1; j < wait_at; ++j) hide += fmax[j];
           if (wait_at == n_) hide += step.tail_seconds;
           cost += std::max(0.0, bytes / step.d2h_bytes_per_second - hide) / slots_fwd;
           // Backward: from the backward of min(i + d, n - 1) to the backward of i.
-          const int issue_at = std::min(i + wait_distance, n_ - 1);
+          const int issue_at = waits[i].prefetch_after_layer;
           double bhide = 0;
           for (int j = i + 1; j <= issue_at; ++j) bhide += bmax[j];
           cost += std::max(0.0, bytes / step.h2d_bytes_per_second - bhide) / (wait_distance + 1);
@@ -256,11 +281,18 @@ class Model {
     }
     return true;
   }
+  // Whether layer k's save is still on the GPU when the forward of i starts, and whether its
+  // prefetch has been issued when the backward of i starts (k < i; from the protocol, so the
+  // windows end where a model chunk ends).
+  bool Pending(int k, int i) const { return protocol_[k].save_wait_before_layer > i; }
+  bool Prefetched(int k, int i) const { return protocol_[k].prefetch_after_layer >= i; }
   // Layer i's memory terms beyond the prefix's resident bytes (Note [Exact search]).
   double Need(int i, int k, int key) const {
     double fwd = 0, bwd = 0;
-    for (int t = 0; t + 1 < lag_; ++t) fwd += WindowHost(i, key, t);
-    for (int t = 0; t < d_; ++t) bwd += WindowHost(i, key, t);
+    for (int t = 0; t < window_ && i - 1 - t >= 0; ++t) {
+      if (Pending(i - 1 - t, i)) fwd += WindowHost(i, key, t);
+      if (Prefetched(i - 1 - t, i)) bwd += WindowHost(i, key, t);
+    }
     const OptionCost& c = cand_[i][k].cost;
     double need = std::max(static_cast<double>(c.forward_peak) + fwd,
                            static_cast<double>(c.backward_peak) + bwd + grads_[i]);
@@ -277,6 +309,7 @@ class Model {
   const StepCost& step_;
   const std::vector<std::vector<Candidate>>& cand_;
   int n_, d_, lag_;
+  std::vector<LayerProtocol> protocol_;  // OffloadProtocol for d_
   int window_ = 0, classes_ = 1, keys_ = 1;
   double room_ = 0, tail_need_ = 0, fixed_seconds_ = 0;
   std::vector<std::vector<int>> cls_;
@@ -640,6 +673,7 @@ class Search {
         continue;
       }
       if (dist.fronts == nullptr) Build(dist);
+      dist.protocol = OffloadProtocol(step_, n_, dist.d, kDefaultSaveLag);
       current_ = &dist;
       pick_.assign(n_, -1);
       Dfs(0, 0, 0, 0, -kInf, 0.0);
@@ -676,6 +710,7 @@ class Search {
  private:
   struct Distance {
     int d = 1;
+    std::vector<LayerProtocol> protocol;  // OffloadProtocol for d (exact memory terms)
     std::unique_ptr<Model> model;
     std::unique_ptr<Fronts> fronts;
     double bound = kInf;
@@ -692,13 +727,13 @@ class Search {
 
   // Layer i's memory terms beyond the prefix's resident bytes, from the prefix's actual picks
   // (exact bytes; saturating: a sum that would wrap does not fit any budget).
-  uint64_t NeedExact(int i, const OptionCost& c, int d) const {
+  uint64_t NeedExact(int i, const OptionCost& c) const {
     uint64_t fwd = 0, bwd = 0;
-    for (int t = 0; t + 1 < kDefaultSaveLag && i - 1 - t >= 0; ++t) {
-      fwd += cand_[i - 1 - t][pick_[i - 1 - t]].cost.host_bytes;
-    }
-    for (int t = 0; t < d && i - 1 - t >= 0; ++t) {
-      bwd += cand_[i - 1 - t][pick_[i - 1 - t]].cost.host_bytes;
+    const std::vector<LayerProtocol>& protocol = current_->protocol;
+    for (int k = std::max(0, i - std::max(kDefaultSaveLag, current_->d)); k < i; ++k) {
+      const uint64_t host = cand_[k][pick_[k]].cost.host_bytes;
+      if (protocol[k].save_wait_before_layer > i) fwd += host;
+      if (protocol[k].prefetch_after_layer >= i) bwd += host;
     }
     const uint64_t a = CheckedAdd(c.forward_peak, fwd).value_or(~0ull);
     const uint64_t b =
@@ -737,7 +772,7 @@ class Search {
       const uint64_t h = CheckedMul(m, c.host_bytes).value_or(~0ull);
       if (!FitsBudget(host, h, 0, o_.host_budget_bytes)) continue;
       const uint64_t extra = CheckedMul(m - 1, c.resident_bytes).value_or(~0ull);
-      const uint64_t need = NeedExact(i, c, current_->d);
+      const uint64_t need = NeedExact(i, c);
       if (!FitsBudget(fixed, CheckedAdd(prefix, extra).value_or(~0ull), need,
                       o_.gpu_budget_bytes)) {
         continue;

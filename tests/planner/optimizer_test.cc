@@ -199,6 +199,60 @@ TEST(Optimizer, InFlightMicrobatchesMultiplyLayerMemory) {
   EXPECT_EQ(Simulate(step, offload, false).host_bytes, 3 * step.layers[0].input_bytes);
 }
 
+// A stage of an interleaved schedule (vpp > 1) holds several model chunks: the protocol runs
+// within each chunk (a save is waited for at its chunk's end at the latest, a prefetch is issued
+// no earlier than its chunk's last layer; Note [Pipeline stages] in plan.h), and each chunk has its
+// own in-flight count. The search's memory windows follow the protocol, so its proof holds per
+// chunk: it equals exhaustive search. Regression: windows of the single chain (save lag and
+// prefetch distance across a chunk's end) overstated the memory at the first layers of a chunk,
+// pruned plans that fit and could call a slower plan optimal.
+TEST(Optimizer, EqualsExhaustiveSearchOnInterleavedStages) {
+  std::mt19937_64 rng(20261203);
+  int feasible = 0, proven = 0, offloading = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int layers = std::uniform_int_distribution<int>(3, 5)(rng);
+    StepCost step = RandomStep(rng, layers);
+    // Two or three chunks of at least one layer each, each with its own in-flight count.
+    const int chunks = std::uniform_int_distribution<int>(2, std::min(3, layers))(rng);
+    int first = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int left = layers - first - (chunks - 1 - c);
+      const int size =
+          c + 1 == chunks ? layers - first : std::uniform_int_distribution<int>(1, left)(rng);
+      step.chunks.push_back({first, size});
+      const int m = std::uniform_int_distribution<int>(1, 3)(rng);
+      for (int i = first; i < first + size; ++i) step.layers[i].in_flight_microbatches = m;
+      first += size;
+    }
+    OptimizerOptions o;
+    o.chunk_counts = {1};
+    o.prefetch_distances = {1, 2, 3};
+    o.node_limit = 1'000'000'000;
+    const uint64_t low = PeakOf(step, LayerPolicy::kOffloadInput, 1);
+    const uint64_t high = PeakOf(step, LayerPolicy::kKeep, 1);
+    o.gpu_budget_bytes =
+        low + static_cast<uint64_t>(std::uniform_real_distribution<double>(-0.05, 0.8)(rng) *
+                                    static_cast<double>(high - low));
+    o.host_budget_bytes = trial % 4 == 0 ? 1200 : ~0ull;
+    const OptimizeResult exhaustive = ExhaustiveSearch(step, o);
+    const OptimizeResult found = Optimize(step, o);
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ", ", layers, " layers in ", chunks, " chunks"));
+    ASSERT_EQ(found.feasible, exhaustive.feasible);
+    if (!exhaustive.feasible) continue;
+    ++feasible;
+    proven += found.proven_optimal;
+    EXPECT_TRUE(found.proven_optimal);
+    EXPECT_NEAR(found.sim.step_seconds, exhaustive.sim.step_seconds,
+                1e-9 * exhaustive.sim.step_seconds);
+    EXPECT_LE(found.lower_bound_seconds, exhaustive.sim.step_seconds * (1 + 1e-12));
+    EXPECT_LE(found.sim.peak_bytes, o.gpu_budget_bytes);
+    EXPECT_LE(found.sim.host_bytes, o.host_budget_bytes);
+    offloading += found.sim.host_bytes > 0;
+  }
+  EXPECT_GT(feasible, 25);
+  EXPECT_GT(offloading, 5);
+}
+
 // The reference model at 128K..1M tokens: every plan proven optimal (the bound is attained).
 TEST(Optimizer, ReferenceModelPlansAreProvenOptimal) {
   for (uint64_t seq : {131072ull, 262144ull, 524288ull, 1048576ull}) {
