@@ -347,8 +347,10 @@ class Fronts {
       for (int k = 0; k < m_.options(i); ++k) largest = std::max(largest, m_.Resident(i, k));
       most[i + 1] = most[i] + m_.Multiplier(i) * largest;
     }
-    std::vector<Label> all, merged;
+    std::vector<Label> all, merged, scratch;
     std::vector<size_t> runs;
+    std::vector<Group> groups;
+    size_t used = 0;  // groups in use for the current front
     for (int i = n_ - 1; i >= 0; --i) {
       const double mult = m_.Multiplier(i);
       const std::vector<int> useful = m_.Undominated(i);
@@ -366,19 +368,18 @@ class Fronts {
           const double cost = m_.Cost(i, k);
           if (own < 0) continue;
           if (mult == 1 && Plain(i + 1, next_key)) {
-            // slack = min(l.slack - r, own) falls along `next`: the labels it clamps to `own`
-            // collapse into their cheapest (the last), the rest stay sorted until slack < 0.
             const double top = std::min(own, most[i]);
-            const auto clamp_end = std::partition_point(
-                next.begin(), next.end(), [&](const Label& l) { return l.slack - r >= top; });
-            size_t q = static_cast<size_t>(clamp_end - next.begin());
-            runs.push_back(all.size());
-            if (q > 0) all.push_back({top, 0, next[q - 1].cost + cost, k, static_cast<int>(q - 1)});
-            for (; q < next.size(); ++q) {
-              const double slack = next[q].slack - r;
-              if (slack < 0) break;
-              all.push_back({slack, 0, next[q].cost + cost, k, static_cast<int>(q)});
+            auto group = std::find_if(groups.begin(), groups.begin() + used, [&](const Group& g) {
+              return g.next_key == next_key && g.resident == r;
+            });
+            if (group == groups.begin() + used) {
+              if (used == groups.size()) groups.emplace_back();
+              group = groups.begin() + used++;
+              group->next_key = next_key;
+              group->resident = r;
+              group->options.clear();
             }
+            group->options.push_back({k, top, cost});
             continue;
           }
           sorted_runs = false;
@@ -390,8 +391,11 @@ class Fronts {
             all.push_back({slack, extra, l.cost + cost, k, static_cast<int>(q)});
           }
         }
+        for (size_t g = 0; g < used; ++g) PlainRun(i, groups[g], all, runs);
+        used = 0;
+        work_ += static_cast<double>(all.size());  // the labels made (Note [Bounded work])
         if (sorted_runs) {
-          Merge(all, runs, merged);
+          Merge(all, runs, merged, scratch);
           std::swap(all, merged);
         }
         Prune(all, sorted_runs, At(i, key), plain_[static_cast<size_t>(i) * m_.keys() + key]);
@@ -453,6 +457,61 @@ class Fronts {
   }
   bool Plain(int i, int key) const { return plain_[static_cast<size_t>(i) * m_.keys() + key]; }
 
+  // Note [Plain runs]
+  // Without in-flight multipliers in the layer or its suffix (a plain front: no extra), option k
+  // continuing label l gives slack = min(l.slack - R_k, top_k) (top_k: the room its own memory
+  // terms leave, at most the prefix's largest) at cost l.cost + c_k. The options sharing the
+  // next front and R_k differ only in (top_k, c_k): one that has less top and no less cost is
+  // beaten by another at every slack, and of the rest (top falling, cost falling) the cheapest
+  // that admits a slack is the one with the least top at or above it. So the group is one run,
+  // sorted by slack, of at most |next| + options labels — the front the union of its options'
+  // runs would give after pruning, built without them (at 128K tokens the reference model's 44
+  // options per layer fall into 11 groups).
+  struct GroupOption {
+    int k;
+    double top, cost;
+  };
+  struct Group {
+    int next_key = 0;
+    double resident = 0;
+    std::vector<GroupOption> options;
+  };
+
+  // Appends group's run (Note [Plain runs]) continuing the front of layer i + 1.
+  void PlainRun(int i, Group& group, std::vector<Label>& all, std::vector<size_t>& runs) const {
+    std::vector<GroupOption>& o = group.options;
+    std::sort(o.begin(), o.end(), [](const GroupOption& a, const GroupOption& b) {
+      return a.top != b.top ? a.top > b.top : a.cost < b.cost;
+    });
+    size_t kept = 0;
+    for (const GroupOption& option : o) {
+      if (kept == 0 || option.cost < o[kept - 1].cost) o[kept++] = option;
+    }
+    const std::vector<Label>& next = At(i + 1, group.next_key);
+    const double r = group.resident;
+    runs.push_back(all.size());
+    size_t q = 0;
+    for (size_t j = 0; j < kept; ++j) {
+      const GroupOption& option = o[j];
+      // The labels admitting slack top once shifted collapse into their cheapest (the last).
+      q = static_cast<size_t>(
+          std::partition_point(next.begin() + q, next.end(),
+                               [&](const Label& l) { return l.slack - r >= option.top; }) -
+          next.begin());
+      if (q > 0) {
+        all.push_back(
+            {option.top, 0, next[q - 1].cost + option.cost, option.k, static_cast<int>(q - 1)});
+      }
+      // At and below the next option's top (never negative) that option is cheaper.
+      const bool last = j + 1 == kept;
+      for (; q < next.size(); ++q) {
+        const double slack = next[q].slack - r;
+        if (last ? slack < 0 : slack <= o[j + 1].top) break;
+        all.push_back({slack, 0, next[q].cost + option.cost, option.k, static_cast<int>(q)});
+      }
+    }
+  }
+
   // The labels of `all` no other label beats in slack, extra and cost (ties: the first), most
   // slack first; thinned to the cap (Note [Exact search]).
   static bool Before(const Label& a, const Label& b) {
@@ -461,33 +520,30 @@ class Fronts {
     return a.extra < b.extra;
   }
 
-  // The runs of `all` (each already in Before order, starting at runs[r]) merged into `out`.
+  // The runs of `all` (each a staircase in Before order: slack and cost falling, Note [Plain
+  // runs]) merged into their lower envelope `out`, one run at a time (linear in the labels: at
+  // most the envelope's length plus the run's per run).
   static void Merge(const std::vector<Label>& all, const std::vector<size_t>& runs,
-                    std::vector<Label>& out) {
+                    std::vector<Label>& out, std::vector<Label>& scratch) {
     out.clear();
-    std::vector<std::pair<size_t, size_t>> heads;  // (next, end) per run
     for (size_t r = 0; r < runs.size(); ++r) {
+      size_t a = 0, b = runs[r];
       const size_t end = r + 1 < runs.size() ? runs[r + 1] : all.size();
-      if (runs[r] < end) heads.emplace_back(runs[r], end);
-    }
-    auto later = [&](const std::pair<size_t, size_t>& a, const std::pair<size_t, size_t>& b) {
-      return Before(all[b.first], all[a.first]);
-    };
-    std::make_heap(heads.begin(), heads.end(), later);
-    while (!heads.empty()) {
-      std::pop_heap(heads.begin(), heads.end(), later);
-      auto& top = heads.back();
-      out.push_back(all[top.first]);
-      if (++top.first < top.second) {
-        std::push_heap(heads.begin(), heads.end(), later);
-      } else {
-        heads.pop_back();
+      scratch.clear();
+      double least = kInf;
+      while (a < out.size() || b < end) {
+        const bool from_out = b == end || (a < out.size() && Before(out[a], all[b]));
+        const Label& l = from_out ? out[a++] : all[b++];
+        if (l.cost < least) {
+          scratch.push_back(l);
+          least = l.cost;
+        }
       }
+      std::swap(out, scratch);
     }
   }
 
   void Prune(std::vector<Label>& all, bool sorted, std::vector<Label>& out, char& plain) {
-    work_ += static_cast<double>(all.size());
     if (!sorted) std::sort(all.begin(), all.end(), Before);
     bool has_extra = false;
     for (const Label& l : all) has_extra |= l.extra > 0;
