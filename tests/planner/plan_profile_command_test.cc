@@ -73,7 +73,9 @@ TEST_F(PlanProfileCommand, TableAndSummary) {
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("on cuda:0 (measured figures), 8192 tokens"));
   EXPECT_THAT(run.out, HasSubstr("MLPBlock"));
-  EXPECT_THAT(run.out, HasSubstr("selective_recompute(fc1)"));
+  // Recomputing fc1 in one layer and ln in another costs what recomputing both in one layer does,
+  // and frees the same bytes: either optimum may be the plan.
+  EXPECT_THAT(run.out, HasSubstr("selective_recompute(fc1"));
   EXPECT_THAT(run.out, HasSubstr("(fits)"));
   EXPECT_THAT(run.out, HasSubstr("other 64.0 MiB"));
   // Nothing offloaded, so nothing pinned: the summary has no pinning line.
