@@ -225,6 +225,10 @@ absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::Runti
   out->copy_threads = options.copy_threads;
   out->stage = options.stage;
   if (options.metrics_address != nullptr) *metrics_address = options.metrics_address;
+  absl::StatusOr<std::vector<double>> buckets =
+      stowage::runtime::ResolveStepSecondsBuckets(options.metrics_step_buckets);
+  if (!buckets.ok()) return buckets.status();
+  out->step_seconds_buckets = *std::move(buckets);
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
@@ -126,6 +128,7 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
   auto id = [](int value) { return value >= 0 ? absl::StrCat(value) : std::string("unknown"); };
   // Note [Rank labels]: every series names its rank, local rank, stage and GPU.
   const Labels on_device = {{"gpu", c.gpu},
+                            {"hostname", c.hostname},
                             {"local_rank", id(c.local_rank)},
                             {"rank", id(c.rank)},
                             {"stage", absl::StrCat(c.stage)}};
@@ -140,7 +143,7 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
 
   // Identity: a constant 1 carrying the labels dashboards build their variables from.
   Gauge("stowage_runtime_info",
-        "Runtime identity (value 1): rank, local rank, stage, GPU, NUMA node, backend.",
+        "Runtime identity (value 1): rank, local rank, stage, GPU, machine, NUMA node, backend.",
         with(on_node, "backend", c.backend), [](const RuntimeCounters&) { return 1.0; });
 
   // The plan's predictions and budgets, exported next to what is observed.
@@ -164,43 +167,39 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
         "Peak device memory the trainer last reported (stowage_report_device_peak); 0 until it "
         "reports.",
         on_device, [](const RuntimeCounters& r) { return Load(r.observed_peak_device_bytes); });
-  Gauge("stowage_device_offloaded_bytes",
-        "Bytes of the current step that live only in pinned host memory (their D2H copy landed): "
-        "device memory the offload saved.",
-        on_device, [](const RuntimeCounters& r) {
-          // Two independent atomics: clamp so a scrape between the updates never underflows.
-          const uint64_t used = r.arena_used_bytes.load(std::memory_order_relaxed);
-          const uint64_t pending = r.device_pending_bytes.load(std::memory_order_relaxed);
-          return static_cast<double>(used > pending ? used - pending : 0);
-        });
-  Gauge("stowage_device_offload_pending_bytes",
-        "Bytes handed to save() that are still held on the device until their D2H copy lands.",
-        on_device, [](const RuntimeCounters& r) { return Load(r.device_pending_bytes); });
-
   // Pinned host arena.
   Gauge("stowage_host_pinned_reserved_bytes", "Pinned host bytes reserved by the arena.", on_node,
         [](const RuntimeCounters& r) { return Load(r.arena_capacity_bytes); });
-  Gauge("stowage_host_pinned_used_bytes", "Pinned host bytes in use by the current step.", on_node,
-        [](const RuntimeCounters& r) { return Load(r.arena_used_bytes); });
-  Gauge("stowage_host_pinned_peak_bytes", "Most pinned host bytes ever in use within one step.",
-        on_node, [](const RuntimeCounters& r) { return Load(r.arena_peak_bytes); });
+
+  // The last completed step (Note [Per-step gauges] in runtime/runtime_counters.h): set once at
+  // its end, so a scrape at any moment reads the same value until the next step ends.
+  Gauge("stowage_step_last_host_pinned_peak_bytes",
+        "Most pinned host bytes in use at once in the last completed step: what the step moved "
+        "off the device at its high point.",
+        on_node, [](const RuntimeCounters& r) { return Load(r.last_step_arena_peak_bytes); });
+  Gauge("stowage_step_last_device_offload_pending_peak_bytes",
+        "Most bytes handed to save() and still held on the device awaiting their D2H at once, in "
+        "the last completed step.",
+        on_device, [](const RuntimeCounters& r) { return Load(r.last_step_pending_peak_bytes); });
+  Gauge("stowage_step_last_copy_in_flight_peak",
+        "Most copies issued and not yet completed at once in the last completed step.", on_device,
+        [](const RuntimeCounters& r) { return Load(r.last_step_in_flight_peak); });
+  Gauge("stowage_step_last_compute_stall_seconds",
+        "Time the compute stream waited for restores in the last completed step.", on_device,
+        [](const RuntimeCounters& r) { return Seconds(r.last_step_stall_nanos); });
 
   // Copies, per direction.
   const std::pair<const char*, const CopyCounters RuntimeCounters::*> directions[] = {
       {"d2h", &RuntimeCounters::d2h}, {"h2d", &RuntimeCounters::h2d}};
   const size_t copy_bytes =
       Family("stowage_copy_bytes_total", "Bytes copied, by direction.", MetricType::Counter);
+  // Totals only: PromQL's rate() over them gives bandwidth over any window (a since-start
+  // average would hide the last hour under the first).
   const size_t copy_seconds =
       Family("stowage_copy_seconds_total", "Time the copy engine was busy, by direction.",
              MetricType::Counter);
   const size_t copies = Family("stowage_copy_operations_total", "Copies completed, by direction.",
                                MetricType::Counter);
-  const size_t bandwidth = Family(
-      "stowage_copy_achieved_bandwidth_bytes_per_second",
-      "Bytes copied per second of copy-engine busy time since start, by direction (0 before the "
-      "first copy). For a windowed figure use rate(stowage_copy_bytes_total) / "
-      "rate(stowage_copy_seconds_total).",
-      MetricType::Gauge);
   for (const auto& [direction, member] : directions) {
     const Labels labels = with(on_device, "direction", direction);
     Series(copy_bytes, labels, [member](const RuntimeCounters& r, ClientMetric& m) {
@@ -212,18 +211,13 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
     Series(copies, labels, [member](const RuntimeCounters& r, ClientMetric& m) {
       m.counter.value = Load((r.*member).copies);
     });
-    Series(bandwidth, labels, [member](const RuntimeCounters& r, ClientMetric& m) {
-      const double seconds = Seconds((r.*member).busy_nanos);
-      m.gauge.value = seconds > 0 ? Load((r.*member).bytes) / seconds : 0;
-    });
   }
   Gauge(
       "stowage_copy_link_bytes_per_second",
       "Host<->device link bandwidth per direction the plan assumed (runtime.link_bytes_per_second; "
-      "0: unknown), to compare stowage_copy_achieved_bandwidth_bytes_per_second against.",
+      "0: unknown), to compare the achieved bandwidth against: rate(stowage_copy_bytes_total) / "
+      "rate(stowage_copy_seconds_total).",
       on_device, [](const RuntimeCounters& r) { return r.link_bytes_per_second; });
-  Gauge("stowage_copy_in_flight", "Copies issued and not yet completed.", on_device,
-        [](const RuntimeCounters& r) { return Load(r.copies_in_flight); });
 
   // Offload traffic by layer type, and save/restore calls.
   const size_t saved = Family("stowage_offload_saved_bytes_total",
@@ -255,16 +249,17 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
           [](const RuntimeCounters& r) { return Load(r.steps_total); });
   Gauge("stowage_step_last_duration_seconds", "Duration of the last completed step.", on_device,
         [](const RuntimeCounters& r) { return Seconds(r.last_step_nanos); });
-  Series(Family("stowage_step_duration_seconds", "Step duration, begin_step to end_step.",
+  Series(Family("stowage_step_duration_seconds",
+                "Step duration, begin_step to end_step (buckets: Note [Step duration buckets]).",
                 MetricType::Histogram),
          on_device, [](const RuntimeCounters& r, ClientMetric& m) {
            // Buckets are read before the count: RecordStep counts the step first, so a step
            // recorded concurrently can never leave the count below the last bucket.
            m.histogram.bucket.clear();
            uint64_t cumulative = 0;
-           for (size_t i = 0; i < kStepSecondsBuckets.size(); ++i) {
+           for (size_t i = 0; i < r.step_seconds_bounds.size(); ++i) {
              cumulative += r.step_seconds_bucket[i].load(std::memory_order_relaxed);
-             m.histogram.bucket.push_back({cumulative, kStepSecondsBuckets[i]});
+             m.histogram.bucket.push_back({cumulative, r.step_seconds_bounds[i]});
            }
            const uint64_t count =
                std::max(cumulative, r.steps_total.load(std::memory_order_relaxed));
@@ -526,19 +521,81 @@ std::string ResolveMetricsAddress(const char* option) {
   return address;
 }
 
-absl::StatusOr<std::string> ResolveRankMetricsAddress(const char* option, int local_rank) {
-  const std::string address = ResolveMetricsAddress(option);
-  if (address.empty() || option != nullptr || local_rank < 0) return address;
-  absl::StatusOr<std::pair<std::string, int>> parsed = ParseAddress(address);
+absl::StatusOr<std::string> RankMetricsAddress(const std::string& base, int local_rank,
+                                               std::string_view source) {
+  if (base.empty() || local_rank < 0) return base;
+  absl::StatusOr<std::pair<std::string, int>> parsed = ParseAddress(base);
   if (!parsed.ok()) return parsed.status();
   const auto& [host, port] = *parsed;
-  if (port == 0) return address;  // any free port: nothing to share out
+  if (port == 0) return base;  // any free port: nothing to share out
   if (port + local_rank > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "STOWAGE_METRICS_ADDR ", address, " with LOCAL_RANK ", local_rank, ": port ", port, " + ",
+        std::string(source), " ", base, " with LOCAL_RANK ", local_rank, ": port ", port, " + ",
         local_rank, " is past 65535; each rank listens on the base port + its LOCAL_RANK"));
   }
   return absl::StrCat(host, ":", port + local_rank);
+}
+
+absl::StatusOr<std::string> ResolveRankMetricsAddress(const char* option, int local_rank) {
+  const std::string address = ResolveMetricsAddress(option);
+  if (option != nullptr) return address;  // the caller chose it for this rank
+  return RankMetricsAddress(address, local_rank, "STOWAGE_METRICS_ADDR");
+}
+
+namespace {
+constexpr char kBucketsAllowed[] =
+    "allowed: upper bounds in seconds separated by commas, each finite and > 0, strictly "
+    "increasing, 1 to 128 of them; +Inf is implied (e.g. \"1,2.5,5,10,30,60\")";
+static_assert(kMaxStepSecondsBuckets == 128, "kBucketsAllowed names the limit");
+}  // namespace
+
+absl::Status CheckStepSecondsBuckets(const std::vector<double>& bounds, std::string_view source) {
+  if (bounds.empty() || bounds.size() > kMaxStepSecondsBuckets) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(source), ": ", bounds.size(), " bounds; ", kBucketsAllowed));
+  }
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (!std::isfinite(bounds[i]) || bounds[i] <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": bound ", i + 1, " is ",
+                                                     bounds[i], "; ", kBucketsAllowed));
+    }
+    if (i > 0 && bounds[i] <= bounds[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": bound ", i + 1, " (",
+                                                     bounds[i], ") is not above bound ", i, " (",
+                                                     bounds[i - 1], "); ", kBucketsAllowed));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> ParseStepSecondsBuckets(std::string_view text,
+                                                            std::string_view source) {
+  std::vector<double> bounds;
+  const std::string quoted = absl::StrCat(std::string(source), " '", std::string(text), "'");
+  size_t entry = 0;
+  for (absl::string_view part : absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
+    ++entry;
+    const std::string value(absl::StripAsciiWhitespace(part));
+    double bound = 0;
+    // SimpleAtod takes "inf" and "nan"; the finiteness check below names them.
+    if (value.empty() || !absl::SimpleAtod(value, &bound)) {
+      return absl::InvalidArgumentError(absl::StrCat(quoted, ": entry ", entry, " '", value,
+                                                     "' is not a number; ", kBucketsAllowed));
+    }
+    bounds.push_back(bound);
+  }
+  if (absl::Status s = CheckStepSecondsBuckets(bounds, quoted); !s.ok()) return s;
+  return bounds;
+}
+
+absl::StatusOr<std::vector<double>> ResolveStepSecondsBuckets(const char* option) {
+  if (option != nullptr) {  // "" : the defaults, whatever the environment says
+    if (absl::StripAsciiWhitespace(option).empty()) return std::vector<double>{};
+    return ParseStepSecondsBuckets(option, "options->metrics_step_buckets");
+  }
+  const char* env = std::getenv("STOWAGE_METRICS_STEP_BUCKETS");
+  if (env == nullptr || absl::StripAsciiWhitespace(env).empty()) return std::vector<double>{};
+  return ParseStepSecondsBuckets(env, "STOWAGE_METRICS_STEP_BUCKETS");
 }
 
 absl::StatusOr<std::string> PickFreePort(const std::string& address) {

@@ -11,11 +11,13 @@
 //
 // Note [Rank labels]. Every series carries `rank` and `local_rank` (the launcher's RANK and
 // LOCAL_RANK; "unknown" when unset), `stage` (the pipeline stage; 0 without pipeline
-// parallelism) and `gpu`: the GPU's UUID ("GPU-8c2f...", DCGM's `UUID` label and nvidia-smi's
-// spelling, so stowage's series join DCGM's), "host" on the host backend. A CUDA ordinal would
-// not do: under CUDA_VISIBLE_DEVICES every rank's GPU is device 0. One endpoint per rank: the
-// port of STOWAGE_METRICS_ADDR is the base, and a rank listens on base + LOCAL_RANK
-// (ResolveMetricsAddress).
+// parallelism), `hostname` (the machine, from gethostname: ranks on one machine share its NUMA
+// nodes and RAM, so per-node sums group by it -- Prometheus's `instance` is whatever address
+// the scrape config names, not always host:port of the machine) and `gpu`: the GPU's UUID
+// ("GPU-8c2f...", DCGM's `UUID` label and nvidia-smi's spelling, so stowage's series join DCGM's),
+// "host" on the host backend. A CUDA ordinal would not do: under CUDA_VISIBLE_DEVICES every rank's
+// GPU is device 0. One endpoint per rank: the port of STOWAGE_METRICS_ADDR is the base, and a rank
+// listens on base + LOCAL_RANK (ResolveMetricsAddress).
 //
 // The fields of RuntimeCounters marked "set once at creation" (device, numa_node, backend, the
 // plan's predictions, layer_types) must be final before Start() is called: they become labels
@@ -25,6 +27,8 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/runtime_counters.h"
@@ -56,6 +60,24 @@ std::string ResolveMetricsAddress(const char* option);
 // (local_rank >= 0, port not 0; Note [Rank labels]). An option is taken as given: the caller chose
 // it for this rank. INVALID_ARGUMENT naming the address and LOCAL_RANK when the sum passes 65535.
 absl::StatusOr<std::string> ResolveRankMetricsAddress(const char* option, int local_rank);
+
+// The endpoint of the rank with `local_rank` when `base` ("host:port", as ResolveMetricsAddress
+// returns it) is one setting for the whole job: port base + local_rank (unchanged for port 0 or
+// local_rank < 0). INVALID_ARGUMENT naming `source`, the address and LOCAL_RANK past 65535.
+absl::StatusOr<std::string> RankMetricsAddress(const std::string& base, int local_rank,
+                                               std::string_view source);
+
+// Step-duration histogram bounds (Note [Step duration buckets] in runtime/runtime_counters.h)
+// from text: upper bounds in seconds separated by commas ("1,2.5,5,10,30,60"; spaces allowed),
+// each finite and > 0, strictly increasing, 1 to kMaxStepSecondsBuckets of them (+Inf is
+// implied). INVALID_ARGUMENT naming `source`, the entry, its value and what is allowed.
+absl::StatusOr<std::vector<double>> ParseStepSecondsBuckets(std::string_view text,
+                                                            std::string_view source);
+// The bounds a runtime uses: `option` when non-null (its source "options->metrics_step_buckets"),
+// else STOWAGE_METRICS_STEP_BUCKETS when set and not empty, else empty (the defaults).
+absl::StatusOr<std::vector<double>> ResolveStepSecondsBuckets(const char* option);
+// The same rules for bounds given as numbers (RuntimeOptions::step_seconds_buckets).
+absl::Status CheckStepSecondsBuckets(const std::vector<double>& bounds, std::string_view source);
 
 // `address` ("host:0") with port 0 replaced by a port that is free on that host right now, for
 // callers that must know the endpoint before the runtime binds it (the C ABI does not report the

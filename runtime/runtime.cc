@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "offload/checksum.h"
+#include "runtime/metrics.h"
 #ifdef STOWAGE_HAVE_CUDA
 #include "offload/cuda_host.h"
 #endif
@@ -88,6 +89,13 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& full_plan,
       !s.ok()) {
     return s;
   }
+  if (!options.step_seconds_buckets.empty()) {
+    if (absl::Status s =
+            CheckStepSecondsBuckets(options.step_seconds_buckets, "step_seconds_buckets");
+        !s.ok()) {
+      return s;
+    }
+  }
   std::unique_ptr<Runtime> rt(new Runtime());
   absl::StatusOr<Plan> staged = StageView(full_plan, options.stage, &rt->stage_of_layer_);
   if (!staged.ok()) return staged.status();
@@ -135,6 +143,12 @@ std::shared_ptr<RuntimeCounters> Runtime::MakeCounters(const Plan& plan,
   counters->local_rank = options.ledger.local_rank >= 0 ? options.ledger.local_rank
                                                         : offload::LocalRankFromEnvironment();
   counters->stage = options.stage;  // the stage this rank runs (Note [Pipeline stages])
+  if (char name[256] = {}; gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
+    counters->hostname = name;
+  }
+  if (!options.step_seconds_buckets.empty()) {
+    counters->SetStepSecondsBuckets(options.step_seconds_buckets);
+  }
   counters->backend = backend.name();
   counters->predicted_peak_device_bytes = plan.predicted.peak_device_bytes;
   counters->link_bytes_per_second = plan.runtime.link_bytes_per_second;
@@ -273,7 +287,6 @@ absl::Status Runtime::EndStep() {
   for (const std::unique_ptr<TensorEntry>& e : entries) {
     if (e->state == TensorState::kRestored && e->h2d != nullptr) stall += e->h2d->stall_seconds();
   }
-  AddSeconds(counters_->stall_nanos, stall);
   entries.clear();
   {
     absl::MutexLock lock(&mu_);
@@ -283,8 +296,9 @@ absl::Status Runtime::EndStep() {
   }
   counters_->RecordArenaUse(0);
   counters_->device_pending_bytes.store(0, std::memory_order_relaxed);
+  // The step-end hook: the step's duration, stall and maxima become the last step's gauges.
   counters_->RecordStep(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), stall);
   if (!drained.ok()) return drained;
   if (unsynced_saves + unsynced_prefetches > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -333,7 +347,7 @@ absl::StatusOr<TensorId> Runtime::Save(int layer, const void* src, size_t bytes,
       trace_.Record(StepEventKind::kSaveLanded, layer, bytes, id);
     };
   }
-  counters_->device_pending_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  counters_->AddDevicePending(bytes);
   absl::Status saved = FinishSave(
       entry, engine_->DeviceToHost(entry->host, src, bytes, stream, std::move(on_landed)));
   if (!saved.ok()) return saved;
@@ -665,7 +679,7 @@ absl::Status Runtime::CorruptHostCopyForTesting(TensorId id, size_t offset) {
 
 void Runtime::OnCopyIssued(CopyDirection direction, uint64_t /*bytes*/) {
   (void)direction;
-  counters_->copies_in_flight.fetch_add(1, std::memory_order_relaxed);
+  counters_->CopyIssued();
 }
 
 void Runtime::OnCopyLanded(CopyDirection direction, uint64_t bytes, double busy_seconds) {

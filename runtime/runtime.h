@@ -76,6 +76,9 @@ struct RuntimeOptions {
   // The node ledger the arena is admitted through (offload/node_ledger.h, Note [Node ledger]);
   // empty fields come from the environment.
   offload::LedgerOptions ledger;
+  // Upper bounds of the step-duration histogram in seconds, increasing (ParseStepSecondsBuckets in
+  // runtime/metrics.h reads them from text); empty: the defaults (Note [Step duration buckets]).
+  std::vector<double> step_seconds_buckets;
   // Arena setup progress (bytes touched so far, total), for long setups; called on the thread
   // that calls Create.
   std::function<void(uint64_t, uint64_t)> arena_progress;

@@ -84,6 +84,11 @@ typedef struct stowage_options {
    * plan without pipeline parallelism); INVALID_ARGUMENT otherwise. The runtime reserves host
    * memory for that stage's layers only; saving into another stage's layer is INVALID_ARGUMENT. */
   int32_t stage;
+  /* Upper bounds in seconds of the stowage_step_duration_seconds histogram, comma-separated,
+   * increasing ("1,2.5,5,10,30,60"; +Inf implied; 1 to 128 of them). NULL: read
+   * STOWAGE_METRICS_STEP_BUCKETS; empty, or that unset: 12 per decade from 10 ms to 681 s (README
+   * "Metrics"). INVALID_ARGUMENT naming the entry otherwise. */
+  const char* metrics_step_buckets;
 } stowage_options;
 
 typedef struct stowage_stats {

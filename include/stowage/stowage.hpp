@@ -87,6 +87,8 @@ struct Options {
   // nullopt: STOWAGE_METRICS_ADDR decides; "": no endpoint; "host:port" or a bare port.
   std::optional<std::string> metrics_address;
   int stage = 0;  // the pipeline stage this rank runs (stowage_options.stage)
+  // nullopt: STOWAGE_METRICS_STEP_BUCKETS decides; "": the defaults; else "1,2.5,5,10,30,60".
+  std::optional<std::string> metrics_step_buckets;
 };
 
 // Owns one stowage_runtime. Movable, not copyable. The destructor ends an open step (draining its
@@ -104,6 +106,8 @@ class Runtime {
     c.copy_threads = options.copy_threads;
     c.metrics_address = options.metrics_address ? options.metrics_address->c_str() : nullptr;
     c.stage = options.stage;
+    c.metrics_step_buckets =
+        options.metrics_step_buckets ? options.metrics_step_buckets->c_str() : nullptr;
     stowage_runtime* rt = nullptr;
     Status status = internal::Check(stowage_create(plan_json.data(), plan_json.size(), &c, &rt));
     if (!status.ok()) return status;

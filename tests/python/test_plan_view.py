@@ -7,8 +7,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
+import socket
 import tempfile
 import unittest
+import urllib.request
 
 import support  # noqa: F401  (puts the package on sys.path)
 
@@ -67,6 +70,23 @@ class PlanViewTest(unittest.TestCase):
             rt.end_step()
         with self.assertRaisesRegex(stowage.StowageError, r"options->stage is 2; allowed: 0 to 1"):
             stowage.Runtime(plan, backend="host", copy_threads=1, metrics_address="", stage=2)
+
+    def test_runtime_step_buckets_option(self) -> None:
+        # The histogram bounds reach the C library as one option; a list of numbers is joined.
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{probe.getsockname()[1]}"
+        with stowage.Runtime(small_plan(), backend="host", copy_threads=1,
+                             metrics_address=address, metrics_step_buckets=[0.5, 2.5]):
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+                text = response.read().decode()
+        self.assertEqual(re.findall(r'stowage_step_duration_seconds_bucket\{.*le="([^"]+)"', text),
+                         ["0.5", "2.5", "+Inf"])
+        with self.assertRaisesRegex(stowage.StowageError,
+                                    r"options->metrics_step_buckets '2,1': bound 2 \(1\) is not "
+                                    r"above bound 1 \(2\); allowed: upper bounds in seconds"):
+            stowage.Runtime(small_plan(), backend="host", copy_threads=1, metrics_address="",
+                            metrics_step_buckets="2,1")
 
     def test_round_trip(self) -> None:
         plan = small_plan()

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -85,7 +86,7 @@ std::string Scrape(const std::string& address) {
 }
 
 // The identity labels every series carries (Note [Rank labels]).
-constexpr const char* kIdentityLabels[] = {"gpu", "local_rank", "rank", "stage"};
+constexpr const char* kIdentityLabels[] = {"gpu", "hostname", "local_rank", "rank", "stage"};
 
 // Exposition text -> {"name{labels}" -> value}; labels exactly as served (sorted by name), less
 // the identity labels, which go to `identities` ("name{...}" -> "gpu=...,local_rank=...";
@@ -140,6 +141,7 @@ std::optional<double> Sample(const std::map<std::string, double>& samples,
 std::shared_ptr<RuntimeCounters> KnownCounters() {
   auto c = std::make_shared<RuntimeCounters>();
   c->gpu = "GPU-5e1b0c4a-0000-4000-8000-00000000000a";
+  c->hostname = "node-07";
   c->rank = 11;
   c->local_rank = 3;
   c->stage = 0;
@@ -155,9 +157,6 @@ std::shared_ptr<RuntimeCounters> KnownCounters() {
     c->layer_types.back()->layer_type = type;
   }
   c->arena_capacity_bytes = 1000;
-  c->RecordArenaUse(600);
-  c->RecordArenaUse(400);
-  c->device_pending_bytes = 100;
   c->observed_peak_device_bytes = 97ull << 30;
   c->d2h.bytes = 4000;
   c->d2h.copies = 4;
@@ -165,21 +164,209 @@ std::shared_ptr<RuntimeCounters> KnownCounters() {
   c->h2d.bytes = 3000;
   c->h2d.copies = 3;
   AddSeconds(c->h2d.busy_nanos, 0.5);
-  c->copies_in_flight = 2;
   c->saves_total = 4;
   c->restores_total = 3;
-  AddSeconds(c->stall_nanos, 0.25);
   c->layer_types[0]->saved_bytes = 2500;
   c->layer_types[0]->restored_bytes = 2000;
   c->layer_types[1]->saved_bytes = 1500;
   c->layer_types[1]->restored_bytes = 1000;
-  c->RecordStep(0.02);   // bucket 0.025
-  c->RecordStep(0.3);    // bucket 0.5
-  c->RecordStep(0.3);    // bucket 0.5
-  c->RecordStep(100.0);  // beyond the last bound: +Inf only
+  c->RecordStep(0.02);  // bucket (0.0178, 0.0215]
+  c->RecordStep(0.3);   // bucket (0.261, 0.316]
+  // The last step: 300 bytes awaiting their D2H at once, 3 copies in flight, 600 bytes pinned at
+  // its high point, 0.25 s stalled; then released (what end_step does), and 1000 s long: past
+  // the last bound, +Inf only.
+  c->AddDevicePending(200);
+  c->CopyIssued();
+  c->CopyIssued();
+  c->AddDevicePending(100);
+  c->CopyIssued();
+  c->device_pending_bytes = 0;
+  c->copies_in_flight = 0;
+  c->RecordArenaUse(400);
+  c->RecordArenaUse(600);
+  c->RecordArenaUse(0);
+  c->RecordStep(1000.0, 0.25);
+  // A step now running: the last completed step's gauges do not follow it.
+  c->AddDevicePending(7);
+  c->CopyIssued();
+  c->RecordArenaUse(9);
   c->errors_by_status[STOWAGE_ERROR_RESOURCE_EXHAUSTED] = 2;
   c->errors_by_status[STOWAGE_ERROR_DATA_LOSS] = 1;
   return c;
+}
+
+// --- Step-duration buckets (Note [Step duration buckets]) ---
+
+struct Bucket {
+  double upper_bound;
+  double cumulative_count;
+};
+
+// histogram_quantile(q, ...) of one classic histogram, by the rules of Prometheus's
+// promql/quantile.go (bucketQuantile), written from its documentation and behaviour: the highest
+// bucket must be +Inf; the quantile's rank is q times the observations; the first bucket whose
+// cumulative count reaches the rank holds it, and the value is interpolated linearly between
+// that bucket's lower bound (the previous upper bound, 0 for the first bucket) and its upper
+// bound; a rank in the +Inf bucket reads as the highest finite bound.
+double HistogramQuantile(double q, std::vector<Bucket> buckets) {
+  std::sort(buckets.begin(), buckets.end(),
+            [](const Bucket& a, const Bucket& b) { return a.upper_bound < b.upper_bound; });
+  if (buckets.size() < 2 || !std::isinf(buckets.back().upper_bound)) return std::nan("");
+  const double observations = buckets.back().cumulative_count;
+  if (observations == 0) return std::nan("");
+  double rank = q * observations;
+  size_t b = 0;
+  while (b < buckets.size() && buckets[b].cumulative_count < rank) ++b;
+  if (b == buckets.size() - 1) return buckets[buckets.size() - 2].upper_bound;
+  if (b == 0 && buckets[0].upper_bound <= 0) return buckets[0].upper_bound;
+  const double start = b == 0 ? 0 : buckets[b - 1].upper_bound;
+  const double before = b == 0 ? 0 : buckets[b - 1].cumulative_count;
+  const double count = buckets[b].cumulative_count - before;
+  rank -= before;
+  return start + (buckets[b].upper_bound - start) * (rank / count);
+}
+
+// The stowage_step_duration_seconds buckets of an exposition text.
+std::vector<Bucket> ExportedStepBuckets(const std::string& text) {
+  std::vector<Bucket> buckets;
+  for (const auto& [series, value] : ParseSamples(text)) {
+    const std::string prefix = R"(stowage_step_duration_seconds_bucket{le=")";
+    if (!absl::StartsWith(series, prefix)) continue;
+    const std::string le = series.substr(prefix.size(), series.size() - prefix.size() - 2);
+    double bound = std::numeric_limits<double>::infinity();
+    if (le != "+Inf" && !absl::SimpleAtod(le, &bound)) ADD_FAILURE() << series;
+    buckets.push_back({bound, value});
+  }
+  return buckets;
+}
+
+// The buckets `counters` would export, without a server (cumulative, +Inf last).
+std::vector<Bucket> StepBuckets(const RuntimeCounters& c) {
+  std::vector<Bucket> buckets;
+  double cumulative = 0;
+  for (size_t i = 0; i <= c.step_seconds_bounds.size(); ++i) {
+    cumulative += static_cast<double>(c.step_seconds_bucket[i].load());
+    buckets.push_back({i < c.step_seconds_bounds.size() ? c.step_seconds_bounds[i]
+                                                        : std::numeric_limits<double>::infinity(),
+                       cumulative});
+  }
+  return buckets;
+}
+
+TEST(StepDurationBucketsTest, DefaultsSpanTenMillisecondsToTenMinutesTwelvePerDecade) {
+  const std::vector<double> bounds = DefaultStepSecondsBuckets();
+  ASSERT_EQ(bounds.size(), 59u);
+  EXPECT_EQ(bounds.front(), 0.01);
+  EXPECT_GE(bounds.back(), 600);
+  EXPECT_LT(bounds[bounds.size() - 2], 600);  // the first bound past 10 minutes is the last
+  for (double decade : {0.1, 1.0, 10.0, 100.0}) {
+    EXPECT_NE(std::find(bounds.begin(), bounds.end(), decade), bounds.end()) << decade;
+  }
+  EXPECT_NE(std::find(bounds.begin(), bounds.end(), 0.0121), bounds.end());  // decimal spelling
+  for (size_t i = 1; i < bounds.size(); ++i) {
+    EXPECT_GT(bounds[i], bounds[i - 1]);
+    EXPECT_LE(bounds[i] / bounds[i - 1], 1.215) << bounds[i - 1] << " .. " << bounds[i];
+  }
+  EXPECT_TRUE(CheckStepSecondsBuckets(bounds, "defaults").ok());
+}
+
+// The issue's case: a 28.5 s step read back through the exported buckets the way Prometheus's
+// histogram_quantile reads them. With the old 1-2.5-5 bounds up to 60 s it read 42.5 s.
+TEST(StepDurationBucketsTest, MedianOfA28Point5SecondStepIsWithinTenPercent) {
+  auto counters = std::make_shared<RuntimeCounters>();
+  for (int i = 0; i < 20; ++i) counters->RecordStep(28.5);
+  auto exporter = MetricsExporter::Start("127.0.0.1:0", counters);
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  const std::vector<Bucket> exported = ExportedStepBuckets(Scrape((*exporter)->bound_address()));
+  ASSERT_EQ(exported.size(), DefaultStepSecondsBuckets().size() + 1);
+  const double p50 = HistogramQuantile(0.5, exported);
+  EXPECT_NEAR(p50, 28.5, 0.1 * 28.5);
+  EXPECT_NEAR(p50, (26.1 + 31.6) / 2, 1e-9);  // the midpoint of (26.1, 31.6]
+
+  // The same computation on the old bounds gives the old answer: the check can fail.
+  RuntimeCounters old;
+  old.SetStepSecondsBuckets({0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60});
+  for (int i = 0; i < 20; ++i) old.RecordStep(28.5);
+  EXPECT_NEAR(HistogramQuantile(0.5, StepBuckets(old)), 42.5, 1e-9);
+}
+
+// The median of any steady step time from 10 ms to 10 minutes reads back within 10.75% (bounds
+// <= 1.215 apart). (A high quantile of a steady step reads near the bucket's upper bound: up to
+// 21.5% off.)
+TEST(StepDurationBucketsTest, MedianOfAnySteadyStepTimeInRangeIsWithinElevenPercent) {
+  double worst = 0;
+  for (double seconds = 0.0101; seconds <= 600; seconds *= 1.0137) {
+    RuntimeCounters c;
+    for (int i = 0; i < 4; ++i) c.RecordStep(seconds);
+    const double read = HistogramQuantile(0.5, StepBuckets(c));
+    worst = std::max(worst, std::abs(read - seconds) / seconds);
+  }
+  EXPECT_LE(worst, 0.1075);
+  EXPECT_GT(worst, 0.09);  // the sweep reached the bucket edges
+}
+
+TEST(StepDurationBucketsTest, ConfiguredBoundsAreWhatIsExported) {
+  auto counters = std::make_shared<RuntimeCounters>();
+  counters->SetStepSecondsBuckets({1, 2, 5});
+  counters->RecordStep(1.5);
+  counters->RecordStep(2);  // le is inclusive
+  counters->RecordStep(7);
+  auto exporter = MetricsExporter::Start("127.0.0.1:0", counters);
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  const std::string text = Scrape((*exporter)->bound_address());
+  const std::map<std::string, double> s = ParseSamples(text);
+  EXPECT_EQ(Sample(s, R"(stowage_step_duration_seconds_bucket{le="1"})"), 0);
+  EXPECT_EQ(Sample(s, R"(stowage_step_duration_seconds_bucket{le="2"})"), 2);
+  EXPECT_EQ(Sample(s, R"(stowage_step_duration_seconds_bucket{le="5"})"), 2);
+  EXPECT_EQ(Sample(s, R"(stowage_step_duration_seconds_bucket{le="+Inf"})"), 3);
+  EXPECT_EQ(ExportedStepBuckets(text).size(), 4u);
+}
+
+TEST(ParseStepSecondsBucketsTest, ReadsIncreasingSecondsAndNamesWhatIsWrong) {
+  absl::StatusOr<std::vector<double>> good = ParseStepSecondsBuckets(" 1, 2.5 ,5,10,30,60", "X");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(*good, (std::vector<double>{1, 2.5, 5, 10, 30, 60}));
+  struct Case {
+    const char* text;
+    const char* names;
+  };
+  const std::string many = absl::StrJoin(std::vector<int>(129, 1), ",");
+  for (const Case& c : std::vector<Case>{{"1,x,3", "entry 2 'x' is not a number"},
+                                         {"1,,3", "entry 2 '' is not a number"},
+                                         {"", "entry 1 '' is not a number"},
+                                         {"2,1", "bound 2 (1) is not above bound 1 (2)"},
+                                         {"1,1", "bound 2 (1) is not above bound 1 (1)"},
+                                         {"0,1", "bound 1 is 0"},
+                                         {"-1", "bound 1 is -1"},
+                                         {"1,inf", "bound 2 is inf"},
+                                         {"nan", "bound 1 is nan"},
+                                         {many.c_str(), "129 bounds"}}) {
+    absl::StatusOr<std::vector<double>> bad =
+        ParseStepSecondsBuckets(c.text, "STOWAGE_METRICS_STEP_BUCKETS");
+    ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
+    const std::string message(bad.status().message());
+    EXPECT_THAT(message, HasSubstr(c.names)) << c.text;
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("STOWAGE_METRICS_STEP_BUCKETS '", c.text, "'")));
+    EXPECT_THAT(message, HasSubstr("allowed: upper bounds in seconds")) << c.text;
+  }
+}
+
+TEST(ParseStepSecondsBucketsTest, OptionThenEnvironmentThenDefaults) {
+  setenv("STOWAGE_METRICS_STEP_BUCKETS", "10,20", 1);
+  EXPECT_EQ(ResolveStepSecondsBuckets("1,2").value_or(std::vector<double>{}),
+            (std::vector<double>{1, 2}));
+  EXPECT_EQ(ResolveStepSecondsBuckets(nullptr).value_or(std::vector<double>{}),
+            (std::vector<double>{10, 20}));
+  EXPECT_TRUE(ResolveStepSecondsBuckets("")
+                  .value_or(std::vector<double>{1})
+                  .empty());  // "": the defaults, whatever the environment says
+  setenv("STOWAGE_METRICS_STEP_BUCKETS", "20,10", 1);
+  EXPECT_THAT(std::string(ResolveStepSecondsBuckets(nullptr).status().message()),
+              HasSubstr("STOWAGE_METRICS_STEP_BUCKETS '20,10'"));
+  EXPECT_THAT(std::string(ResolveStepSecondsBuckets("3,x").status().message()),
+              HasSubstr("options->metrics_step_buckets '3,x': entry 2 'x'"));
+  unsetenv("STOWAGE_METRICS_STEP_BUCKETS");
+  EXPECT_TRUE(ResolveStepSecondsBuckets(nullptr).value_or(std::vector<double>{1}).empty());
 }
 
 TEST(ResolveMetricsAddressTest, OptionWinsOverEnvironment) {
@@ -256,9 +443,8 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
   // Every series names the rank, the local rank, the stage and the GPU.
   ASSERT_FALSE(identities.empty());
   for (const auto& [series, identity] : identities) {
-    EXPECT_EQ(identity,
-              R"(gpu="GPU-5e1b0c4a-0000-4000-8000-00000000000a",local_rank="3",rank="11",)"
-              R"(stage="0")")
+    EXPECT_EQ(identity, R"(gpu="GPU-5e1b0c4a-0000-4000-8000-00000000000a",hostname="node-07",)"
+                        R"(local_rank="3",rank="11",stage="0")")
         << series;
   }
   const std::string dev = "";
@@ -271,21 +457,26 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
   EXPECT_EQ(at("stowage_plan_host_per_gpu_bytes{" + node + "}"), 45.0 * (1ull << 30));
   EXPECT_EQ(at("stowage_plan_step_seconds{" + dev + "}"), 2.5);
   EXPECT_EQ(at("stowage_device_observed_peak_bytes{" + dev + "}"), 97.0 * (1ull << 30));
-  EXPECT_EQ(at("stowage_device_offloaded_bytes{" + dev + "}"), 300);  // 400 used - 100 pending
-  EXPECT_EQ(at("stowage_device_offload_pending_bytes{" + dev + "}"), 100);
   EXPECT_EQ(at("stowage_host_pinned_reserved_bytes{" + node + "}"), 1000);
-  EXPECT_EQ(at("stowage_host_pinned_used_bytes{" + node + "}"), 400);
-  EXPECT_EQ(at("stowage_host_pinned_peak_bytes{" + node + "}"), 600);
+  // Note [Per-step gauges]: the last completed step's maxima, not the running step's values.
+  EXPECT_EQ(at("stowage_step_last_host_pinned_peak_bytes{" + node + "}"), 600);
+  EXPECT_EQ(at("stowage_step_last_device_offload_pending_peak_bytes{" + dev + "}"), 300);
+  EXPECT_EQ(at("stowage_step_last_copy_in_flight_peak{" + dev + "}"), 3);
+  EXPECT_EQ(at("stowage_step_last_compute_stall_seconds{" + dev + "}"), 0.25);
+  // Renamed or gone (README "Metrics": renames): nothing is served under the old names.
+  for (const char* gone :
+       {"stowage_host_pinned_used_bytes", "stowage_host_pinned_peak_bytes",
+        "stowage_device_offloaded_bytes", "stowage_device_offload_pending_bytes",
+        "stowage_copy_in_flight", "stowage_copy_achieved_bandwidth_bytes_per_second"}) {
+    EXPECT_THAT(text, Not(HasSubstr(absl::StrCat(gone, "{")))) << gone;
+  }
 
   EXPECT_EQ(at(R"(stowage_copy_bytes_total{direction="d2h"})"), 4000);
   EXPECT_EQ(at(R"(stowage_copy_bytes_total{direction="h2d"})"), 3000);
   EXPECT_EQ(at(R"(stowage_copy_seconds_total{direction="d2h"})"), 2.0);
   EXPECT_EQ(at(R"(stowage_copy_seconds_total{direction="h2d"})"), 0.5);
   EXPECT_EQ(at(R"(stowage_copy_operations_total{direction="d2h"})"), 4);
-  EXPECT_EQ(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{direction="d2h"})"), 2000);
-  EXPECT_EQ(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{direction="h2d"})"), 6000);
   EXPECT_EQ(at("stowage_copy_link_bytes_per_second{" + dev + "}"), 55.3e9);
-  EXPECT_EQ(at("stowage_copy_in_flight{" + dev + "}"), 2);
 
   EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{layer_type="kda+moe"})"), 2500);
   EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{layer_type="dsa+moe"})"), 1500);
@@ -295,16 +486,18 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
   EXPECT_EQ(at("stowage_offload_restores_total{" + dev + "}"), 3);
   EXPECT_EQ(at("stowage_compute_stall_seconds_total{" + dev + "}"), 0.25);
 
-  EXPECT_EQ(at("stowage_steps_total{" + dev + "}"), 4);
-  EXPECT_EQ(at("stowage_step_last_duration_seconds{" + dev + "}"), 100);
+  EXPECT_EQ(at("stowage_steps_total{" + dev + "}"), 3);
+  EXPECT_EQ(at("stowage_step_last_duration_seconds{" + dev + "}"), 1000);
   EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.01"})"), 0);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.025"})"), 1);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.5"})"), 3);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="60"})"), 3);
-  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="+Inf"})"), 4);
-  EXPECT_EQ(at("stowage_step_duration_seconds_count{" + dev + "}"), 4);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.0178"})"), 0);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.0215"})"), 1);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.261"})"), 1);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="0.316"})"), 2);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="681"})"), 2);
+  EXPECT_EQ(at(R"(stowage_step_duration_seconds_bucket{le="+Inf"})"), 3);
+  EXPECT_EQ(at("stowage_step_duration_seconds_count{" + dev + "}"), 3);
   ASSERT_TRUE(at("stowage_step_duration_seconds_sum{" + dev + "}").has_value());
-  EXPECT_NEAR(*at("stowage_step_duration_seconds_sum{" + dev + "}"), 100.62, 1e-6);
+  EXPECT_NEAR(*at("stowage_step_duration_seconds_sum{" + dev + "}"), 1000.32, 1e-6);
 
   EXPECT_EQ(at(R"(stowage_errors_total{kind="resource_exhausted"})"), 2);
   EXPECT_EQ(at(R"(stowage_errors_total{kind="data_loss"})"), 1);
@@ -315,7 +508,7 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
   }
   EXPECT_THAT(text, HasSubstr("# TYPE stowage_steps_total counter"));
   EXPECT_THAT(text, HasSubstr("# TYPE stowage_step_duration_seconds histogram"));
-  EXPECT_THAT(text, HasSubstr("# TYPE stowage_host_pinned_used_bytes gauge"));
+  EXPECT_THAT(text, HasSubstr("# TYPE stowage_step_last_host_pinned_peak_bytes gauge"));
 }
 
 TEST(MetricsExporterTest, ScrapesSeeLaterUpdates) {
@@ -473,8 +666,12 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
 
   std::map<std::string, std::string> identities;
   const std::map<std::string, double> s = ParseSamples(Scrape(address), &identities);
+  char hostname[256] = {};
+  ASSERT_EQ(gethostname(hostname, sizeof(hostname) - 1), 0);
   for (const auto& [series, identity] : identities) {
-    EXPECT_EQ(identity, R"(gpu="host",local_rank="2",rank="5",stage="0")") << series;
+    EXPECT_EQ(identity, absl::StrCat(R"(gpu="host",hostname=")", hostname,
+                                     R"(",local_rank="2",rank="5",stage="0")"))
+        << series;
   }
   const RuntimeCounters& c = (*rt)->counters();
   const std::string dev = "";
@@ -492,8 +689,7 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
   EXPECT_EQ(at(R"(stowage_copy_bytes_total{direction="h2d"})"), kSteps * kStepBytes);
   EXPECT_GE(at(R"(stowage_copy_operations_total{direction="d2h"})").value_or(0), kSteps * 3);
   EXPECT_GT(at(R"(stowage_copy_seconds_total{direction="d2h"})").value_or(0), 0);
-  EXPECT_GT(at(R"(stowage_copy_achieved_bandwidth_bytes_per_second{direction="h2d"})").value_or(0),
-            0);
+  EXPECT_GT(at(R"(stowage_copy_seconds_total{direction="h2d"})").value_or(0), 0);
   EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{layer_type="kda+moe"})"),
             kSteps * 768.0 * kKib);
   EXPECT_EQ(at(R"(stowage_offload_saved_bytes_total{layer_type="dsa+moe"})"),
@@ -504,12 +700,16 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
             kSteps * 128.0 * kKib);
   EXPECT_EQ(at("stowage_offload_saves_total{" + dev + "}"), kSteps * 3);
   EXPECT_EQ(at("stowage_offload_restores_total{" + dev + "}"), kSteps * 3);
-  // Between steps nothing is held: the step released it all.
-  EXPECT_EQ(at("stowage_host_pinned_used_bytes{" + node + "}"), 0);
-  EXPECT_EQ(at("stowage_device_offload_pending_bytes{" + dev + "}"), 0);
-  EXPECT_EQ(at("stowage_device_offloaded_bytes{" + dev + "}"), 0);
-  EXPECT_EQ(at("stowage_copy_in_flight{" + dev + "}"), 0);
-  EXPECT_EQ(at("stowage_host_pinned_peak_bytes{" + node + "}"), kStepBytes);
+  // The last step's high points (Note [Per-step gauges]): every byte of the step was pinned at
+  // once; the three saves were issued back to back, so at least the first (512 KiB) awaited its
+  // D2H and at least one copy was in flight.
+  EXPECT_EQ(at("stowage_step_last_host_pinned_peak_bytes{" + node + "}"), kStepBytes);
+  EXPECT_GE(at("stowage_step_last_device_offload_pending_peak_bytes{" + dev + "}").value_or(0),
+            512.0 * kKib);
+  EXPECT_LE(at("stowage_step_last_device_offload_pending_peak_bytes{" + dev + "}").value_or(0),
+            kStepBytes);
+  EXPECT_GE(at("stowage_step_last_copy_in_flight_peak{" + dev + "}").value_or(0), 1);
+  EXPECT_GE(at("stowage_step_last_compute_stall_seconds{" + dev + "}").value_or(-1), 0);
   EXPECT_GE(at("stowage_host_pinned_reserved_bytes{" + node + "}").value_or(0), kStepBytes);
   EXPECT_EQ(at("stowage_plan_host_per_gpu_bytes{" + node + "}"), kStepBytes);
   EXPECT_EQ(at("stowage_plan_peak_device_bytes{" + dev + "}"), 70.0 * (1ull << 30));
@@ -523,27 +723,49 @@ TEST(RuntimeMetricsTest, ExportedValuesFollowEngineActivity) {
   EXPECT_EQ(at(R"(stowage_errors_total{kind="internal"})"), 0);
 }
 
-TEST(RuntimeMetricsTest, SavedBytesAreOnTheDeviceUntilTheirCopyLands) {
+// Regression (issue 16): "this step" gauges were read at scrape time, so a scrape between steps
+// read 0 and one inside a step anything up to the peak. They now hold the last completed step's
+// values from its end to the next step's end, whenever the scrape comes.
+TEST(RuntimeMetricsTest, PerStepGaugesHoldTheLastCompletedStep) {
   RuntimeOptions options;
   options.backend = BackendKind::kHost;
   options.skip_admission = true;
+  options.copy_threads = 1;
   absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(SmallPlan(), options);
   ASSERT_TRUE(rt.ok()) << rt.status();
   absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
       MetricsExporter::Start("127.0.0.1:0", (*rt)->shared_counters());
   ASSERT_TRUE(exporter.ok()) << exporter.status();
-  std::vector<std::byte> device(896 * kKib);
+  const std::string address = (*exporter)->bound_address();
+  const std::string node = absl::StrCat(
+      R"(numa_node=")",
+      (*rt)->counters().numa_node >= 0 ? absl::StrCat((*rt)->counters().numa_node) : "unknown",
+      "\"");
+  auto pinned_peak = [&] {
+    return Sample(ParseSamples(Scrape(address)),
+                  "stowage_step_last_host_pinned_peak_bytes{" + node + "}");
+  };
+  EXPECT_EQ(pinned_peak(), 0);  // no step completed yet
+
+  std::vector<std::byte> device(896 * kKib), back(896 * kKib);
+  RunOneStep(**rt, device, back);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(pinned_peak(), 896.0 * kKib);  // between steps: the step's peak, not 0
+
+  // Inside the next step, with only 128 KiB pinned so far: still the last completed step's.
   ASSERT_TRUE((*rt)->BeginStep().ok());
-  absl::StatusOr<TensorId> q = (*rt)->Save(0, device.data(), 512 * kKib, nullptr);
-  ASSERT_TRUE(q.ok()) << q.status();
-  ASSERT_TRUE((*rt)->SaveWait(*q).ok());
-  // Landed and reaped: the bytes now live only on the host, in use in the arena.
-  const std::map<std::string, double> s = ParseSamples(Scrape((*exporter)->bound_address()));
-  EXPECT_EQ(Sample(s, R"(stowage_device_offloaded_bytes{})"), 512.0 * kKib);
-  EXPECT_EQ(Sample(s, R"(stowage_device_offload_pending_bytes{})"), 0);
-  EXPECT_EQ(Sample(s, R"(stowage_steps_total{})"), 0);
-  ASSERT_TRUE((*rt)->Restore(*q, device.data(), nullptr).ok());
+  absl::StatusOr<TensorId> input = (*rt)->Save(1, device.data(), 128 * kKib, nullptr);
+  ASSERT_TRUE(input.ok()) << input.status();
+  ASSERT_TRUE((*rt)->SaveWait(*input).ok());
+  EXPECT_EQ(pinned_peak(), 896.0 * kKib);
+  ASSERT_TRUE((*rt)->Restore(*input, back.data(), nullptr).ok());
   ASSERT_TRUE((*rt)->EndStep().ok());
+  EXPECT_EQ(pinned_peak(), 128.0 * kKib);  // that step's own peak, set at its end
+  const std::map<std::string, double> s = ParseSamples(Scrape(address));
+  EXPECT_EQ(Sample(s, "stowage_step_last_device_offload_pending_peak_bytes{}"), 128.0 * kKib);
+  // The D2H may still count as in flight when the restore issues its H2D.
+  EXPECT_GE(Sample(s, "stowage_step_last_copy_in_flight_peak{}").value_or(0), 1);
+  EXPECT_LE(Sample(s, "stowage_step_last_copy_in_flight_peak{}").value_or(9), 2);
 }
 
 TEST(RuntimeMetricsTest, CApiErrorsAreCountedByKind) {
@@ -602,6 +824,47 @@ TEST(RuntimeMetricsTest, CApiReadsTheEnvironmentWhenTheOptionIsNull) {
   EXPECT_EQ(Sample(ParseSamples(Scrape(*address)), R"(stowage_steps_total{})"), 0);
   EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
   EXPECT_EQ(Scrape(*address), "");  // the endpoint went with the runtime
+}
+
+TEST(RuntimeMetricsTest, CApiStepBucketsComeFromTheOptionOrTheEnvironment) {
+  absl::StatusOr<std::string> address = PickFreePort("127.0.0.1:0");
+  ASSERT_TRUE(address.ok()) << address.status();
+  const std::string json = PlanToJson(SmallPlan());
+  stowage_options options;
+  stowage_options_init(&options);
+  options.backend = STOWAGE_BACKEND_HOST;
+  options.metrics_address = address->c_str();
+  options.metrics_step_buckets = "0.5, 1";
+  setenv("STOWAGE_METRICS_STEP_BUCKETS", "7,8", 1);  // the option wins
+  stowage_runtime* rt = nullptr;
+  ASSERT_EQ(stowage_create(json.data(), json.size(), &options, &rt), STOWAGE_OK)
+      << stowage_last_error();
+  std::vector<Bucket> buckets = ExportedStepBuckets(Scrape(*address));
+  ASSERT_EQ(buckets.size(), 3u);
+  std::sort(buckets.begin(), buckets.end(),
+            [](const Bucket& a, const Bucket& b) { return a.upper_bound < b.upper_bound; });
+  EXPECT_EQ(buckets[0].upper_bound, 0.5);
+  EXPECT_EQ(buckets[1].upper_bound, 1);
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+
+  // NULL: the environment's; a bad one fails the create, naming the variable and the entry.
+  options.metrics_step_buckets = nullptr;
+  setenv("STOWAGE_METRICS_STEP_BUCKETS", "30,10", 1);
+  EXPECT_EQ(stowage_create(json.data(), json.size(), &options, &rt),
+            STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(stowage_last_error()),
+              HasSubstr("STOWAGE_METRICS_STEP_BUCKETS '30,10': bound 2 (10) is not above bound 1"));
+  EXPECT_EQ(rt, nullptr);
+  unsetenv("STOWAGE_METRICS_STEP_BUCKETS");
+
+  // The C++ runtime checks numbers given directly by the same rules.
+  RuntimeOptions direct;
+  direct.backend = BackendKind::kHost;
+  direct.skip_admission = true;
+  direct.step_seconds_buckets = {1, 0.5};
+  absl::StatusOr<std::unique_ptr<Runtime>> refused = Runtime::Create(SmallPlan(), direct);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("step_seconds_buckets"));
 }
 
 TEST(RuntimeMetricsTest, NoEndpointUnlessAsked) {

@@ -61,6 +61,7 @@ class Options(ctypes.Structure):
         ("copy_threads", ctypes.c_int32),
         ("metrics_address", ctypes.c_char_p),
         ("stage", ctypes.c_int32),
+        ("metrics_step_buckets", ctypes.c_char_p),
     ]
 
 

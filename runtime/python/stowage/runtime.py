@@ -176,7 +176,7 @@ class Runtime:
                  numa_node: int = -1, verify_checksums: bool = False,
                  copy_chunk_bytes: int = 0, copy_threads: int = 0,
                  metrics_address: Optional[str] = None, trace_capacity: int = 0,
-                 stage: int = 0):
+                 stage: int = 0, metrics_step_buckets=None):
         backends = {v: k for k, v in _lib.BACKEND_NAMES.items()}
         if backend not in backends:
             raise ValueError(f"backend is {backend!r}; allowed: {', '.join(backends)}")
@@ -199,6 +199,13 @@ class Runtime:
         # Keep the bytes alive for the call; NULL means "read STOWAGE_METRICS_ADDR".
         self._metrics = metrics_address.encode() if metrics_address is not None else None
         opts.metrics_address = self._metrics
+        # Step-time histogram bounds in seconds: "1,2.5,5" or a sequence of numbers; None reads
+        # STOWAGE_METRICS_STEP_BUCKETS (the C library checks them and names a bad entry).
+        if metrics_step_buckets is not None and not isinstance(metrics_step_buckets, str):
+            metrics_step_buckets = ",".join(repr(float(b)) for b in metrics_step_buckets)
+        self._buckets = (metrics_step_buckets.encode()
+                         if metrics_step_buckets is not None else None)
+        opts.metrics_step_buckets = self._buckets
         _check("stowage_create", self._lib.stowage_create(
             text, len(text), ctypes.byref(opts), ctypes.byref(self._handle)))
         if trace_capacity:
