@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "offload/backend_factory.h"
+#include "offload/node_ledger.h"
 #include "runtime/metrics.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
@@ -287,9 +288,11 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
              "multiplies the plan's per-layer compute times (the simulated compute)", "1"});
   flags.Add({"layer-compute", "SECONDS", "forward time per layer in the built-in plan", "0.001"});
   flags.Add({"metrics-address", "HOST:PORT",
-             "Prometheus endpoint; port 0 picks a free port. 127.0.0.1 unless another host is "
-             "given",
-             absl::StrCat("$STOWAGE_METRICS_ADDR, else ", kDefaultAddress)});
+             "Prometheus endpoint of this process, taken as given; port 0 picks a free port. "
+             "127.0.0.1 unless another host is given. Without it, as the runtime does: the port "
+             "of $STOWAGE_METRICS_ADDR (else the default) is the job's base and a rank listens on "
+             "base + $LOCAL_RANK",
+             absl::StrCat("$STOWAGE_METRICS_ADDR, else ", kDefaultAddress, ", + $LOCAL_RANK")});
   flags.Add({"copy-threads", "N", "host-backend copy threads per direction; 0: automatic", "0"});
   flags.Add({"verify", "", "checksum every save and verify it on restore (integrity mode)", ""});
   flags.Add({"hold", "SECONDS", "keep the endpoint up this long after the last step", "0"});
@@ -308,10 +311,7 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
                  flags.positional().front().c_str());
     return kExitUsage;
   }
-  const char* env_address = std::getenv("STOWAGE_METRICS_ADDR");
-  absl::StatusOr<std::string> address_flag = flags.GetString(
-      "metrics-address",
-      env_address != nullptr && env_address[0] != '\0' ? env_address : kDefaultAddress);
+  const std::optional<std::string> address_flag = flags.Get("metrics-address");
   absl::StatusOr<uint64_t> tokens = flags.GetCount("tokens", 256);
   absl::StatusOr<int64_t> steps = flags.GetInt("steps", 20, 0, int64_t{1} << 40);
   absl::StatusOr<double> interval = flags.GetDouble("step-interval", 1, 0, 3600);
@@ -321,8 +321,8 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
       flags.GetInt("copy-threads", 0, 0, offload::kMaxCopyThreads);
   absl::StatusOr<double> hold = flags.GetDouble("hold", 0, 0, 86400);
   for (const absl::Status& s :
-       {address_flag.status(), tokens.status(), steps.status(), interval.status(),
-        compute_scale.status(), layer_compute.status(), copy_threads.status(), hold.status()}) {
+       {tokens.status(), steps.status(), interval.status(), compute_scale.status(),
+        layer_compute.status(), copy_threads.status(), hold.status()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "stowage demo-runtime: %s\n", std::string(s.message()).c_str());
       return kExitUsage;
@@ -332,7 +332,27 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
     std::fprintf(stderr, "stowage demo-runtime: --tokens must be at least 1\n");
     return kExitUsage;
   }
-  const std::string address = runtime::ResolveMetricsAddress(address_flag->c_str());
+  // The endpoint follows the runtime's rule (Note [Rank labels] in runtime/metrics.h), through the
+  // same functions: a --metrics-address is this process's own; STOWAGE_METRICS_ADDR (or the
+  // default) is one setting for the job, shifted by LOCAL_RANK, so eight demos started like eight
+  // ranks listen on eight ports.
+  std::string address;
+  if (address_flag.has_value()) {
+    address = runtime::ResolveMetricsAddress(address_flag->c_str());
+  } else {
+    const char* env = std::getenv("STOWAGE_METRICS_ADDR");
+    const bool from_env = env != nullptr && env[0] != '\0';
+    absl::StatusOr<std::string> shifted = runtime::RankMetricsAddress(
+        runtime::ResolveMetricsAddress(from_env ? nullptr : kDefaultAddress),
+        offload::LocalRankFromEnvironment(),
+        from_env ? "STOWAGE_METRICS_ADDR" : "the default endpoint");
+    if (!shifted.ok()) {
+      std::fprintf(stderr, "stowage demo-runtime: %s\n",
+                   std::string(shifted.status().message()).c_str());
+      return kExitUsage;
+    }
+    address = *std::move(shifted);
+  }
   if (address.empty()) {
     std::fprintf(stderr,
                  "stowage demo-runtime: --metrics-address is empty; the demo exists to "
