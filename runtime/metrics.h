@@ -19,9 +19,9 @@
 // GPU is device 0. One endpoint per rank: the port of STOWAGE_METRICS_ADDR is the base, and a rank
 // listens on base + LOCAL_RANK (ResolveMetricsAddress).
 //
-// The fields of RuntimeCounters marked "set once at creation" (device, numa_node, backend, the
-// plan's predictions, layer_types) must be final before Start() is called: they become labels
-// and are read without synchronisation at scrape time.
+// The fields of RuntimeCounters marked "set once at creation" (the identity, numa_node, backend,
+// the plan's predictions, layer_types, the step-duration bounds) must be final before Start() is
+// called: they become labels and are read without synchronisation at scrape time.
 #ifndef STOWAGE_RUNTIME_METRICS_H_
 #define STOWAGE_RUNTIME_METRICS_H_
 

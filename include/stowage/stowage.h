@@ -86,8 +86,8 @@ typedef struct stowage_options {
   int32_t stage;
   /* Upper bounds in seconds of the stowage_step_duration_seconds histogram, comma-separated,
    * increasing ("1,2.5,5,10,30,60"; +Inf implied; 1 to 128 of them). NULL: read
-   * STOWAGE_METRICS_STEP_BUCKETS; empty, or that unset: 12 per decade from 10 ms to 681 s (README
-   * "Metrics"). INVALID_ARGUMENT naming the entry otherwise. */
+   * STOWAGE_METRICS_STEP_BUCKETS. "" (or NULL with that unset or empty): 12 per decade from 10 ms
+   * to 681 s (README "Metrics"). INVALID_ARGUMENT naming the setting and the entry otherwise. */
   const char* metrics_step_buckets;
 } stowage_options;
 
