@@ -15,8 +15,10 @@ for what the ranks' sizes fix (pinned bytes per step, whose device peak is highe
 the same instant's per-rank series for what timing decides (step time, bandwidth, stalls).
 
 Standard library only. All traffic stays on 127.0.0.1. Every process started here is ended in
-all cases (and dies with this script if it is killed). Without a prometheus binary the test is
-skipped (exit 77, which ctest reports as skipped) with a message saying how to install it.
+all cases (and dies with this script if it is killed). What needs no server runs first: every
+dashboard parses, and every panel of the runtime dashboard filters by $job and $hostname and none
+reads `instance`. Without a prometheus binary the rest is skipped (exit 77, which ctest reports
+as skipped) with a message saying how to install it.
 """
 
 import argparse
@@ -361,6 +363,27 @@ def by_rank(result):
     return {int(r["metric"]["rank"]): value(r) for r in result}
 
 
+def check_filters(dashboard):
+    """Every panel of the runtime dashboard follows the $job and $hostname variables, and none
+    derives the machine from `instance` (regression, issue 16: label_replace(..., "instance",
+    "(.*):[0-9]+") assumed a scrape address of host:port)."""
+    failures = []
+    names = [v.get("name") for v in dashboard.get("templating", {}).get("list", [])]
+    for wanted in ("job", "hostname", "rank"):
+        if wanted not in names:
+            failures.append(f"stowage.json: no ${wanted} variable (variables: {names})")
+    for panel, target in panel_targets(dashboard.get("panels", [])):
+        expr = target["expr"]
+        title = f"{panel.get('title')!r} [{target.get('refId')}]"
+        for selector in ('job=~"$job"', 'hostname=~"$hostname"'):
+            if expr.count("stowage_") != expr.count(selector):
+                failures.append(f"stowage.json: panel {title}: not every metric is filtered by "
+                                f"{selector}: {expr}")
+        if "label_replace" in expr or "instance" in expr:
+            failures.append(f"stowage.json: panel {title} reads `instance`; use `hostname`: {expr}")
+    return failures
+
+
 def check_scale(dashboard, prometheus, report):
     """The max/min/topk/bottomk panels of dashboards/stowage.json against the eight ranks."""
     failures = []
@@ -459,16 +482,28 @@ def main():
     parser.add_argument("--dashboards", required=True, help="folder of Grafana dashboard JSON")
     args = parser.parse_args()
 
-    if not args.prometheus or not os.access(args.prometheus, os.X_OK):
-        print("SKIP: the prometheus server is not installed (looked for "
-              f"{args.prometheus or 'prometheus on PATH'}), so the dashboards were not checked. "
-              "Install it with tools/setup-deps (Debian package `prometheus`) and re-run cmake.",
-              file=sys.stderr)
-        return SKIP
     dashboards = sorted(glob.glob(os.path.join(args.dashboards, "*.json")))
     if not dashboards:
         print(f"FAIL: no dashboards in {args.dashboards}", file=sys.stderr)
         return 1
+    # What needs no server is checked first, so it is checked even where the test skips.
+    static_failures = []
+    for path in dashboards:
+        with open(path) as f:
+            dashboard = json.load(f)  # a JSON error fails the test here
+        if dashboard.get("uid") == "stowage-runtime":
+            static_failures += check_filters(dashboard)
+    if static_failures:
+        print(f"FAIL: {len(static_failures)} problem(s):", file=sys.stderr)
+        for failure in static_failures:
+            print(f"  - {failure}", file=sys.stderr)
+        return 1
+    if not args.prometheus or not os.access(args.prometheus, os.X_OK):
+        print("SKIP: the prometheus server is not installed (looked for "
+              f"{args.prometheus or 'prometheus on PATH'}), so the dashboards' queries were not "
+              "run. Install it with tools/setup-deps (Debian package `prometheus`) and re-run "
+              "cmake.", file=sys.stderr)
+        return SKIP
 
     # A SIGTERM (ctest timeout, ^C) unwinds through the finally below like any failure.
     def on_signal(signum, _):
