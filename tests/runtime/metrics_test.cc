@@ -13,10 +13,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -509,6 +511,34 @@ TEST(MetricsExporterTest, ServesEveryCounterWithItsValue) {
   EXPECT_THAT(text, HasSubstr("# TYPE stowage_steps_total counter"));
   EXPECT_THAT(text, HasSubstr("# TYPE stowage_step_duration_seconds histogram"));
   EXPECT_THAT(text, HasSubstr("# TYPE stowage_step_last_host_pinned_peak_bytes gauge"));
+}
+
+// One name per concept across code and docs: the README's metric table lists exactly the
+// families the exporter serves.
+TEST(MetricsExporterTest, TheReadmeTableListsExactlyTheServedFamilies) {
+  auto exporter = MetricsExporter::Start("127.0.0.1:0", KnownCounters());
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  std::set<std::string> served;
+  for (absl::string_view line : absl::StrSplit(Scrape((*exporter)->bound_address()), '\n')) {
+    if (!absl::StartsWith(line, "# TYPE stowage_")) continue;
+    const std::vector<std::string> words = absl::StrSplit(line, ' ');
+    served.insert(words[2]);
+  }
+  std::ifstream readme(std::string(STOWAGE_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(readme.good());
+  std::set<std::string> documented;
+  bool in_table = false;
+  for (std::string line; std::getline(readme, line);) {
+    if (line == "### Metrics") in_table = true;
+    if (in_table && absl::StartsWith(line, "### ") && line != "### Metrics") break;
+    if (!in_table || !absl::StartsWith(line, "| `stowage_")) continue;
+    const std::string first_cell = line.substr(1, line.find('|', 1) - 1);
+    for (absl::string_view name : absl::StrSplit(first_cell, '`')) {
+      if (absl::StartsWith(name, "stowage_")) documented.insert(std::string(name));
+    }
+  }
+  EXPECT_EQ(documented, served);
+  EXPECT_GT(served.size(), 20u);
 }
 
 TEST(MetricsExporterTest, ScrapesSeeLaterUpdates) {
