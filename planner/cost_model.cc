@@ -150,7 +150,11 @@ void Attention(Builder& b, const LayerSpec& spec) {
       // statistics) and logit soft-capping (flash_attn's softcap, applied in the kernel)
       // change the work, not the saved tensors.
       b.Save("attn.qkv", "", (hq + 2 * hkv) * d * dt);
-      if (m.qk_norm != QkNorm::kNone) {
+      // Llama 4's NoPE layers (its full-span ones, hf_config.cc PlaceSpans) have no q/k norm:
+      // Megatron-Bridge's get_llama4_layer_spec sets L2Norm only `if config.qk_l2_norm and not
+      // is_nope_layer`, as transformers' Llama4TextAttention does (`use_qk_norm and use_rope`).
+      const bool nope = m.family == "llama4_text" && spec.span == AttentionSpan::kFull;
+      if (m.qk_norm != QkNorm::kNone && !nope) {
         // Note [megatron profile]: TENorm's contiguous copies of q and k, one fp32 rstdev per head.
         b.Save("attn.qk_norm_in", "", (hq + hkv) * (d * dt + 4));
       }
@@ -225,13 +229,15 @@ void Attention(Builder& b, const LayerSpec& spec) {
       b.Save("attn.qkv", "", 3 * inner * dt);
       b.Save("attn.conv_out", "kda_conv", 3 * inner * dt);
       b.Save("attn.gates", "", (inner + heads + 2 * d) * dt);
-      b.Save("attn.core_out", "attn_core", inner * dt);
+      // The core's output is the gated output norm's saved input: rerunning the core would not
+      // free it (the bug class of softmax attention's core output, Note [megatron profile]),
+      // and fla's chunk kernels keep only their inputs, so the core is no recompute module.
+      b.Save("attn.core_out", "", inner * dt);
       b.Save("attn.out_gate", "", 2 * inner * dt);
       const double core = 2 * heads * (4 * d * d + 2 * kKdaChunk * d) * t;
       b.core_flops += core;
       const double conv_flops = 2 * 3 * inner * m.short_conv_kernel * t;
       AddModule(b, "kda_conv", b.Gemm(conv_flops) + b.Elementwise(3 * inner * dt * t * 3), false);
-      AddModule(b, "attn_core", b.Gemm(core), false);
       // Chunk states (heads x d x d per chunk), rebuilt in backward as well.
       const uint64_t states = b.Bytes(heads * d * d * dt * t / kKdaChunk, "the KDA chunk states");
       b.cost.attn_forward_transient = states;
@@ -242,13 +248,14 @@ void Attention(Builder& b, const LayerSpec& spec) {
     case AttentionKind::kGdn: {
       // Gated DeltaNet as Megatron-Core's gated_delta_net.py / fla's chunk_gated_delta_rule
       // run it: the fused in_proj output (q, k, v, the z gate, beta and the decay input a)
-      // and the short-conv output are kept; the core output feeds the gated RMSNorm, whose
-      // input is kept; the chunk states are rebuilt in backward.
+      // and the short-conv output are kept; the core output feeds the gated RMSNorm, which
+      // keeps it whatever the core recomputes (so the core is no recompute module, as for KDA);
+      // the chunk states are rebuilt in backward.
       const double hk = m.gdn_key_heads / tp, hv = m.gdn_value_heads / tp;
       const double key = hk * m.gdn_key_head_dim, value = hv * m.gdn_value_head_dim;
       b.Save("attn.in_proj", "", (2 * key + 2 * value + 2 * hv) * dt);
       b.Save("attn.conv_out", "gdn_conv", (2 * key + value) * dt);
-      b.Save("attn.core_out", "attn_core", value * dt);
+      b.Save("attn.core_out", "", value * dt);
       b.Save("attn.norm_out", "", value * dt);
       const double dk = m.gdn_key_head_dim, dv = m.gdn_value_head_dim;
       const double core = 2 * hv * (4 * dk * dv + kKdaChunk * (dk + dv)) * t;
@@ -256,7 +263,6 @@ void Attention(Builder& b, const LayerSpec& spec) {
       const double conv_flops = 2 * (2 * key + value) * m.short_conv_kernel * t;
       AddModule(b, "gdn_conv", b.Gemm(conv_flops) + b.Elementwise((2 * key + value) * dt * t * 3),
                 false);
-      AddModule(b, "attn_core", b.Gemm(core), false);
       const uint64_t states =
           b.Bytes(hv * dk * dv * dt * t / kKdaChunk, "the delta-rule chunk states");
       b.cost.attn_forward_transient = states;

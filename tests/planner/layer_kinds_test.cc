@@ -98,7 +98,9 @@ TEST(LayerKinds, ChunkedAttentionSeesHalfAChunk) {
   ASSERT_EQ(m.layers[0].span, AttentionSpan::kChunked);
   ASSERT_EQ(m.layers[3].span, AttentionSpan::kFull);
   const StepCost s = Step(m);
-  EXPECT_EQ(s.layers[0].saved_bytes, s.layers[3].saved_bytes);
+  // The same tensors but the q/k L2 norm's, which the NoPE layer 3 lacks (use_qk_norm defaults
+  // to true; Llama4NopeLayersHaveNoQkNorm).
+  EXPECT_EQ(s.layers[0].saved_bytes - s.layers[3].saved_bytes, (4u + 2) * (64 * 2 + 4) * kSeq);
   const double seq = kSeq;
   EXPECT_NEAR(s.layers[3].forward_flops - s.layers[0].forward_flops,
               4.0 * 4 * 64 * (seq / 2 - 1024) * seq, 1.0);
@@ -174,6 +176,45 @@ TEST(LayerKinds, GatedDeltaNetAndGatedAttentionByHand) {
   bool found = false;
   for (const RecomputeModule& mod : s.layers[0].modules) found |= mod.name == "gdn_conv";
   EXPECT_TRUE(found);
+}
+
+// Regression (session 3's note): KDA and gated DeltaNet listed attn.core_out under an attn_core
+// module, so selective recompute of the core claimed to free it, although the gated output
+// norm, its consumer, keeps it. Neither layer has an attn_core module now, and core_out is
+// held under every selective recompute.
+TEST(LayerKinds, LinearAttentionCoreOutputIsKeptByItsConsumer) {
+  for (const char* file : {"synthetic/qwen3-next-small.json", "synthetic/kimi-linear-small.json"}) {
+    SCOPED_TRACE(file);
+    const ModelConfig m = Read(file);
+    const StepCost s = Step(m);
+    const LayerCost& l = s.layers[0];
+    ASSERT_TRUE(m.layers[0].attention == AttentionKind::kGdn ||
+                m.layers[0].attention == AttentionKind::kKda);
+    EXPECT_GT(PerToken(s, 0, "attn.core_out"), 0);
+    for (const SavedTensor& t : l.saved) {
+      if (t.name == "attn.core_out") {
+        EXPECT_EQ(t.module, "");
+      }
+    }
+    for (const RecomputeModule& mod : l.modules) EXPECT_NE(mod.name, "attn_core");
+  }
+}
+
+// Llama 4's NoPE layers (every 4th, full span) have no q/k norm under Megatron either:
+// Megatron-Bridge's get_llama4_layer_spec adds L2Norm only on RoPE layers. The RoPE layers keep
+// the norm's inputs, (4 + 2) heads x (64 x 2 + 4) bytes, the NoPE layers nothing of it.
+TEST(LayerKinds, Llama4NopeLayersHaveNoQkNorm) {
+  const ModelConfig m = Parse(R"({"architectures": ["Llama4ForCausalLM"], "hidden_size": 256,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+      "intermediate_size": 128, "intermediate_size_mlp": 512, "num_local_experts": 4,
+      "num_experts_per_tok": 1, "attention_chunk_size": 2048, "vocab_size": 1000,
+      "use_qk_norm": true, "interleave_moe_layer_step": 1})");
+  ASSERT_EQ(m.qk_norm, QkNorm::kL2);
+  ASSERT_EQ(m.layers[3].span, AttentionSpan::kFull);
+  const StepCost s = Step(m);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.qk_norm_in"), (4 + 2) * (64 * 2 + 4));
+  EXPECT_DOUBLE_EQ(PerToken(s, 3, "attn.qk_norm_in"), 0);
+  EXPECT_DOUBLE_EQ(LayerPerToken(s, 0) - LayerPerToken(s, 3), (4 + 2) * (64 * 2 + 4));
 }
 
 // DeepSeek-V2-Lite: MLA without q-LoRA keeps no q latent (q comes from the normed input,
