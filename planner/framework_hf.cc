@@ -118,7 +118,12 @@ struct HfDialect {
 HfDialect DialectFor(const ModelConfig& m) {
   HfDialect d;
   const std::string& f = m.family;
-  if (f == "gemma2" || f == "gemma3_text") d.norm = HfNorm::kGemma;
+  // Qwen3NextRMSNorm / Qwen3_5RMSNorm compute `_norm(x.float()) * (1.0 + weight.float())`, as
+  // Gemma's does.
+  if (f == "gemma2" || f == "gemma3_text" || f == "qwen3_next" || f == "qwen3_5_text" ||
+      f == "qwen3_5_moe_text") {
+    d.norm = HfNorm::kGemma;
+  }
   if (f == "gpt_oss") d.norm = HfNorm::kGptOss;
   d.eager = f == "gemma2" || f == "gpt_oss";
   if (f == "deepseek_v2") d.router = HfRouter::kDeepSeekSoftmax;
@@ -134,8 +139,9 @@ HfDialect DialectFor(const ModelConfig& m) {
 struct HfLayer {
   const ModelConfig& m;
   const HardwareProfile& hw;
-  double t;  // tokens
-  double s;  // keys per query's sequence (seq_len)
+  double t;          // tokens
+  double s;          // keys per query's sequence (seq_len)
+  double sequences;  // per micro-batch: what per-sequence constants multiply by
   HfDialect dialect;
   LayerCost cost;
   double gemm_flops = 0;     // forward, dense GEMMs
@@ -257,6 +263,16 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   } else {
     b.Save("attn.core_out", "attn_core", 2 * hq * d + 4 * hq);
   }
+  if (m.attention_output_gate) {
+    // Qwen3NextAttention / Qwen3_5Attention.forward: `attn_output * torch.sigmoid(gate)`, the
+    // gate being q_proj's second half: sigmoid keeps its output, the mul keeps it and the core's
+    // output (already counted), and o_proj keeps the product. Forward: the gate's reshape copy,
+    // sigmoid, mul (r 2 w 2, r 2 w 2, r 4 w 2 per element); backward: the mul's two gradients
+    // and sigmoid's (r 4 w 2 each).
+    b.Save("attn.out_gate", "", 2 * hq * d);
+    b.Save("attn.gated_out", "", 2 * hq * d);
+    b.Traffic(14 * hq * d, 18 * hq * d, 3, 3);
+  }
   // RoPE on q and k (apply_rotary_pos_emb), bytes per element: forward x * cos r2 w2,
   // rotate_half's neg over half r1 w1 and cat r2 w2, * sin r2 w2, the add r4 w2 = 20, 5 kernels;
   // backward * sin r2 w2, neg r1 w1, the two slices' zeros-and-copy (w2 + r1 w1 each), * cos r2
@@ -314,6 +330,126 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
   b.cost.attn_forward_transient += static_cast<uint64_t>((2 * hq * dqk + 4 * hq * dv) * b.t);
   b.cost.attn_backward_transient =
       static_cast<uint64_t>((4 * hq * dqk + 2 * hq * dv + 4 * hq * dqk) * b.t);
+}
+
+// Note [hf linear attention]
+// Gated DeltaNet (Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet) and Kimi Delta Attention
+// (KimiLinearDeltaAttention) as transformers runs them without flash-linear-attention and
+// causal-conv1d installed (use_kernel_func_from_hub_with_fallback falls back to the torch
+// functions, warning so): causal_conv1d_fn, then torch_chunk_gated_delta_rule /
+// chunk_kimi_delta_attention, pure PyTorch in fp32 over chunks of C = 64 tokens (the sequence
+// padded to T, a multiple of C, in n = T / C chunks). Sizes per token unless stated; hk/hv key
+// and value heads, dk/dv their dims (KDA: H heads of d for both), conv = 2 hk dk + hv dv (KDA:
+// 3 H d), K the conv kernel. Checked against autograd's saved tensors by
+// tests/python/test_hf_layer_kinds.py (two sequence lengths, exact).
+//  Both: the conv's input, the cat of q, k, v (qwen3_next, KDA) or in_proj_qkv's output
+//    (Qwen3.5), is kept by conv1d (2 conv); its output, padded by K - 1 positions, by silu
+//    (2 conv per token + 2 conv (K - 1) per sequence).
+//  GDN gates: sigmoid(b) keeps its bf16 output (2 hv); softplus(a.float() + dt_bias) keeps its
+//    input and the mul with -A_log.exp() its output (8 hv), A_log.exp() and its negation are
+//    kept per layer (8 hv bytes).
+//  GDN core (torch_chunk_gated_delta_rule), fp32: before the padding q and k (repeated to hv
+//    heads) and their l2norm rsqrt (8 hv dk + 8 hv per token of the sequence); after it, per
+//    padded token, beta, value and key (4 hv + 4 hv dv + 4 hv dk), k_beta (4 hv dk), the scaled
+//    query (4 hv dk), the three exps of the cumulative decay (12 hv), the C x C pairwise decay,
+//    the two products (k_beta kᵀ, q kᵀ) kept by the muls with it, ut_system kept by
+//    solve_triangular and intra_chunk_attn kept by the scan (5 x 4 hv C), new_values and
+//    k_cumdecay kept as solve_triangular's outputs (4 hv dv + 4 hv dk), the decayed query and
+//    key (8 hv dk), each chunk's v_new (4 hv dv); per chunk the recurrent state it reads
+//    (4 hv dk dv) and the chunk decay (4 hv); the bool C x C mask once. With one chunk the
+//    decayed query and key and the key decay are kept by nothing (the zero initial state needs
+//    no gradient, and the final state is dropped).
+//  GDN gated norm (Qwen3NextRMSNormGated over dv): fp32 x, rsqrt per head, bf16 normalised x,
+//    fp32 z, silu(z), the bf16 weighted x, and its output kept by out_proj: 18 hv dv + 4 hv.
+//  KDA gates (KimiLinearForgetGate): f_a_proj's output (2d) kept by f_b_proj; exp(g), 1 +
+//    exp(g) kept by log, the bool `g > 20` kept by where, and the softplus kept by the mul
+//    (13 H d); exp(A_log) and its negation per layer (8 H bytes); sigmoid(b_proj) (2 H).
+//  KDA core (chunk_kimi_delta_attention), fp32: as GDN's before the padding, then beta, value,
+//    key (4 H + 8 H d); the per-channel decay mask [C, C, d] kept by exp and k_beta kᵀ's
+//    [C, C, d] product kept by the mul with it (2 x 4 H C d), k_beta (4 H d); the forward
+//    substitution `for i in range(1, chunk_size)` keeps each step's clone of row i (i values)
+//    and of the i x i block above it: 4 (C² - 1) / 3 bytes per head and token; the matmuls'
+//    attn and v_beta (4 H C + 4 H d), g.exp() and k_beta g.exp() (8 H d), the scaled query
+//    (4 H d), k_cumdecay (4 H d, kept when there is a second chunk); per chunk the decay exp,
+//    q kᵀ's [C, C, d] product and v_new (4 H C d + 4 H C² d + 4 H C d), the intra-chunk
+//    attention (4 H C²) and the state (4 H d²); for every chunk but the last (whose state update
+//    is dropped) the decayed query, the key-decay exp and the decayed key (3 x 4 H C d) and the
+//    chunk's last decay (4 H d); the three bool masks (3 C²) once.
+//  KDA gated norm (KimiLinearRMSNormGated, strict fp32 over d): fp32 x, rsqrt per head, the
+//    normalised x, the fp32 weight (4d per layer), the weighted x, sigmoid(gate) and the bf16
+//    output kept by o_proj: 18 H d + 4 H; g_a_proj's output (2d) kept by g_b_proj.
+// Time: projections are dense GEMMs (the layer's parameters); the chunks' small fp32 matmuls
+// are counted as element-wise work, three passes over the bytes the core keeps (the hardware
+// profile has no fp32 matmul rate: fp32 matmuls run on CUDA cores unless TF32 is allowed, so
+// this is a floor), and their kernels: the scan launches about 8 kernels per chunk (GDN) or 16
+// per chunk plus 6 per forward-substitution step (KDA), backward twice as many.
+constexpr double kDeltaChunk = 64;  // chunk_size of both torch chunk functions
+
+// A saved tensor given as its bytes for the whole micro-batch (per-sequence and per-layer terms).
+void SaveTotal(HfLayer& b, const std::string& name, double bytes) {
+  b.cost.saved.push_back({name, "", static_cast<uint64_t>(std::llround(bytes))});
+}
+
+// The short conv of both (causal_conv1d_fn): its input and padded output.
+void ShortConv(HfLayer& b, double conv) {
+  const double k = b.m.short_conv_kernel;
+  b.Save("attn.conv_in", "", 2 * conv);
+  b.Save("attn.conv_out", "", 2 * conv, 2 * conv * (k - 1) * b.sequences);
+  // conv1d r 2 w 2 (depthwise, K taps), silu r 2 w 2, the split's copies; backward about twice.
+  b.Traffic(12 * conv, 24 * conv, 4, 8);
+  b.gemm_flops += 2 * conv * k * b.t;
+}
+
+void LinearAttention(HfLayer& b, const LayerSpec& spec) {
+  const ModelConfig& m = b.m;
+  const double h = m.hidden, c = kDeltaChunk, seq = b.s, mb = b.sequences;
+  const double padded = std::ceil(seq / c) * c, chunks = padded / c;
+  b.Norm("attn.norm", h, 1, true);
+  double core = 0, kernels = 0, value_out = 0, conv = 0;
+  if (spec.attention == AttentionKind::kGdn) {
+    const double hv = m.gdn_value_heads, dk = m.gdn_key_head_dim, dv = m.gdn_value_head_dim;
+    conv = 2 * m.gdn_key_heads * dk + hv * dv;
+    ShortConv(b, conv);
+    b.Save("attn.gates", "", 2 * hv + 8 * hv, 8 * hv);
+    core = seq * (8 * hv * dk + 8 * hv) +
+           padded * (24 * hv * dk + 12 * hv * dv + 20 * hv * c + 16 * hv) +
+           chunks * (4 * hv + 4 * hv * dk * dv);
+    if (chunks == 1) core -= padded * (8 * hv * dk + 4 * hv) + 4 * hv;
+    SaveTotal(b, "attn.core", core * mb + c * c);
+    b.Save("attn.out_norm", "", 18 * hv * dv + 4 * hv);
+    kernels = 45 + 8 * chunks;
+    value_out = hv * dv;
+  } else {
+    const double heads = m.linear_heads, d = m.linear_head_dim, inner = heads * d;
+    conv = 3 * inner;
+    ShortConv(b, conv);
+    b.Save("attn.gates", "", 2 * d + 13 * inner + 2 * heads, 8 * heads);
+    core = seq * (8 * inner + 8 * heads) + padded * (4 * heads + 8 * inner) +
+           padded * (8 * inner * c + 4 * inner) + padded * heads * 4 * (c * c - 1) / 3 +
+           padded * (4 * inner + 4 * heads * c) + padded * 8 * inner + padded * 4 * inner +
+           chunks * (4 * inner * c + 4 * inner * d + 4 * inner * c * c + 4 * inner * c +
+                     4 * heads * c * c) +
+           (chunks - 1) * (12 * inner * c + 4 * inner);
+    if (chunks >= 2) core += padded * 4 * inner;
+    SaveTotal(b, "attn.core", core * mb + 3 * c * c);
+    b.Save("attn.out_norm", "", 2 * d + 18 * inner + 4 * heads, 4 * d);
+    kernels = 45 + 16 * chunks + 6 * (c - 1);
+    value_out = inner;
+  }
+  // Gates and norms: a few element-wise passes over the value width (r + w about 40 bytes per
+  // element forward, 80 backward); the core: three passes over what it keeps.
+  b.Traffic(40 * value_out, 80 * value_out, 20, 40);
+  b.fwd_bytes += 3 * core * mb / b.t;
+  b.bwd_bytes += 6 * core * mb / b.t;
+  b.fwd_kernels += kernels;
+  b.bwd_kernels += 2 * kernels;
+  // Residual add; backward sums the gradients of the normed input's uses.
+  b.Traffic(6 * h, 18 * h, 1 + 4, 3 + 8);
+  // Forward: the fp32 copies of q, k, v and the gates before the core keeps them (about the
+  // bytes one chunk-length of the core holds per token); backward: the core's gradients, as
+  // large as what it keeps.
+  b.cost.attn_forward_transient = static_cast<uint64_t>(4 * conv * b.t);
+  b.cost.attn_backward_transient = static_cast<uint64_t>(core * mb);
 }
 
 void Ffn(HfLayer& b, const LayerSpec& spec) {
@@ -403,6 +539,12 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     b.grouped_flops += 2 * 3 * h * fe * routed * b.t;
     b.tokens_per_expert = per_expert;
     if (m.shared_intermediate > 0) swiglu(m.shared_intermediate, "moe.shared", "");
+    if (m.shared_expert_gate) {
+      // Qwen2Moe / Qwen3Next SparseMoeBlock: `F.sigmoid(self.shared_expert_gate(x)) *
+      // shared_expert_output` keeps the sigmoid's output (2) and the shared expert's (2h).
+      b.Save("moe.shared_gate", "", 2 + 2 * h);
+      b.Traffic(8 * h + 4, 14 * h + 8, 2, 3);
+    }
     AddModule(b, "moe_act",
               OpSeconds({.elementwise_bytes = 10 * fe * routed * b.t, .kernels = 2}, b.hw), true);
     // Forward: weighted_out, its permuted copy and the router logits; backward: the expert
@@ -419,8 +561,7 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
 // Whether the hf profile has a recipe for the layer (Note [hf dialects]).
 bool HfSupports(const LayerSpec& l) {
   if (l.cross_attention) return false;
-  return l.attention == AttentionKind::kAttention || l.attention == AttentionKind::kMla ||
-         l.attention == AttentionKind::kDsa;
+  return true;
 }
 
 }  // namespace
@@ -443,8 +584,8 @@ absl::Status ValidateHfRun(const ModelConfig& m, const RunSettings& run) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--framework hf: layer ", i, " is ", m.layers[i].TypeName(),
           "; the hf profile has recipes for softmax attention (full, sliding-window, chunked, "
-          "with sinks or soft-capping), MLA and DSA, with a dense or MoE FFN; use --framework "
-          "megatron"));
+          "with sinks, soft-capping or an output gate), MLA, DSA, KDA and gated DeltaNet, with "
+          "a dense or MoE FFN; use --framework megatron"));
     }
   }
   return absl::OkStatus();
@@ -453,16 +594,30 @@ absl::Status ValidateHfRun(const ModelConfig& m, const RunSettings& run) {
 LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const RunSettings& run,
                        int index, double tokens) {
   const LayerSpec& spec = m.layers[index];
-  HfLayer b{m, hw, tokens, static_cast<double>(run.seq_len), DialectFor(m), {}};
+  HfLayer b{m,
+            hw,
+            tokens,
+            static_cast<double>(run.seq_len),
+            static_cast<double>(run.micro_batch),
+            DialectFor(m),
+            {}};
   b.cost.index = index;
   b.cost.type = spec.TypeName();
   // LlamaMLP.forward is down_proj(act_fn(gate_proj(x)) * up_proj(x)) over every token, and the
   // MoE blocks route all tokens at once: nothing in transformers chunks the FFN.
   b.cost.ffn_chunkable = false;
-  if (spec.attention == AttentionKind::kAttention) {
-    SoftmaxAttention(b, spec);
-  } else {
-    MlaAttention(b, spec);
+  switch (spec.attention) {
+    case AttentionKind::kAttention:
+      SoftmaxAttention(b, spec);
+      break;
+    case AttentionKind::kMla:
+    case AttentionKind::kDsa:
+      MlaAttention(b, spec);
+      break;
+    case AttentionKind::kKda:
+    case AttentionKind::kGdn:
+      LinearAttention(b, spec);
+      break;
   }
   Ffn(b, spec);
   const double dense_params = static_cast<double>(DenseLayerParams(m, spec));

@@ -67,8 +67,9 @@ TEST(HfConfigsCommand, EveryConfigPlansUnderHfOrNamesTheKindItLacks) {
                         "--tp 1 --sharding no_shard --optimizer none --grad-dtype bf16 "
                         "--loss-chunk-tokens 0");
     if (r.code == 2) {
-      // Gated DeltaNet, KDA and Mllama's cross-attention layers have no hf recipe yet.
+      // Mllama's cross-attention layers have no hf recipe yet.
       EXPECT_THAT(r.out, HasSubstr("--framework hf: layer "));
+      EXPECT_THAT(r.out, HasSubstr("cross_attention"));
       EXPECT_THAT(r.out, HasSubstr("use --framework megatron"));
       EXPECT_EQ(config.parent_path().filename(), "synthetic")
           << "every published config must plan under hf: " << r.out;

@@ -1,7 +1,9 @@
 """The `hf` profile's layer kinds (issue 13) against the real transformers layers: sliding-window
 and chunked attention with their masks, eager attention with logit soft-capping (Gemma 2) and
 with sinks (gpt-oss), MLA with and without q-LoRA, the DSA indexer, Gemma / gpt-oss norms, q/k
-norms, and the routers of DeepSeek-V2/V3, GLM, gpt-oss and Llama 4. Tiny models built from the
+norms, the routers of DeepSeek-V2/V3, GLM, gpt-oss and Llama 4, and the linear-attention
+hybrids: Qwen3-Next / Qwen3.5 gated DeltaNet with gated attention and a gated shared expert, and
+Kimi Linear's KDA with NoPE MLA, both through transformers' torch fallbacks (no fla installed). Tiny models built from the
 real configs' shapes (scaled down) run forward on CPU under torch 2.x with
 `saved_tensors_hooks`; what autograd keeps per decoder layer (deduplicated by storage, parameters
 and the step's shared inputs excluded) must match the planner's per-layer `device_saved_bytes`
@@ -34,6 +36,11 @@ except ImportError:  # Debian's torch 1.13 interpreter has no transformers
     HAVE = False
 
 SEQ_LENS = (128, 512)
+# The torch fallbacks of gated DeltaNet and KDA run a Python loop per chunk (and KDA one per
+# row of each chunk): two and four chunks cover one-chunk-later and steady-state terms at a
+# third of the time 512 tokens take.
+LINEAR_SEQ_LENS = (128, 256)
+LINEAR = {"qwen3_next", "qwen3_5_text", "kimi_linear"}
 WINDOW = 64  # sliding window / attention chunk: below both sequence lengths, so masks are built
 
 # Shapes of the real configs (tests/planner/data/hf/*.json), scaled down; every layer kind and
@@ -75,6 +82,26 @@ CONFIGS = {
     # GLM-5: MLA with q-LoRA and the DSA lightning indexer.
     "glm_moe_dsa": dict(COMMON, **MLA, num_hidden_layers=2, q_lora_rank=96, n_shared_experts=1,
                         index_n_heads=4, index_head_dim=32, index_topk=WINDOW),
+    # Qwen3-Next: gated DeltaNet layers (3 of 4) and a gated-attention layer, MoE with a gated
+    # shared expert and one dense layer; the torch fallbacks of the chunk and conv kernels run.
+    "qwen3_next": dict(COMMON, num_hidden_layers=4, num_key_value_heads=2, head_dim=64,
+                       intermediate_size=512, linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=32, linear_value_head_dim=32,
+                       linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                       mlp_only_layers=[1]),
+    # Qwen3.5 (dense): separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a projections.
+    "qwen3_5_text": dict(COMMON, num_hidden_layers=4, num_key_value_heads=2, head_dim=64,
+                         intermediate_size=512, linear_num_key_heads=2,
+                         linear_num_value_heads=4, linear_key_head_dim=32,
+                         linear_value_head_dim=48, linear_conv_kernel_dim=4),
+    # Kimi Linear: KDA layers and an MLA layer (no RoPE, no q-LoRA), DeepSeek MoE.
+    "kimi_linear": dict(COMMON, num_hidden_layers=5, num_key_value_heads=4, kv_lora_rank=64,
+                        q_lora_rank=None, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                        v_head_dim=32, moe_intermediate_size=64, num_local_experts=8,
+                        num_experts_per_tok=2, n_shared_experts=1, intermediate_size=512,
+                        linear_num_heads=4, linear_head_dim=32, linear_conv_kernel_dim=4,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, pad_token_id=0),
 }
 # Families whose model class refuses SDPA (`_supports_sdpa = False`): transformers runs them
 # with eager attention, and so does the planner's recipe.
@@ -137,7 +164,10 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa_as_on_gpu(query, key, value, attn_mask=None, *args, **kwargs):
-        if query.shape[-1] == value.shape[-1]:
+        # CPU's flash kernel lays its output out as the query is laid out; the GPU kernels
+        # always write [b, s, h, d]. A query in that layout (a transposed projection) gives
+        # the GPU's layout on CPU too and is measured as it is.
+        if query.shape[-1] == value.shape[-1] and query.transpose(1, 2).is_contiguous():
             return sdpa(query, key, value, attn_mask, *args, **kwargs)
         in_kernel[0] = True
         try:
@@ -159,6 +189,11 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
         return out
 
     def pack(t):
+        # A detached alias, not `t` itself: an op that saves its own output (exp, sigmoid, tanh)
+        # would otherwise hold output -> grad_fn -> saved output, a cycle through C++ that no
+        # collector frees, and what a dropped branch saved that way would stay alive and count.
+        # Autograd saves an output without that cycle, so in a real step it is freed.
+        t = t.detach()
         if not in_kernel[0] and current[0] >= 0:
             packed.append((current[0], weakref.ref(t)))
         return t
@@ -204,7 +239,7 @@ class HfLayerKindsTest(unittest.TestCase):
         for model_type in CONFIGS:
             if only and model_type not in only.split(","):
                 continue
-            for seq_len in SEQ_LENS:
+            for seq_len in LINEAR_SEQ_LENS if model_type in LINEAR else SEQ_LENS:
                 with self.subTest(model=model_type, seq_len=seq_len):
                     measured = measured_saved_per_layer(model_type, seq_len)
                     planned = planned_saved_per_layer(cli, model_type, seq_len)
