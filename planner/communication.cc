@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,8 +18,10 @@ namespace stowage::planner {
 // sharding and world size. Groups follow Megatron-Core's rank order (parallel_state.py,
 // order "tp-cp-ep-dp-pp"; expert tensor parallelism 1, as the cost model assumes): TP members
 // are adjacent ranks, CP members tp apart, the EP group is ep adjacent ranks, the dense
-// data-parallel group (with CP) gpus/tp members tp apart, the expert data-parallel group
-// gpus/ep members ep apart. A group stays on NVLink when its span (size x stride) fits one
+// data-parallel group (with CP) gpus/(tp x pp) members tp apart, the expert data-parallel group
+// gpus/(ep x pp) members ep apart, and pipeline stage s the s-th block of gpus/pp ranks (PP
+// outermost: a stage's data-parallel groups are its own). A group stays on NVLink when its
+// span (size x stride) fits one
 // NVLink domain (groups are aligned to it: sizes and domains are powers of two in practice);
 // otherwise the network limits it, with `members_per_domain` of it on each domain.
 //
@@ -61,14 +64,19 @@ namespace stowage::planner {
 //    after its backward (dense parts over the dense DP group, experts over the expert DP
 //    group). Prefetch overlaps them with a layer's compute: exposed is what exceeds the
 //    layer's own pass time.
-//  - DP gradient reduction, once per step: all-reduce (no_shard) or reduce-scatter then an
-//    all-gather of the updated weights (optim, optim_grads: Megatron's distributed optimizer)
-//    of every parameter this rank holds. Overlapped with backward (and the weight gather with
-//    the next forward) bucket by bucket except the last (first) bucket: exposed = max(one
-//    bucket, total - the pass's compute). Megatron's bucket is max(4e7, 1e6 x dp) parameters
-//    (core/distributed/distributed_data_parallel.py); PyTorch DDP's (hf) 25 MiB.
+//  - DP gradient reduction, once per step (after the last microbatch: Megatron turns gradient
+//    sync off for the others, schedules.py no_sync_func): all-reduce (no_shard) or
+//    reduce-scatter then an all-gather of the updated weights (optim, optim_grads: Megatron's
+//    distributed optimizer) of every parameter this rank holds: its stage's layers, the
+//    embedding on the first stage, the head (and MTP) on the last. Overlapped with backward (and
+//    the weight gather with the next forward) bucket by bucket except the last (first) bucket:
+//    exposed = max(one bucket, total - the pass's compute). Megatron's bucket is max(4e7, 1e6 x dp)
+//    parameters (core/distributed/distributed_data_parallel.py); PyTorch DDP's (hf) 25 MiB.
 //  - Embedding and LM head under TP/SP: a reduce-scatter after the embedding and an
-//    all-gather before the head, forward, and the reverse in backward; exposed.
+//    all-gather before the head, forward, and the reverse in backward; exposed. With pipeline
+//    parallelism the first stage makes the embedding's, the last the head's.
+//  - PP point-to-point (StageLink, PointToPointSeconds, PipelineMessageBytes): charged by the
+//    pipeline, per microbatch, with the overlap rule of Note [Pipeline] (pipeline.cc).
 // The exposed parts of a layer's collectives add to that layer's forward (and recompute) and
 // backward times; the once-per-step ones to the step (StepComm::step_exposed_seconds).
 
@@ -106,6 +114,17 @@ double MeasuredBusRate(const HardwareProfile& hw, Collective c) {
 
 // Seconds of moving `bytes` x `factor` at `rate`; 0 when the rate is absent.
 double Transfer(double bytes, double rate) { return rate > 0 ? bytes / rate : 0; }
+
+// One message between two ranks on `link`: one hop, the bytes at the link's per-GPU rate.
+Cost SendRecvCost(const HardwareProfile& hw, CommLink link, double bytes) {
+  Cost cost;
+  if (link == CommLink::kNone || !(bytes > 0)) return cost;
+  const bool network = link == CommLink::kNetwork;
+  cost.latency = network ? hw.network_latency_seconds : hw.nvlink_latency_seconds;
+  cost.transfer =
+      Transfer(bytes, network ? hw.NetworkBytesPerSecond() : hw.nvlink_bytes_per_second);
+  return cost;
+}
 
 Cost CostOf(const HardwareProfile& hw, Collective c, GroupPlacement g, double bytes) {
   Cost cost;
@@ -147,8 +166,7 @@ Cost CostOf(const HardwareProfile& hw, Collective c, GroupPlacement g, double by
       break;
     }
     case Collective::kSendRecv:
-      cost.latency = hop;
-      cost.transfer = Transfer(bytes, network ? net : hw.nvlink_bytes_per_second);
+      cost = SendRecvCost(hw, links.link, bytes);
       break;
   }
   return cost;
@@ -265,25 +283,51 @@ double CollectiveSeconds(const HardwareProfile& hw, Collective c, GroupPlacement
   return cost.latency + cost.transfer;
 }
 
-double PointToPointSeconds(const HardwareProfile& hw, int stride, double bytes) {
-  return CollectiveSeconds(hw, Collective::kSendRecv, {2, stride}, bytes);
+CommLink StageLink(const HardwareProfile& hw, int gpus, int pp, int from, int to) {
+  if (pp <= 1 || from == to) return CommLink::kNone;
+  if (!(hw.nvlink_bytes_per_second > 0)) return CommLink::kNetwork;
+  const int64_t per_stage = std::max<int64_t>(1, gpus / pp);
+  const int64_t first = int64_t{std::min(from, to)} * per_stage;  // the lower stage's first rank
+  const int64_t distance = int64_t{std::abs(to - from)} * per_stage;
+  const int64_t domain = std::max(1, hw.nvlink_domain_gpus);
+  // Pairs (a, a + distance) for first <= a < first + per_stage: some pair leaves its domain
+  // exactly when a domain boundary lies in (first, first + per_stage - 1 + distance].
+  return first / domain == (first + per_stage - 1 + distance) / domain ? CommLink::kNvlink
+                                                                       : CommLink::kNetwork;
+}
+
+double PointToPointSeconds(const HardwareProfile& hw, CommLink link, double bytes) {
+  const Cost cost = SendRecvCost(hw, link, bytes);
+  return cost.latency + cost.transfer;
+}
+
+double PipelineMessageBytes(const ModelConfig& m, const RunSettings& run) {
+  const double tokens = static_cast<double>(run.seq_len) * run.micro_batch / std::max(1, run.cp) /
+                        std::max(1, run.tp);
+  return tokens * static_cast<double>(m.hidden) * std::max(1, m.hc_mult) * run.activation_bytes;
 }
 
 StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const RunSettings& run,
-                       const std::vector<LayerCost>& layers) {
+                       const std::vector<LayerCost>& layers, int stage) {
   Builder b{m, hw, run, {}, {}};
-  const int tp = run.tp, cp = run.cp, ep = run.ep, gpus = run.gpus;
+  const int tp = run.tp, cp = run.cp, ep = run.ep, gpus = run.gpus, pp = std::max(1, run.pp);
+  const bool first_stage = stage == 0, last_stage = stage == pp - 1;
   const GroupPlacement tp_g{tp, 1}, cp_g{cp, tp}, ep_g{ep, 1};
-  const GroupPlacement dense_dp{std::max(1, gpus / tp), tp}, expert_dp{std::max(1, gpus / ep), ep};
+  // A stage's data-parallel groups (Note [Communication]): its gpus / pp ranks over tp (dense,
+  // CP included) or over ep (routed experts).
+  const GroupPlacement dense_dp{std::max(1, gpus / (tp * pp)), tp},
+      expert_dp{std::max(1, gpus / (ep * pp)), ep};
   const double dt = run.activation_bytes, h = m.hidden, t = b.Tokens();
   const double wb = run.weight_bytes, gb = run.grad_bytes;
   const double tp_bytes = t * h * dt;  // one sequence-parallel gather: the whole t x h
   const bool fsdp = run.sharding == Sharding::kOptimGradsParams;
 
   double forward_compute = 0, backward_compute = 0;
-  for (size_t i = 0; i < layers.size() && i < m.layers.size(); ++i) {
-    const LayerSpec& spec = m.layers[i];
+  for (size_t i = 0; i < layers.size(); ++i) {
     const LayerCost& cost = layers[i];
+    const size_t index = static_cast<size_t>(std::max(0, cost.index));
+    if (index >= m.layers.size()) break;  // not a layer of this model (BuildStepCost's never are)
+    const LayerSpec& spec = m.layers[index];
     forward_compute += cost.forward_seconds;
     backward_compute += cost.backward_seconds;
     LayerComm lc;
@@ -411,18 +455,25 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
     b.out.step_exposed_seconds += exposed;
     b.out.step_ops.push_back(std::move(op));
   };
-  if (tp > 1) {
-    CommOp emb = b.Op("TP embedding reduce-scatter / LM head all-gather", CommGroup::kTp,
-                      Collective::kAllGather, tp_g, tp_bytes, 2, 2);
-    const double all = 4 * emb.seconds;
+  // The embedding's collectives on the first stage, the LM head's on the last.
+  const int ends = (first_stage ? 1 : 0) + (last_stage ? 1 : 0);
+  if (tp > 1 && ends > 0) {
+    CommOp emb = b.Op(ends == 2     ? "TP embedding reduce-scatter / LM head all-gather"
+                      : first_stage ? "TP embedding reduce-scatter"
+                                    : "TP LM head all-gather",
+                      CommGroup::kTp, Collective::kAllGather, tp_g, tp_bytes, ends, ends);
+    const double all = 2 * ends * emb.seconds;
     step_op(std::move(emb), all);
   }
-  // Parameters this rank holds (as the cost model's fixed memory counts them).
-  double dense = static_cast<double>(EmbeddingParams(m) + MtpDenseParams(m)) / tp;
-  double experts = static_cast<double>(MtpRoutedExpertParams(m)) / std::max(1, ep);
-  for (const LayerSpec& l : m.layers) {
-    if (!fsdp) dense += static_cast<double>(DenseLayerParams(m, l)) / tp;
-    if (!fsdp) experts += static_cast<double>(RoutedExpertParams(m, l)) / std::max(1, ep);
+  // Parameters this rank holds (as the cost model's fixed memory counts them): the stage's
+  // embedding / head, and without FSDP (whose layers reduce their own) the stage's layers.
+  const NonLayerParams outside = StageNonLayerParams(m, run, stage);
+  double dense = outside.dense;
+  double experts = outside.experts;
+  for (const LayerCost& l : layers) {
+    if (fsdp || l.index < 0 || static_cast<size_t>(l.index) >= m.layers.size()) continue;
+    dense += static_cast<double>(DenseLayerParams(m, m.layers[l.index])) / tp;
+    experts += static_cast<double>(RoutedExpertParams(m, m.layers[l.index])) / std::max(1, ep);
   }
   const bool hf = run.framework == Framework::kHf;
   auto bucket_params = [&](GroupPlacement g) {
@@ -448,6 +499,7 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
       CommOp ar = b.Op(absl::StrCat("DP ", what, " gradient all-reduce"), CommGroup::kDp,
                        Collective::kAllReduce, g, params * gb, 0, 1);
       const double e = exposed(ar, backward_compute);
+      b.out.gradient_sync_exposed_seconds += e;
       step_op(std::move(ar), e);
     } else {
       CommOp rs = b.Op(absl::StrCat("DP ", what, " gradient reduce-scatter"), CommGroup::kDp,
@@ -455,6 +507,7 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
       CommOp ag = b.Op(absl::StrCat("DP ", what, " weight all-gather"), CommGroup::kDp,
                        Collective::kAllGather, g, params * wb, 0, 1);
       const double e = exposed(rs, backward_compute) + exposed(ag, forward_compute);
+      b.out.gradient_sync_exposed_seconds += e;
       step_op(std::move(rs), e);
       step_op(std::move(ag), 0);
     }

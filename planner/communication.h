@@ -46,9 +46,23 @@ GroupLinks LinksOf(const HardwareProfile& hw, GroupPlacement group);
 double CollectiveSeconds(const HardwareProfile& hw, Collective collective, GroupPlacement group,
                          double bytes);
 
-// One activation message between adjacent pipeline stages whose ranks are `stride` apart
-// (Megatron: world / pp): NVLink inside a domain, the network otherwise.
-double PointToPointSeconds(const HardwareProfile& hw, int stride, double bytes);
+// The link pipeline stages `from` and `to` (0 <= both < pp) exchange over in a world of `gpus`
+// ranks. Megatron's rank order puts PP outermost, so rank r of stage `from` pairs with rank
+// r + (to - from) x gpus / pp; every pair of the two stages exchanges at once and the slowest
+// binds: NVLink when every pair shares an NVLink domain (ranks fill domains in order), the
+// network when any pair leaves it, none when from == to.
+CommLink StageLink(const HardwareProfile& hw, int gpus, int pp, int from, int to);
+
+// One message of `bytes` from one rank to one other over `link` (each direction of a link runs
+// at its rate, so a message each way at once takes as long as one): one hop's latency plus the
+// bytes at the link's per-GPU rate. 0 on kNone, or when the profile lacks the link's rate.
+double PointToPointSeconds(const HardwareProfile& hw, CommLink link, double bytes);
+
+// What a pipeline stage sends its neighbour per microbatch and model chunk, one way: its output
+// activation (forward) or its input gradient (backward), Megatron-Core's tensor of (seq_len / cp
+// / tp under sequence parallelism) x micro_batch x hidden (schedules.py get_tensor_shapes), times
+// the residual streams a hyper-connected model carries (hc_mult), in the activation dtype.
+double PipelineMessageBytes(const ModelConfig& model, const RunSettings& run);
 
 // The parallel dimension a collective runs over.
 enum class CommGroup { kTp, kCp, kEp, kFsdp, kDp };
@@ -83,19 +97,29 @@ struct LayerComm {
 };
 
 struct StepComm {
-  std::vector<LayerComm> layers;  // one per model layer
-  std::vector<CommOp> step_ops;   // once per step: embedding, LM head, DP gradient reduction
+  std::vector<LayerComm> layers;  // one per layer BuildStepComm was given, in its order
+  // Outside the layers: the embedding's and LM head's collectives (once per microbatch) and the
+  // DP gradient reduction (once per step, however many microbatches).
+  std::vector<CommOp> step_ops;
   double step_seconds = 0;
   double step_exposed_seconds = 0;
+  // The part of step_exposed_seconds the DP gradient reduction (and the distributed optimizer's
+  // weight gather) exposes: a pipeline or gradient accumulation pays it once per step, not once
+  // per microbatch (Megatron syncs gradients on the last microbatch only).
+  double gradient_sync_exposed_seconds = 0;
   // "WARNING: ..." lines for the summary: groups leaving the NVLink domain, too few tokens per
   // rank, a sequence length CP cannot split for load balance, links the profile lacks.
   std::vector<std::string> warnings;
 };
 
-// The step's communication for `layers` (built by the cost model from the same model and run;
-// their compute times are what hides the overlapped collectives).
+// The communication of pipeline stage `stage` (0 without pipeline parallelism) for its
+// `layers` (built by the cost model from the same model and run; LayerCost::index names each
+// one's model layer, and their compute times are what hides the overlapped collectives). The
+// data-parallel groups are the stage's (gpus / (tp x pp) ranks for dense parameters, gpus /
+// (ep x pp) for routed experts); the embedding's collectives run on stage 0, the LM head's (and
+// the multi-token-prediction modules') on the last stage.
 StepComm BuildStepComm(const ModelConfig& model, const HardwareProfile& hw, const RunSettings& run,
-                       const std::vector<LayerCost>& layers);
+                       const std::vector<LayerCost>& layers, int stage = 0);
 
 // Bytes one rank sends or gathers per step in `group` when every layer runs forward and
 // backward once (no recompute): the sum of calls x bytes.

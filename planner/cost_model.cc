@@ -662,6 +662,36 @@ absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   return absl::OkStatus();
 }
 
+NonLayerParams StageNonLayerParams(const ModelConfig& m, const RunSettings& run, int stage) {
+  const bool first_stage = stage == 0, last_stage = stage == run.pp - 1;
+  const double tp = std::max(1, run.tp), ep = std::max(1, run.ep);
+  // Embedding, head and final norm, and the multi-token-prediction modules (model.cc) where the
+  // framework trains them: the embedding on the first stage; the final norm, head and MTP on the
+  // last. Note [MTP]: Megatron-Core builds and trains the MTP block when the config has one
+  // (--mtp-num-layers from num_nextn_predict_layers), so its weights, gradients and optimizer
+  // state are fixed memory; its activations (one more layer at the end of the forward and a
+  // second loss) are not counted yet. transformers drops the MTP weights on load
+  // (`_keys_to_ignore_on_load_unexpected`, modeling_deepseek_v3.py / modeling_glm_moe_dsa.py)
+  // and never runs them: under --framework hf nothing of them is on the GPU.
+  const bool mtp_trained = run.framework != Framework::kHf;
+  const double input_embedding =
+      (static_cast<double>(m.vocab) + m.extra_embedding_rows) * static_cast<double>(m.hidden);
+  const double head_and_norm = static_cast<double>(EmbeddingParams(m)) - input_embedding;
+  NonLayerParams out;
+  out.dense =
+      ((first_stage ? input_embedding : 0) +
+       (last_stage ? head_and_norm + static_cast<double>(mtp_trained ? MtpDenseParams(m) : 0)
+                   : 0)) /
+      tp;
+  // Tied embeddings: the last stage keeps its own copy of the word embeddings for the LM head
+  // (Megatron-Core's shared_embedding_or_output_weight, kept equal by an all-reduce).
+  if (run.pp > 1 && last_stage && m.tied_embeddings) {
+    out.dense += static_cast<double>(m.vocab) * m.hidden / tp;
+  }
+  out.experts = last_stage && mtp_trained ? static_cast<double>(MtpRoutedExpertParams(m)) / ep : 0;
+  return out;
+}
+
 absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfile& hw,
                                        const RunSettings& run, int stage) {
   if (absl::Status s = ValidateModel(m); !s.ok()) return s;
@@ -715,30 +745,10 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   const double tp = run.tp;
   const double dense_group = static_cast<double>(run.gpus) / tp / run.pp;
   const double expert_group = static_cast<double>(run.gpus) / run.ep / run.pp;
-  // Embedding, head and final norm, and the multi-token-prediction modules (model.cc) where the
-  // framework trains them: the embedding on the first stage; the final norm, head and MTP on the
-  // last. Note [MTP]: Megatron-Core builds and trains the MTP block when the config has one
-  // (--mtp-num-layers from num_nextn_predict_layers), so its weights, gradients and optimizer
-  // state are fixed memory; its activations (one more layer at the end of the forward and a
-  // second loss) are not counted yet. transformers drops the MTP weights on load
-  // (`_keys_to_ignore_on_load_unexpected`, modeling_deepseek_v3.py / modeling_glm_moe_dsa.py)
-  // and never runs them: under --framework hf nothing of them is on the GPU.
-  const bool mtp_trained = !hf;
-  const double input_embedding =
-      (static_cast<double>(m.vocab) + m.extra_embedding_rows) * static_cast<double>(m.hidden);
-  const double head_and_norm = static_cast<double>(EmbeddingParams(m)) - input_embedding;
-  double dense =
-      ((first_stage ? input_embedding : 0) +
-       (last_stage ? head_and_norm + static_cast<double>(mtp_trained ? MtpDenseParams(m) : 0)
-                   : 0)) /
-      tp;
-  // Tied embeddings: the last stage keeps its own copy of the word embeddings for the LM head
-  // (Megatron-Core's shared_embedding_or_output_weight, kept equal by an all-reduce).
-  if (run.pp > 1 && last_stage && m.tied_embeddings) {
-    dense += static_cast<double>(m.vocab) * m.hidden / tp;
-  }
-  double experts =
-      last_stage && mtp_trained ? static_cast<double>(MtpRoutedExpertParams(m)) / run.ep : 0;
+  // Embedding, head and final norm, and the multi-token-prediction modules (StageNonLayerParams).
+  const NonLayerParams outside = StageNonLayerParams(m, run, stage);
+  double dense = outside.dense;
+  double experts = outside.experts;
   double max_layer = 0;
   for (const LayerCost& layer : c.layers) {
     const LayerSpec& l = m.layers[layer.index];
@@ -805,7 +815,7 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   if (hf) ApplyHfStep(m, hw, run, c);
   if (!first_stage) c.embedding_seconds = 0, c.embedding_grad_bytes = 0;
   if (!last_stage) c.tail_seconds = 0, c.tail_bytes = 0, c.tail_grad_bytes = 0;
-  c.comm = BuildStepComm(m, hw, run, c.layers);
+  c.comm = BuildStepComm(m, hw, run, c.layers, stage);
   for (size_t i = 0; i < c.layers.size(); ++i) {
     c.layers[i].forward_comm_seconds = c.comm.layers[i].forward_exposed_seconds;
     c.layers[i].backward_comm_seconds = c.comm.layers[i].backward_exposed_seconds;

@@ -56,9 +56,10 @@ TEST(CollectiveSeconds, RingAndAllToAllByHand) {
   EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kAllToAll, {8, 1}, 1e9),
                    1e9 * 7 / 8 / 450e9 + 3.4e-6);
   EXPECT_EQ(CollectiveSeconds(h200, Collective::kAllGather, {1, 1}, 1e9), 0);
-  // Pipeline neighbours 8 ranks apart are on different nodes.
-  EXPECT_DOUBLE_EQ(PointToPointSeconds(h200, 8, 1e8), 1e8 / 50e9 + 14e-6);
-  EXPECT_DOUBLE_EQ(PointToPointSeconds(h200, 4, 1e8), 1e8 / 450e9 + 3.4e-6);
+  // A pipeline message: one hop and the bytes at the link's per-GPU rate.
+  EXPECT_DOUBLE_EQ(PointToPointSeconds(h200, CommLink::kNetwork, 1e8), 1e8 / 50e9 + 14e-6);
+  EXPECT_DOUBLE_EQ(PointToPointSeconds(h200, CommLink::kNvlink, 1e8), 1e8 / 450e9 + 3.4e-6);
+  EXPECT_EQ(PointToPointSeconds(h200, CommLink::kNone, 1e8), 0);
   // A measured bus bandwidth replaces NVLink's inside one node, not across nodes.
   HardwareProfile measured = h200;
   measured.all_gather_bytes_per_second = 360e9;
@@ -77,6 +78,138 @@ TEST(LinksOf, FollowsMegatronRankOrder) {
   EXPECT_EQ(LinksOf(h200, {16, 1}).members_per_domain, 8);
   EXPECT_EQ(LinksOf(*HardwarePreset("gb200"), {64, 1}).link, CommLink::kNvlink);  // NVL72
   EXPECT_EQ(LinksOf(h200, {1, 1}).link, CommLink::kNone);
+}
+
+// Stage s is ranks [s x gpus/pp, (s + 1) x gpus/pp) (PP outermost): neighbours share an 8-GPU
+// node only when both stages' ranks fall in it.
+TEST(StageLink, FollowsMegatronRankOrder) {
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  // 16 GPUs, PP 4: stages 0-3, 4-7 | 8-11, 12-15 on two nodes.
+  EXPECT_EQ(StageLink(h200, 16, 4, 0, 1), CommLink::kNvlink);
+  EXPECT_EQ(StageLink(h200, 16, 4, 1, 2), CommLink::kNetwork);
+  EXPECT_EQ(StageLink(h200, 16, 4, 2, 1), CommLink::kNetwork);
+  EXPECT_EQ(StageLink(h200, 16, 4, 2, 3), CommLink::kNvlink);
+  EXPECT_EQ(StageLink(h200, 16, 4, 3, 0), CommLink::kNetwork);  // interleaving's wrap-around
+  // A stage per node or more: every boundary leaves the node.
+  EXPECT_EQ(StageLink(h200, 16, 2, 0, 1), CommLink::kNetwork);
+  EXPECT_EQ(StageLink(h200, 2048, 16, 0, 1), CommLink::kNetwork);
+  EXPECT_EQ(StageLink(h200, 8, 2, 0, 1), CommLink::kNvlink);
+  // 6 ranks per stage: stage 0 is 0-5, stage 1 6-11; the pair (2, 8) leaves node 0.
+  EXPECT_EQ(StageLink(h200, 24, 4, 0, 1), CommLink::kNetwork);
+  // An NVL72 rack holds all 64 ranks, wrap-around included.
+  EXPECT_EQ(StageLink(*HardwarePreset("gb200"), 64, 4, 3, 0), CommLink::kNvlink);
+  EXPECT_EQ(StageLink(h200, 16, 1, 0, 0), CommLink::kNone);
+}
+
+// Megatron-Core's pipeline tensor: seq_len / cp / tp (sequence parallel) x micro_batch x hidden,
+// here x hc_mult residual streams.
+TEST(PipelineMessageBytes, ActivationOfOneMicrobatchShard) {
+  RunSettings run;
+  run.seq_len = 8192;
+  run.tp = 2;
+  run.cp = 1;
+  run.micro_batch = 2;
+  EXPECT_DOUBLE_EQ(PipelineMessageBytes(*ModelPreset("llama-3.1-8b"), run),
+                   8192.0 / 2 * 2 * 4096 * 2);
+  RunSettings ref;  // GLM-5.3-Flash at 1M tokens on CP 8: 4 streams of 4096, bf16
+  EXPECT_DOUBLE_EQ(PipelineMessageBytes(*ModelPreset("glm-5.3-flash"), ref),
+                   1048576.0 / 8 * 4 * 4096 * 2);
+}
+
+// With pipeline parallelism a stage's data-parallel groups are a pp-th of the world (Megatron's
+// rank order puts PP outermost), and it reduces only its own parameters: Llama 3.1 8B on 64 GPUs,
+// PP 4 (8 layers a stage), TP 1: 16 ranks per group; the embedding (128256 x 4096) on stage 0, the
+// head (128256 x 4096) and final norm (4096) on stage 3.
+TEST(StepComm, PipelineStagesReduceOnlyTheirOwnParameters) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run;
+  run.seq_len = 8192;
+  run.tp = 1;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 64;
+  run.pp = 4;
+  run.microbatches = 8;
+  const double layer = static_cast<double>(DenseLayerParams(llama, llama.layers[0]));
+  const double embedding = 128256.0 * 4096, head = 128256.0 * 4096 + 4096;
+  auto stage = [&](int s) {
+    auto step = BuildStepCost(llama, hw, run, s);
+    EXPECT_TRUE(step.ok()) << step.status();
+    return *step;
+  };
+  // FSDP: each of the stage's 8 layers gathers its weights (bf16) twice and reduce-scatters its
+  // gradients (fp32) once, over 16 ranks.
+  for (int s = 0; s < 4; ++s) {
+    const StepCost step = stage(s);
+    ASSERT_EQ(step.comm.layers.size(), 8u);
+    const CommOp* ag = Find(step, 0, "FSDP weight all-gather");
+    ASSERT_NE(ag, nullptr);
+    EXPECT_EQ(ag->placement.size, 16);
+    EXPECT_EQ(ag->placement.stride, 1);
+    EXPECT_DOUBLE_EQ(ag->bytes, layer * 2);
+    const double ends = (s == 0 ? embedding : 0) + (s == 3 ? head : 0);
+    EXPECT_DOUBLE_EQ(StepCommBytes(step.comm, CommGroup::kFsdp),
+                     8 * (2 * layer * 2 + layer * 4) + (2 * ends * 2 + ends * 4))
+        << "stage " << s;
+    EXPECT_EQ(step.comm.gradient_sync_exposed_seconds, 0);  // FSDP reduces layer by layer
+  }
+  EXPECT_EQ(Find(stage(1), -1, "FSDP dense all-gather"), nullptr);
+  EXPECT_DOUBLE_EQ(Find(stage(0), -1, "FSDP dense all-gather")->bytes, embedding * 2);
+  EXPECT_DOUBLE_EQ(Find(stage(3), -1, "FSDP dense all-gather")->bytes, head * 2);
+  // No sharding: one all-reduce per step of the stage's fp32 gradients; the four stages' add up
+  // to the whole model's.
+  run.sharding = Sharding::kNoShard;
+  double all = 0;
+  for (int s = 0; s < 4; ++s) {
+    const StepCost step = stage(s);
+    const CommOp* ar = Find(step, -1, "DP dense gradient all-reduce");
+    ASSERT_NE(ar, nullptr);
+    EXPECT_EQ(ar->placement.size, 16);
+    EXPECT_DOUBLE_EQ(ar->bytes, (8 * layer + (s == 0 ? embedding : 0) + (s == 3 ? head : 0)) * 4);
+    EXPECT_GT(step.comm.gradient_sync_exposed_seconds, 0);
+    EXPECT_DOUBLE_EQ(step.comm.gradient_sync_exposed_seconds, step.comm.step_exposed_seconds);
+    all += ar->bytes;
+  }
+  EXPECT_DOUBLE_EQ(all, static_cast<double>(ModelParameters(llama)) * 4);
+  // The distributed optimizer: reduce-scatter of the gradients, all-gather of the bf16 weights.
+  run.sharding = Sharding::kOptim;
+  const StepCost optim = stage(2);
+  EXPECT_DOUBLE_EQ(Find(optim, -1, "DP dense gradient reduce-scatter")->bytes, 8 * layer * 4);
+  EXPECT_DOUBLE_EQ(Find(optim, -1, "DP dense weight all-gather")->bytes, 8 * layer * 2);
+}
+
+// Routed experts shard over the expert-data-parallel group, gpus / (ep x pp): Qwen3-30B-A3B
+// (48 layers, 128 experts) on 64 GPUs with EP 8 and PP 4 has 2 such ranks, 8 apart.
+TEST(StepComm, ExpertDataParallelGroupUnderPipeline) {
+  const ModelConfig qwen = *ModelPreset("qwen3-30b-a3b");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run;
+  run.seq_len = 8192;
+  run.tp = 1;
+  run.cp = 1;
+  run.ep = 8;
+  run.gpus = 64;
+  run.pp = 4;
+  run.microbatches = 4;
+  auto step = BuildStepCost(qwen, hw, run, 1);
+  ASSERT_TRUE(step.ok()) << step.status();
+  ASSERT_EQ(step->comm.layers.size(), 12u);
+  EXPECT_EQ(step->layers[0].index, 12);
+  const CommOp* experts = Find(*step, 0, "FSDP expert weight all-gather");
+  ASSERT_NE(experts, nullptr);
+  EXPECT_EQ(experts->placement.size, 2);
+  EXPECT_EQ(experts->placement.stride, 8);
+  EXPECT_DOUBLE_EQ(experts->bytes,
+                   static_cast<double>(RoutedExpertParams(qwen, qwen.layers[12])) / 8 * 2);
+  EXPECT_EQ(Find(*step, 0, "FSDP weight all-gather")->placement.size, 16);
+  // Its two ranks, 8 apart, are on different 8-GPU nodes.
+  EXPECT_EQ(experts->link, CommLink::kNetwork);
+  run.pp = 1;
+  run.microbatches = 1;
+  auto whole = BuildStepCost(qwen, hw, run);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(Find(*whole, 0, "FSDP expert weight all-gather")->placement.size, 8);
 }
 
 // The reference run (GLM-5.3-Flash, 1M tokens, CP 8, EP 8, 64 B200s): each of the 42 MoE layers
