@@ -102,6 +102,38 @@ HardwareProfile H200() {
   return p;
 }
 
+// H800 SXM5, datasheet values: the H100 SXM5 die and memory (80 GB HBM3 at 3.35 TB/s, 989 TFLOP/s
+// dense BF16: NVIDIA H100 datasheet, SXM column) with NVLink cut to 8 links, 400 GB/s both
+// directions together (NVIDIA H800 product brief), so 200 GB/s per direction against the
+// H100's 450. The node is the one DeepSeek-V3 trained on (DeepSeek-V3 technical report, arXiv
+// 2412.19437, section 3.1: 8 GPUs per node on NVLink/NVSwitch, InfiniBand across nodes; "Insights
+// into DeepSeek-V3", arXiv 2505.09343, section 2: eight 400 Gb/s ConnectX-7 InfiniBand NICs per
+// node, one per GPU), which is the HGX layout of HgxTopology. DeepSeek reports 160 GB/s of NVLink
+// and 50 GB/s of InfiniBand reached in practice; the profile keeps the datasheet peaks like the
+// other presets (Note [Topology]). The host side is the HGX H100/H800 reference system's (DGX
+// H100: 2 TiB, 2 sockets, 4 GPUs each); the host link is PCIe Gen5 x16 with H200's measured rates
+// (the same link), and the pinning rate is H200's measured one. The op rates are hardware.h's
+// defaults: the flash-attention shares were measured on H100 SXM5, the same SMs and clocks, and
+// elementwise_efficiency scales the datasheet HBM rate by H200's measured share.
+HardwareProfile H800() {
+  HardwareProfile p;
+  p.name = "h800";
+  p.source = "datasheet";
+  p.hbm_bytes = 81559ull * kMiB;  // 80 GB HBM3 as nvidia-smi reports an H100/H800 SXM5
+  p.usable_fraction = 0.92;
+  p.hbm_bytes_per_second = 3.35e12;
+  p.dense_bf16_flops = 989e12;
+  p.d2h_bytes_per_second = 55.3e9;
+  p.h2d_bytes_per_second = 55.5e9;
+  p.bidir_d2h_bytes_per_second = 50.7e9;
+  p.bidir_h2d_bytes_per_second = 51.9e9;
+  p.pin_seconds_per_gib = 0.038;
+  p.host_bytes_per_numa_node = 1024 * kGiB;
+  p.gpus_per_numa_node = 4;
+  HgxTopology(p, 200e9);  // NVLink 4, 8 links x 25 GB/s per direction
+  return p;
+}
+
 // Datasheet values. The host link is PCIe Gen5 x16 (64 GB/s nominal per direction) derated by
 // the efficiency measured on H200 (55.4 / 64); the pinning rate is H200's measured one.
 HardwareProfile B200() {
@@ -238,12 +270,13 @@ double HardwareProfile::SharedHostLinkRate(double one_gpu_rate) const {
   return std::min(one_gpu_rate, host_link_bytes_per_second / gpus_per_host_link);
 }
 
-std::vector<std::string> HardwarePresetNames() { return {"h200", "b200", "gb200"}; }
+std::vector<std::string> HardwarePresetNames() { return {"h200", "h800", "b200", "gb200"}; }
 
 absl::StatusOr<HardwareProfile> HardwarePreset(std::string name) {
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return std::tolower(c); });
   if (name == "h200") return H200();
+  if (name == "h800") return H800();
   if (name == "b200") return B200();
   if (name == "gb200") return GB200();
   return absl::InvalidArgumentError(absl::StrCat(

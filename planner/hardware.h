@@ -1,5 +1,5 @@
 // Hardware profiles: what the planner needs to know about one GPU and the host it hangs off.
-// Presets for H200 (measured, see DESIGN.md), B200 and GB200 (datasheet values), or a JSON
+// Presets for H200 (measured, see DESIGN.md), H800, B200 and GB200 (datasheet values), or a JSON
 // profile file — the format `stowage calibrate` writes with HardwareProfileToJson.
 #ifndef STOWAGE_PLANNER_HARDWARE_H_
 #define STOWAGE_PLANNER_HARDWARE_H_
@@ -98,7 +98,7 @@ struct HardwareProfile {
 
 // Names accepted by HardwarePreset, in the order --help lists them.
 std::vector<std::string> HardwarePresetNames();
-// "h200", "b200", "gb200" (case-insensitive). Unknown names list the allowed ones.
+// "h200", "h800", "b200", "gb200" (case-insensitive). Unknown names list the allowed ones.
 absl::StatusOr<HardwareProfile> HardwarePreset(std::string name);
 
 // Checks ranges (positive rates, fraction in (0, 1], ...); errors name the field and the value.

@@ -36,7 +36,7 @@ TEST(HardwarePreset, OthersAreMarkedDatasheetAndValid) {
   }
   auto bad = HardwarePreset("a100");
   EXPECT_THAT(bad.status().message(), HasSubstr("'a100'"));
-  EXPECT_THAT(bad.status().message(), HasSubstr("allowed: h200, b200, gb200"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("allowed: h200, h800, b200, gb200"));
 }
 
 // Note [Topology]: an HGX board is one NVLink domain of 8 with a NIC per GPU; an NVL72 rack is
