@@ -115,6 +115,8 @@ absl::StatusOr<StagePlan> ReadStage(const json::Json& value, const std::string& 
       st.ReadOptional("microbatch_seconds", stage.microbatch_seconds, kSeconds));
   STOWAGE_PLAN_RETURN_IF_ERROR(
       st.ReadOptional("exposed_copy_seconds", stage.exposed_copy_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      st.ReadOptional("point_to_point_seconds", stage.point_to_point_seconds, kSeconds));
   return stage;
 }
 
@@ -280,6 +282,8 @@ absl::Status CheckStages(const Plan& plan) {
         CheckRange(absl::StrCat(path, ".microbatch_seconds"), st.microbatch_seconds, kSeconds));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         CheckRange(absl::StrCat(path, ".exposed_copy_seconds"), st.exposed_copy_seconds, kSeconds));
+    STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".point_to_point_seconds"),
+                                            st.point_to_point_seconds, kSeconds));
   }
   int64_t next = 0;
   for (int c = 0; c < plan.vpp; ++c) {
@@ -529,7 +533,8 @@ std::string PlanToJson(const Plan& plan) {
                     {"exposed_copy_seconds", p.exposed_copy_seconds},
                     {"baseline", p.baseline},
                     {"baseline_step_seconds", p.baseline_step_seconds},
-                    {"unoverlapped_step_seconds", p.unoverlapped_step_seconds}};
+                    {"unoverlapped_step_seconds", p.unoverlapped_step_seconds},
+                    {"exposed_point_to_point_seconds", p.exposed_point_to_point_seconds}};
   const RuntimeSettings& r = plan.runtime;
   j["runtime"] = {{"prefetch_distance", r.prefetch_distance},
                   {"save_lag", r.save_lag},
@@ -553,7 +558,8 @@ std::string PlanToJson(const Plan& plan) {
                       {"host_bytes_per_gpu", st.host_bytes_per_gpu},
                       {"host_arena_bytes", st.host_arena_bytes},
                       {"microbatch_seconds", st.microbatch_seconds},
-                      {"exposed_copy_seconds", st.exposed_copy_seconds}});
+                      {"exposed_copy_seconds", st.exposed_copy_seconds},
+                      {"point_to_point_seconds", st.point_to_point_seconds}});
   }
   j["stages"] = std::move(stages);
   ordered_json layers = ordered_json::array();
@@ -650,6 +656,8 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
         p->ReadOptional("baseline_step_seconds", out.baseline_step_seconds, kSeconds));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         p->ReadOptional("unoverlapped_step_seconds", out.unoverlapped_step_seconds, kSeconds));
+    STOWAGE_PLAN_RETURN_IF_ERROR(p->ReadOptional("exposed_point_to_point_seconds",
+                                                 out.exposed_point_to_point_seconds, kSeconds));
   }
   if (j.Has("runtime")) {
     absl::StatusOr<json::Object> r = j.Child("runtime");
@@ -773,6 +781,8 @@ absl::Status ValidatePlan(const Plan& plan) {
       CheckRange("predicted.baseline_step_seconds", p.baseline_step_seconds, kSeconds));
   STOWAGE_PLAN_RETURN_IF_ERROR(
       CheckRange("predicted.unoverlapped_step_seconds", p.unoverlapped_step_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("predicted.exposed_point_to_point_seconds",
+                                          p.exposed_point_to_point_seconds, kSeconds));
 
   const RuntimeSettings& r = plan.runtime;
   STOWAGE_PLAN_RETURN_IF_ERROR(

@@ -1,6 +1,7 @@
 #include "planner/pipeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 
@@ -29,11 +30,34 @@ namespace stowage::planner {
 //    (M + p - 1) microbatch slots of the slowest stage, with interleaving the fill and drain
 //    shrink to (p - 1) / vpp slots (Narayanan et al. 2021, "Efficient Large-Scale Language Model
 //    Training on GPU Clusters Using Megatron-LM", section 2.2: bubble fraction (p - 1) / (v m)).
-//    A slot is the stage's simulated microbatch (compute and exposed copy waits) plus its
-//    point-to-point messages: each chunk receives its input activation in forward and its output
-//    gradient in backward, tokens x hidden x hc_mult activations (a tp-th of them under sequence
-//    parallelism), which Megatron's schedules wait for before the chunk runs. The once-per-step
-//    part of a stage (the optimizer offload's copies) is added once.
+//    A slot is the stage's simulated microbatch (compute, exposed collectives and copy waits)
+//    plus its point-to-point time; the once-per-step part of a stage (the optimizer offload's
+//    copies, the DP gradient reduction: StepComm::gradient_sync_exposed_seconds) is added once:
+//    step = M x steady slot + (p - 1) / vpp x fill-and-drain slot + once, each slot the longest
+//    of any stage.
+//  - Point-to-point (communication.h StageLink, PointToPointSeconds, PipelineMessageBytes).
+//    Per microbatch, each chunk (virtual stage v) exchanges over the boundary to v - 1 (its
+//    input activation in, the input's gradient out) and to v + 1 (its output out, the output's
+//    gradient in): one message each way over each boundary, on the link the two stages' ranks
+//    cross in Megatron's rank order (stage s is ranks s x gpus/pp ...: neighbours stay inside an
+//    NVLink domain only when gpus/pp x 2 fits one; with interleaving the last stage's chunks
+//    feed the first stage's next chunk, gpus x (pp - 1)/pp ranks away). The two directions of
+//    an exchange run at once, so one exchange costs one message. What is exposed follows
+//    Megatron-Core's schedules (pipeline_parallel/schedules.py):
+//     - 1F1B (forward_backward_pipelining_without_interleaving): no overlap; Megatron-LM turns
+//       overlap_p2p_comm off for it and uses batched isend/irecv that are waited for
+//       (p2p_communication.py _communicate, wait_on_reqs; batch_p2p_sync), in warmup
+//       (recv_forward, send_forward), steady state (send_forward_recv_backward, then
+//       send_backward_recv_forward) and cooldown alike: every exchange is on the critical path,
+//       the first and last stage one per microbatch, the others two.
+//     - Interleaved with overlap_p2p_comm (Megatron-LM's default for it,
+//       --no-overlap-p2p-communication turns it off): in the steady state each send/receive is
+//       posted after a chunk's pass and waited for just before the chunk that needs it, so it
+//       runs behind the opposite pass: a forward's exchange is exposed by what exceeds the
+//       chunk's backward compute, a backward's by what exceeds its forward compute (the
+//       chunk's own compute stands for the neighbouring chunk's). Warmup and flush wait for
+//       every exchange (overlap_p2p_comm_warmup_flush is off by default), so the fill-and-drain
+//       slots pay every message.
 namespace {
 
 absl::Status Bad(const std::string& flag, const std::string& value, const std::string& rule) {
@@ -176,21 +200,48 @@ std::vector<LayerRange> StageChunks(const std::vector<LayerRange>& virtual_stage
   return chunks;
 }
 
-namespace {
-
-// The slot of one microbatch on a stage: its simulated forward and backward without the
-// once-per-step part (Note [Pipeline]).
 double MicrobatchSeconds(const StepCost& step, const SimResult& sim) {
-  return std::max(0.0, sim.step_seconds - step.optimizer_copy_seconds);
+  return std::max(0.0, sim.step_seconds - step.optimizer_copy_seconds -
+                           step.comm.gradient_sync_exposed_seconds);
 }
 
-// Step time of a pipeline whose slowest slot is `slot` seconds.
-double PipelineStep(const RunSettings& run, double slot, double once) {
-  const double fill = static_cast<double>(run.pp - 1) / run.vpp;
-  return (run.microbatches + fill) * slot + once;
+void ChargePointToPoint(const ModelConfig& model, const HardwareProfile& hw, const RunSettings& run,
+                        StageResult& stage) {
+  stage.p2p_blocking_seconds = 0;
+  stage.p2p_steady_seconds = 0;
+  stage.p2p_link = CommLink::kNone;
+  const int pp = run.pp, s = stage.stage;
+  if (pp <= 1) return;
+  const int virtual_stages = pp * run.vpp;
+  const bool overlapped = run.schedule == PipelineSchedule::kInterleaved;
+  const double bytes = PipelineMessageBytes(model, run);
+  size_t local = 0;
+  for (size_t k = 0; k < stage.chunks.size(); ++k) {
+    const int v = static_cast<int>(k) * pp + s;
+    double exchange[2] = {0, 0};  // with virtual stage v - 1, with v + 1
+    for (int side = 0; side < 2; ++side) {
+      const int neighbour = side == 0 ? v - 1 : v + 1;
+      if (neighbour < 0 || neighbour >= virtual_stages) continue;
+      const CommLink link = StageLink(hw, run.gpus, pp, s, neighbour % pp);
+      if (link == CommLink::kNetwork || stage.p2p_link == CommLink::kNone) stage.p2p_link = link;
+      exchange[side] = PointToPointSeconds(hw, link, bytes);
+    }
+    stage.p2p_blocking_seconds += exchange[0] + exchange[1];
+    if (!overlapped) continue;
+    double forward = 0, backward = 0;
+    const size_t end = std::min(stage.step.layers.size(), local + stage.chunks[k].num_layers);
+    for (; local < end; ++local) {
+      const LayerCost& l = stage.step.layers[local];
+      forward += l.forward_seconds + l.forward_comm_seconds;
+      backward += l.backward_seconds + l.backward_comm_seconds;
+    }
+    // The forward's exchange (output out, next input in) behind a backward, the backward's
+    // behind a forward.
+    const double both = std::max(exchange[0], exchange[1]);
+    stage.p2p_steady_seconds += std::max(0.0, both - backward) + std::max(0.0, both - forward);
+  }
+  if (!overlapped) stage.p2p_steady_seconds = stage.p2p_blocking_seconds;
 }
-
-}  // namespace
 
 absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const HardwareProfile& hw,
                                             const RunSettings& run,
@@ -198,7 +249,9 @@ absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const Hard
   if (absl::Status s = ValidatePipeline(model, run); !s.ok()) return s;
   PipelineResult out;
   out.feasible = true;
-  double worst_peak = -1, slowest = -1, slowest_baseline = 0, once = 0, once_baseline = 0;
+  double worst_peak = -1, slowest = -1, steady_baseline = 0, bubble_baseline = 0;
+  double bubble_p2p = 0;
+  out.p2p_message_bytes = run.pp > 1 ? PipelineMessageBytes(model, run) : 0;
   for (int s = 0; s < run.pp; ++s) {
     absl::StatusOr<StepCost> step = BuildStepCost(model, hw, run, s);
     if (!step.ok()) return step.status();
@@ -220,22 +273,36 @@ absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const Hard
       worst_peak = peak;
     }
     out.feasible &= fits;
-    const double slot = MicrobatchSeconds(stage.step, stage.result.sim);
-    if (slot > slowest) {
-      slowest = slot;
-      out.slowest_stage = s;
+    ChargePointToPoint(model, hw, run, stage);
+    if (stage.p2p_link == CommLink::kNetwork || out.p2p_link == CommLink::kNone) {
+      out.p2p_link = stage.p2p_link;
     }
-    slowest_baseline =
-        std::max(slowest_baseline, MicrobatchSeconds(stage.step, stage.baseline.sim));
-    once = std::max(once, stage.step.optimizer_copy_seconds);
-    once_baseline = once;
+    const double slot = MicrobatchSeconds(stage.step, stage.result.sim);
+    if (slot + stage.p2p_steady_seconds > slowest) {
+      slowest = slot + stage.p2p_steady_seconds;
+      out.slowest_stage = s;
+      out.microbatch_seconds = slot;
+      out.p2p_seconds = stage.p2p_steady_seconds;
+    }
+    if (slot + stage.p2p_blocking_seconds > out.bubble_slot_seconds) {
+      out.bubble_slot_seconds = slot + stage.p2p_blocking_seconds;
+      bubble_p2p = stage.p2p_blocking_seconds;
+    }
+    const double base = MicrobatchSeconds(stage.step, stage.baseline.sim);
+    steady_baseline = std::max(steady_baseline, base + stage.p2p_steady_seconds);
+    bubble_baseline = std::max(bubble_baseline, base + stage.p2p_blocking_seconds);
+    out.once_seconds =
+        std::max(out.once_seconds,
+                 stage.step.optimizer_copy_seconds + stage.step.comm.gradient_sync_exposed_seconds);
     out.stages.push_back(std::move(stage));
   }
-  out.microbatch_seconds = std::max(0.0, slowest);
-  out.step_seconds = PipelineStep(run, out.microbatch_seconds + out.p2p_seconds, once);
-  out.bubble_seconds =
-      static_cast<double>(run.pp - 1) / run.vpp * (out.microbatch_seconds + out.p2p_seconds);
-  out.baseline_step_seconds = PipelineStep(run, slowest_baseline + out.p2p_seconds, once_baseline);
+  const double fill = static_cast<double>(run.pp - 1) / run.vpp;
+  const double m = run.microbatches;
+  out.bubble_seconds = fill * out.bubble_slot_seconds;
+  out.step_seconds =
+      m * (out.microbatch_seconds + out.p2p_seconds) + out.bubble_seconds + out.once_seconds;
+  out.p2p_step_seconds = m * out.p2p_seconds + fill * bubble_p2p;
+  out.baseline_step_seconds = m * steady_baseline + fill * bubble_baseline + out.once_seconds;
   return out;
 }
 
@@ -280,6 +347,7 @@ Plan MakePipelinePlan(const PipelineResult& pipeline, const PlanLabels& labels) 
     sp.host_arena_bytes = stage.result.sim.host_bytes;
     sp.microbatch_seconds = MicrobatchSeconds(stage.step, stage.result.sim);
     sp.exposed_copy_seconds = stage.result.sim.exposed_copy_seconds;
+    sp.point_to_point_seconds = stage.p2p_steady_seconds;
     plan.stages.push_back(std::move(sp));
   }
   // Layers in model order (stages run interleaved chunks).
@@ -306,6 +374,7 @@ Plan MakePipelinePlan(const PipelineResult& pipeline, const PlanLabels& labels) 
   p.exposed_copy_seconds =
       slots * pipeline.stages[pipeline.slowest_stage].result.sim.exposed_copy_seconds;
   p.baseline_step_seconds = pipeline.baseline_step_seconds;
+  p.exposed_point_to_point_seconds = pipeline.p2p_step_seconds;
   // The runtime settings a pp = 1 plan carries; with stages, each stage's distance is its own.
   plan.runtime.prefetch_distance = plan.stages.front().prefetch_distance;
   if (run.pp == 1) plan.stages.clear();  // the one stage PlanStages derives
@@ -314,8 +383,8 @@ Plan MakePipelinePlan(const PipelineResult& pipeline, const PlanLabels& labels) 
 
 std::string RenderStageTable(const PipelineResult& pipeline, const Plan& plan) {
   std::string out =
-      absl::StrFormat("%5s  %-16s  %9s  %10s  %10s  %10s  %12s  %10s\n", "stage", "layers",
-                      "in flight", "fixed", "peak", "host", "microbatch", "exposed");
+      absl::StrFormat("%5s  %-16s  %9s  %10s  %10s  %10s  %12s  %10s  %10s\n", "stage", "layers",
+                      "in flight", "fixed", "peak", "host", "microbatch", "exposed", "p2p");
   for (const StageResult& s : pipeline.stages) {
     std::vector<std::string> ranges;
     std::vector<std::string> in_flight;
@@ -334,32 +403,59 @@ std::string RenderStageTable(const PipelineResult& pipeline, const Plan& plan) {
     const bool fits = s.result.feasible;
     absl::StrAppend(
         &out,
-        absl::StrFormat("%5d  %-16s  %9s  %10s  %10s  %10s  %9.1f ms  %7.1f ms%s\n", s.stage,
-                        absl::StrCat(absl::StrJoin(ranges, ","), extra),
+        absl::StrFormat("%5d  %-16s  %9s  %10s  %10s  %10s  %9.1f ms  %7.1f ms  %7.1f ms%s\n",
+                        s.stage, absl::StrCat(absl::StrJoin(ranges, ","), extra),
                         in_flight.empty() ? "-" : absl::StrJoin(in_flight, ","),
                         FormatBytes(s.step.fixed.total()),
                         FormatBytes(fits ? s.result.sim.peak_bytes : s.result.min_peak_bytes),
                         FormatBytes(s.result.sim.host_bytes),
                         MicrobatchSeconds(s.step, s.result.sim) * 1e3,
-                        s.result.sim.exposed_copy_seconds * 1e3,
+                        s.result.sim.exposed_copy_seconds * 1e3, s.p2p_steady_seconds * 1e3,
                         s.stage == pipeline.binding_stage
                             ? (fits ? "  <- binding (highest peak)" : "  <- binding (does not fit)")
                             : ""));
   }
   const RunSettings& run = pipeline.stages.front().step.run;
+  const double steady = pipeline.microbatch_seconds + pipeline.p2p_seconds;
+  const std::string p2p =
+      pipeline.p2p_seconds > 0
+          ? absl::StrFormat(" (%.1f ms + %.1f ms point-to-point)",
+                            pipeline.microbatch_seconds * 1e3, pipeline.p2p_seconds * 1e3)
+          : std::string();
+  // 1F1B: one slot for the steady state and the bubble; interleaved: the bubble's waits every
+  // exchange (Note [Pipeline]).
+  const bool one_slot = std::abs(pipeline.bubble_slot_seconds - steady) <= 1e-12 * steady;
+  const std::string formula = one_slot
+                                  ? absl::StrFormat("(%d + %d/%d) x %.1f ms%s", run.microbatches,
+                                                    run.pp - 1, run.vpp, steady * 1e3, p2p)
+                                  : absl::StrFormat(
+                                        "%d x %.1f ms%s + %d/%d x %.1f ms (fill and drain, every "
+                                        "exchange waited for)",
+                                        run.microbatches, steady * 1e3, p2p, run.pp - 1, run.vpp,
+                                        pipeline.bubble_slot_seconds * 1e3);
   absl::StrAppend(
       &out,
-      absl::StrFormat(
-          "pipeline               PP %d%s, %s, %d microbatches: step = (%d + %d/%d) x %.1f ms "
-          "(stage %d's microbatch%s) = %.3f s, bubble %.3f s\n",
-          run.pp, run.vpp > 1 ? absl::StrCat(" x VPP ", run.vpp) : std::string(),
-          std::string(PipelineScheduleName(run.schedule)), run.microbatches, run.microbatches,
-          run.pp - 1, run.vpp, (pipeline.microbatch_seconds + pipeline.p2p_seconds) * 1e3,
-          pipeline.slowest_stage,
-          pipeline.p2p_seconds > 0
-              ? absl::StrFormat(" + %.1f ms point-to-point", pipeline.p2p_seconds * 1e3)
-              : std::string(),
-          pipeline.step_seconds, pipeline.bubble_seconds));
+      absl::StrFormat("pipeline               PP %d%s, %s, %d microbatches: step = %s (stage %d's "
+                      "microbatch)%s = %.3f s, bubble %.3f s\n",
+                      run.pp, run.vpp > 1 ? absl::StrCat(" x VPP ", run.vpp) : std::string(),
+                      std::string(PipelineScheduleName(run.schedule)), run.microbatches, formula,
+                      pipeline.slowest_stage,
+                      pipeline.once_seconds > 0
+                          ? absl::StrFormat(" + %.3f s once per step", pipeline.once_seconds)
+                          : std::string(),
+                      pipeline.step_seconds, pipeline.bubble_seconds));
+  if (run.pp > 1) {
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  "point-to-point         %s per message each way, the slowest boundary over %s; "
+                  "%.3f s exposed in the step (%s)\n",
+                  FormatBytes(static_cast<uint64_t>(std::min(pipeline.p2p_message_bytes, 1.8e19))),
+                  CommLinkName(pipeline.p2p_link), pipeline.p2p_step_seconds,
+                  run.schedule == PipelineSchedule::kInterleaved
+                      ? "interleaved: the steady state hides each exchange behind a chunk's pass; "
+                        "fill and drain wait"
+                      : "1f1b: every exchange waited for"));
+  }
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/communication.h"
 #include "planner/cost_model.h"
 #include "planner/hardware.h"
 #include "planner/model.h"
@@ -42,16 +43,40 @@ struct StageResult {
   StepCost step;
   OptimizeResult result;
   Baseline baseline;
+  // Point-to-point time per microbatch on the stage's critical path (Note [Pipeline]): with
+  // every exchange waited for (1F1B throughout; the interleaved fill and drain), and in the
+  // interleaved steady state, where each exchange runs behind another chunk's pass.
+  double p2p_blocking_seconds = 0;
+  double p2p_steady_seconds = 0;
+  CommLink p2p_link = CommLink::kNone;  // the slowest link its messages cross
 };
+
+// One stage's slot: its simulated forward and backward of one microbatch, without what runs once
+// per step (the optimizer offload's copies, the DP gradient reduction) or point-to-point time.
+double MicrobatchSeconds(const StepCost& step, const SimResult& sim);
+
+// The point-to-point messages of stage `step.stage` of `run` (p2p_* fields of StageResult, from
+// the stage's chunks and its layers' compute); 0 without pipeline parallelism.
+void ChargePointToPoint(const ModelConfig& model, const HardwareProfile& hw, const RunSettings& run,
+                        StageResult& stage);
 
 struct PipelineResult {
   std::vector<StageResult> stages;
   bool feasible = false;  // every stage fits its budgets
   int binding_stage = 0;  // the stage whose peak is highest (infeasible: the first that fails)
-  int slowest_stage = 0;  // the stage whose microbatch takes longest
+  // The stage whose steady-state slot (microbatch + point-to-point) is longest.
+  int slowest_stage = 0;
   double microbatch_seconds = 0;  // the slowest stage's forward + backward of one microbatch
-  double p2p_seconds = 0;         // per microbatch: activations and their gradients between stages
-  double bubble_seconds = 0;      // the pipeline's fill and drain
+  // The slowest stage's point-to-point per microbatch in the steady state.
+  double p2p_seconds = 0;
+  // One slot of the fill and drain: the longest microbatch + blocking point-to-point of any
+  // stage (1F1B: microbatch_seconds + p2p_seconds).
+  double bubble_slot_seconds = 0;
+  double p2p_message_bytes = 0;         // one message, one way (PipelineMessageBytes)
+  CommLink p2p_link = CommLink::kNone;  // the slowest link a stage boundary crosses
+  double p2p_step_seconds = 0;          // the step's exposed point-to-point time
+  double once_seconds = 0;    // once per step: optimizer offload copies, DP gradient reduction
+  double bubble_seconds = 0;  // the pipeline's fill and drain
   double step_seconds = 0;
   double baseline_step_seconds = 0;  // the same pipeline with every stage at its baseline
 };

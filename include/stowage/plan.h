@@ -189,6 +189,9 @@ struct PlanPrediction {
   double unoverlapped_step_seconds = 0;
   double baseline_step_seconds = 0;  // keep-everything if it fits, else full recompute
   std::string baseline;              // "keep" or "recompute"
+  // Pipeline point-to-point time (activations and their gradients between stages) in
+  // step_seconds: what no compute hides (planner Note [Pipeline]); 0 without stages.
+  double exposed_point_to_point_seconds = 0;
 };
 
 // What the runtime needs to set itself up before step 0.
@@ -220,6 +223,9 @@ struct StagePlan {
   uint64_t host_arena_bytes = 0;
   double microbatch_seconds = 0;  // one microbatch's forward and backward on this stage
   double exposed_copy_seconds = 0;
+  // Point-to-point time per microbatch of the steady state no compute hides on this stage (its
+  // exchanges with the neighbouring stages), in addition to microbatch_seconds.
+  double point_to_point_seconds = 0;
 };
 
 struct Plan {

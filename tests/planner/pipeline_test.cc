@@ -182,8 +182,10 @@ TEST(PipelineStep, BubbleIsPMinusOneSlotsOverVpp) {
   run.schedule = PipelineSchedule::kInterleaved;
   auto q = PlanPipeline(llama, hw, run, options);
   ASSERT_TRUE(q.ok()) << q.status();
+  // Interleaved: the steady state hides exchanges, the fill and drain wait for them.
   const double qslot = q->microbatch_seconds + q->p2p_seconds;
-  EXPECT_NEAR(q->step_seconds, (8 + 1.5) * qslot, 1e-9);
+  EXPECT_NEAR(q->step_seconds, 8 * qslot + 1.5 * q->bubble_slot_seconds, 1e-9);
+  EXPECT_GE(q->bubble_slot_seconds, qslot);
   // The plan of the pipeline passes the contract, one section per stage.
   const Plan plan = MakePipelinePlan(*q, {"stowage test", "llama-3.1-8b", "h200",
                                           options.gpu_budget_bytes, options.host_budget_bytes});
@@ -193,6 +195,124 @@ TEST(PipelineStep, BubbleIsPMinusOneSlotsOverVpp) {
   EXPECT_EQ(plan.schedule, PipelineSchedule::kInterleaved);
   auto parsed = ParsePlanJson(PlanToJson(plan));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
+}
+
+// Llama 3.1 8B at 8,192 tokens on TP 4: each message is 8192 / 4 x 4096 x 2 bytes = 16 MiB.
+RunSettings PointToPointRun(int gpus, int pp, int microbatches) {
+  RunSettings run;
+  run.seq_len = 8192;
+  run.tp = 4;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = gpus;
+  run.pp = pp;
+  run.microbatches = microbatches;
+  return run;
+}
+
+// h200 with 4-GPU NVLink domains and nodes: PP 2 on 8 GPUs puts the two stages on two nodes.
+HardwareProfile FourGpuNodes() {
+  HardwareProfile hw = *HardwarePreset("h200");
+  hw.nvlink_domain_gpus = 4;
+  hw.gpus_per_node = 4;
+  return hw;
+}
+
+OptimizerOptions Budgets(const HardwareProfile& hw) {
+  OptimizerOptions options;
+  options.gpu_budget_bytes = hw.UsableBytes();
+  options.host_budget_bytes = hw.HostBytesPerGpu();
+  return options;
+}
+
+// 1F1B waits for every exchange (Note [Pipeline]); each stage of two exchanges with the other
+// once per microbatch (its activation one way, the gradient back at the same time). Inside one
+// NVLink domain that is 16 MiB at 450 GB/s; across nodes at the NIC's 50 GB/s: the step grows
+// by (M + p - 1) x the difference, nothing else changes (TP 4 stays inside a 4-GPU domain, and
+// each stage's data-parallel group is 8 / (4 x 2) = 1 rank).
+TEST(PipelineStep, PointToPointGrowsWhenNeighboursCrossNodes) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const RunSettings run = PointToPointRun(8, 2, 4);
+  const HardwareProfile one_node = *HardwarePreset("h200");
+  const HardwareProfile two_nodes = FourGpuNodes();
+  auto a = PlanPipeline(llama, one_node, run, Budgets(one_node));
+  auto b = PlanPipeline(llama, two_nodes, run, Budgets(two_nodes));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const double message = 8192.0 / 4 * 4096 * 2;
+  EXPECT_DOUBLE_EQ(a->p2p_message_bytes, message);
+  const double nvlink = message / 450e9 + 3.4e-6, network = message / 50e9 + 14e-6;
+  EXPECT_EQ(a->p2p_link, CommLink::kNvlink);
+  EXPECT_EQ(b->p2p_link, CommLink::kNetwork);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_DOUBLE_EQ(a->stages[s].p2p_blocking_seconds, nvlink);
+    EXPECT_DOUBLE_EQ(a->stages[s].p2p_steady_seconds, nvlink);
+    EXPECT_DOUBLE_EQ(b->stages[s].p2p_blocking_seconds, network);
+  }
+  EXPECT_DOUBLE_EQ(b->p2p_seconds, network);
+  EXPECT_DOUBLE_EQ(a->microbatch_seconds, b->microbatch_seconds);
+  EXPECT_NEAR(b->step_seconds - a->step_seconds, (4 + 1) * (network - nvlink), 1e-12);
+  EXPECT_GT(b->step_seconds, a->step_seconds);
+  EXPECT_NEAR(b->p2p_step_seconds, 5 * network, 1e-12);
+  // The plan carries it: per stage and in the step's prediction.
+  const Plan plan = MakePipelinePlan(*b, {"stowage test", "llama-3.1-8b", "h200", 0, 0});
+  ASSERT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
+  EXPECT_DOUBLE_EQ(plan.stages[1].point_to_point_seconds, network);
+  EXPECT_NEAR(plan.predicted.exposed_point_to_point_seconds, 5 * network, 1e-12);
+  auto parsed = ParsePlanJson(PlanToJson(plan));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_DOUBLE_EQ(parsed->stages[1].point_to_point_seconds, network);
+  EXPECT_DOUBLE_EQ(parsed->predicted.exposed_point_to_point_seconds,
+                   plan.predicted.exposed_point_to_point_seconds);
+  const std::string table = RenderStageTable(*b, plan);
+  EXPECT_THAT(table, HasSubstr("ms point-to-point)"));
+  EXPECT_THAT(table, HasSubstr("16.0 MiB per message each way, the slowest boundary over network"));
+}
+
+// 16 GPUs in PP 4 on 8-GPU nodes: stages 0-1 share node 0, stages 2-3 node 1. A middle stage
+// exchanges with both neighbours per microbatch, the first and the last with one.
+TEST(PipelineStep, EachBoundaryOnTheLinkItsRanksCross) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  auto p = PlanPipeline(llama, hw, PointToPointRun(16, 4, 8), Budgets(hw));
+  ASSERT_TRUE(p.ok()) << p.status();
+  const double message = 8192.0 / 4 * 4096 * 2;
+  const double nvlink = message / 450e9 + 3.4e-6, network = message / 50e9 + 14e-6;
+  EXPECT_DOUBLE_EQ(p->stages[0].p2p_blocking_seconds, nvlink);
+  EXPECT_DOUBLE_EQ(p->stages[1].p2p_blocking_seconds, nvlink + network);
+  EXPECT_DOUBLE_EQ(p->stages[2].p2p_blocking_seconds, network + nvlink);
+  EXPECT_DOUBLE_EQ(p->stages[3].p2p_blocking_seconds, nvlink);
+  EXPECT_EQ(p->stages[0].p2p_link, CommLink::kNvlink);
+  EXPECT_EQ(p->stages[1].p2p_link, CommLink::kNetwork);
+}
+
+// Interleaved (overlap_p2p_comm): chunk v of stage s also feeds chunk v + 1 on stage s + 1 or,
+// from the last stage, stage 0. PP 2 x VPP 2 across two nodes: stage 0 runs virtual stages 0
+// and 2 (v0 -> v1, v1 -> v2 -> v3: three exchanges), stage 1 runs 1 and 3 (three as well). The
+// fill and drain wait for all three; in the steady state a 0.35 ms message hides behind a
+// chunk's 16 layers' passes.
+TEST(PipelineStep, InterleavedHidesExchangesInTheSteadyState) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const HardwareProfile hw = FourGpuNodes();
+  RunSettings run = PointToPointRun(8, 2, 4);
+  run.vpp = 2;
+  run.schedule = PipelineSchedule::kInterleaved;
+  auto p = PlanPipeline(llama, hw, run, Budgets(hw));
+  ASSERT_TRUE(p.ok()) << p.status();
+  const double network = 8192.0 / 4 * 4096 * 2 / 50e9 + 14e-6;
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_DOUBLE_EQ(p->stages[s].p2p_blocking_seconds, 3 * network);
+    EXPECT_EQ(p->stages[s].p2p_steady_seconds, 0);
+  }
+  EXPECT_EQ(p->p2p_seconds, 0);
+  const double slot = p->microbatch_seconds;
+  EXPECT_NEAR(p->bubble_slot_seconds,
+              std::max(MicrobatchSeconds(p->stages[0].step, p->stages[0].result.sim),
+                       MicrobatchSeconds(p->stages[1].step, p->stages[1].result.sim)) +
+                  3 * network,
+              1e-12);
+  EXPECT_NEAR(p->step_seconds, 4 * slot + 0.5 * p->bubble_slot_seconds + p->once_seconds, 1e-12);
+  EXPECT_NEAR(p->p2p_step_seconds, 0.5 * 3 * network, 1e-12);
 }
 
 // Issue 14, done-when: DeepSeek-V3 on 2,048 GPUs with PP 16, EP 64 and 16 microbatches plans every

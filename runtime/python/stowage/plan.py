@@ -74,6 +74,7 @@ class Prediction:
     baseline: str = ""
     baseline_step_seconds: float = 0.0
     unoverlapped_step_seconds: float = 0.0
+    exposed_point_to_point_seconds: float = 0.0
 
 
 @dataclasses.dataclass
@@ -122,6 +123,7 @@ class StagePlan:
     host_arena_bytes: int = 0
     microbatch_seconds: float = 0.0
     exposed_copy_seconds: float = 0.0
+    point_to_point_seconds: float = 0.0
 
     def layer_indices(self) -> list[int]:
         """The model indices of the layers this stage runs, in its forward order."""
