@@ -4,6 +4,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
@@ -323,6 +324,58 @@ std::vector<LayerPlace> PlacesOfLayers(const Plan& plan) {
   return places;
 }
 
+// Note [Plans that do not fit]: `fits` and `binding` agree with the budgets and the stages'
+// predictions (the stages passed CheckStages).
+absl::Status CheckFits(const Plan& plan) {
+  const auto over = [&](const std::string& budget, const StagePlan& st) -> std::optional<uint64_t> {
+    const bool gpu = budget == "gpu";
+    const uint64_t limit = gpu ? plan.gpu_budget_bytes : plan.host_budget_bytes;
+    const uint64_t used = gpu ? st.peak_device_bytes : st.host_bytes_per_gpu;
+    if (limit == 0 || used <= limit) return std::nullopt;  // 0: no budget stated
+    return used - limit;
+  };
+  if (plan.fits) {
+    for (const StagePlan& st : plan.stages) {
+      for (const char* budget : {"gpu", "host"}) {
+        if (const std::optional<uint64_t> by = over(budget, st); by.has_value()) {
+          const bool gpu = std::string(budget) == "gpu";
+          return absl::InvalidArgumentError(
+              absl::StrCat("plan: field 'fits' is true but stages[", st.stage,
+                           gpu ? "].peak_device_bytes (" : "].host_bytes_per_gpu (",
+                           gpu ? st.peak_device_bytes : st.host_bytes_per_gpu, ") exceeds run.",
+                           gpu ? "gpu_budget_bytes (" : "host_budget_bytes (",
+                           gpu ? plan.gpu_budget_bytes : plan.host_budget_bytes, ") by ", *by,
+                           " bytes; allowed: false, with a binding naming the budget"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  const PlanBinding& b = plan.binding;
+  if (b.budget != "gpu" && b.budget != "host") {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field 'binding.budget' has value '",
+                                                   b.budget, "'; allowed: gpu, host"));
+  }
+  if (b.stage < 0 || static_cast<size_t>(b.stage) >= plan.stages.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field 'binding.stage' has value ",
+                                                   b.stage, "; allowed: a stage in [0, ",
+                                                   plan.stages.size() - 1, "]"));
+  }
+  const StagePlan& st = plan.stages[b.stage];
+  const std::optional<uint64_t> by = over(b.budget, st);
+  const bool gpu = b.budget == "gpu";
+  if (by != b.exceeded_by_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: field 'binding.exceeded_by_bytes' has value ", b.exceeded_by_bytes, "; allowed: ",
+        by.has_value() ? absl::StrCat(*by) : std::string("none: the budget is not exceeded"),
+        " (stages[", b.stage, gpu ? "].peak_device_bytes " : "].host_bytes_per_gpu ",
+        gpu ? st.peak_device_bytes : st.host_bytes_per_gpu,
+        gpu ? " - run.gpu_budget_bytes " : " - run.host_budget_bytes ",
+        gpu ? plan.gpu_budget_bytes : plan.host_budget_bytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string_view LayerPolicyName(LayerPolicy policy) {
@@ -524,6 +577,14 @@ std::string PlanToJson(const Plan& plan) {
               {"microbatches", plan.microbatches},
               {"gpu_budget_bytes", plan.gpu_budget_bytes},
               {"host_budget_bytes", plan.host_budget_bytes}};
+  // Note [Plans that do not fit]: every plan says whether it fits; one that does not says why.
+  j["fits"] = plan.fits;
+  if (!plan.fits) {
+    const PlanBinding& b = plan.binding;
+    j["binding"] = {{"budget", b.budget}, {"exceeded_by_bytes", b.exceeded_by_bytes},
+                    {"stage", b.stage},   {"at", b.at},
+                    {"what", b.what},     {"explanation", b.explanation}};
+  }
   const PlanPrediction& p = plan.predicted;
   j["predicted"] = {{"peak_device_bytes", p.peak_device_bytes},
                     {"fixed_device_bytes", p.fixed_device_bytes},
@@ -637,6 +698,20 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
         run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         run->ReadOptional("host_budget_bytes", plan.host_budget_bytes, kBytes));
+  }
+  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("fits", plan.fits));
+  if (!plan.fits) {
+    // A plan that does not fit says why (Note [Plans that do not fit]); one that fits needs no
+    // binding, and any it carries is ignored like an unknown field.
+    absl::StatusOr<json::Object> b = j.Child("binding");
+    if (!b.ok()) return b.status();
+    PlanBinding& out = plan.binding;
+    STOWAGE_PLAN_RETURN_IF_ERROR(b->Read("budget", out.budget));
+    STOWAGE_PLAN_RETURN_IF_ERROR(b->Read("exceeded_by_bytes", out.exceeded_by_bytes, kBytes));
+    STOWAGE_PLAN_RETURN_IF_ERROR(b->ReadOptional("stage", out.stage, kStageIndex));
+    STOWAGE_PLAN_RETURN_IF_ERROR(b->ReadOptional("at", out.at));
+    STOWAGE_PLAN_RETURN_IF_ERROR(b->ReadOptional("what", out.what));
+    STOWAGE_PLAN_RETURN_IF_ERROR(b->ReadOptional("explanation", out.explanation));
   }
   {
     absl::StatusOr<json::Object> p = j.Child("predicted");
@@ -932,7 +1007,7 @@ absl::Status ValidatePlan(const Plan& plan) {
           " bytes in all (host_bytes x in_flight_microbatches); the arena must hold them"));
     }
   }
-  return absl::OkStatus();
+  return CheckFits(plan);
 }
 
 }  // namespace stowage

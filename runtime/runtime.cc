@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "offload/checksum.h"
 #include "runtime/metrics.h"
 #ifdef STOWAGE_HAVE_CUDA
@@ -81,6 +82,17 @@ void Runtime::EndCall() {
 
 absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& full_plan,
                                                          const RuntimeOptions& options) {
+  // Note [Plans that do not fit] (plan.h): such a plan explains why nothing fits; running it would
+  // run out of the budget it names.
+  if (!full_plan.fits) {
+    const PlanBinding& b = full_plan.binding;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "plan: fits is false: the plan exceeds its %s budget by %d bytes (%.2f GiB) at the %s "
+        "(%s: %s); it explains why nothing fits and is not a plan to run: plan again with a "
+        "larger budget, a shorter sequence or more parallelism",
+        b.budget, b.exceeded_by_bytes, static_cast<double>(b.exceeded_by_bytes) / (1 << 30), b.at,
+        b.what, b.explanation));
+  }
   const bool chunk_from_plan = options.copy_chunk_bytes == 0;
   const uint64_t chunk_bytes =
       chunk_from_plan ? full_plan.runtime.copy_chunk_bytes : options.copy_chunk_bytes;

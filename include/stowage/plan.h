@@ -228,6 +228,23 @@ struct StagePlan {
   double point_to_point_seconds = 0;
 };
 
+// Note [Plans that do not fit]. When no plan fits the budgets the planner still answers: the
+// closest plan it found (the smallest peak its options reach; or a forced policy's plan) with
+// `fits` false and what binds, in the words the CLI's table prints. Such a plan explains a failure;
+// it is not one to run, so the runtime refuses to load it (FAILED_PRECONDITION naming the reason).
+// ValidatePlan holds both sides to their budgets: `fits` true means every stage's peak is within
+// run.gpu_budget_bytes (when stated, > 0) and the pinned bytes within run.host_budget_bytes (when
+// stated); `fits` false means `binding` names a budget the plan exceeds and by exactly how much.
+struct PlanBinding {
+  std::string budget;  // "gpu" (device memory) or "host" (pinned host memory): the one exceeded
+  uint64_t exceeded_by_bytes = 0;  // gpu: the stage's peak - run.gpu_budget_bytes; host: its
+                                   // host_bytes_per_gpu - run.host_budget_bytes
+  int stage = 0;                   // the stage that binds (0 without pipeline parallelism)
+  std::string at;                  // where the peak is: "backward of layer 43", "LM head and loss"
+  std::string what;         // what binds: "fixed memory", "host memory", "working set of the ..."
+  std::string explanation;  // the sentence the table prints under "binding:"
+};
+
 struct Plan {
   int schema_version = kPlanSchemaVersion;
   std::string generator;  // "stowage <version>"
@@ -248,6 +265,9 @@ struct Plan {
   uint64_t gpu_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
   PlanPrediction predicted;
+  // Note [Plans that do not fit]: false for the closest plan when none fits; `binding` says why.
+  bool fits = true;
+  PlanBinding binding;
   RuntimeSettings runtime;
   // Every layer of the model, in order; `stages` say which stage runs each (pp entries; a plan
   // without them read from JSON has the one stage of every layer, StagesWithoutPipeline).
@@ -292,8 +312,9 @@ uint64_t CanonicalPlanHash(const Plan& plan);
 // host_bytes_per_numa_node 0 (not stated) or host_bytes_per_gpu x gpus_per_numa_node, pp stages
 // whose chunks cover the layers in virtual-stage order (Note [Pipeline stages]), vpp > 1 exactly
 // with the interleaved schedule (which needs pp > 1 and microbatches a multiple of pp),
-// in_flight_microbatches as InFlightMicrobatches gives, and each stage's arena (and
-// runtime.host_arena_bytes) holding every byte its layers offload.
+// in_flight_microbatches as InFlightMicrobatches gives, each stage's arena (and
+// runtime.host_arena_bytes) holding every byte its layers offload, and `fits` / `binding` agreeing
+// with the budgets (Note [Plans that do not fit]). A plan that does not fit is a valid plan.
 absl::Status ValidatePlan(const Plan& plan);
 
 }  // namespace stowage

@@ -104,6 +104,79 @@ TEST(PlanValidation, RejectsInconsistentPlans) {
   EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("'layers[1].index' is 7"));
 }
 
+// Note [Plans that do not fit]: the closest plan when nothing fits, 200 bytes over its GPU budget.
+Plan OverBudgetPlan() {
+  Plan plan = TwoLayerPlan();
+  plan.gpu_budget_bytes = 800;  // the peak is 1000
+  plan.host_budget_bytes = 1000;
+  plan.fits = false;
+  plan.binding = {"gpu",
+                  200,
+                  0,
+                  "backward of layer 1",
+                  "working set of the backward of layer 1",
+                  "one layer's working set does not fit next to 600 B of fixed memory"};
+  return plan;
+}
+
+TEST(PlanFits, APlanThatDoesNotFitRoundTripsWithItsBinding) {
+  const std::string json = PlanToJson(OverBudgetPlan());
+  EXPECT_THAT(json, HasSubstr("\"fits\": false"));
+  EXPECT_THAT(json, HasSubstr("\"exceeded_by_bytes\": 200"));
+  auto parsed = ParsePlanJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE(parsed->fits);
+  EXPECT_EQ(parsed->binding.budget, "gpu");
+  EXPECT_EQ(parsed->binding.at, "backward of layer 1");
+  EXPECT_EQ(parsed->binding.what, "working set of the backward of layer 1");
+  EXPECT_EQ(PlanToJson(*parsed), json);
+  // A plan that fits says so, and carries no binding.
+  const std::string fits = PlanToJson(TwoLayerPlan());
+  EXPECT_THAT(fits, HasSubstr("\"fits\": true"));
+  EXPECT_THAT(fits, ::testing::Not(HasSubstr("\"binding\"")));
+  // Plans written before the field existed fit.
+  nlohmann::json old = nlohmann::json::parse(fits);
+  old.erase("fits");
+  auto read = ParsePlanJson(old.dump());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->fits);
+}
+
+TEST(PlanFits, FitsAndBindingMustAgreeWithTheBudgets) {
+  // Says it fits, but its peak is over the budget.
+  Plan plan = OverBudgetPlan();
+  plan.fits = true;
+  EXPECT_THAT(ValidatePlan(plan).message(),
+              HasSubstr("'fits' is true but stages[0].peak_device_bytes (1000) exceeds "
+                        "run.gpu_budget_bytes (800) by 200 bytes"));
+  plan = OverBudgetPlan();
+  plan.fits = true;
+  plan.gpu_budget_bytes = 0;  // no budget stated: nothing to exceed
+  plan.host_budget_bytes = 299;
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("host_bytes_per_gpu (300) exceeds"));
+  plan = OverBudgetPlan();
+  plan.binding.exceeded_by_bytes = 199;
+  EXPECT_THAT(ValidatePlan(plan).message(),
+              HasSubstr("'binding.exceeded_by_bytes' has value 199; allowed: 200"));
+  plan = OverBudgetPlan();
+  plan.binding.budget = "host";  // 300 pinned bytes are within the host budget of 1000
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("allowed: none: the budget is not exceeded"));
+  plan = OverBudgetPlan();
+  plan.binding.budget = "disk";
+  EXPECT_THAT(ValidatePlan(plan).message(),
+              HasSubstr("'binding.budget' has value 'disk'; allowed: gpu, host"));
+  plan = OverBudgetPlan();
+  plan.binding.stage = 1;
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("'binding.stage' has value 1"));
+  // The reader wants the reason of a plan that does not fit.
+  nlohmann::json j = nlohmann::json::parse(PlanToJson(OverBudgetPlan()));
+  j.erase("binding");
+  EXPECT_THAT(ParsePlanJson(j.dump()).status().message(), HasSubstr("binding"));
+  j = nlohmann::json::parse(PlanToJson(OverBudgetPlan()));
+  j["binding"].erase("exceeded_by_bytes");
+  EXPECT_THAT(ParsePlanJson(j.dump()).status().message(), HasSubstr("binding.exceeded_by_bytes"));
+}
+
 // Note [Runtime protocol]: the fields are LayerProtocolFor's, so what the simulator predicted is
 // what the runtime and the wrapper run.
 TEST(PlanProtocol, FieldsMustBeTheProtocolFunction) {

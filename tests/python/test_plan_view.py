@@ -88,6 +88,29 @@ class PlanViewTest(unittest.TestCase):
             stowage.Runtime(small_plan(), backend="host", copy_threads=1, metrics_address="",
                             metrics_step_buckets="2,1")
 
+    def test_a_plan_that_does_not_fit_keeps_its_binding_and_is_not_run(self) -> None:
+        # Note [Plans that do not fit] in include/stowage/plan.h: a view that dropped `fits`
+        # would turn the closest plan into one the runtime runs.
+        plan = small_plan()
+        plan.predicted.peak_device_bytes = 5000
+        plan.run.gpu_budget_bytes = 4000
+        plan.fits = False
+        plan.binding = plan_mod.Binding(budget="gpu", exceeded_by_bytes=1000, at="backward of "
+                                        "layer 1", what="fixed memory", explanation="test")
+        plan.validate()
+        again = stowage.Plan.from_json(plan.to_json())
+        self.assertEqual(again, plan)
+        self.assertFalse(again.fits)
+        self.assertEqual(again.binding.exceeded_by_bytes, 1000)
+        with self.assertRaisesRegex(stowage.StowageError, r"fits is false: the plan exceeds its "
+                                                          r"gpu budget by 1000 bytes") as e:
+            stowage.Runtime(again, backend="host", copy_threads=1, metrics_address="")
+        self.assertEqual(e.exception.status, "FAILED_PRECONDITION")
+        plan.binding.exceeded_by_bytes = 999
+        with self.assertRaisesRegex(stowage.PlanError, r"binding.exceeded_by_bytes' has value "
+                                                       r"999; allowed: 1000"):
+            plan.validate()
+
     def test_round_trip(self) -> None:
         plan = small_plan()
         plan.validate()

@@ -51,6 +51,42 @@ TEST(CApiPlanValidate, LengthIsHonouredAndNullIsAnError) {
   EXPECT_EQ(stowage_plan_validate(json.data(), 0), STOWAGE_ERROR_INVALID_ARGUMENT);
 }
 
+// Note [Plans that do not fit]: a valid plan, but not one to run: stowage_create refuses it with
+// FAILED_PRECONDITION naming the budget, the excess and what binds.
+TEST(CApiPlanValidate, APlanThatDoesNotFitIsValidButNotRun) {
+  stowage::Plan plan = stowage::testing::MakeTestPlan(3, 4096);
+  plan.predicted.peak_device_bytes = 5000;
+  plan.gpu_budget_bytes = 4000;
+  plan.fits = false;
+  plan.binding = {"gpu",
+                  1000,
+                  0,
+                  "backward of layer 2",
+                  "working set of the backward of layer 2",
+                  "one layer's working set does not fit next to 3.9 KiB of fixed memory"};
+  const std::string json = stowage::PlanToJson(plan);
+  EXPECT_EQ(stowage_plan_validate(json.data(), json.size()), STOWAGE_OK) << LastError();
+  stowage_options options;
+  stowage_options_init(&options);
+  options.backend = STOWAGE_BACKEND_HOST;
+  options.metrics_address = "";
+  stowage_runtime* rt = nullptr;
+  EXPECT_EQ(stowage_create(json.data(), json.size(), &options, &rt),
+            STOWAGE_ERROR_FAILED_PRECONDITION);
+  EXPECT_EQ(rt, nullptr);
+  EXPECT_NE(LastError().find("stowage_create: plan: fits is false: the plan exceeds its gpu budget "
+                             "by 1000 bytes (0.00 GiB) at the backward of layer 2 (working set of "
+                             "the backward of layer 2: one layer's working set"),
+            std::string::npos)
+      << LastError();
+  // The same plan with the budget it fits runs.
+  plan.fits = true;
+  plan.gpu_budget_bytes = 5000;
+  const std::string fits = stowage::PlanToJson(plan);
+  ASSERT_EQ(stowage_create(fits.data(), fits.size(), &options, &rt), STOWAGE_OK) << LastError();
+  EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
+}
+
 TEST(CApiPlanValidate, HostileTextIsAnErrorNotACrash) {
   for (const std::string& text :
        {std::string("\xff\xfe{}", 4), std::string("{\"a\":\"\xc3\x28\"}"), std::string(100000, '['),

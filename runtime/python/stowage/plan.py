@@ -131,6 +131,17 @@ class StagePlan:
 
 
 @dataclasses.dataclass
+class Binding:
+    """Why a plan does not fit (Note [Plans that do not fit] in include/stowage/plan.h)."""
+    budget: str  # "gpu" or "host"
+    exceeded_by_bytes: int
+    stage: int = 0
+    at: str = ""
+    what: str = ""
+    explanation: str = ""
+
+
+@dataclasses.dataclass
 class Plan:
     layers: list[LayerPlan]
     predicted: Prediction = dataclasses.field(default_factory=Prediction)
@@ -143,6 +154,9 @@ class Plan:
     generator: str = "stowage-python"
     model: str = ""
     hardware: str = ""
+    # False for the closest plan when nothing fits; the runtime refuses to load such a plan.
+    fits: bool = True
+    binding: "Binding | None" = None
 
     # -- serialization ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +185,9 @@ class Plan:
             "model": self.model,
             "hardware": self.hardware,
             "run": dataclasses.asdict(self.run),
+            "fits": self.fits,
+            **({"binding": dataclasses.asdict(self.binding)}
+               if not self.fits and self.binding is not None else {}),
             "predicted": dataclasses.asdict(self.predicted),
             "runtime": dataclasses.asdict(self.runtime),
             **({"stages": [dataclasses.asdict(st) for st in self.stages]} if self.stages else {}),
@@ -275,7 +292,11 @@ class Plan:
             run=RunSettings(**{f.name: get(run, f.name, f.default)
                                for f in dataclasses.fields(RunSettings)}),
             schema_version=obj["schema_version"], generator=get(obj, "generator", ""),
-            model=get(obj, "model", ""), hardware=get(obj, "hardware", ""))
+            model=get(obj, "model", ""), hardware=get(obj, "hardware", ""),
+            fits=get(obj, "fits", True),
+            binding=(None if get(obj, "fits", True) else Binding(**{
+                f.name: get(obj["binding"], f.name, f.default)
+                for f in dataclasses.fields(Binding)})))
 
     # -- checks -----------------------------------------------------------------------------
     def validate(self) -> None:
