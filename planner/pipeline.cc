@@ -317,7 +317,8 @@ Plan MakePipelinePlan(const PipelineResult& pipeline, const PlanLabels& labels) 
     if (stage.stage == pipeline.binding_stage) {
       const std::vector<LayerPlan> layers = std::move(plan.layers);
       const std::vector<StagePlan> stages = std::move(plan.stages);
-      plan = part;
+      plan = part;  // its fits and binding too (Note [Plans that do not fit])
+      plan.binding.stage = pipeline.binding_stage;
       plan.layers = layers;
       plan.stages = stages;
     }

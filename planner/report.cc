@@ -61,6 +61,40 @@ std::string FormatSeconds(double seconds) {
   return absl::StrFormat("%.0f s (%.1f h)", seconds, seconds / 3600);
 }
 
+namespace {
+
+// Note [Plans that do not fit]: whether the simulated schedule is within the budgets (0: none
+// stated), and if not, the budget it exceeds (the device's first), by how much and where, in the
+// optimizer's words where it gave them (MinimumPeak's), else in the table's.
+PlanBinding BindingOf(const SimResult& sim, const OptimizeResult& result, const PlanLabels& labels,
+                      bool* fits) {
+  PlanBinding b;
+  const bool gpu_over = labels.gpu_budget_bytes > 0 && sim.peak_bytes > labels.gpu_budget_bytes;
+  const bool host_over = labels.host_budget_bytes > 0 && sim.host_bytes > labels.host_budget_bytes;
+  *fits = !gpu_over && !host_over;
+  if (*fits) return b;
+  b.budget = gpu_over ? "gpu" : "host";
+  b.exceeded_by_bytes = gpu_over ? sim.peak_bytes - labels.gpu_budget_bytes
+                                 : sim.host_bytes - labels.host_budget_bytes;
+  // Every offloaded byte is live while the loss runs (the arena's size), so that is where the
+  // host budget binds.
+  b.at = gpu_over ? sim.peak_at : "LM head and loss";
+  b.what = !result.binding.empty() ? result.binding
+           : gpu_over              ? absl::StrCat("device memory at the ", sim.peak_at)
+                                   : std::string("pinned host memory");
+  b.explanation =
+      !result.explanation.empty()
+          ? result.explanation
+          : absl::StrCat(gpu_over ? "the peak of " : "the pinned host memory of ",
+                         FormatBytes(gpu_over ? sim.peak_bytes : sim.host_bytes),
+                         gpu_over ? " exceeds the GPU budget of " : " exceeds the host budget of ",
+                         FormatBytes(gpu_over ? labels.gpu_budget_bytes : labels.host_budget_bytes),
+                         " by ", FormatBytes(b.exceeded_by_bytes));
+  return b;
+}
+
+}  // namespace
+
 Baseline ComputeBaseline(const StepCost& step, uint64_t gpu_budget_bytes) {
   Schedule keep;
   keep.options.assign(step.layers.size(), {LayerPolicy::kKeep, 0, 1});
@@ -101,6 +135,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   p.baseline_step_seconds = baseline.sim.step_seconds;
   p.unoverlapped_step_seconds =
       sim.compute_seconds + sim.copy_seconds + step.optimizer_copy_seconds;
+  plan.binding = BindingOf(sim, result, labels, &plan.fits);
   plan.runtime.prefetch_distance = distance;
   plan.runtime.save_lag = result.schedule.save_lag;
   plan.runtime.host_arena_bytes = sim.host_bytes;  // every offloaded byte is live at the loss
@@ -447,10 +482,14 @@ std::string RenderTimelineSvg(const StepCost& step, const Plan& plan,
               FormatBytes(sim.peak_bytes), FormatBytes(plan.gpu_budget_bytes),
               TimeLabel(sim.step_seconds, sim.step_seconds)));
   absl::StrAppend(
-      &s, absl::StrFormat("<text x=\"%.0f\" y=\"38\" fill=\"#555\">fixed memory (weights, "
+      &s, absl::StrFormat("<text x=\"%.0f\" y=\"38\" fill=\"#555\">%sfixed memory (weights, "
                           "gradients, optimizer state, workspaces) %s; the axis starts at %g GiB"
                           "</text>\n",
-                          kLeft, FormatBytes(step.fixed.total()), y_min_gib));
+                          kLeft,
+                          plan.fits ? ""
+                                    : "<tspan fill=\"#d62728\" font-weight=\"bold\">DOES NOT "
+                                      "FIT: the closest plan</tspan>; ",
+                          FormatBytes(step.fixed.total()), y_min_gib));
   // Grid and ticks: 1-2-5 steps, at most 7 labels per axis.
   for (double g = y_min_gib; g <= y_max_gib + gib_step * 1e-6; g += gib_step) {
     absl::StrAppend(&s, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
@@ -497,10 +536,29 @@ std::string RenderTimelineSvg(const StepCost& step, const Plan& plan,
                                       "stroke=\"#d62728\" stroke-width=\"2\" "
                                       "stroke-dasharray=\"6,4\"/>\n",
                                       kLeft, by, kLeft + plot_w, by));
+  // Note [Plans that do not fit]: the closest plan's excess over the budget, shaded and named.
+  const bool gpu_exceeded = !plan.fits && plan.binding.budget == "gpu";
+  if (gpu_exceeded) {
+    const double peak_y = y(static_cast<double>(sim.peak_bytes));
+    absl::StrAppend(&s, absl::StrFormat("<rect class=\"exceeded\" x=\"%.1f\" y=\"%.1f\" "
+                                        "width=\"%.1f\" height=\"%.1f\" fill=\"#d62728\" "
+                                        "fill-opacity=\"0.12\"/>\n",
+                                        kLeft, peak_y, plot_w, std::max(by - peak_y, 1.0)));
+  }
+  const std::string budget_label =
+      !plan.fits
+          ? absl::StrCat("budget ", FormatBytes(plan.gpu_budget_bytes),
+                         gpu_exceeded ? absl::StrCat(" exceeded by ",
+                                                     FormatBytes(plan.binding.exceeded_by_bytes),
+                                                     " (", plan.binding.what, ")")
+                                      : absl::StrCat("; host budget exceeded by ",
+                                                     FormatBytes(plan.binding.exceeded_by_bytes)))
+          : absl::StrCat("budget ", FormatBytes(plan.gpu_budget_bytes));
   absl::StrAppend(&s,
                   absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" "
-                                  "fill=\"#d62728\">budget %s</text>\n",
-                                  kLeft + plot_w - 4, by - 5, FormatBytes(plan.gpu_budget_bytes)));
+                                  "fill=\"#d62728\"%s>%s</text>\n",
+                                  kLeft + plot_w - 4, by + (gpu_exceeded ? 15 : -5),
+                                  plan.fits ? "" : " font-weight=\"bold\"", Escape(budget_label)));
   const double px = x(sim.peak_seconds), py = y(static_cast<double>(sim.peak_bytes));
   const bool label_left = px > kLeft + plot_w - 120;  // keep the label inside the plot
   absl::StrAppend(

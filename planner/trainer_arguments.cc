@@ -1,7 +1,9 @@
 #include "planner/trainer_arguments.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,11 @@ std::string LayerList(const std::vector<int>& layers) {
   const std::string last = runs.back();
   runs.pop_back();
   return absl::StrCat("layers ", absl::StrJoin(runs, ", "), " and ", last);
+}
+
+// The verb for LayerList(layers): `one` for a single layer, `many` otherwise.
+const char* Verb(const std::vector<int>& layers, const char* one, const char* many) {
+  return layers.size() == 1 ? one : many;
 }
 
 bool IsPrefix(const std::vector<int>& layers) {
@@ -155,6 +162,10 @@ std::string RenderMegatronArguments(const Plan& plan, const TrainerArguments& ar
   std::string out = absl::StrCat("# Megatron-LM arguments for the stowage plan of ", plan.model,
                                  " (", plan.seq_len, " tokens)",
                                  arguments.exact() ? "" : ": the nearest Megatron can run", "\n");
+  if (!plan.fits) {
+    absl::StrAppend(&out, "# does not fit: ", plan.binding.what, " (", plan.binding.explanation,
+                    "); these arguments run the closest plan, which does not fit either\n");
+  }
   // One flag and its values per line.
   std::vector<std::string> lines;
   for (const std::string& token : arguments.args) {
@@ -169,6 +180,178 @@ std::string RenderMegatronArguments(const Plan& plan, const TrainerArguments& ar
   }
   for (const std::string& note : arguments.notes)
     absl::StrAppend(&out, "# not expressed: ", note, "\n");
+  return out;
+}
+
+TrainerConfig TorchtitanConfig(const Plan& plan, const RunSettings& run) {
+  TrainerConfig out;
+  auto set = [&](const char* section, const char* key, std::string value) {
+    out.entries.push_back({section, key, std::move(value)});
+  };
+  auto quoted = [](std::string_view s) { return absl::StrCat("\"", std::string(s), "\""); };
+
+  // Data parallel: the GPUs left over by TP x CP x PP (one stage: --emit refuses pipelines).
+  const int64_t model_parallel = int64_t{plan.tp} * plan.cp * plan.pp;
+  const int64_t dp =
+      run.gpus > 0 && run.gpus % model_parallel == 0 ? run.gpus / model_parallel : -1;
+  const std::string dp_text = absl::StrCat(dp);
+  if (run.sharding == Sharding::kNoShard) {
+    set("parallelism", "data_parallel_replicate_degree", dp_text);
+    set("parallelism", "data_parallel_shard_degree", "1");
+    if (plan.cp > 1) {
+      out.notes.push_back(absl::StrCat(
+          "--sharding no_shard: torchtitan applies FSDP over the CP ranks whenever CP > 1 "
+          "(ParallelDims: the fsdp mesh is dp_shard x cp), so parameters, gradients and "
+          "optimizer state are sharded over ",
+          plan.cp, " ranks: less fixed memory than planned"));
+    }
+  } else {
+    set("parallelism", "data_parallel_replicate_degree", "1");
+    set("parallelism", "data_parallel_shard_degree", dp_text);  // -1: the rest of the GPUs
+    if (run.sharding != Sharding::kOptimGradsParams) {
+      out.notes.push_back(absl::StrCat(
+          "--sharding ", ShardingName(run.sharding),
+          ": torchtitan shards with FSDP2, which shards the parameters too (it has no "
+          "optimizer-only or gradient-only sharding): less fixed memory than planned, and "
+          "parameter all-gathers the plan did not count"));
+    }
+  }
+  // The planner's TP is with sequence parallelism, as torchtitan's TP plans are; its experts
+  // are not tensor-parallel (the routed tokens are split over TP instead).
+  set("parallelism", "tensor_parallel_degree", absl::StrCat(plan.tp));
+  set("parallelism", "context_parallel_degree", absl::StrCat(plan.cp));
+  set("parallelism", "pipeline_parallel_degree", absl::StrCat(plan.pp));
+  set("parallelism", "expert_parallel_degree", absl::StrCat(plan.ep));
+  if (plan.ep > 1) set("parallelism", "expert_tensor_parallel_degree", "1");
+  set("training", "seq_len", absl::StrCat(plan.seq_len));
+  set("training", "local_batch_size", absl::StrCat(plan.micro_batch));
+  if (run.optimizer_offload) {
+    set("training", "enable_cpu_offload", "true");
+    out.notes.push_back(
+        "--optimizer-offload: torchtitan's enable_cpu_offload (FSDP2's CPUOffloadPolicy) keeps "
+        "parameters and gradients in host memory too and copies them every step");
+  }
+  switch (run.optimizer) {
+    case OptimizerKind::kAdam:
+      set("optimizer", "name", quoted("AdamW"));  // Adam's state, torchtitan's default name
+      break;
+    case OptimizerKind::kSgd:
+    case OptimizerKind::kNone:
+      out.notes.push_back(absl::StrCat("--optimizer ", OptimizerKindName(run.optimizer),
+                                       ": torchtitan builds only Adam and AdamW "
+                                       "(components/optimizer.py), which hold more state"));
+      break;
+  }
+
+  // Note [torchtitan expressiveness]: the layers torchtitan checkpoints, and what it cannot do.
+  const int n = static_cast<int>(plan.layers.size());
+  std::vector<int> recomputed, offload_input, offload_saved, selective;
+  std::set<std::string> modules;
+  for (const LayerPlan& l : plan.layers) {
+    switch (l.policy) {
+      case LayerPolicy::kKeep:
+        break;
+      case LayerPolicy::kRecompute:
+        recomputed.push_back(l.index);
+        break;
+      case LayerPolicy::kSelectiveRecompute:
+        // torchtitan cannot recompute chosen modules: the whole block, which holds less.
+        recomputed.push_back(l.index);
+        selective.push_back(l.index);
+        modules.insert(l.recompute_modules.begin(), l.recompute_modules.end());
+        break;
+      case LayerPolicy::kOffloadInput:
+        recomputed.push_back(l.index);  // its recompute; the input stays on the GPU
+        offload_input.push_back(l.index);
+        break;
+      case LayerPolicy::kOffloadSaved:
+        offload_saved.push_back(l.index);  // kept on the GPU: the nearest without offload
+        break;
+    }
+  }
+  std::vector<int> checkpointed;  // what the emitted config checkpoints
+  if (recomputed.empty()) {
+    set("activation_checkpoint", "mode", quoted("none"));
+  } else if (static_cast<int>(recomputed.size()) == n) {
+    set("activation_checkpoint", "mode", quoted("full"));
+    checkpointed = recomputed;
+  } else {
+    // Every N-th block (1-based) covers the recomputed layers exactly when N divides each
+    // index + 1: the largest such N is their gcd.
+    int every = 0;
+    for (int i : recomputed) every = std::gcd(every, i + 1);
+    if (every >= 2) {
+      set("activation_checkpoint", "mode", quoted("selective"));
+      set("activation_checkpoint", "selective_ac_option", quoted(absl::StrCat(every)));
+      for (int i = every - 1; i < n; i += every) checkpointed.push_back(i);
+    } else {
+      set("activation_checkpoint", "mode", quoted("full"));
+      for (int i = 0; i < n; ++i) checkpointed.push_back(i);
+    }
+    std::vector<int> extra;
+    std::set_difference(checkpointed.begin(), checkpointed.end(), recomputed.begin(),
+                        recomputed.end(), std::back_inserter(extra));
+    if (!extra.empty()) {
+      out.notes.push_back(
+          absl::StrCat("the plan recomputes ", LayerList(recomputed), "; torchtitan checkpoints ",
+                       every >= 2 ? absl::StrCat("the blocks whose position is a multiple of ",
+                                                 every, " (selective_ac_option)")
+                                  : std::string("every block (no every-N option covers them)"),
+                       ", so ", LayerList(extra), Verb(extra, " is", " are"),
+                       " recomputed too: slower than planned, less memory"));
+    }
+  }
+  if (!selective.empty()) {
+    out.notes.push_back(absl::StrCat(
+        LayerList(selective), Verb(selective, " recomputes only ", " recompute only "),
+        absl::StrJoin(std::vector<std::string>(modules.begin(), modules.end()), ", "),
+        " (selective_recompute); torchtitan cannot recompute chosen modules, so they are "
+        "checkpointed in full (its selective_ac_option \"op\" policy, which saves matmul and "
+        "attention outputs, is the other choice, with memory the plan does not predict)"));
+  }
+  if (!offload_input.empty()) {
+    out.notes.push_back(absl::StrCat(
+        LayerList(offload_input),
+        Verb(offload_input, " offloads its input to host memory and recomputes",
+             " offload their input to host memory and recompute"),
+        " the rest (offload_input); torchtitan "
+        "has no activation offload, so they are checkpointed with the input kept on the GPU: its "
+        "peak is higher than the plan's by those inputs (run them under the stowage runtime)"));
+  }
+  if (!offload_saved.empty()) {
+    out.notes.push_back(absl::StrCat(
+        LayerList(offload_saved), Verb(offload_saved, " offloads its", " offload their"),
+        " saved activations (offload_saved); torchtitan has no activation offload, so they stay "
+        "on the GPU: its peak is higher than the plan's by those bytes (run them under the "
+        "stowage runtime)"));
+  }
+  out.notes.push_back(absl::StrCat(
+      "the plan's per-layer bytes are the ", plan.framework,
+      " framework's recipe (--framework); torchtitan runs its own model code, so measure its "
+      "layers (python -m stowage.profile) and plan with --profile for its exact figures"));
+  return out;
+}
+
+std::string RenderTorchtitanConfig(const Plan& plan, const TrainerConfig& config) {
+  std::string out = absl::StrCat(
+      "# torchtitan job config (0.2.2 names) for the stowage plan of ", plan.model, " (",
+      plan.seq_len, " tokens): the nearest torchtitan can run; merge into your job's .toml\n");
+  if (!plan.fits) {
+    absl::StrAppend(&out, "# does not fit: ", plan.binding.what, " (", plan.binding.explanation,
+                    "); this config runs the closest plan, which does not fit either\n");
+  }
+  std::string section;
+  for (const TomlEntry& e : config.entries) {
+    if (e.section != section) {
+      absl::StrAppend(&out, section.empty() ? "" : "\n", "[", e.section, "]\n");
+      section = e.section;
+    }
+    absl::StrAppend(&out, e.key, " = ", e.value, "\n");
+  }
+  if (!config.notes.empty()) absl::StrAppend(&out, "\n");
+  for (const std::string& note : config.notes) {
+    absl::StrAppend(&out, "# not expressed: ", note, "\n");
+  }
   return out;
 }
 

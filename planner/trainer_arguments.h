@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "planner/cost_model.h"
 #include "stowage/plan.h"
 
 namespace stowage::planner {
@@ -39,6 +40,41 @@ TrainerArguments MegatronArguments(const Plan& plan);
 
 // The arguments one per line as a shell continuation, then the notes as comments.
 std::string RenderMegatronArguments(const Plan& plan, const TrainerArguments& arguments);
+
+// Note [torchtitan expressiveness]. torchtitan (the release tools/setup-deps pins, 0.2.2:
+// torchtitan/config/job_config.py for the names, torchtitan/distributed/activation_checkpoint.py
+// for what they do) chooses activation checkpointing per job, from `[activation_checkpoint]`:
+//   * mode "none": every block keeps its activations; "full": every block is checkpointed (its
+//     input kept, the rest recomputed: stowage's recompute);
+//   * mode "selective" with selective_ac_option "<N>": the blocks whose 1-based position is a
+//     multiple of N are checkpointed in full (_apply_layer_sac counts from 1), i.e. layers
+//     N-1, 2N-1, ... of the model; "op": every block under an op-level policy (the outputs of
+//     matmuls, except every second one, and of attention are saved, the rest recomputed), which
+//     is not a choice of modules;
+//   * mode "memory_budget": the compiler's partitioner trades memory for compute.
+// Nothing offloads activations to host memory per layer. So a plan maps exactly when it keeps
+// every layer, recomputes every layer, or recomputes exactly every N-th; otherwise the config is
+// the nearest one whose memory is not above the plan's (a superset of its recomputed layers:
+// every N-th for the largest N that covers them, else full), and the notes say what differs.
+// Parallel sizes are `[parallelism]`'s degrees (FSDP over data_parallel_shard_degree, which with
+// CP > 1 spans the CP ranks too), sequence length and micro-batch `[training]`'s.
+struct TomlEntry {
+  std::string section;  // "parallelism"
+  std::string key;      // "tensor_parallel_degree"
+  std::string value;    // a TOML literal: 8, "full", true
+};
+
+struct TrainerConfig {
+  std::vector<TomlEntry> entries;  // grouped by section, in the order they are written
+  std::vector<std::string> notes;  // what torchtitan cannot express, one sentence each
+};
+
+// `run` gives what the plan does not carry: the GPUs (data parallel), the sharding, the optimizer.
+TrainerConfig TorchtitanConfig(const Plan& plan, const RunSettings& run);
+
+// The sections as TOML (to merge into a torchtitan job .toml), then the notes as
+// `# not expressed:` comments.
+std::string RenderTorchtitanConfig(const Plan& plan, const TrainerConfig& config);
 
 }  // namespace stowage::planner
 

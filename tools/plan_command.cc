@@ -40,7 +40,10 @@ cli::FlagParser MakeParser() {
   cli::FlagParser p("stowage plan [flags]",
                     "Chooses, per layer, what to keep on the GPU, recompute or offload to pinned "
                     "host memory so the step fits the GPU and host budgets at the least step "
-                    "time. With no flags: GLM-5.3-Flash, 1M tokens, B200, CP 8, EP 8.");
+                    "time. With no flags: GLM-5.3-Flash, 1M tokens, B200, CP 8, EP 8.\n"
+                    "Exit status: 0 the plan fits; 1 nothing fits (the closest plan is still "
+                    "printed, written with --out and drawn with --timeline, with \"fits\": false "
+                    "and what binds); 2 bad flags or input.");
   p.Add({"model", "NAME|PATH",
          absl::StrCat("model preset (", absl::StrJoin(planner::ModelPresetNames(), ", "),
                       ") or a Hugging Face config.json (families: --list-models)"),
@@ -136,13 +139,23 @@ cli::FlagParser MakeParser() {
          "take the run settings (parallel sizes, sequence length, micro batch, optimizer, "
          "sharding) from a Megatron-LM argument list or YAML config; flags given here win",
          ""});
-  p.Add({"format", "table|json", "stdout format", "table"});
-  p.Add({"emit", "megatron",
-         "print the plan as the trainer's own arguments instead (Megatron-LM's; what it cannot "
-         "express is listed after them)",
+  p.Add({"from-torchtitan", "FILE",
+         "take the run settings (parallel degrees, seq_len, local/global batch, optimizer, "
+         "model flavor) from a torchtitan job .toml; flags given here win",
          ""});
-  p.Add({"out", "PATH", "also write the plan JSON to PATH", ""});
-  p.Add({"timeline", "PATH", "write an SVG of device memory and copies over the step", ""});
+  p.Add({"format", "table|json", "stdout format", "table"});
+  p.Add({"emit", "megatron|torchtitan",
+         "print the plan as the trainer's own settings instead: Megatron-LM's arguments, or "
+         "torchtitan's job .toml sections; what it cannot express is listed after them",
+         ""});
+  p.Add({"out", "PATH",
+         "also write the plan JSON to PATH (when nothing fits: the closest plan, \"fits\": false "
+         "with the binding budget, by how much and where; the exit status is still 1)",
+         ""});
+  p.Add({"timeline", "PATH",
+         "write an SVG of device memory and copies over the step (a plan that does not fit is "
+         "drawn with its budget line marked exceeded)",
+         ""});
   p.Add({"trace", "PATH",
          "write the predicted step as Chrome trace-event JSON (Perfetto, chrome://tracing)", ""});
   return p;
@@ -400,8 +413,9 @@ bool WriteFile(const std::string& path, const std::string& text) {
 int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::string& format) {
   if (flags.Has("emit")) {
     std::fprintf(stderr,
-                 "stowage plan: --emit megatron does not express pipeline stages (their layers "
-                 "and in-flight microbatches); use --out for the plan\n");
+                 "stowage plan: --emit %s does not express pipeline stages (their layers "
+                 "and in-flight microbatches); use --out for the plan\n",
+                 flags.Get("emit")->c_str());
     return kExitUsage;
   }
   if (in.options.force.has_value()) {
@@ -426,7 +440,11 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::s
                  planner::FormatBytes(binding.result.min_peak_bytes).c_str(),
                  planner::FormatBytes(in.options.gpu_budget_bytes).c_str(),
                  binding.result.binding.c_str(), binding.result.explanation.c_str());
-    return kExitUnmet;
+    // Note [Plans that do not fit]: the closest plan is still the answer, unless a stage has none.
+    for (const planner::StageResult& stage : pipeline->stages) {
+      if (stage.result.schedule.options.size() != stage.step.layers.size()) return kExitUnmet;
+    }
+    if (format == "table") std::fputs("\nthe closest plan (it does not fit):\n", text);
   }
   planner::PlanLabels labels{absl::StrCat("stowage ", stowage_version()), in.model_label,
                              in.hardware_label, in.options.gpu_budget_bytes,
@@ -460,7 +478,7 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::s
     const Plan part = planner::MakePlan(binding.step, binding.result, binding.baseline, labels);
     if (!WriteFile(*trace, planner::RenderStepTraceJson(part, binding.result))) return kExitUnmet;
   }
-  return kExitOk;
+  return pipeline->feasible ? kExitOk : kExitUnmet;
 }
 
 }  // namespace
@@ -479,22 +497,29 @@ int RunPlanCommand(int argc, char** argv) {
     std::fprintf(stderr, "stowage plan: unexpected argument '%s'\n", flags.positional()[0].c_str());
     return kExitUsage;
   }
-  if (auto file = flags.Get("from-megatron"); file.has_value()) {
+  // Run settings from the trainer's own config: flags given on the command line win.
+  for (const char* from : {"from-megatron", "from-torchtitan"}) {
+    auto file = flags.Get(from);
+    if (!file.has_value()) continue;
     std::ifstream in(*file, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
     if (!in) {
-      std::fprintf(stderr, "stowage plan: --from-megatron=%s: cannot read the file\n",
-                   file->c_str());
+      std::fprintf(stderr, "stowage plan: --%s=%s: cannot read the file\n", from, file->c_str());
       return kExitUsage;
     }
-    absl::StatusOr<TrainerSettings> settings = ReadMegatronSettings(text.str(), *file);
+    absl::StatusOr<TrainerSettings> settings = std::string(from) == "from-megatron"
+                                                   ? ReadMegatronSettings(text.str(), *file)
+                                                   : ReadTorchtitanSettings(text.str(), *file);
     if (!settings.ok()) {
       std::fprintf(stderr, "stowage plan: %s\n", std::string(settings.status().message()).c_str());
       return kExitUsage;
     }
     for (const auto& [flag, value] : settings->flags) {
-      if (!flags.SetDefault(flag, value)) {
+      if (flags.Has(flag)) {
+        std::fprintf(stderr, "note: %s sets --%s %s; the command line's --%s wins\n", file->c_str(),
+                     flag.c_str(), value.c_str(), flag.c_str());
+      } else if (!flags.SetDefault(flag, value)) {
         std::fprintf(stderr, "note: %s sets --%s, which this planner does not take\n",
                      file->c_str(), flag.c_str());
       }
@@ -508,8 +533,9 @@ int RunPlanCommand(int argc, char** argv) {
   }
   auto format = flags.GetString("format", "table");
   const std::optional<std::string> emit = flags.Get("emit");
-  if (emit.has_value() && *emit != "megatron") {
-    std::fprintf(stderr, "stowage plan: --emit=%s: expected megatron\n", emit->c_str());
+  if (emit.has_value() && *emit != "megatron" && *emit != "torchtitan") {
+    std::fprintf(stderr, "stowage plan: --emit is '%s'; allowed: megatron, torchtitan\n",
+                 emit->c_str());
     return kExitUsage;
   }
   if (!format.ok() || (*format != "table" && *format != "json")) {
@@ -619,8 +645,9 @@ int RunPlanCommand(int argc, char** argv) {
     result = planner::Optimize(*step, unlimited);
   }
   if (!result.feasible) {
+    std::FILE* say = *format == "json" || emit.has_value() ? stderr : stdout;
     std::fprintf(
-        *format == "json" ? stderr : stdout,
+        say,
         "does not fit: %s on %s at %llu tokens needs at least %s per GPU against a budget of %s\n"
         "binding: %s\n%s\n",
         in.model_label.c_str(), in.hardware_label.c_str(),
@@ -628,7 +655,10 @@ int RunPlanCommand(int argc, char** argv) {
         planner::FormatBytes(result.min_peak_bytes).c_str(),
         planner::FormatBytes(in.options.gpu_budget_bytes).c_str(), result.binding.c_str(),
         result.explanation.c_str());
-    return kExitUnmet;
+    // Note [Plans that do not fit]: the closest plan (MinimumPeak's) is still the answer; only
+    // a step outside the input limits has none.
+    if (result.schedule.options.size() != step->layers.size()) return kExitUnmet;
+    if (say == stdout) std::fputs("\nthe closest plan (it does not fit):\n", stdout);
   }
   const planner::Baseline baseline = planner::ComputeBaseline(*step, in.options.gpu_budget_bytes);
   planner::PlanLabels labels{absl::StrCat("stowage ", stowage_version()), in.model_label,
@@ -637,8 +667,12 @@ int RunPlanCommand(int argc, char** argv) {
   Plan plan = planner::MakePlan(*step, result, baseline, labels);
   const std::string json = PlanToJson(plan);
   if (emit.has_value()) {
-    std::fputs(planner::RenderMegatronArguments(plan, planner::MegatronArguments(plan)).c_str(),
-               stdout);
+    std::fputs(
+        *emit == "megatron"
+            ? planner::RenderMegatronArguments(plan, planner::MegatronArguments(plan)).c_str()
+            : planner::RenderTorchtitanConfig(plan, planner::TorchtitanConfig(plan, step->run))
+                  .c_str(),
+        stdout);
   } else if (*format == "json") {
     std::fputs(json.c_str(), stdout);
   } else {
@@ -654,14 +688,7 @@ int RunPlanCommand(int argc, char** argv) {
     std::fputs("\n", stdout);
     std::fputs(planner::RenderSummary(*step, plan, result).c_str(), stdout);
   }
-  if (auto out = flags.Get("out"); out.has_value()) {
-    if (!fits) {
-      std::fprintf(stderr, "stowage plan: not writing %s: the plan does not fit the budgets\n",
-                   out->c_str());
-    } else if (!WriteFile(*out, json)) {
-      return kExitUnmet;
-    }
-  }
+  if (auto out = flags.Get("out"); out.has_value() && !WriteFile(*out, json)) return kExitUnmet;
   if (auto svg = flags.Get("timeline"); svg.has_value()) {
     if (!WriteFile(*svg, planner::RenderTimelineSvg(*step, plan, result))) return kExitUnmet;
   }

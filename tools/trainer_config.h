@@ -26,6 +26,16 @@ struct TrainerSettings {
 absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text,
                                                      std::string_view source);
 
+// A torchtitan job config (.toml; torchtitan/config/job_config.py of the release tools/setup-deps
+// pins, 0.2.2): [parallelism] degrees (data parallel x CP x TP x PP -> --gpus when the shard
+// degree is not -1; FSDP -> --sharding), the pipeline schedule and microbatch size, [training]
+// seq_len, local_batch_size and global_batch_size, enable_cpu_offload, [optimizer] name and
+// [model] name/flavor where a preset has that shape. What else it sets is named in notes
+// (activation checkpointing: stowage's choice, with the --force that evaluates it). Errors name
+// `source`, the key (its line for syntax errors), its value and what is allowed.
+absl::StatusOr<TrainerSettings> ReadTorchtitanSettings(std::string_view text,
+                                                       std::string_view source);
+
 }  // namespace stowage::tools
 
 #endif  // STOWAGE_TOOLS_TRAINER_CONFIG_H_

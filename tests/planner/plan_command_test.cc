@@ -75,6 +75,45 @@ TEST_F(PlanCommand, FromMegatronTakesTheRunSettingsAndFlagsWin) {
   EXPECT_EQ(Stowage("plan --from-megatron " + Path("missing.sh")).code, 2);
 }
 
+// torchtitan's own llama3_8b.toml (tests/data/torchtitan, v0.2.2): its run settings plan the
+// same as the flags they stand for, and flags given on the command line win.
+TEST_F(PlanCommand, FromTorchtitanTakesTheRunSettingsAndFlagsWin) {
+  const std::string toml =
+      std::string(STOWAGE_SOURCE_DIR) + "/tests/data/torchtitan/llama3_8b.toml";
+  const std::string job = "plan --hardware h200 --gpus 8 --format json ";
+  const Result from = Stowage(job + "--from-torchtitan " + toml);
+  const Result flags = Stowage(job +
+                               "--model llama-3.1-8b --tp 1 --cp 1 --pp 1 --seq-len 8192 "
+                               "--micro-batch 1 --sharding optim_grads_params --optimizer adam");
+  ASSERT_EQ(flags.code, 0) << flags.out;
+  ASSERT_EQ(from.code, 0) << from.out;
+  EXPECT_THAT(from.out, HasSubstr(flags.out.substr(flags.out.find('{'))));
+  EXPECT_THAT(from.out, HasSubstr("not used from"));
+  EXPECT_THAT(from.out, HasSubstr("activation_checkpoint.mode = \"selective\""));
+  const Result seq = Stowage(job + "--from-torchtitan " + toml + " --seq-len 4096");
+  EXPECT_THAT(seq.out, HasSubstr("\"seq_len\": 4096"));
+  EXPECT_THAT(seq.out, HasSubstr("the command line's --seq-len wins"));
+  const Result bad = Stowage("plan --from-torchtitan " + Path("missing.toml"));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.out, HasSubstr("--from-torchtitan=" + Path("missing.toml")));
+}
+
+// Note [torchtitan expressiveness]: the reference run offloads every layer input; torchtitan can
+// only checkpoint them, and says so.
+TEST_F(PlanCommand, EmitTorchtitanPrintsTheJobSectionsAndWhatItCannotExpress) {
+  const Result run = Stowage("plan --emit torchtitan");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("[parallelism]\ndata_parallel_replicate_degree = 1\n"
+                                 "data_parallel_shard_degree = 8\ntensor_parallel_degree = 1\n"
+                                 "context_parallel_degree = 8\n"));
+  EXPECT_THAT(run.out, HasSubstr("[training]\nseq_len = 1048576\nlocal_batch_size = 1\n"));
+  EXPECT_THAT(run.out, HasSubstr("[activation_checkpoint]\nmode = \"full\"\n"));
+  EXPECT_THAT(run.out, HasSubstr("# not expressed: layers 0-43 offload their input"));
+  const Result keep = Stowage("plan --emit torchtitan --seq-len 16K --force keep");
+  EXPECT_THAT(keep.out, HasSubstr("mode = \"none\""));
+  EXPECT_EQ(Stowage("plan --emit deepspeed").code, 2);
+}
+
 TEST_F(PlanCommand, MaxSeqLenStatesTheJobItAssumedTheStepAndWhatBinds) {
   const Result run = Stowage("plan --max-seq-len");
   ASSERT_EQ(run.code, 0) << run.out;
@@ -161,6 +200,69 @@ TEST_F(PlanCommand, InfeasibleRequestsSayWhatBinds) {
   const Result host = Stowage("plan --seq-len 2M");
   EXPECT_EQ(host.code, 1) << host.out;
   EXPECT_THAT(host.out, HasSubstr("binding: host memory"));
+}
+
+// Note [Plans that do not fit]: nothing fits, yet every output path answers with the closest plan
+// (fits: false, what binds in the table's words), and the exit status stays 1.
+TEST_F(PlanCommand, NothingFitsStillWritesTheClosestPlanJsonOutAndTimeline) {
+  const std::string out = Path("closest.json"), svg = Path("closest.svg");
+  const Result json =
+      stowage::testing::RunCommand(std::string(STOWAGE_BINARY_DIR) + "/tools/stowage plan " +
+                                   "--seq-len 256K --gpu-mem 100 --format json --out " + out +
+                                   " --timeline " + svg + " 2>" + Path("err.txt"));
+  EXPECT_EQ(json.code, 1) << json.out;
+  auto printed = stowage::ParsePlanJson(json.out);  // stdout is the plan alone
+  ASSERT_TRUE(printed.ok()) << printed.status() << json.out;
+  EXPECT_FALSE(printed->fits);
+  EXPECT_EQ(printed->binding.budget, "gpu");
+  EXPECT_EQ(printed->binding.exceeded_by_bytes,
+            printed->predicted.peak_device_bytes - printed->gpu_budget_bytes);
+  EXPECT_GT(printed->binding.exceeded_by_bytes, 0u);
+  // The words the table prints on stderr, "binding: <what>", are the plan's.
+  std::ifstream err_file(Path("err.txt"));
+  std::stringstream err;
+  err << err_file.rdbuf();
+  EXPECT_THAT(err.str(), HasSubstr("does not fit"));
+  EXPECT_THAT(err.str(),
+              HasSubstr("binding: " + printed->binding.what + "\n" + printed->binding.explanation));
+  auto file = stowage::ReadPlanFile(out);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(stowage::PlanToJson(*file), json.out);
+  std::ifstream svg_file(svg);
+  std::stringstream picture;
+  picture << svg_file.rdbuf();
+  EXPECT_THAT(picture.str(), HasSubstr("DOES NOT FIT"));
+  EXPECT_THAT(picture.str(), HasSubstr("class=\"exceeded\""));
+  EXPECT_THAT(picture.str(), HasSubstr("exceeded by"));
+  // The table says it too, then shows the closest plan.
+  const Result table = Stowage("plan --seq-len 256K --gpu-mem 100");
+  EXPECT_EQ(table.code, 1);
+  EXPECT_THAT(table.out, HasSubstr("the closest plan (it does not fit):"));
+  EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
+  // Fixed memory over the budget: still a plan, binding "fixed memory".
+  const Result fixed = Stowage("plan --gpu-mem 60 --out " + Path("fixed.json"));
+  EXPECT_EQ(fixed.code, 1) << fixed.out;
+  auto fixed_plan = stowage::ReadPlanFile(Path("fixed.json"));
+  ASSERT_TRUE(fixed_plan.ok()) << fixed_plan.status();
+  EXPECT_EQ(fixed_plan->binding.what, "fixed memory");
+}
+
+TEST_F(PlanCommand, NothingFitsInAPipelineNamesTheBindingStage) {
+  const std::string out = Path("pp.json");
+  const Result run = Stowage(
+      "plan --model llama-3.1-8b --hardware h200 --seq-len 64K --cp 1 --gpus 64 --pp 4 "
+      "--microbatches 8 --gpu-mem 12 --out " +
+      out);
+  EXPECT_EQ(run.code, 1) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("does not fit"));
+  auto plan = stowage::ReadPlanFile(out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->fits);
+  // The last stage runs the LM head and loss over the whole vocabulary.
+  EXPECT_EQ(plan->binding.stage, 3);
+  EXPECT_EQ(plan->binding.what, "LM head and loss");
+  EXPECT_EQ(plan->binding.exceeded_by_bytes,
+            plan->stages[3].peak_device_bytes - plan->gpu_budget_bytes);
 }
 
 TEST_F(PlanCommand, MaxSeqLen) {

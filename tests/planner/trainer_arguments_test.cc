@@ -136,5 +136,79 @@ TEST(RenderMegatronArguments, OneFlagPerLineThenTheNotes) {
   EXPECT_THAT(text, HasSubstr("\n# not expressed: the plan recomputes layers 2-3"));
 }
 
+// The value of `section.key` in a torchtitan config; empty when absent.
+std::string Toml(const TrainerConfig& c, const std::string& section, const std::string& key) {
+  for (const TomlEntry& e : c.entries) {
+    if (e.section == section && e.key == key) return e.value;
+  }
+  return "";
+}
+
+std::string Notes(const TrainerConfig& c) {
+  std::string out;
+  for (const std::string& n : c.notes) out += n + "\n";
+  return out;
+}
+
+// Note [torchtitan expressiveness]: selective_ac_option "N" checkpoints layers N-1, 2N-1, ...
+TEST(TorchtitanConfig, EveryNthLayerIsSelectiveWithThatN) {
+  RunSettings run;
+  run.gpus = 16;
+  const TrainerConfig c = TorchtitanConfig(PlanOf({kKeep, kFull, kKeep, kFull, kKeep, kFull}), run);
+  EXPECT_EQ(Toml(c, "activation_checkpoint", "mode"), "\"selective\"");
+  EXPECT_EQ(Toml(c, "activation_checkpoint", "selective_ac_option"), "\"2\"");
+  EXPECT_THAT(Notes(c), ::testing::Not(HasSubstr("recomputed too")));
+  EXPECT_EQ(Toml(c, "parallelism", "data_parallel_shard_degree"), "8");  // 16 / CP 2
+  EXPECT_EQ(Toml(c, "parallelism", "context_parallel_degree"), "2");
+}
+
+TEST(TorchtitanConfig, OtherRecomputeSetsTakeTheNearestSupersetAndSaySo) {
+  RunSettings run;
+  // Layer 3 alone: every 4th block (3 and 7) covers it.
+  TrainerConfig c =
+      TorchtitanConfig(PlanOf({kKeep, kKeep, kKeep, kFull, kKeep, kKeep, kKeep, kKeep}), run);
+  EXPECT_EQ(Toml(c, "activation_checkpoint", "selective_ac_option"), "\"4\"");
+  EXPECT_THAT(Notes(c), HasSubstr("so layer 7 is recomputed too"));
+  // Layers 0 and 2: no N > 1 divides both 1 and 3, so every block.
+  c = TorchtitanConfig(PlanOf({kFull, kKeep, kFull, kKeep}), run);
+  EXPECT_EQ(Toml(c, "activation_checkpoint", "mode"), "\"full\"");
+  EXPECT_THAT(Notes(c), HasSubstr("so layers 1 and 3 are recomputed too"));
+  // Nothing recomputed, every layer recomputed.
+  EXPECT_EQ(Toml(TorchtitanConfig(PlanOf({kKeep, kKeep}), run), "activation_checkpoint", "mode"),
+            "\"none\"");
+  EXPECT_EQ(Toml(TorchtitanConfig(PlanOf({kFull, kFull}), run), "activation_checkpoint", "mode"),
+            "\"full\"");
+}
+
+TEST(TorchtitanConfig, OffloadAndModulesAreNotExpressed) {
+  RunSettings run;
+  run.sharding = Sharding::kOptim;
+  const TrainerConfig c =
+      TorchtitanConfig(PlanOf({LayerPolicy::kOffloadInput, LayerPolicy::kSelectiveRecompute,
+                               LayerPolicy::kOffloadSaved, kKeep}),
+                       run);
+  const std::string notes = Notes(c);
+  EXPECT_THAT(notes, HasSubstr("layer 0 offloads its input"));
+  EXPECT_THAT(notes, HasSubstr("layer 1 recomputes only attn_core"));
+  EXPECT_THAT(notes, HasSubstr("layer 2 offloads its saved activations"));
+  EXPECT_THAT(notes, HasSubstr("--sharding optim: torchtitan shards with FSDP2"));
+  // Layers 0 and 1 are checkpointed: every block (no N > 1 divides 1 and 2).
+  EXPECT_EQ(Toml(c, "activation_checkpoint", "mode"), "\"full\"");
+  const std::string text = RenderTorchtitanConfig(PlanOf({kKeep}), c);
+  EXPECT_THAT(text, HasSubstr("[parallelism]\ndata_parallel_replicate_degree = 1\n"));
+  EXPECT_THAT(text, HasSubstr("\n\n[training]\nseq_len = 131072\n"));
+  EXPECT_THAT(text, HasSubstr("# not expressed: layer 0 offloads"));
+}
+
+TEST(TorchtitanConfig, NoShardReplicatesAndCpStillShards) {
+  RunSettings run;
+  run.gpus = 8;
+  run.sharding = Sharding::kNoShard;
+  const TrainerConfig c = TorchtitanConfig(PlanOf({kKeep}), run);
+  EXPECT_EQ(Toml(c, "parallelism", "data_parallel_replicate_degree"), "4");
+  EXPECT_EQ(Toml(c, "parallelism", "data_parallel_shard_degree"), "1");
+  EXPECT_THAT(Notes(c), HasSubstr("applies FSDP over the CP ranks"));
+}
+
 }  // namespace
 }  // namespace stowage::planner

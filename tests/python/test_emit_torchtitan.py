@@ -1,0 +1,169 @@
+"""`stowage plan --emit torchtitan` prints TOML that torchtitan's own config takes: every section
+and key is a field of torchtitan's JobConfig dataclasses (torchtitan/config/job_config.py of the
+release tools/setup-deps pins, 0.2.2), every value has the field's type and is one of its Literal
+choices, the dataclasses build from it, torchtitan's ParallelDims accepts the degrees for the
+job's GPUs, and torchtitan's own apply_ac, run on a stand-in model with the plan's layer count,
+checkpoints at least the layers the plan recomputes (exactly those when nothing is noted).
+
+torchtitan is installed without its dependencies (tools/setup-deps): its package __init__ pulls in
+tyro and the data stack, so the modules are loaded by path under stand-in parent packages. The
+suite skips where torchtitan is not installed (Debian's torch 1.13 interpreter). CTest passes the
+CLI as STOWAGE_CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import types
+import typing
+import unittest
+
+import support  # noqa: F401  (puts runtime/python on the path)
+
+PINNED = "0.2.2"
+
+CASES = [
+    [],                                            # the reference run, 1M: offload_input
+    ["--seq-len", "256K"],                         # mixed policies
+    ["--force", "recompute"],
+    ["--force", "keep", "--seq-len", "16K"],
+    ["--force", "selective_recompute"],
+    ["--force", "offload_saved", "--seq-len", "64K"],
+    ["--model", "llama-3-8b", "--hardware", "h200", "--seq-len", "32K", "--tp", "2", "--cp", "2",
+     "--gpus", "8"],
+    ["--model", "llama-3.1-8b", "--hardware", "h200", "--seq-len", "128K", "--cp", "1", "--gpus",
+     "8", "--sharding", "no_shard"],
+]
+
+
+def _torchtitan() -> tuple[types.ModuleType, type, typing.Callable]:
+    """(job_config, ParallelDims, apply_ac) from the installed torchtitan, or SkipTest."""
+    try:
+        import importlib.metadata as metadata
+        version = metadata.version("torchtitan")
+    except Exception as e:  # noqa: BLE001
+        raise unittest.SkipTest(f"torchtitan is not installed: {e}")
+    if version != PINNED:
+        raise unittest.SkipTest(f"torchtitan {version} is installed; the check is for {PINNED}")
+    spec = importlib.util.find_spec("torchtitan")  # locates the package without importing it
+    root = spec.submodule_search_locations[0]
+    for name in ("torchtitan", "torchtitan.config", "torchtitan.distributed"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            sys.modules[name] = package
+    job_config = importlib.import_module("torchtitan.config.job_config")
+    parallel_dims = importlib.import_module("torchtitan.distributed.parallel_dims")
+    ac = importlib.import_module("torchtitan.distributed.activation_checkpoint")
+    return job_config, parallel_dims.ParallelDims, ac
+
+
+def _run(cli: str, flags: list, *extra: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([cli, "plan", *flags, *extra], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode in (0, 1), out.stderr  # 1: a forced plan over the budget, still shown
+    return out
+
+
+def _check_value(test: unittest.TestCase, where: str, value, hint) -> None:
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        test.assertIn(value, typing.get_args(hint), where)
+    elif hint is bool:
+        test.assertIsInstance(value, bool, where)
+    elif hint is int:
+        test.assertTrue(isinstance(value, int) and not isinstance(value, bool), where)
+    elif hint is str:
+        test.assertIsInstance(value, str, where)
+    else:
+        test.fail(f"{where}: emitted a field of type {hint} the check does not know")
+
+
+class EmitTorchtitanTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.cli = os.environ.get("STOWAGE_CLI")
+        if not cls.cli or not os.path.exists(cls.cli):
+            raise unittest.SkipTest("STOWAGE_CLI is not set (CTest sets it to the built CLI)")
+        cls.job_config, cls.ParallelDims, cls.ac = _torchtitan()
+
+    def emitted(self, flags: list) -> tuple[dict, list, dict]:
+        """(the TOML, its `# not expressed:` notes, the plan JSON) for one case."""
+        text = _run(self.cli, flags, "--emit", "torchtitan").stdout
+        notes = [l for l in text.splitlines() if l.startswith("# not expressed:")]
+        plan = json.loads(_run(self.cli, flags, "--format", "json").stdout)
+        return tomllib.loads(text), notes, plan
+
+    def test_torchtitan_takes_every_emitted_field(self) -> None:
+        sections = {f.name: f.type for f in dataclasses.fields(self.job_config.JobConfig)}
+        for flags in CASES:
+            with self.subTest(flags=flags):
+                config, _, plan = self.emitted(flags)
+                self.assertLessEqual({"parallelism", "training", "activation_checkpoint"},
+                                     set(config))
+                for section, values in config.items():
+                    self.assertIn(section, sections, f"torchtitan has no [{section}]")
+                    cls = getattr(self.job_config, sections[section]) \
+                        if isinstance(sections[section], str) else sections[section]
+                    hints = typing.get_type_hints(cls)
+                    for key, value in values.items():
+                        self.assertIn(key, hints, f"torchtitan's [{section}] has no {key}")
+                        _check_value(self, f"{section}.{key}", value, hints[key])
+                    cls(**values)  # the dataclass builds from exactly these fields
+                self.assertEqual(config["training"]["seq_len"], plan["run"]["seq_len"])
+                self.assertEqual(config["training"]["local_batch_size"],
+                                 plan["run"]["micro_batch"])
+
+    def test_parallel_dims_accept_the_degrees(self) -> None:
+        for flags in CASES:
+            with self.subTest(flags=flags):
+                config, _, plan = self.emitted(flags)
+                p = config["parallelism"]
+                gpus = int(flags[flags.index("--gpus") + 1]) if "--gpus" in flags else 64
+                dims = self.ParallelDims(
+                    dp_replicate=p["data_parallel_replicate_degree"],
+                    dp_shard=p["data_parallel_shard_degree"],
+                    cp=p["context_parallel_degree"], tp=p["tensor_parallel_degree"],
+                    pp=p["pipeline_parallel_degree"], ep=p["expert_parallel_degree"],
+                    etp=p.get("expert_tensor_parallel_degree", 1), world_size=gpus)
+                self.assertEqual(dims.tp, plan["run"]["tp"])
+                self.assertEqual(dims.cp, plan["run"]["cp"])
+
+    def test_torchtitan_checkpoints_what_the_plan_recomputes(self) -> None:
+        import torch.nn as nn
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointWrapper)
+
+        class Stand(nn.Module):  # torchtitan's models keep their blocks in `layers`
+            def __init__(self, n: int):
+                super().__init__()
+                self.layers = nn.ModuleDict({str(i): nn.Linear(2, 2) for i in range(n)})
+
+        for flags in CASES:
+            with self.subTest(flags=flags):
+                config, notes, plan = self.emitted(flags)
+                ac = config["activation_checkpoint"]
+                model = Stand(len(plan["layers"]))
+                self.ac._layer_sac_count = 0  # apply_ac counts blocks per process
+                # As torchtitan's parallelize_* do: mode "none" never calls apply_ac.
+                if ac["mode"] != "none":
+                    self.ac.apply_ac(model, self.job_config.ActivationCheckpoint(**ac))
+                wrapped = {int(i) for i, m in model.layers.named_children()
+                           if isinstance(m, CheckpointWrapper)}
+                recomputed = {l["index"] for l in plan["layers"]
+                              if l["policy"] != "keep" and l["policy"] != "offload_saved"}
+                self.assertLessEqual(recomputed, wrapped)
+                if not any("recomputed too" in n for n in notes):
+                    self.assertEqual(recomputed, wrapped)
+                offloads = [l for l in plan["layers"] if l["host_bytes"] > 0]
+                self.assertEqual(bool(offloads), any("offload" in n for n in notes), notes)
+
+
+if __name__ == "__main__":
+    unittest.main()
