@@ -342,10 +342,7 @@ absl::StatusOr<std::string> EvaluateRequestJson(std::string_view request,
   out["compute_seconds"] = sim.compute_seconds;
   out["exposed_copy_seconds"] = sim.exposed_copy_seconds;
   out["host_bytes"] = sim.host_bytes;
-  if (options.gpu_budget_bytes > 0) {
-    out["gpu_budget_bytes"] = options.gpu_budget_bytes;
-    out["fits"] = result.feasible;
-  }
+  if (options.gpu_budget_bytes > 0) out["gpu_budget_bytes"] = options.gpu_budget_bytes;
   json::Json compute = json::Json::array();
   for (const ComputeInterval& c : sim.compute) {
     compute.push_back({{"phase", PhaseName(c.phase)},
@@ -381,6 +378,8 @@ absl::StatusOr<std::string> EvaluateRequestJson(std::string_view request,
   auto plan = PlanJson(*src, *root, result, options, generator);
   if (!plan.ok()) return plan.status();
   out["plan"] = json::Json::parse(*plan);
+  // Both budgets, as the plan's own `fits` (Note [Plans that do not fit]).
+  if (options.gpu_budget_bytes > 0) out["fits"] = out["plan"]["fits"];
   return out.dump(2) + "\n";
 }
 
