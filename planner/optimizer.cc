@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <utility>
@@ -153,7 +156,7 @@ class Model {
  public:
   Model(const StepCost& step, const OptimizerOptions& o,
         const std::vector<std::vector<Candidate>>& cand, int distance, int lag, int max_window,
-        int wait_distance)
+        int wait_distance, double host_price = 0)
       : step_(step),
         cand_(cand),
         n_(static_cast<int>(cand.size())),
@@ -218,12 +221,23 @@ class Model {
           for (int j = i + 1; j <= issue_at; ++j) bhide += bmax[j];
           cost += std::max(0.0, bytes / step.h2d_bytes_per_second - bhide) / (wait_distance + 1);
         }
-        cost_[i].push_back(cost);
+        // Note [Host price]: the relaxed host budget's price.
+        cost_[i].push_back(cost +
+                           host_price * Multiplier(i) * static_cast<double>(c.cost.host_bytes));
       }
     }
     // Once per step, whatever the schedule: the once-per-step exposed communication too.
     fixed_seconds_ = step.embedding_seconds + step.tail_seconds + step.optimizer_copy_seconds +
                      step.comm.step_exposed_seconds;
+    if (host_price > 0) fixed_seconds_ -= host_price * HostRoom(step, o);
+  }
+
+  // The pinned bytes the layers may take: the host budget less the optimizer's (Note [Host
+  // price]).
+  static double HostRoom(const StepCost& step, const OptimizerOptions& o) {
+    return o.host_budget_bytes > step.optimizer_host_bytes
+               ? static_cast<double>(o.host_budget_bytes - step.optimizer_host_bytes)
+               : 0;
   }
 
   int n() const { return n_; }
@@ -329,11 +343,14 @@ class Fronts {
     int next = -1;    // its successor in the front of (i + 1, shifted key)
   };
 
-  explicit Fronts(const Model& model)
+  // `cap`: labels per front (0: Note [Bounded work]'s).
+  explicit Fronts(const Model& model, int cap = 0)
       : m_(model),
         n_(model.n()),
-        cap_(static_cast<size_t>(
-            std::clamp(static_cast<int>(kFrontLabels / std::max(1, n_)), kMinFront, kMaxFront))) {
+        cap_(static_cast<size_t>(cap > 0
+                                     ? cap
+                                     : std::clamp(static_cast<int>(kFrontLabels / std::max(1, n_)),
+                                                  kMinFront, kMaxFront))) {
     fronts_.assign(static_cast<size_t>(n_ + 1) * m_.keys(), {});
     plain_.assign(fronts_.size(), 1);
     for (int key = 0; key < m_.keys(); ++key) {
@@ -600,6 +617,11 @@ constexpr double kImproveSimulatedLayers = 3e5;
 constexpr double kRefineWork = 2e7;  // label updates of the per-distance fronts
 constexpr double kSearchSimulatedLayers = 4e5;
 constexpr int kFrontPlans = 4;  // the root front's cheapest plans simulated per distance
+// Pricing the host budget (Note [Host price]): at most kPriceSteps fronts of kPriceFront labels,
+// until the interval of prices is within kPriceTolerance of the price.
+constexpr int kPriceSteps = 10;
+constexpr int kPriceFront = 8;
+constexpr double kPriceTolerance = 1e-2;
 
 class Search {
  public:
@@ -619,14 +641,98 @@ class Search {
       least = std::min(least, std::max(d, 1));
       most = std::max(most, d);
     }
+    least_ = least;
+    most_ = most;
     shared_model_ = std::make_unique<Model>(step, o, cand_, least, kDefaultSaveLag, 1, most);
     shared_ = std::make_unique<Fronts>(*shared_model_);
-    const double bound = shared_->Root() + shared_model_->fixed_seconds();
+    double bound = shared_->Root() + shared_model_->fixed_seconds();
+    PriceHost(bound);
     for (int d : o.prefetch_distances) {
       Distance& dist = distances_.emplace_back();
       dist.d = std::max(d, 1);
       dist.bound = bound;
     }
+  }
+
+  // Note [Host price]
+  // The fronts relax the host budget away; where the plan they find offloads more than the budget
+  // takes (deep models: beyond about 380 of the bench's Llama layers), that plan does not fit and
+  // their bound is the step without the budget. A price p >= 0 per pinned byte restores the
+  // budget as a Lagrangian relaxation: for every plan within the host room B,
+  //   sum c_k >= sum (c_k + p m_k H_k) - p B,
+  // so fronts over the priced costs, less p B (Model's host_price), bound every plan within the
+  // budgets. PriceHost walks p from a first guess, doubling it until the fronts' plan fits the
+  // room, then halving the interval between a price whose plan is over the room and one whose
+  // plan is within (kPriceSteps fronts at most). The plans within the room, and the plan within
+  // the room taking the over-room plan's choice for as many layers as the room takes (in
+  // layer order and in reverse), are candidates for step 2.
+  // Priced fronts of many identical layers are long (the price makes options that tied at no
+  // cost differ), so these fronts are kPriceFront labels: linear work, plans that fit. Their
+  // bound is used only where it beats the unpriced one, which at that size it rarely does
+  // (measured at 1,000 layers: 64-label priced fronts bound the step at 206.65 s, the unpriced
+  // 207.23 s; full-size priced fronts 207.55 s, but in 0.7 s of CPU).
+  void PriceHost(double& bound) {
+    if (o_.host_budget_bytes >= (1ull << 62)) return;  // no budget to price
+    const double room = Model::HostRoom(step_, o_);
+    std::vector<std::vector<int>> over = shared_->Plans(1);
+    if (over.empty() || HostOf(over[0]) <= room) return;
+    // A first price: what a layer's dearest option costs over its cheapest, per pinned byte of
+    // its largest offload.
+    double price = 0;
+    for (int i = 0; i < n_; ++i) {
+      double least_cost = kInf, most_cost = 0, most_host = 0;
+      for (int k = 0; k < static_cast<int>(cand_[i].size()); ++k) {
+        least_cost = std::min(least_cost, shared_model_->Cost(i, k));
+        most_cost = std::max(most_cost, shared_model_->Cost(i, k));
+        most_host = std::max(most_host, HostOf(i, k));
+      }
+      if (most_host > 0) price = std::max(price, (most_cost - least_cost) / most_host);
+    }
+    if (!(price > 0)) return;
+    double low = 0, high = -1;  // prices whose plan is over / within the room
+    std::vector<int> low_plan = over[0], high_plan;
+    for (int step = 0; step < kPriceSteps; ++step) {
+      const double p = high < 0 ? price : (low + high) / 2;
+      const Model model(step_, o_, cand_, least_, kDefaultSaveLag, 1, most_, p);
+      const Fronts fronts(model, kPriceFront);
+      bound = std::max(bound, fronts.Root() + model.fixed_seconds());
+      std::vector<std::vector<int>> plans = fronts.Plans(1);
+      if (plans.empty()) break;  // nothing fits the GPU at this price (nor at any other)
+      if (HostOf(plans[0]) > room) {
+        low = p;
+        low_plan = plans[0];
+        if (high < 0) price *= 2;
+      } else {
+        high = p;
+        high_plan = plans[0];
+        priced_plans_.push_back(plans[0]);
+      }
+      if (high >= 0 && high - low <= kPriceTolerance * high) break;
+    }
+    if (high_plan.empty()) return;
+    for (bool forward : {true, false}) {
+      std::vector<int> mix = high_plan;
+      double host = HostOf(mix);
+      for (int t = 0; t < n_; ++t) {
+        const int i = forward ? t : n_ - 1 - t;
+        if (mix[i] == low_plan[i]) continue;
+        const double delta = HostOf(i, low_plan[i]) - HostOf(i, mix[i]);
+        if (host + delta > room) continue;
+        host += delta;
+        mix[i] = low_plan[i];
+      }
+      priced_plans_.push_back(std::move(mix));
+    }
+  }
+
+  // Pinned bytes of layer i's option k over its in-flight microbatches, and of a plan.
+  double HostOf(int i, int k) const {
+    return shared_model_->Multiplier(i) * static_cast<double>(cand_[i][k].cost.host_bytes);
+  }
+  double HostOf(const std::vector<int>& pick) const {
+    double host = 0;
+    for (int i = 0; i < n_; ++i) host += HostOf(i, pick[i]);
+    return host;
   }
 
   // Refines the fronts of every distance whose bound the incumbent does not already beat.
@@ -667,6 +773,9 @@ class Search {
   // host budget lasts, the rest and the last layers recomputed; each chunk count).
   void Seed() {
     for (const std::vector<int>& pick : shared_->Plans(kFrontPlans)) {
+      for (const Distance& other : distances_) TryLeaf(pick, other.d);
+    }
+    for (const std::vector<int>& pick : priced_plans_) {
       for (const Distance& other : distances_) TryLeaf(pick, other.d);
     }
     for (int chunks : o_.chunk_counts) {
@@ -863,6 +972,8 @@ class Search {
   std::vector<uint64_t> grads_;
   std::unique_ptr<Model> shared_model_;
   std::unique_ptr<Fronts> shared_;  // bounds every distance
+  int least_ = 1, most_ = 1;        // the prefetch distances' range
+  std::vector<std::vector<int>> priced_plans_;
   double refine_work_ = 0;
   std::vector<Distance> distances_;
   Distance* current_ = nullptr;
