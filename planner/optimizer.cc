@@ -58,8 +58,9 @@ namespace {
 //     wrong proof).
 //     The root front's least cost + the fixed seconds is a lower bound on every plan's step
 //     time (the host budget and the stall-only memory level are relaxed away).
-//  2. Candidates: the front's best plans (and uniform plans) are simulated exactly; the best one
-//     within both budgets is the incumbent.
+//  2. Candidates: the front's best plans (and uniform plans, and where the host budget binds the
+//     plans of Note [Host price]) are simulated exactly; the best one within both budgets is the
+//     incumbent.
 //  3. If the incumbent is within kProvenTolerance of the bound it is proven optimal. Otherwise a
 //     depth-first branch and bound over the layers (exact prefix memory and host bytes; bound =
 //     the prefix's costs + the suffix front's least cost admitting the prefix) closes the gap or
@@ -621,6 +622,7 @@ constexpr int kFrontPlans = 4;  // the root front's cheapest plans simulated per
 // until the interval of prices is within kPriceTolerance of the price.
 constexpr int kPriceSteps = 10;
 constexpr int kPriceFront = 8;
+constexpr double kPriceWork = 2e6;  // label updates of those fronts, all steps together
 constexpr double kPriceTolerance = 1e-2;
 
 class Search {
@@ -663,14 +665,14 @@ class Search {
   // so fronts over the priced costs, less p B (Model's host_price), bound every plan within the
   // budgets. PriceHost walks p from a first guess, doubling it until the fronts' plan fits the
   // room, then halving the interval between a price whose plan is over the room and one whose
-  // plan is within (kPriceSteps fronts at most). The plans within the room, and the plan within
-  // the room taking the over-room plan's choice for as many layers as the room takes (in
-  // layer order and in reverse), are candidates for step 2.
-  // Priced fronts of many identical layers are long (the price makes options that tied at no
-  // cost differ), so these fronts are kPriceFront labels: linear work, plans that fit. Their
-  // bound is used only where it beats the unpriced one, which at that size it rarely does
-  // (measured at 1,000 layers: 64-label priced fronts bound the step at 206.65 s, the unpriced
-  // 207.23 s; full-size priced fronts 207.55 s, but in 0.7 s of CPU).
+  // plan is within (kPriceSteps fronts, kPriceWork label updates at most). The plans within the
+  // room, and the plan within the room taking the over-room plan's choice for as many layers as the
+  // room takes (in layer order and in reverse), are candidates for step 2. Priced fronts of many
+  // identical layers are long (the price makes options that tied at no cost differ), so these
+  // fronts are kPriceFront labels: linear work, plans that fit. Their bound is used only where it
+  // beats the unpriced one, which at that size it rarely does (measured at 1,000 layers: 64-label
+  // priced fronts bound the step at 206.65 s, the unpriced 207.23 s; full-size priced fronts 207.55
+  // s, but in 0.7 s of CPU).
   void PriceHost(double& bound) {
     if (o_.host_budget_bytes >= (1ull << 62)) return;  // no budget to price
     const double room = Model::HostRoom(step_, o_);
@@ -691,11 +693,13 @@ class Search {
     if (!(price > 0)) return;
     double low = 0, high = -1;  // prices whose plan is over / within the room
     std::vector<int> low_plan = over[0], high_plan;
+    double work = 0;
     for (int step = 0; step < kPriceSteps; ++step) {
       const double p = high < 0 ? price : (low + high) / 2;
       const Model model(step_, o_, cand_, least_, kDefaultSaveLag, 1, most_, p);
       const Fronts fronts(model, kPriceFront);
       bound = std::max(bound, fronts.Root() + model.fixed_seconds());
+      work += fronts.work();
       std::vector<std::vector<int>> plans = fronts.Plans(1);
       if (plans.empty()) break;  // nothing fits the GPU at this price (nor at any other)
       if (HostOf(plans[0]) > room) {
@@ -708,6 +712,7 @@ class Search {
         priced_plans_.push_back(plans[0]);
       }
       if (high >= 0 && high - low <= kPriceTolerance * high) break;
+      if (work > kPriceWork) break;
     }
     if (high_plan.empty()) return;
     for (bool forward : {true, false}) {
