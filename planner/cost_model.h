@@ -5,6 +5,7 @@
 #define STOWAGE_PLANNER_COST_MODEL_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,13 @@ struct StepCost {
   // The step's collectives (planner/communication.h); comm.step_exposed_seconds is added to
   // the step by the simulator, each layer's exposed part is in its LayerCost.
   StepComm comm;
+  // A step built from a measured layer profile (BuildStepCostFromProfile): which of `run`'s
+  // framework, optimizer and grad_bytes, and of model_parameters, the profile stated (the
+  // others are unknown, and the summary says so instead of printing a default).
+  struct ProfileStated {
+    bool framework = false, optimizer = false, grad_dtype = false, parameters = false;
+  };
+  std::optional<ProfileStated> profile;
 };
 
 // Parameters a rank of pipeline stage `stage` holds outside its layers (dense ones over tp,

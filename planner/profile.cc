@@ -213,6 +213,30 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
   if (absl::Status s = o.ReadOptional("device", p.device); !s.ok()) return s;
   if (absl::Status s = o.Read("measured_memory", p.measured_memory); !s.ok()) return s;
   if (absl::Status s = o.Read("tokens", p.tokens, {1, kMaxBytes}); !s.ok()) return s;
+  if (o.Has("framework")) {
+    std::string name;
+    if (absl::Status s = o.Read("framework", name); !s.ok()) return s;
+    auto f = ParseFramework(name);
+    if (!f.ok())
+      return o.Invalid("framework", "\"megatron\" or \"hf\" (whose code the layers ran)");
+    p.framework = *f;
+  }
+  if (o.Has("optimizer")) {
+    std::string name;
+    if (absl::Status s = o.Read("optimizer", name); !s.ok()) return s;
+    auto k = ParseOptimizerKind(name);
+    if (!k.ok()) return o.Invalid("optimizer", "\"adam\", \"sgd\" or \"none\"");
+    p.optimizer = *k;
+  }
+  if (o.Has("grad_dtype")) {
+    std::string name;
+    if (absl::Status s = o.Read("grad_dtype", name); !s.ok()) return s;
+    if (name != "bf16" && name != "fp32") return o.Invalid("grad_dtype", "\"bf16\" or \"fp32\"");
+    p.grad_bytes = name == "bf16" ? 2 : 4;
+  }
+  if (absl::Status s = o.ReadOptional("model_parameters", p.model_parameters, Upto(kMaxBytes));
+      !s.ok())
+    return s;
 
   auto fixed = o.Child("fixed_bytes");
   if (!fixed.ok()) return fixed.status();
@@ -331,6 +355,10 @@ std::string ProfileToJson(const LayerProfileSet& p) {
   j["device"] = p.device;
   j["measured_memory"] = p.measured_memory;
   j["tokens"] = p.tokens;
+  if (p.framework.has_value()) j["framework"] = FrameworkName(*p.framework);
+  if (p.optimizer.has_value()) j["optimizer"] = OptimizerKindName(*p.optimizer);
+  if (p.grad_bytes > 0) j["grad_dtype"] = p.grad_bytes == 2 ? "bf16" : "fp32";
+  if (p.model_parameters > 0) j["model_parameters"] = p.model_parameters;
   j["fixed_bytes"] = {{"weights", p.fixed.weights},
                       {"gradients", p.fixed.gradients},
                       {"optimizer", p.fixed.optimizer},
@@ -431,6 +459,15 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
   c.run.sharding = Sharding::kNoShard;
   c.tokens_per_rank = p.tokens;
   c.fixed = p.fixed;
+  // What ran, as the profile states it (the summary and the plan's run.framework report it).
+  c.profile = StepCost::ProfileStated{.framework = p.framework.has_value(),
+                                      .optimizer = p.optimizer.has_value(),
+                                      .grad_dtype = p.grad_bytes > 0,
+                                      .parameters = p.model_parameters > 0};
+  if (p.framework.has_value()) c.run.framework = *p.framework;
+  if (p.optimizer.has_value()) c.run.optimizer = *p.optimizer;
+  if (p.grad_bytes > 0) c.run.grad_bytes = p.grad_bytes;
+  c.model_parameters = p.model_parameters;
   auto sat = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
   for (const ProfileLayer& pl : p.layers) {
     LayerCost l;

@@ -65,6 +65,13 @@ struct LayerProfileSet {
   std::string device;            // e.g. "cuda:0", "cpu"
   bool measured_memory = false;  // peaks from the CUDA allocator; false: estimated from sizes
   uint64_t tokens = 0;           // tokens of the sample input
+  // What ran (optional; the plan summary reports what the profile says): whose code the layers
+  // are (stowage.hf_profile: "hf"), the optimizer whose state fixed.optimizer holds, the
+  // gradients' bytes per element, and the model's parameter count. Absent: not stated.
+  std::optional<Framework> framework;
+  std::optional<OptimizerKind> optimizer;
+  int grad_bytes = 0;  // 2 (bf16) or 4 (fp32); 0: not stated
+  uint64_t model_parameters = 0;
   // Fixed device memory: weights, their gradients, optimizer state, and the rest the trainer
   // holds throughout (the sample input).
   FixedMemory fixed;

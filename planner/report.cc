@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -272,22 +274,35 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
   const PlanPrediction& p = plan.predicted;
   const HardwareProfile& hw = step.hardware;
   std::string out;
-  absl::StrAppend(&out,
-                  absl::StrFormat("model parameters       %d (%.2fB)\n", plan.model_parameters,
-                                  static_cast<double>(plan.model_parameters) / 1e9));
+  // A measured profile says what ran as far as it states it; what it does not state is
+  // unknown, not a default (StepCost::profile).
+  const std::optional<StepCost::ProfileStated>& stated = step.profile;
+  constexpr char kNotStated[] = "not stated by the layer profile";
+  if (stated.has_value() && !stated->parameters) {
+    absl::StrAppend(&out, "model parameters       ", kNotStated, "\n");
+  } else {
+    absl::StrAppend(&out,
+                    absl::StrFormat("model parameters       %d (%.2fB)\n", plan.model_parameters,
+                                    static_cast<double>(plan.model_parameters) / 1e9));
+  }
   absl::StrAppend(
       &out,
       absl::StrFormat("tokens per GPU         %d (%d x %d / CP %d), TP %d, EP %d, "
                       "%d GPUs, sharding %s\n",
                       step.tokens_per_rank, step.run.seq_len, step.run.micro_batch, step.run.cp,
                       step.run.tp, step.run.ep, step.run.gpus, ShardingName(step.run.sharding)));
+  auto said = [](bool given, const char* what) {
+    return given ? std::string(what) : std::string("(not stated)");
+  };
   absl::StrAppend(
-      &out,
-      absl::StrFormat("framework              %s, optimizer %s%s, gradients %s%s\n",
-                      FrameworkName(step.run.framework), OptimizerKindName(step.run.optimizer),
-                      step.run.optimizer_offload ? " (state offloaded to host)" : "",
-                      step.run.grad_bytes == 2 ? "bf16" : "fp32",
-                      step.gradients_in_backward ? " (created during backward)" : ""));
+      &out, absl::StrFormat(
+                "framework              %s, optimizer %s%s, gradients %s%s%s\n",
+                said(!stated || stated->framework, FrameworkName(step.run.framework)),
+                said(!stated || stated->optimizer, OptimizerKindName(step.run.optimizer)),
+                step.run.optimizer_offload ? " (state offloaded to host)" : "",
+                said(!stated || stated->grad_dtype, step.run.grad_bytes == 2 ? "bf16" : "fp32"),
+                step.gradients_in_backward ? " (created during backward)" : "",
+                stated.has_value() ? "; from the layer profile" : ""));
   absl::StrAppend(
       &out, absl::StrFormat("peak device memory     %s of %s budget (%s), at the %s\n",
                             FormatBytes(p.peak_device_bytes), FormatBytes(plan.gpu_budget_bytes),

@@ -83,6 +83,43 @@ TEST_F(PlanProfileCommand, TableAndSummary) {
   EXPECT_THAT(run.out, ::testing::Not(HasSubstr("WARNING")));  // host RAM unknown, not 0
 }
 
+// Regression: a profile-driven plan said "framework megatron, optimizer adam" and "model
+// parameters 0" — the planner's defaults, not what was measured. It reports what the profile
+// states, and "not stated" for what it does not.
+TEST_F(PlanProfileCommand, SummarySaysWhatTheProfileStates) {
+  const Result unstated = Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2.3");
+  ASSERT_EQ(unstated.code, 0) << unstated.out;
+  EXPECT_THAT(unstated.out, HasSubstr("model parameters       not stated by the layer profile"));
+  EXPECT_THAT(unstated.out, HasSubstr("framework              (not stated), optimizer (not "
+                                      "stated), gradients (not stated); from the layer profile"));
+  std::ifstream in(Path("profile.json"));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string stated = text.str();
+  stated.replace(stated.find("\"tokens\": 8192,"), 15,
+                 R"("tokens": 8192, "framework": "hf", "optimizer": "none", )"
+                 R"("grad_dtype": "bf16", "model_parameters": 268435456,)");
+  std::ofstream(Path("stated.json")) << stated;
+  const Result run = Stowage("plan --profile " + Path("stated.json") + " --gpu-mem 2.3");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("model parameters       268435456 (0.27B)"));
+  EXPECT_THAT(run.out, HasSubstr("framework              hf, optimizer none, gradients bf16; "
+                                 "from the layer profile"));
+  const Result json =
+      Stowage("plan --profile " + Path("stated.json") + " --gpu-mem 2.3 --format json", false);
+  auto plan = stowage::ParsePlanJson(json.out);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->framework, "hf");
+  EXPECT_EQ(plan->model_parameters, 268435456u);
+  // A framework the planner has no name for is refused, naming the field and the value.
+  stated.replace(stated.find("\"hf\""), 4, "\"jax\"");
+  std::ofstream(Path("bad.json")) << stated;
+  const Result bad = Stowage("plan --profile " + Path("bad.json") + " --gpu-mem 2.3");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("field 'framework' has value \"jax\"; allowed: \"megatron\" or "
+                                 "\"hf\""));
+}
+
 TEST_F(PlanProfileCommand, JsonOutAndTimeline) {
   const Result run =
       Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2 --format json --out " +

@@ -149,6 +149,10 @@ Json OffGpuProfile() {
   j.erase("link");
   j["gradients_in_backward"] = true;
   j["fixed_bytes"]["gradients"] = 0;
+  j["framework"] = "hf";
+  j["optimizer"] = "none";
+  j["grad_dtype"] = "bf16";
+  j["model_parameters"] = 500;
   j["loss"] = {{"peak_bytes", 50}, {"grad_bytes", 70}, {"work", {{"gemm_flops", 3e12}}}};
   j["embedding"] = {{"grad_bytes", 30}, {"work", {{"elementwise_bytes", 4e9}, {"kernels", 2}}}};
   for (Json& l : j["layers"]) {
@@ -174,6 +178,10 @@ TEST(ProfileReader, OpWorkGradientsInBackwardAndNoLink) {
   EXPECT_EQ(p.loss_grad_bytes, 70u);
   EXPECT_EQ(p.embedding_grad_bytes, 30u);
   EXPECT_EQ(p.layers[1].grad_bytes, 40u);
+  EXPECT_EQ(p.framework, Framework::kHf);
+  EXPECT_EQ(p.optimizer, OptimizerKind::kNone);
+  EXPECT_EQ(p.grad_bytes, 2);
+  EXPECT_EQ(p.model_parameters, 500u);
   ASSERT_TRUE(p.layers[0].backward_work.has_value());
   EXPECT_DOUBLE_EQ(p.layers[0].backward_work->tokens_per_expert, 256);
   ASSERT_TRUE(p.layers[0].modules[0].work.has_value());

@@ -345,6 +345,19 @@ class CommandTest(unittest.TestCase):
             self.assertIn("forward_work", d["layers"][0])
             p = plan(["--profile", prof, "--hardware", "h200", "--force", "keep"])
             self.assertGreater(p["predicted"]["step_seconds"], 0)
+            # What ran, as the profile states it, is what the plan reports (it said megatron,
+            # adam and 0 parameters before).
+            self.assertEqual((d["framework"], d["optimizer"], d["grad_dtype"]),
+                             ("hf", "none", "bf16"))
+            params = H.build_hf_model(TINY["llama"], one_per_kind=False).parameters
+            self.assertEqual(d["model_parameters"], params)
+            self.assertEqual(p["run"]["framework"], "hf")
+            self.assertEqual(p["model_parameters"], params)
+            table = subprocess.run([cli(), "plan", "--profile", prof, "--hardware", "h200",
+                                    "--force", "keep"], capture_output=True, text=True,
+                                   timeout=120)
+            self.assertIn("framework              hf, optimizer none, gradients bf16 (created "
+                          "during backward); from the layer profile", table.stdout)
             bad = subprocess.run([sys.executable, "-m", "stowage.profile", "--hf",
                                   os.path.join(tmp, "missing.json")], env=env,
                                  capture_output=True, text=True, timeout=60)

@@ -63,6 +63,9 @@ MAX_MODULES = 8
 # are merged into one entry per module.
 MAX_SAVED = 48
 
+# The profile's grad_dtype names (planner/profile.cc); other dtypes are not stated.
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+
 WORK_FIELDS = ("gemm_flops", "attention_forward_flops", "attention_backward_flops",
                "grouped_gemm_flops", "tokens_per_expert", "elementwise_bytes", "kernels")
 
@@ -583,9 +586,11 @@ class HfModel:
     kinds: list[int]           # per layer of the full model: its kind (index into `layers`)
     kind_names: list[str]      # per kind: the class name of its layer
     weights_bytes: int         # every parameter of the full-depth model
+    parameters: int            # their count
     model_type: str
     fake: bool
     mode: Any = None           # the FakeTensorMode the model lives in
+    dtype: Any = None          # the weights' (and so the gradients') dtype
 
 
 def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bool = True,
@@ -606,6 +611,7 @@ def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bo
     model.train()
     decoder = _decoder(model)
     weights = sum(_nbytes(p) for p in model.parameters())
+    parameters = sum(p.numel() for p in model.parameters())
     signatures: list[tuple] = []
     kinds = []
     for layer in decoder.layers:
@@ -620,8 +626,9 @@ def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bo
     else:
         kinds = list(range(len(kinds)))
         names = [type(layer).__name__ for layer in decoder.layers]
-    return HfModel(model=model, kinds=kinds, kind_names=names,
-                   weights_bytes=weights, model_type=d["model_type"], fake=fake, mode=fake_mode)
+    return HfModel(model=model, kinds=kinds, kind_names=names, weights_bytes=weights,
+                   parameters=parameters, model_type=d["model_type"], fake=fake, mode=fake_mode,
+                   dtype=dtype)
 
 
 class _null:
@@ -777,7 +784,11 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
         loss_peak_bytes=step.loss_peak_bytes, measured_memory=False, tokens=seq_len,
         gradients_in_backward=True, loss_grad_bytes=step.loss_grad_bytes,
         loss_work=loss.to_dict(), embedding_grad_bytes=step.embedding_grad_bytes,
-        embedding_work=embedding.to_dict(), d2h_bytes_per_second=0.0, h2d_bytes_per_second=0.0)
+        embedding_work=embedding.to_dict(), d2h_bytes_per_second=0.0, h2d_bytes_per_second=0.0,
+        # transformers' eager code, one step without an optimizer, gradients in the weights'
+        # dtype as autograd creates them.
+        framework="hf", optimizer="none", grad_dtype=_DTYPE_NAMES.get(m.hf.dtype),
+        model_parameters=m.hf.parameters)
 
 
 def profile_hf(config: Any, seq_len: int, *, lengths: Sequence[int] = DEFAULT_LENGTHS,

@@ -104,6 +104,13 @@ class ModelProfile:
     loss_work: Optional[dict[str, float]] = None  # instead of loss_seconds
     embedding_grad_bytes: int = 0
     embedding_work: Optional[dict[str, float]] = None
+    # What ran, when known (the plan summary reports it; None / 0: not stated): whose code the
+    # layers are ("hf": transformers eager), the optimizer whose state is in fixed memory
+    # ("none" when no optimizer ran), the gradients' dtype ("bf16", "fp32"), the parameters.
+    framework: Optional[str] = None
+    optimizer: Optional[str] = None
+    grad_dtype: Optional[str] = None
+    model_parameters: int = 0
 
     @property
     def fixed_device_bytes(self) -> int:
@@ -126,6 +133,9 @@ class ModelProfile:
             "device": self.device,
             "measured_memory": bool(self.measured_memory),
             "tokens": max(1, int(self.tokens)),
+            **{k: v for k, v in (("framework", self.framework), ("optimizer", self.optimizer),
+                                 ("grad_dtype", self.grad_dtype)) if v is not None},
+            **({"model_parameters": int(self.model_parameters)} if self.model_parameters else {}),
             "fixed_bytes": {"weights": int(self.weights_bytes),
                             "gradients": int(self.gradients_bytes), "optimizer": 0,
                             "other": int(self.other_bytes)},
@@ -197,7 +207,9 @@ class ModelProfile:
             gradients_in_backward=d.get("gradients_in_backward", False),
             loss_grad_bytes=d["loss"].get("grad_bytes", 0), loss_work=d["loss"].get("work"),
             embedding_grad_bytes=embedding.get("grad_bytes", 0),
-            embedding_work=embedding.get("work"))
+            embedding_work=embedding.get("work"), framework=d.get("framework"),
+            optimizer=d.get("optimizer"), grad_dtype=d.get("grad_dtype"),
+            model_parameters=d.get("model_parameters", 0))
 
 
 def _generator() -> str:
