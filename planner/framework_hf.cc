@@ -136,6 +136,11 @@ HfDialect DialectFor(const ModelConfig& m) {
   return d;
 }
 
+// Whether the router hands the experts fp32 weights (Ffn: the weighted output is then fp32).
+bool HfFp32RoutingWeights(const ModelConfig& m, const HfDialect& d) {
+  return m.family == "mixtral" || d.router == HfRouter::kDeepSeekSigmoid;
+}
+
 struct HfLayer {
   const ModelConfig& m;
   const HardwareProfile& hw;
@@ -276,8 +281,11 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   // RoPE on q and k (apply_rotary_pos_emb), bytes per element: forward x * cos r2 w2,
   // rotate_half's neg over half r1 w1 and cat r2 w2, * sin r2 w2, the add r4 w2 = 20, 5 kernels;
   // backward * sin r2 w2, neg r1 w1, the two slices' zeros-and-copy (w2 + r1 w1 each), * cos r2
-  // w2, and the sum of the three gradients (2 x r4 w2) = 30, 9 kernels. Per head tensor.
-  b.Traffic(20 * (hq + hkv) * d, 30 * (hq + hkv) * d, 10, 18);
+  // w2, and the sum of the three gradients (2 x r4 w2) = 30, 9 kernels; the slices' zeros are
+  // [b, h, s, d]-contiguous, so the sum is too, and the projection's `.view(...).transpose(1, 2)`
+  // backward copies it to [b, s, h*d] (reshape of a non-viewable gradient: r2 w2), 1 kernel.
+  // Per head tensor (q and k; v's gradient comes from attention in the projection's layout).
+  b.Traffic(20 * (hq + hkv) * d, 34 * (hq + hkv) * d, 10, 20);
   // Residual add (r 4h, w 2h); backward sums the gradients of the layer input's two uses (the
   // norm and the add: r 4h w 2h) and of the normed input's three (q, k and v: 2 x r 4h w 2h).
   // The q, k, v, o GEMMs: 4 forward, 8 backward (input and weight gradients).
@@ -521,21 +529,33 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     // hidden[perm // k] r 2hk w 2hk; the up grouped_mm; silu(gate) * up over the [t*k, 2fe] halves
     // r 2fe w 2fe + r 4fe w 2fe; the down grouped_mm; the routing-weight mul r 2hk w 2hk; inv_perm
     // (arange, index_put); the gather weighted_out[inv_perm] r 2hk w 2hk; the sum over k r 2hk w
-    // 2h. Backward: sum's expand is a view; the inv_perm gather's index_put(accumulate) into zeros
-    // (w 2hk, its own sort of the indices, r 2hk + r 2hk w 2hk); the weighting mul's two
-    // gradients (r 4hk w 2hk; r 4hk w 2hk, summed r 2hk); down's two grouped GEMMs; the gate's
-    // mul and silu gradients (2 x r 4fe w 2fe per k, r 4fe w 2fe) and the chunk's cat into
-    // [t*k, 2fe] (r 4fe w 4fe); up's two grouped GEMMs; the hidden gather's index_put into
-    // zeros (w 2h, sort, r 2hk, r 2hk w 2hk); the routing weights' gather, top-k's scatter
-    // (w 4E), softmax's backward (r 8E w 4E) and cast (r 4E w 2E); the router's two GEMMs; the
-    // sum of the normed input's two gradients (router and experts: r 4h w 2h).
+    // 2h. Backward: sum's expand is a view, which index_put copies to a contiguous [t*k, h]
+    // (r 2hk w 2hk); the inv_perm gather's index_put(accumulate) into zeros (w 2hk, its own
+    // sort of the indices, values r 2hk, target rows r 2hk w 2hk); the weighting mul's two
+    // gradients (g * w: r 2hk w 2hk; g * out: r 4hk w 2hk, summed over h r 2hk); down's two
+    // grouped GEMMs; the gate's mul and silu gradients (2 x r 4fe w 2fe per k, r 4fe w 2fe) and
+    // the chunk's cat into [t*k, 2fe] (r 4fe w 4fe); up's two grouped GEMMs; the hidden gather's
+    // index_put into zeros (w 2h, sort, values r 2hk, target rows r 2h w 2h: one per token,
+    // accumulated in registers by indexing_backward_kernel); the routing weights' gather, top-k's
+    // scatter (w 4E), softmax's backward (r 8E w 4E) and cast (r 4E w 2E); the router's two GEMMs;
+    // the sum of the normed input's two gradients (router and experts: r 4h w 2h).
     const double r = routed;
+    // Mixtral, DeepSeek-V3 and GLM keep the routing weights fp32 (their routers never cast them;
+    // Qwen's and DeepSeek-V2's do): the weighting mul promotes the expert output to fp32, so the
+    // un-permute gather and the sum over k move fp32 and a cast to bf16 follows. Forward: mul
+    // w 4hk (+2hk), gather r 4hk w 4hk (+4hk), sum r 4hk w 4h (+2hk +2h), cast r 4h w 2h (+6h).
+    // Backward: the cast's gradient (r 2h w 4h), the index_put's zeros, expanded-gradient copy
+    // and accumulation in fp32 (+8hk), the expert output's gradient in fp32 and its cast to bf16
+    // (+8hk), the weights' gradient from an fp32 product (+6hk): +22hk + 6h, 2 more kernels.
+    if (HfFp32RoutingWeights(b.m, b.dialect)) {
+      b.Traffic(8 * h * r + 8 * h, 22 * h * r + 6 * h, 1, 2);
+    }
     b.Traffic(6 * e + 4 * e + 256 * r + 4 * h * r + 10 * fe * r + 4 * h * r + 4 * h * r +
                   2 * h * r + 2 * h,
-              2 * h * r + 256 * r + 6 * h * r + 14 * h * r + 18 * fe * r + 8 * fe * r + 2 * h +
-                  256 * r + 6 * h * r + 4 * e + 12 * e + 6 * e + 6 * h,
+              4 * h * r + 2 * h * r + 256 * r + 6 * h * r + 12 * h * r + 18 * fe * r + 8 * fe * r +
+                  2 * h + 256 * r + 2 * h * r + 4 * h + 4 * e + 12 * e + 6 * e + 6 * h,
               1 + 1 + 1 + 4 + 10 + 6 + 1 + 1 + 2 + 1 + 1 + 2 + 1 + 1,
-              1 + 10 + 2 + 3 + 2 + 4 + 2 + 1 + 10 + 2 + 2 + 2 + 2 + 2 + 1);
+              1 + 1 + 10 + 2 + 3 + 2 + 4 + 2 + 1 + 10 + 2 + 2 + 2 + 2 + 2 + 1);
     b.grouped_flops += 2 * 3 * h * fe * routed * b.t;
     b.tokens_per_expert = per_expert;
     if (m.shared_intermediate > 0) swiglu(m.shared_intermediate, "moe.shared", "");
@@ -679,9 +699,14 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
                          hw);
   c.tail_seconds = c.tail_time.total();
   // Embedding: the gather forward (r 2h w 2h); backward (embedding_dense_backward) zeroes the
-  // V x h gradient, sorts the ids and sums each id's rows in fp32 (r 2h, w+r 8h, w 2h).
+  // V x h gradient, sorts the ids and sums each id's rows in fp32 (r 2h, w+r 8h, w 2h). A tied
+  // weight's second gradient is added into the LM head's by AccumulateGrad (`grad += new`:
+  // r 4Vh w 2Vh).
+  const double tied_accumulate = m.tied_embeddings ? 6 * v * h : 0;
   c.embedding_time =
-      OpTimeOf({.elementwise_bytes = 4 * h * t + 2 * v * h + 12 * h * t, .kernels = 8}, hw);
+      OpTimeOf({.elementwise_bytes = 4 * h * t + 2 * v * h + 12 * h * t + tied_accumulate,
+                .kernels = 8.0 + (m.tied_embeddings ? 1 : 0)},
+               hw);
   c.embedding_seconds = c.embedding_time.total();
 }
 

@@ -94,6 +94,48 @@ _NO_KERNEL = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_st
               "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type"}
 # Gathers read what they write (plus the index), not the whole table.
 _GATHERS = {"embedding", "index", "index_select", "gather"}
+# Note [Kernel bytes]: the ops whose CUDA kernels move other bytes than "every input read once,
+# every output written once" — the GPU runs them, so their bytes are the GPU's, which the
+# analytic hf profile (planner/framework_hf.cc) counts the same way.
+#  - softmax / log_softmax over a row wider than one block's shared memory (48 KiB,
+#    sharedMemPerBlock on sm70-sm100; aten/src/ATen/native/cuda/SoftMax.cu host_softmax: the
+#    persistent and the shared-memory kernels read the row once): cunn_SoftMaxForward reads it
+#    three times (max, sum of exponentials, the output); cunn_SoftMaxBackward reads the
+#    gradient twice (its row sum, then the output's gradient) — the loss over the vocabulary.
+#  - nll_loss reads one log-probability per row, the target's; its backward zeroes the
+#    gradient and writes one value per row (LossNLL.cu): neither reads the whole [t, V] input.
+#  - fills (zeros, new_zeros, zeros_like, fill_, zero_, ...) write their output and read
+#    nothing, whatever tensor they are called on.
+#  - sort runs CUB's radix sort (aten/src/ATen/native/cuda/Sort.cu, cuda/cub.cuh): one pass
+#    per key byte, each reading and writing the keys and their int64 positions, plus a
+#    histogram and the positions' iota: 8 passes of 32 bytes = 256 bytes per int64 key and 10
+#    kernels; index_put with accumulate=True sorts its linear indices the same way first
+#    (Indexing.cu index_put_with_sort_kernel).
+#  - slice_backward (a slice's gradient, e.g. rotate_half's in RoPE) is two kernels: a zero
+#    fill of the whole input's size, then a copy of the gradient into the slice.
+#  - embedding_dense_backward zeroes the [V, h] gradient, sorts the ids, sums each id's rows
+#    into fp32 partials (written and read: 8 bytes per element) and writes them (Embedding
+#    Backward Kernel.cu embedding_backward_cuda_kernel): 2Vh + 12 bytes per gradient element.
+_SHARED_MEMORY_PER_BLOCK = 48 * 1024
+_FILLS = {"zeros", "ones", "full", "new_zeros", "new_ones", "new_full", "zeros_like",
+          "ones_like", "full_like", "fill_", "zero_", "fill"}
+
+
+def _radix_sort(keys: torch.Tensor) -> tuple[float, float]:
+    """(bytes, kernels) of CUB's radix sort of `keys` with int64 positions (Note [Kernel
+    bytes])."""
+    passes = keys.element_size()
+    return float(keys.numel() * passes * 2 * (keys.element_size() + 8)), float(passes + 2)
+
+_SOFTMAX = {"_softmax", "_log_softmax"}
+_SOFTMAX_BACKWARD = {"_softmax_backward_data", "_log_softmax_backward_data"}
+
+
+def _row_passes(t: torch.Tensor, dim: int, wide: int) -> int:
+    """How often a softmax kernel reads `t` along `dim`: once when a row fits one block's
+    shared memory, `wide` times when it does not (Note [Kernel bytes])."""
+    row = t.shape[dim] * t.element_size() if t.dim() > 0 else 0
+    return wide if row >= _SHARED_MEMORY_PER_BLOCK else 1
 
 
 @dataclasses.dataclass
@@ -182,6 +224,40 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
         offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
         groups = offs.numel() if isinstance(offs, torch.Tensor) else 1
         w.grouped_gemm_flops, w.tokens_per_expert = _grouped_flops(args[0], args[1], groups)
+    elif name in _SOFTMAX:
+        x = args[0]
+        w.elementwise_bytes = _row_passes(x, args[1], 3) * _bytes(x) + sum(
+            _bytes(t) for t in _tensors(out))
+    elif name in _SOFTMAX_BACKWARD:
+        grad, output = args[0], args[1]
+        w.elementwise_bytes = (_row_passes(grad, args[2], 2) * _bytes(grad) + _bytes(output) +
+                               sum(_bytes(t) for t in _tensors(out)))
+    elif name == "nll_loss_forward":
+        # (self, target, weight, reduction, ignore_index): the target's value in each row.
+        target = args[1]
+        w.elementwise_bytes = _bytes(target) * (1 + args[0].element_size() / 8) + sum(
+            _bytes(t) for t in _tensors(out))
+    elif name == "nll_loss_backward":
+        # (grad_output, self, target, weight, reduction, ignore_index, total_weight)
+        w.elementwise_bytes = sum(_bytes(t) for t in _tensors(out)) + _bytes(args[2])
+    elif name in _FILLS:
+        w.elementwise_bytes = sum(_bytes(t) for t in _tensors(out))
+    elif name == "sort":
+        w.elementwise_bytes, w.kernels = _radix_sort(args[0])
+    elif name in ("index_put", "index_put_", "_index_put_impl_") and (
+            (len(args) > 3 and args[3] is True) or kwargs.get("accumulate") is True):
+        index = [t for t in _tensors(args[1]) if t is not None]
+        sort_bytes, sort_kernels = _radix_sort(index[0]) if index else (0.0, 0.0)
+        w.elementwise_bytes = sum(_bytes(t) for t in _tensors((args, kwargs))) + sum(
+            _bytes(t) for t in _tensors(out)) + sort_bytes
+        w.kernels = 1 + sort_kernels
+    elif name == "slice_backward":
+        w.kernels = 2
+        w.elementwise_bytes = sum(_bytes(t) for t in _tensors(out)) + 2 * _bytes(args[0])
+    elif name == "embedding_dense_backward":
+        grad, ids = args[0], args[1]
+        w.elementwise_bytes = (sum(_bytes(t) for t in _tensors(out)) + _bytes(ids) +
+                               _bytes(grad) * (1 + 4 + 1))
     elif name in _GATHERS:
         outs = _tensors(out)
         index = [t for t in _tensors(args) if not t.is_floating_point()]
