@@ -683,6 +683,11 @@ def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bo
     torch.manual_seed(0)
     ctx = fake_mode if fake_mode is not None else _null()
     with ctx:
+        model_class = AutoModelForCausalLM._model_mapping[type(cfg)]
+        if not getattr(model_class, "_supports_sdpa", True):
+            # Gemma 2, gpt-oss: the class refuses SDPA (soft-capping, sinks) and transformers
+            # runs eager attention, as the hf profile's recipe does (Note [hf dialects]).
+            cfg._attn_implementation = "eager"
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     model.train()
     decoder = _decoder(model)
