@@ -5,13 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "offload/host_backend.h"
+#include "offload/node_ledger.h"
 #ifdef STOWAGE_HAVE_CUDA
 #include "offload/cuda_backend.h"
 #endif
 
 namespace stowage::offload {
 
-absl::StatusOr<Backend> CreateBackend(const BackendOptions& options) {
+absl::StatusOr<Backend> PlaceBackend(const BackendOptions& options) {
   if (options.copy_threads < 0 || options.copy_threads > kMaxCopyThreads) {
     return absl::InvalidArgumentError(absl::StrCat("copy_threads is ", options.copy_threads,
                                                    "; it must be in [0, ", kMaxCopyThreads,
@@ -43,25 +44,41 @@ absl::StatusOr<Backend> CreateBackend(const BackendOptions& options) {
     out.placement = DiscoverHostPlacement();
   }
   if (options.numa_node >= 0) out.placement.numa_node = options.numa_node;
+  return out;
+}
 
-  if (out.kind == BackendKind::kHost) {
+std::vector<int> CopyCpus(const BackendOptions& options, const Placement& placement) {
+  if (options.cpu_slot < 0) return placement.cpus;
+  return CpuShare(placement.cpus, options.cpu_slot, std::max(1, options.ranks_sharing_node));
+}
+
+absl::Status StartBackend(const BackendOptions& options, Backend* backend) {
+  if (backend->kind == BackendKind::kHost) {
     HostBackendOptions host;
-    host.threads_per_stream = options.copy_threads > 0
-                                  ? options.copy_threads
-                                  : std::clamp(static_cast<int>(out.placement.cpus.size()) /
-                                                   std::max(1, options.ranks_sharing_node) / 4,
-                                               1, 4);
-    host.cpus = out.placement.cpus;
+    const int ranks = std::max(1, options.ranks_sharing_node);
+    host.threads_per_stream =
+        options.copy_threads > 0
+            ? options.copy_threads
+            : std::clamp(static_cast<int>(backend->placement.cpus.size()) / ranks / 4, 1, 4);
+    // Ranks sharing the node copy on their own slices of its CPUs, not all on all of them.
+    host.cpus = CopyCpus(options, backend->placement);
     absl::StatusOr<std::unique_ptr<HostBackend>> created = HostBackend::Create(host);
     if (!created.ok()) return created.status();
-    out.device = *std::move(created);
+    backend->device = *std::move(created);
   } else {
 #ifdef STOWAGE_HAVE_CUDA
     absl::StatusOr<std::unique_ptr<CudaBackend>> created = CudaBackend::Create(options.device);
     if (!created.ok()) return created.status();
-    out.device = *std::move(created);
+    backend->device = *std::move(created);
 #endif
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Backend> CreateBackend(const BackendOptions& options) {
+  absl::StatusOr<Backend> out = PlaceBackend(options);
+  if (!out.ok()) return out.status();
+  if (absl::Status s = StartBackend(options, &*out); !s.ok()) return s;
   return out;
 }
 

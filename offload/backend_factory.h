@@ -5,6 +5,7 @@
 #define STOWAGE_OFFLOAD_BACKEND_FACTORY_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "offload/device_backend.h"
@@ -24,9 +25,14 @@ struct BackendOptions {
   int device = 0;
   int numa_node = -1;    // -1: from topology
   int copy_threads = 0;  // [0, kMaxCopyThreads]; 0: a quarter of this rank's share, 1 to 4
-  // Ranks whose runtimes share the node's CPUs (the plan's gpus_per_numa_node): with
-  // copy_threads 0 each takes a quarter of its 1/ranks_sharing_node share, not of all CPUs.
+  // Ranks whose runtimes share the node's CPUs (the plan's gpus_per_numa_node, or more if the
+  // node ledger counts more): with copy_threads 0 each takes a quarter of its
+  // 1/ranks_sharing_node share, not of all CPUs.
   int ranks_sharing_node = 1;
+  // This rank's slice of the node's CPUs (CpuShare(cpus, cpu_slot, ranks_sharing_node): its
+  // node-ledger slot), where the host backend's copy workers run; -1: all of them (no slot
+  // known).
+  int cpu_slot = -1;
 };
 
 struct Backend {
@@ -39,6 +45,16 @@ struct Backend {
 // asked for but not built, or no GPU), INTERNAL (the OS refused the worker threads or CUDA
 // failed). Errors name the option and its allowed range.
 absl::StatusOr<Backend> CreateBackend(const BackendOptions& options);
+
+// CreateBackend in two parts, for a runtime that admits its arena through the node ledger
+// between them (the ledger's slot decides the CPUs): PlaceBackend picks the kind and the
+// placement and starts nothing (`device` null); StartBackend creates the device with `options`'
+// threads and CPU slice.
+absl::StatusOr<Backend> PlaceBackend(const BackendOptions& options);
+absl::Status StartBackend(const BackendOptions& options, Backend* backend);
+
+// The CPUs the host backend's copy workers of `options` run on, out of `placement`'s.
+std::vector<int> CopyCpus(const BackendOptions& options, const Placement& placement);
 
 }  // namespace stowage::offload
 

@@ -22,13 +22,14 @@ CopyEngine::~CopyEngine() { Drain().IgnoreError(); }
 
 absl::StatusOr<std::shared_ptr<CopyFence>> CopyEngine::DeviceToHost(
     void* host_dst, const void* src, size_t bytes, void* producer_stream,
-    std::function<void()> on_landed) {
+    std::function<void()> on_landed, std::shared_ptr<CopyFence> after) {
   CopyRequest request;
   request.direction = CopyDirection::kDeviceToHost;
   request.dst = host_dst;
   request.src = src;
   request.bytes = bytes;
   request.after_stream = producer_stream;
+  request.after = std::move(after);
   request.on_landed = std::move(on_landed);
   return Issue(std::move(request));
 }

@@ -70,12 +70,13 @@ class CopyEngine {
   CopyEngine& operator=(const CopyEngine&) = delete;
 
   // D2H of `bytes` at device `src` into host `host_dst`, after the work enqueued on
-  // `producer_stream` so far. `on_landed` (may be empty) runs on a backend thread once the bytes
-  // are in host memory, before the fence reports Done (see CopyRequest::on_landed).
-  // Errors: those of DeviceBackend::Copy.
+  // `producer_stream` so far and after `after` (may be null: an H2D that last read host_dst).
+  // `on_landed` (may be empty) runs on a backend thread once the bytes are in host memory, before
+  // the fence reports Done (see CopyRequest::on_landed). Errors: those of DeviceBackend::Copy.
   absl::StatusOr<std::shared_ptr<CopyFence>> DeviceToHost(void* host_dst, const void* src,
                                                           size_t bytes, void* producer_stream,
-                                                          std::function<void()> on_landed = {});
+                                                          std::function<void()> on_landed = {},
+                                                          std::shared_ptr<CopyFence> after = {});
   // H2D of `bytes` at `host_src` into device `dst`, after the work enqueued on `consumer_stream`
   // so far and after `after` (the D2H that filled host_src; may be null).
   absl::StatusOr<std::shared_ptr<CopyFence>> HostToDevice(void* dst, const void* host_src,

@@ -10,7 +10,7 @@
 //     that just allocated the destination) -- CUDA: an event recorded there and waited on by the
 //     copy stream; host backend: streams do not exist, the call itself is the point in time;
 //   - `after` completed (an H2D waits for the D2H that filled its host source, so a reload can
-//     never race its own D2H).
+//     never race its own D2H; a D2H into reused host memory waits for the H2D that last read it).
 // Completion is observed through the returned CopyFence: polled, waited for on the host, or
 // waited for by another stream (device-side; host backend: a host wait, since the caller's
 // "stream" is the calling thread).

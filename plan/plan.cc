@@ -212,36 +212,43 @@ absl::Status CheckRange(std::string_view path, T value, json::Range<T> range) {
   }
 }
 
+// The run's pipeline fields, each in range and agreeing with the others.
+absl::Status CheckPipelineRunFields(PipelineSchedule schedule, int pp, int vpp, int microbatches) {
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.pp", pp, kPipelineStages));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.vpp", vpp, kVirtualStages));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.microbatches", microbatches, kMicrobatches));
+  const bool interleaved = schedule == PipelineSchedule::kInterleaved;
+  if (schedule != PipelineSchedule::k1F1B && !interleaved) {
+    return absl::InvalidArgumentError(absl::StrCat("plan: field 'run.schedule' is not a schedule (",
+                                                   static_cast<int>(schedule),
+                                                   "); allowed: 1f1b, interleaved"));
+  }
+  if ((vpp > 1) != interleaved) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field 'run.vpp' has value ", vpp, " with run.schedule '",
+                     std::string(PipelineScheduleName(schedule)),
+                     "'; allowed: vpp > 1 exactly with the interleaved schedule (1 with 1f1b)"));
+  }
+  if (interleaved && pp < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field 'run.pp' has value ", pp,
+                     "; the interleaved schedule needs at least 2 stages"));
+  }
+  if (interleaved && microbatches % pp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: field 'run.microbatches' has value ", microbatches,
+                     "; the interleaved schedule runs them in groups of run.pp (", pp,
+                     "): allowed: a multiple of ", pp));
+  }
+  return absl::OkStatus();
+}
+
 // Note [Pipeline stages]: the run's pipeline fields agree with each other, and the stages' chunks
 // cover the layers in virtual-stage order (chunk c of stage s is virtual stage c x pp + s).
 // O(pp x vpp): the reader runs it before walking the layers.
 absl::Status CheckStages(const Plan& plan) {
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.pp", plan.pp, kPipelineStages));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.vpp", plan.vpp, kVirtualStages));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.microbatches", plan.microbatches, kMicrobatches));
-  const bool interleaved = plan.schedule == PipelineSchedule::kInterleaved;
-  if (plan.schedule != PipelineSchedule::k1F1B && !interleaved) {
-    return absl::InvalidArgumentError(absl::StrCat("plan: field 'run.schedule' is not a schedule (",
-                                                   static_cast<int>(plan.schedule),
-                                                   "); allowed: 1f1b, interleaved"));
-  }
-  if ((plan.vpp > 1) != interleaved) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan: field 'run.vpp' has value ", plan.vpp, " with run.schedule '",
-                     std::string(PipelineScheduleName(plan.schedule)),
-                     "'; allowed: vpp > 1 exactly with the interleaved schedule (1 with 1f1b)"));
-  }
-  if (interleaved && plan.pp < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan: field 'run.pp' has value ", plan.pp,
-                     "; the interleaved schedule needs at least 2 stages"));
-  }
-  if (interleaved && plan.microbatches % plan.pp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan: field 'run.microbatches' has value ", plan.microbatches,
-                     "; the interleaved schedule runs them in groups of run.pp (", plan.pp,
-                     "): allowed: a multiple of ", plan.pp));
-  }
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckPipelineRunFields(plan.schedule, plan.pp, plan.vpp, plan.microbatches));
   if (plan.stages.size() != static_cast<size_t>(plan.pp)) {
     return absl::InvalidArgumentError(absl::StrCat("plan: field 'stages' has ", plan.stages.size(),
                                                    " stages; run.pp is ", plan.pp));
@@ -435,33 +442,51 @@ absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name) {
 
 namespace {
 
+// The interleaved schedule's table (Megatron-Core get_schedule_table): the forwards go through
+// groups of `group` microbatches (the last one possibly shorter), each group through chunk 0, 1,
+// ..., vpp - 1 in turn, chunk-major; the backwards visit the chunks in reverse.
+struct InterleavedTable {
+  int64_t group = 1;  // microbatch_group_size_per_vp_stage (its default: pp)
+  int64_t m = 1;      // microbatches
+  int64_t v = 1;      // vpp
+  PipelineOp Unit(int64_t unit, bool forward) const {
+    const int64_t last_group = (m - 1) / group;
+    const int64_t g = std::min(unit / (group * v), last_group);
+    const int64_t size = std::min(group, m - g * group);
+    const int64_t within = unit - g * group * v;
+    const int64_t c = within / size;
+    return {forward, static_cast<int>(forward ? c : v - 1 - c),
+            static_cast<int>(g * group + within % size)};
+  }
+};
+
+// Forwards 1F1B runs before its first backward: get_pp_rank_microbatches.
+int64_t Warmup1F1B(int pp, int stage, int64_t microbatches) {
+  return std::min<int64_t>(pp - stage - 1, microbatches);
+}
+// ... and the interleaved schedule (forward_backward_pipelining_with_interleaving), of `total`
+// units.
+int64_t WarmupInterleaved(int pp, int stage, int64_t v, int64_t total) {
+  return std::min<int64_t>(2 * (pp - stage - 1) + (v - 1) * pp, total);
+}
+
 // Note [Pipeline stages]: the most microbatches of each chunk that `stage` holds at once, walking
-// Megatron-Core's order for the stage (forward_backward_pipelining_with_interleaving and
-// get_schedule_table in pipeline_parallel/schedules.py). Arguments within ValidatePlan's limits.
+// Megatron-Core's order for the stage (PipelineOrder, without building it: microbatches may be
+// 2^20). Arguments within ValidatePlan's limits.
 std::vector<int> InFlightPerChunk(PipelineSchedule schedule, int pp, int vpp, int microbatches,
                                   int stage) {
   if (pp == 1) return std::vector<int>(vpp, 1);
   if (schedule == PipelineSchedule::k1F1B || vpp == 1) {
-    // get_pp_rank_microbatches: pp - stage - 1 warmup forwards, then a forward before each
-    // backward: one more is held.
-    return std::vector<int>(vpp, std::min(pp - stage, microbatches));
+    // The warmup forwards, then a forward before each backward: one more is held.
+    return std::vector<int>(vpp, static_cast<int>(std::min<int64_t>(
+                                     Warmup1F1B(pp, stage, microbatches) + 1, microbatches)));
   }
-  const int64_t group = pp;  // microbatch_group_size_per_vp_stage (its default)
-  const int64_t m = microbatches, v = vpp;
-  const int64_t total = m * v;
-  const int64_t last_group = (m - 1) / group;
-  // The schedule table: groups of `group` microbatches (the last one possibly shorter), each run
-  // through chunk 0, 1, ..., vpp - 1; the backward visits the chunks in reverse.
-  auto chunk_of = [&](int64_t unit, bool forward) {
-    const int64_t g = std::min(unit / (group * v), last_group);
-    const int64_t size = std::min(group, m - g * group);
-    const int64_t c = (unit - g * group * v) / size;
-    return static_cast<int>(forward ? c : v - 1 - c);
-  };
-  const int64_t warmup = std::min<int64_t>(2 * (pp - stage - 1) + (v - 1) * group, total);
+  const InterleavedTable table{pp, microbatches, vpp};
+  const int64_t total = table.m * table.v;
+  const int64_t warmup = WarmupInterleaved(pp, stage, table.v, total);
   std::vector<int> held(vpp, 0), most(vpp, 0);
   auto forward = [&](int64_t unit) {
-    const int c = chunk_of(unit, true);
+    const int c = table.Unit(unit, true).chunk;
     most[c] = std::max(most[c], ++held[c]);
   };
   for (int64_t u = 0; u < warmup; ++u) forward(u);
@@ -469,10 +494,11 @@ std::vector<int> InFlightPerChunk(PipelineSchedule schedule, int pp, int vpp, in
   // every group x vpp steps (both orders advance by one group of each chunk), so one period shows
   // the most; the cooldown only releases.
   const int64_t steady = total - warmup;
-  const int64_t walk = m % group == 0 ? std::min(steady, group * v) : steady;
+  const int64_t walk =
+      table.m % table.group == 0 ? std::min(steady, table.group * table.v) : steady;
   for (int64_t k = 0; k < walk; ++k) {
     forward(warmup + k);
-    --held[chunk_of(k, false)];
+    --held[table.Unit(k, false).chunk];
   }
   for (int& c : most) c = std::max(c, 1);
   return most;
@@ -502,6 +528,45 @@ int InFlightMicrobatches(PipelineSchedule schedule, int pp, int vpp, int microba
     return 1;
   }
   return InFlightPerChunk(schedule, pp, vpp, microbatches, stage)[chunk];
+}
+
+absl::Status CheckPipelineRun(PipelineSchedule schedule, int pp, int vpp, int microbatches) {
+  return CheckPipelineRunFields(schedule, pp, vpp, microbatches);
+}
+
+std::vector<PipelineOp> PipelineOrder(PipelineSchedule schedule, int pp, int vpp, int microbatches,
+                                      int stage) {
+  std::vector<PipelineOp> order;
+  if (!PipelineArgsInRange(pp, vpp, microbatches) || stage < 0 || stage >= pp) return order;
+  order.reserve(2 * static_cast<size_t>(microbatches) * static_cast<size_t>(vpp));
+  if (pp == 1) {
+    // Gradient accumulation: each microbatch through every chunk and back before the next.
+    for (int k = 0; k < microbatches; ++k) {
+      for (int c = 0; c < vpp; ++c) order.push_back({true, c, k});
+      for (int c = vpp - 1; c >= 0; --c) order.push_back({false, c, k});
+    }
+    return order;
+  }
+  if (schedule == PipelineSchedule::k1F1B || vpp == 1) {
+    const int warmup = static_cast<int>(Warmup1F1B(pp, stage, microbatches));
+    for (int k = 0; k < warmup; ++k) order.push_back({true, 0, k});
+    for (int k = 0; k < microbatches - warmup; ++k) {
+      order.push_back({true, 0, warmup + k});
+      order.push_back({false, 0, k});
+    }
+    for (int k = microbatches - warmup; k < microbatches; ++k) order.push_back({false, 0, k});
+    return order;
+  }
+  const InterleavedTable table{pp, microbatches, vpp};
+  const int64_t total = table.m * table.v;
+  const int64_t warmup = WarmupInterleaved(pp, stage, table.v, total);
+  for (int64_t u = 0; u < warmup; ++u) order.push_back(table.Unit(u, true));
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    order.push_back(table.Unit(warmup + k, true));
+    order.push_back(table.Unit(k, false));
+  }
+  for (int64_t k = total - warmup; k < total; ++k) order.push_back(table.Unit(k, false));
+  return order;
 }
 
 StagePlan StageWithoutPipeline(const Plan& plan) {

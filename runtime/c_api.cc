@@ -428,17 +428,34 @@ stowage_status stowage_end_step(stowage_runtime* rt) {
   return Guard(rt, "stowage_end_step", [&] { return rt->runtime->EndStep(); });
 }
 
-stowage_status stowage_save(stowage_runtime* rt, int32_t layer, const void* src, size_t bytes,
-                            void* stream, stowage_tensor_id* out_id) {
-  STOWAGE_CHECK_RUNTIME(rt, "stowage_save");
-  if (out_id == nullptr)
-    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_save: out_id is NULL");
-  return Guard(rt, "stowage_save", [&]() -> absl::Status {
-    absl::StatusOr<stowage::runtime::TensorId> id = rt->runtime->Save(layer, src, bytes, stream);
+namespace {
+
+stowage_status SaveOne(const char* call, stowage_runtime* rt, int32_t layer, int32_t microbatch,
+                       const void* src, size_t bytes, void* stream, stowage_tensor_id* out_id) {
+  STOWAGE_CHECK_RUNTIME(rt, call);
+  if (out_id == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, absl::StrCat(call, ": out_id is NULL"));
+  }
+  return Guard(rt, call, [&]() -> absl::Status {
+    absl::StatusOr<stowage::runtime::TensorId> id =
+        rt->runtime->Save(layer, microbatch, src, bytes, stream);
     if (!id.ok()) return id.status();
     *out_id = *id;
     return absl::OkStatus();
   });
+}
+
+}  // namespace
+
+stowage_status stowage_save(stowage_runtime* rt, int32_t layer, const void* src, size_t bytes,
+                            void* stream, stowage_tensor_id* out_id) {
+  return SaveOne("stowage_save", rt, layer, 0, src, bytes, stream, out_id);
+}
+
+stowage_status stowage_save_microbatch(stowage_runtime* rt, int32_t layer, int32_t microbatch,
+                                       const void* src, size_t bytes, void* stream,
+                                       stowage_tensor_id* out_id) {
+  return SaveOne("stowage_save_microbatch", rt, layer, microbatch, src, bytes, stream, out_id);
 }
 
 stowage_status stowage_save_query(stowage_runtime* rt, stowage_tensor_id id, int32_t* done) {
@@ -470,32 +487,47 @@ stowage_status stowage_prefetch(stowage_runtime* rt, stowage_tensor_id id, void*
   return Guard(rt, "stowage_prefetch", [&] { return rt->runtime->Prefetch(id, dst, stream); });
 }
 
+stowage_status stowage_prefetch_microbatch(stowage_runtime* rt, stowage_tensor_id id,
+                                           int32_t microbatch, void* dst, void* stream) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_prefetch_microbatch");
+  return Guard(rt, "stowage_prefetch_microbatch",
+               [&] { return rt->runtime->Prefetch(id, dst, stream, microbatch); });
+}
+
 stowage_status stowage_restore(stowage_runtime* rt, stowage_tensor_id id, void* dst, void* stream) {
   STOWAGE_CHECK_RUNTIME(rt, "stowage_restore");
   return Guard(rt, "stowage_restore", [&] { return rt->runtime->Restore(id, dst, stream); });
+}
+
+stowage_status stowage_restore_microbatch(stowage_runtime* rt, stowage_tensor_id id,
+                                          int32_t microbatch, void* dst, void* stream) {
+  STOWAGE_CHECK_RUNTIME(rt, "stowage_restore_microbatch");
+  return Guard(rt, "stowage_restore_microbatch",
+               [&] { return rt->runtime->Restore(id, dst, stream, microbatch); });
 }
 
 // The batched forms are loops over the single calls, here rather than in Runtime: what they
 // save is the per-call cost of the caller's language (a ctypes call from Python costs more than
 // the save itself) and the copy workers' wake-ups, which coalesce when copies are issued back to
 // back.
-stowage_status stowage_save_many(stowage_runtime* rt, int32_t layer, size_t count,
-                                 const void* const* srcs, const size_t* bytes, void* stream,
-                                 stowage_tensor_id* out_ids, size_t* out_saved) {
-  STOWAGE_CHECK_RUNTIME(rt, "stowage_save_many");
+namespace {
+
+stowage_status SaveMany(const char* call, stowage_runtime* rt, int32_t layer, int32_t microbatch,
+                        size_t count, const void* const* srcs, const size_t* bytes, void* stream,
+                        stowage_tensor_id* out_ids, size_t* out_saved) {
+  STOWAGE_CHECK_RUNTIME(rt, call);
   if (out_saved != nullptr) *out_saved = 0;
   if (count > 0 && (srcs == nullptr || bytes == nullptr || out_ids == nullptr)) {
-    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
-                absl::StrCat("stowage_save_many: ", count, " tensors but ",
-                             srcs == nullptr    ? "srcs"
-                             : bytes == nullptr ? "bytes"
-                                                : "out_ids",
-                             " is NULL"));
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, absl::StrCat(call, ": ", count, " tensors but ",
+                                                             srcs == nullptr    ? "srcs"
+                                                             : bytes == nullptr ? "bytes"
+                                                                                : "out_ids",
+                                                             " is NULL"));
   }
-  return Guard(rt, "stowage_save_many", [&]() -> absl::Status {
+  return Guard(rt, call, [&]() -> absl::Status {
     for (size_t k = 0; k < count; ++k) {
       absl::StatusOr<stowage::runtime::TensorId> id =
-          rt->runtime->Save(layer, srcs[k], bytes[k], stream);
+          rt->runtime->Save(layer, microbatch, srcs[k], bytes[k], stream);
       if (!id.ok()) {
         return absl::Status(id.status().code(), absl::StrCat("tensor ", k, " of ", count, ": ",
                                                              std::string(id.status().message())));
@@ -507,23 +539,92 @@ stowage_status stowage_save_many(stowage_runtime* rt, int32_t layer, size_t coun
   });
 }
 
-stowage_status stowage_prefetch_many(stowage_runtime* rt, size_t count,
-                                     const stowage_tensor_id* ids, void* const* dsts, void* stream,
-                                     size_t* out_issued) {
-  STOWAGE_CHECK_RUNTIME(rt, "stowage_prefetch_many");
+}  // namespace
+
+stowage_status stowage_save_many(stowage_runtime* rt, int32_t layer, size_t count,
+                                 const void* const* srcs, const size_t* bytes, void* stream,
+                                 stowage_tensor_id* out_ids, size_t* out_saved) {
+  return SaveMany("stowage_save_many", rt, layer, 0, count, srcs, bytes, stream, out_ids,
+                  out_saved);
+}
+
+stowage_status stowage_save_many_microbatch(stowage_runtime* rt, int32_t layer, int32_t microbatch,
+                                            size_t count, const void* const* srcs,
+                                            const size_t* bytes, void* stream,
+                                            stowage_tensor_id* out_ids, size_t* out_saved) {
+  return SaveMany("stowage_save_many_microbatch", rt, layer, microbatch, count, srcs, bytes, stream,
+                  out_ids, out_saved);
+}
+
+namespace {
+
+stowage_status PrefetchMany(const char* call, stowage_runtime* rt, std::optional<int> microbatch,
+                            size_t count, const stowage_tensor_id* ids, void* const* dsts,
+                            void* stream, size_t* out_issued) {
+  STOWAGE_CHECK_RUNTIME(rt, call);
   if (out_issued != nullptr) *out_issued = 0;
   if (count > 0 && (ids == nullptr || dsts == nullptr)) {
     return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
-                absl::StrCat("stowage_prefetch_many: ", count, " tensors but ",
-                             ids == nullptr ? "ids" : "dsts", " is NULL"));
+                absl::StrCat(call, ": ", count, " tensors but ", ids == nullptr ? "ids" : "dsts",
+                             " is NULL"));
   }
-  return Guard(rt, "stowage_prefetch_many", [&]() -> absl::Status {
+  return Guard(rt, call, [&]() -> absl::Status {
     for (size_t k = 0; k < count; ++k) {
-      if (absl::Status s = rt->runtime->Prefetch(ids[k], dsts[k], stream); !s.ok()) {
+      if (absl::Status s = rt->runtime->Prefetch(ids[k], dsts[k], stream, microbatch); !s.ok()) {
         return absl::Status(
             s.code(), absl::StrCat("tensor ", k, " of ", count, ": ", std::string(s.message())));
       }
       if (out_issued != nullptr) *out_issued = k + 1;
+    }
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+
+stowage_status stowage_prefetch_many(stowage_runtime* rt, size_t count,
+                                     const stowage_tensor_id* ids, void* const* dsts, void* stream,
+                                     size_t* out_issued) {
+  return PrefetchMany("stowage_prefetch_many", rt, std::nullopt, count, ids, dsts, stream,
+                      out_issued);
+}
+
+stowage_status stowage_prefetch_many_microbatch(stowage_runtime* rt, int32_t microbatch,
+                                                size_t count, const stowage_tensor_id* ids,
+                                                void* const* dsts, void* stream,
+                                                size_t* out_issued) {
+  return PrefetchMany("stowage_prefetch_many_microbatch", rt, microbatch, count, ids, dsts, stream,
+                      out_issued);
+}
+
+stowage_status stowage_pipeline_order(const char* schedule, int32_t pp, int32_t vpp,
+                                      int32_t microbatches, int32_t stage, stowage_pipeline_op* out,
+                                      size_t capacity, size_t* count) {
+  if (count == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT, "stowage_pipeline_order: count is NULL");
+  }
+  *count = 0;
+  if (capacity > 0 && out == nullptr) {
+    return Fail(STOWAGE_ERROR_INVALID_ARGUMENT,
+                absl::StrCat("stowage_pipeline_order: out is NULL with capacity ", capacity));
+  }
+  return Guard(nullptr, "stowage_pipeline_order", [&]() -> absl::Status {
+    if (schedule == nullptr) return absl::InvalidArgumentError("schedule is NULL");
+    absl::StatusOr<stowage::PipelineSchedule> parsed = stowage::ParsePipelineSchedule(schedule);
+    if (!parsed.ok()) return parsed.status();
+    // The plan's rules for these fields (ValidatePlan), on a plan of just them.
+    if (absl::Status s = stowage::CheckPipelineRun(*parsed, pp, vpp, microbatches); !s.ok()) {
+      return s;
+    }
+    if (stage < 0 || stage >= pp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage is ", stage, "; allowed: 0 to ", pp - 1, " (pp is ", pp, ")"));
+    }
+    const std::vector<stowage::PipelineOp> order =
+        stowage::PipelineOrder(*parsed, pp, vpp, microbatches, stage);
+    *count = order.size();
+    for (size_t k = 0; k < order.size() && k < capacity; ++k) {
+      out[k] = {order[k].forward ? 1 : 0, order[k].chunk, order[k].microbatch};
     }
     return absl::OkStatus();
   });

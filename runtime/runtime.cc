@@ -129,10 +129,15 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& full_plan,
   backend_options.device = options.device;
   backend_options.numa_node = options.numa_node;
   backend_options.copy_threads = options.copy_threads;
-  backend_options.ranks_sharing_node = plan.runtime.gpus_per_numa_node;
-  absl::StatusOr<offload::Backend> backend = offload::CreateBackend(backend_options);
+  backend_options.ranks_sharing_node = std::max(1, plan.runtime.gpus_per_numa_node);
+  absl::StatusOr<offload::Backend> backend = offload::PlaceBackend(backend_options);
   if (!backend.ok()) return backend.status();
   rt->backend_kind_ = backend->kind;
+  // Admitted with the node's other ranks first: the ledger's slot and count decide which CPUs
+  // this rank's copy workers and page-touch threads use (Note [CPU shares]).
+  if (absl::Status s = rt->Admit(plan, options, *backend, &backend_options); !s.ok()) return s;
+  if (absl::Status s = offload::StartBackend(backend_options, &*backend); !s.ok()) return s;
+  rt->cpu_share_ = offload::CopyCpus(backend_options, backend->placement);
 
   // Counters, set before anything can count.
   rt->counters_ = MakeCounters(plan, options, *backend->device, &rt->layer_type_of_);
@@ -181,44 +186,61 @@ std::shared_ptr<RuntimeCounters> Runtime::MakeCounters(const Plan& plan,
   return counters;
 }
 
-// The arena holds every layer's region (or the plan's host_arena_bytes if larger), sized once
-// here: admission, NUMA binding and page touching happen before step 0, never in a step.
-absl::Status Runtime::CreateArena(const Plan& plan, const RuntimeOptions& options,
-                                  const offload::Backend& backend) {
-  uint64_t arena_bytes = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    arena_bytes = std::max(regions_.arena_bytes(), plan.runtime.host_arena_bytes);
-  }
-  if (arena_bytes == 0) {
-    counters_->numa_node = backend.placement.numa_node;
+uint64_t Runtime::ArenaBytes(const Plan& plan) const {
+  absl::MutexLock lock(&mu_);
+  return std::max(regions_.arena_bytes(), plan.runtime.host_arena_bytes);
+}
+
+// Note [CPU shares]. Ranks on one NUMA node divide its CPUs: rank r of n takes the r-th of n
+// near-equal slices (CpuShare) for its host-backend copy workers and its arena's page-touch
+// threads, so eight ranks starting together do not each run 16 touch threads on the same cores
+// (the probe's 32 GiB touch took 0.6 s with 16 threads on one GPU's node, 7.3 s with one). n is
+// the most of the plan's gpus_per_numa_node and the live reservations the node ledger counts at
+// admission (this one included); r is the ledger slot (the smallest free one, so a restarted rank
+// takes the slice its predecessor left). Without admission (skip_admission, or nothing to
+// offload) there is no slot: the local rank ($LOCAL_RANK) stands in for it when known, else the
+// rank copies on all of the node's CPUs with 1/n of the threads.
+absl::Status Runtime::Admit(const Plan& plan, const RuntimeOptions& options,
+                            const offload::Backend& backend, offload::BackendOptions* share) {
+  const uint64_t arena_bytes = ArenaBytes(plan);
+  if (arena_bytes == 0 || options.skip_admission) {
+    const int local_rank = options.ledger.local_rank >= 0 ? options.ledger.local_rank
+                                                          : offload::LocalRankFromEnvironment();
+    share->cpu_slot = local_rank >= 0 ? local_rank % share->ranks_sharing_node : -1;
     return absl::OkStatus();
   }
   // Admitted together with the other ranks on this node (Note [Node ledger]); the arena's own
   // check, which sees this process alone, is then redundant.
-  const int numa_node = backend.placement.numa_node;
-  int ranks_sharing = std::max(1, plan.runtime.gpus_per_numa_node);
-  int slot = 0;
-  if (!options.skip_admission) {
-    offload::AdmissionRequest request;
-    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    request.bytes = arena_bytes + (page - arena_bytes % page) % page;  // the arena's capacity
-    request.numa_node = numa_node;
-    request.what = backend.kind == BackendKind::kCuda
-                       ? absl::StrCat("pinned host arena for CUDA device ", options.device)
-                       : std::string("pinned host arena");
-    absl::StatusOr<std::unique_ptr<offload::NodeReservation>> reservation =
-        offload::NodeReservation::Admit(request, options.ledger);
-    if (!reservation.ok()) return reservation.status();
-    reservation_ = *std::move(reservation);
-    ranks_sharing = std::max(ranks_sharing, reservation_->ranks_on_node());
-    slot = reservation_->slot();
+  offload::AdmissionRequest request;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  request.bytes = arena_bytes + (page - arena_bytes % page) % page;  // the arena's capacity
+  request.numa_node = backend.placement.numa_node;
+  request.what = backend.kind == BackendKind::kCuda
+                     ? absl::StrCat("pinned host arena for CUDA device ", options.device)
+                     : std::string("pinned host arena");
+  absl::StatusOr<std::unique_ptr<offload::NodeReservation>> reservation =
+      offload::NodeReservation::Admit(request, options.ledger);
+  if (!reservation.ok()) return reservation.status();
+  reservation_ = *std::move(reservation);
+  share->ranks_sharing_node = std::max(share->ranks_sharing_node, reservation_->ranks_on_node());
+  share->cpu_slot = reservation_->slot();
+  return absl::OkStatus();
+}
+
+// The arena holds every layer's region (or the plan's host_arena_bytes if larger), sized once
+// here: admission (Admit), NUMA binding and page touching happen before step 0, never in a step.
+absl::Status Runtime::CreateArena(const Plan& plan, const RuntimeOptions& options,
+                                  const offload::Backend& backend) {
+  const uint64_t arena_bytes = ArenaBytes(plan);
+  if (arena_bytes == 0) {
+    counters_->numa_node = backend.placement.numa_node;
+    return absl::OkStatus();
   }
   offload::ArenaOptions arena_options;
   arena_options.bytes = arena_bytes;
-  arena_options.numa_node = numa_node;
-  // Ranks sharing the node touch with their own slice of its CPUs, not each with all of them.
-  arena_options.touch_cpus = offload::CpuShare(backend.placement.cpus, slot, ranks_sharing);
+  arena_options.numa_node = backend.placement.numa_node;
+  // Note [CPU shares]: this rank's slice of the node's CPUs, not all of them.
+  arena_options.touch_cpus = cpu_share_;
   arena_options.touch_threads = options.copy_threads;
   arena_options.register_with_cuda = backend.kind == BackendKind::kCuda;
   arena_options.cuda_device = options.device;
@@ -339,10 +361,12 @@ absl::StatusOr<TensorEntry*> Runtime::LookupSaved(TensorId id, const char* call)
   return entry;
 }
 
-absl::StatusOr<TensorId> Runtime::Save(int layer, const void* src, size_t bytes, void* stream) {
-  absl::StatusOr<std::pair<TensorId, TensorEntry*>> reserved = ReserveSave(layer, src, bytes);
+absl::StatusOr<TensorId> Runtime::Save(int layer, int microbatch, const void* src, size_t bytes,
+                                       void* stream) {
+  absl::StatusOr<Reserved> reserved = ReserveSave(layer, microbatch, src, bytes);
   if (!reserved.ok()) return reserved.status();
-  auto [id, entry] = *reserved;
+  const TensorId id = reserved->id;
+  TensorEntry* const entry = reserved->entry;
   CallScope scope(this);
   std::function<void()> on_landed;
   if (verify_) {
@@ -360,16 +384,31 @@ absl::StatusOr<TensorId> Runtime::Save(int layer, const void* src, size_t bytes,
     };
   }
   counters_->AddDevicePending(bytes);
-  absl::Status saved = FinishSave(
-      entry, engine_->DeviceToHost(entry->host, src, bytes, stream, std::move(on_landed)));
+  // A reused slot (Note [Microbatch slots]): the D2H must not overwrite bytes an H2D of the
+  // slot's previous microbatch may still read. The copy engine orders a copy after one fence;
+  // the others have landed in practice (their restores made the consumer wait for them before
+  // this forward ran), so waiting for them on the host costs nothing but covers every order.
+  std::shared_ptr<CopyFence> after;
+  for (std::shared_ptr<CopyFence>& f : reserved->after) {
+    if (f->Done()) continue;
+    if (after != nullptr) {
+      if (absl::Status s = after->Wait(); !s.ok()) {
+        return FinishSave(entry, s);
+      }
+    }
+    after = std::move(f);
+  }
+  absl::Status saved =
+      FinishSave(entry, engine_->DeviceToHost(entry->host, src, bytes, stream, std::move(on_landed),
+                                              std::move(after)));
   if (!saved.ok()) return saved;
   return id;
 }
 
 // Under mu_: the checks, the placement in the layer's region and a new id. Counts the call as
 // active (the caller's CallScope ends it).
-absl::StatusOr<std::pair<TensorId, TensorEntry*>> Runtime::ReserveSave(int layer, const void* src,
-                                                                       uint64_t bytes) {
+absl::StatusOr<Runtime::Reserved> Runtime::ReserveSave(int layer, int microbatch, const void* src,
+                                                       uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (!in_step_) {
     return absl::FailedPreconditionError("save: no step is open; call begin_step first");
@@ -391,15 +430,19 @@ absl::StatusOr<std::pair<TensorId, TensorEntry*>> Runtime::ReserveSave(int layer
         "save: layer ", layer, " (policy '", std::string(LayerPolicyName(layers_[layer].policy)),
         "') has no host memory reserved in the plan; ", bytes, " bytes cannot be saved"));
   }
-  absl::StatusOr<std::byte*> host = regions_.Place(layer, bytes);
-  if (!host.ok()) return host.status();
-  absl::StatusOr<std::pair<TensorId, TensorEntry*>> added = tensors_.Add(layer, *host, bytes);
-  if (!added.ok()) return added.status();
+  absl::StatusOr<SlotPlacement> placed = regions_.Place(layer, microbatch, bytes);
+  if (!placed.ok()) return placed.status();
+  absl::StatusOr<std::pair<TensorId, TensorEntry*>> added =
+      tensors_.Add(layer, microbatch, placed->host, bytes);
+  if (!added.ok()) {
+    regions_.Abandon(layer, microbatch);
+    return added.status();
+  }
   // Bounded by the arena's size (Place succeeded), so this cannot wrap.
   step_saved_bytes_ += bytes;
   counters_->RecordArenaUse(step_saved_bytes_);
   ++active_calls_;
-  return added;
+  return Reserved{added->first, added->second, std::move(placed->after)};
 }
 
 absl::Status Runtime::FinishSave(TensorEntry* entry,
@@ -408,6 +451,7 @@ absl::Status Runtime::FinishSave(TensorEntry* entry,
   if (!fence.ok()) {
     counters_->device_pending_bytes.fetch_sub(entry->bytes, std::memory_order_relaxed);
     entry->state = TensorState::kFailed;
+    regions_.Abandon(entry->layer, entry->microbatch);
     return fence.status();
   }
   entry->d2h = *std::move(fence);
@@ -476,13 +520,31 @@ absl::Status Runtime::VerifyHostCopy(TensorId id, TensorEntry& entry) {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::Prefetch(TensorId id, void* dst, void* stream) {
+absl::Status Runtime::CheckIdMicrobatch(const char* call, TensorId id, const TensorEntry& entry,
+                                        std::optional<int> wanted) {
+  if (!wanted.has_value() || *wanted == entry.microbatch) return absl::OkStatus();
+  const int microbatch = *wanted;
+  if (absl::Status s = regions_.CheckMicrobatch(entry.layer, microbatch, call); !s.ok()) return s;
+  if (!regions_.Saved(entry.layer, microbatch)) {
+    return absl::NotFoundError(
+        absl::StrCat(call, ": microbatch ", microbatch, " of layer ", entry.layer,
+                     " was never saved in this step (tensor id ", id, " is microbatch ",
+                     entry.microbatch, "'s; ", regions_.InFlightText(entry.layer), ")"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(call, ": tensor id ", id, " was saved by microbatch ", entry.microbatch,
+                   " of layer ", entry.layer, ", not by microbatch ", microbatch));
+}
+
+absl::Status Runtime::Prefetch(TensorId id, void* dst, void* stream,
+                               std::optional<int> microbatch) {
   TensorEntry* entry = nullptr;
   {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<TensorEntry*> found = Lookup(id);
     if (!found.ok()) return found.status();
     entry = *found;
+    if (absl::Status s = CheckIdMicrobatch("prefetch", id, *entry, microbatch); !s.ok()) return s;
     if (entry->state != TensorState::kSaved) {
       if (entry->state == TensorState::kCorrupt) {
         return absl::DataLossError(
@@ -520,10 +582,10 @@ absl::Status Runtime::Prefetch(TensorId id, void* dst, void* stream) {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::Restore(TensorId id, void* dst, void* stream) {
+absl::Status Runtime::Restore(TensorId id, void* dst, void* stream, std::optional<int> microbatch) {
   TensorEntry* entry = nullptr;
   std::shared_ptr<CopyFence> h2d;  // the prefetch's H2D, if there was one
-  if (absl::Status s = BeginRestore(id, dst, &entry, &h2d); !s.ok()) return s;
+  if (absl::Status s = BeginRestore(id, dst, microbatch, &entry, &h2d); !s.ok()) return s;
   CallScope scope(this);
   const bool prefetched = h2d != nullptr;
   absl::Status status = prefetched ? absl::OkStatus() : CopyBack(id, *entry, dst, stream, &h2d);
@@ -537,12 +599,13 @@ absl::Status Runtime::Restore(TensorId id, void* dst, void* stream) {
 
 // Under mu_: the state checks and the move to kRestoring. Counts the call as active (the caller's
 // CallScope ends it). `prefetched` is the prefetch's H2D when there was one.
-absl::Status Runtime::BeginRestore(TensorId id, void* dst, TensorEntry** out,
-                                   std::shared_ptr<CopyFence>* prefetched) {
+absl::Status Runtime::BeginRestore(TensorId id, void* dst, std::optional<int> microbatch,
+                                   TensorEntry** out, std::shared_ptr<CopyFence>* prefetched) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<TensorEntry*> found = Lookup(id);
   if (!found.ok()) return found.status();
   TensorEntry* entry = *found;
+  if (absl::Status s = CheckIdMicrobatch("restore", id, *entry, microbatch); !s.ok()) return s;
   switch (entry->state) {
     case TensorState::kSaved:
       break;
@@ -639,6 +702,7 @@ absl::Status Runtime::FinishRestore(TensorEntry* entry, bool prefetched,
     return status;
   }
   entry->state = TensorState::kRestored;
+  regions_.Restored(entry->layer, entry->microbatch, entry->h2d);
   counters_->restores_total.fetch_add(1, std::memory_order_relaxed);
   if (LayerTypeCounters* t = layer_type_of_[entry->layer]; t != nullptr) {
     t->restored_bytes.fetch_add(entry->bytes, std::memory_order_relaxed);

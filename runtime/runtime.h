@@ -18,6 +18,11 @@
 // SaveWaitStream, or a SaveQuery that saw it done) and restored tensors whose H2D is still running
 // on the device are normal (the caller's streams wait for them) and are only drained.
 //
+// Microbatches (Note [Microbatch slots] in runtime/step_regions.h): a step is one optimizer step,
+// every microbatch of it; saves name their microbatch (0 to run.microbatches - 1), each layer
+// holds up to its in_flight_microbatches at once, and a microbatch's slot is reused once all of
+// its tensors in the layer were restored. The single-microbatch calls are microbatch 0.
+//
 // Note [Integrity mode]. With verify_checksums, each saved buffer is summed (Checksum64) on the
 // backend thread the moment its D2H lands, and re-summed before its H2D is issued (prefetch or
 // restore); the host backend also sums the destination after the H2D. A mismatch is DATA_LOSS and
@@ -36,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,20 +122,32 @@ class Runtime : private offload::CopyObserver {
   absl::Status EndStep();
   bool in_step() const;
 
-  // D2H of `bytes` at device `src` into `layer`'s region, after the work on `stream` so far.
-  // INVALID_ARGUMENT (layer out of range, null src), FAILED_PRECONDITION (no step open),
-  // RESOURCE_EXHAUSTED (past the plan's reservation for the layer).
-  absl::StatusOr<TensorId> Save(int layer, const void* src, size_t bytes, void* stream);
+  // D2H of `bytes` at device `src` into `layer`'s slot for `microbatch`, after the work on
+  // `stream` so far (and after any H2D still reading the slot for an earlier microbatch).
+  // INVALID_ARGUMENT (layer or microbatch out of range, null src), FAILED_PRECONDITION (no step
+  // open; the microbatch already saved the layer this step), RESOURCE_EXHAUSTED (past the plan's
+  // reservation for one microbatch of the layer, or more microbatches in flight than planned).
+  absl::StatusOr<TensorId> Save(int layer, int microbatch, const void* src, size_t bytes,
+                                void* stream);
+  absl::StatusOr<TensorId> Save(int layer, const void* src, size_t bytes, void* stream) {
+    return Save(layer, 0, src, bytes, stream);
+  }
   // NOT_FOUND for unknown or stale ids.
   absl::StatusOr<bool> SaveQuery(TensorId id);
   absl::Status SaveWait(TensorId id);
   absl::Status SaveWaitStream(TensorId id, void* stream);
   // Issues the H2D into `dst` after the work on `stream` so far; returns at once.
   // FAILED_PRECONDITION if already prefetched or restored; DATA_LOSS in integrity mode.
-  absl::Status Prefetch(TensorId id, void* dst, void* stream);
+  // `microbatch` (none: the id's own) must be the one the id was saved under: NOT_FOUND
+  // when that microbatch never saved the layer this step, INVALID_ARGUMENT when it did (another
+  // tensor) or is out of range.
+  absl::Status Prefetch(TensorId id, void* dst, void* stream,
+                        std::optional<int> microbatch = std::nullopt);
   // `stream` waits until `dst` holds the bytes (host backend: returns when it does). Consumes
   // the id: FAILED_PRECONDITION the second time. INVALID_ARGUMENT if prefetched into another dst.
-  absl::Status Restore(TensorId id, void* dst, void* stream);
+  // `microbatch` as for Prefetch. The microbatch's last restore of a layer frees its slot.
+  absl::Status Restore(TensorId id, void* dst, void* stream,
+                       std::optional<int> microbatch = std::nullopt);
 
   // Note [Step trace]: records the next steps' events, at most `capacity` per step (0: off).
   // INVALID_ARGUMENT past kMaxTraceEvents; FAILED_PRECONDITION inside a step.
@@ -153,6 +171,9 @@ class Runtime : private offload::CopyObserver {
   offload::DeviceBackend& backend() { return engine_->backend(); }
   offload::CopyEngine& engine() { return *engine_; }
   uint64_t copies_in_flight();  // reaps first
+  // This rank's share of its NUMA node's CPUs (Note [CPU shares] in runtime.cc): where the host
+  // backend's copy workers and the arena's touch threads run.
+  const std::vector<int>& cpu_share() const { return cpu_share_; }
 
   // Test-only: flips one byte of the host copy of `id` (after its D2H landed), to prove that
   // integrity mode catches host-side corruption.
@@ -168,18 +189,30 @@ class Runtime : private offload::CopyObserver {
                                                        const RuntimeOptions& options,
                                                        const offload::DeviceBackend& backend,
                                                        std::vector<LayerTypeCounters*>* type_of);
+  uint64_t ArenaBytes(const Plan& plan) const;
+  // Node admission (Note [Node ledger]) and this rank's CPU share (Note [CPU shares] in
+  // runtime.cc): sets `share`'s ranks_sharing_node and cpu_slot.
+  absl::Status Admit(const Plan& plan, const RuntimeOptions& options,
+                     const offload::Backend& backend, offload::BackendOptions* share);
   absl::Status CreateArena(const Plan& plan, const RuntimeOptions& options,
                            const offload::Backend& backend);
 
   // Parts of Save: the checks and the placement under mu_, the D2H outside it, the bookkeeping.
-  absl::StatusOr<std::pair<TensorId, TensorEntry*>> ReserveSave(int layer, const void* src,
-                                                                uint64_t bytes);
+  struct Reserved {
+    TensorId id = 0;
+    TensorEntry* entry = nullptr;
+    std::vector<std::shared_ptr<offload::CopyFence>> after;  // SlotPlacement::after
+  };
+  absl::StatusOr<Reserved> ReserveSave(int layer, int microbatch, const void* src, uint64_t bytes);
+  // The id was saved under `microbatch` (Prefetch, Restore); errors name `call`.
+  absl::Status CheckIdMicrobatch(const char* call, TensorId id, const TensorEntry& entry,
+                                 std::optional<int> microbatch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FinishSave(TensorEntry* entry,
                           absl::StatusOr<std::shared_ptr<offload::CopyFence>> fence);
   // Parts of Restore: the state change under mu_, the H2D (unless prefetched) and the wait, the
   // integrity check of what landed (host backend), the bookkeeping.
-  absl::Status BeginRestore(TensorId id, void* dst, TensorEntry** entry,
-                            std::shared_ptr<offload::CopyFence>* prefetched);
+  absl::Status BeginRestore(TensorId id, void* dst, std::optional<int> microbatch,
+                            TensorEntry** entry, std::shared_ptr<offload::CopyFence>* prefetched);
   absl::Status CopyBack(TensorId id, TensorEntry& entry, void* dst, void* stream,
                         std::shared_ptr<offload::CopyFence>* h2d);
   // Trace on: records the H2D's issue and returns what records its landing; else empty.
@@ -210,6 +243,7 @@ class Runtime : private offload::CopyObserver {
   int prefetch_distance_ = 1;
   int stage_ = 0;
   std::vector<int> stage_of_layer_;  // the stage that runs each layer
+  std::vector<int> cpu_share_;
   uint64_t plan_hash_ = 0;
   std::vector<LayerPlan> layers_;
   std::vector<LayerTypeCounters*> layer_type_of_;  // by layer index

@@ -46,13 +46,15 @@ std::vector<std::unique_ptr<TensorEntry>> TensorTable::Close() {
   return std::exchange(entries_, {});
 }
 
-absl::StatusOr<std::pair<TensorId, TensorEntry*>> TensorTable::Add(int layer, std::byte* host,
+absl::StatusOr<std::pair<TensorId, TensorEntry*>> TensorTable::Add(int layer, int microbatch,
+                                                                   std::byte* host,
                                                                    uint64_t bytes) {
   if (entries_.size() >= 0xffffffffu) {
     return absl::ResourceExhaustedError("save: more than 2^32-1 saves in one step");
   }
   auto entry = std::make_unique<TensorEntry>();
   entry->layer = layer;
+  entry->microbatch = microbatch;
   entry->host = host;
   entry->bytes = bytes;
   const TensorId id = MakeId(step_, static_cast<uint32_t>(entries_.size()));

@@ -34,6 +34,7 @@ const char* TensorStateName(TensorState state);  // "being saved", "saved", ...
 
 struct TensorEntry {
   int layer = 0;
+  int microbatch = 0;  // Note [Microbatch slots] in runtime/step_regions.h
   std::byte* host = nullptr;
   uint64_t bytes = 0;
   TensorState state = TensorState::kIssuing;
@@ -51,8 +52,10 @@ class TensorTable {
   // Ends the step: hands back every entry (the caller drains their copies) and forgets the ids.
   std::vector<std::unique_ptr<TensorEntry>> Close();
 
-  // A new entry for `layer` and its id. RESOURCE_EXHAUSTED past 2^32-1 saves in one step.
-  absl::StatusOr<std::pair<TensorId, TensorEntry*>> Add(int layer, std::byte* host, uint64_t bytes);
+  // A new entry for `microbatch` of `layer` and its id. RESOURCE_EXHAUSTED past 2^32-1 saves in
+  // one step.
+  absl::StatusOr<std::pair<TensorId, TensorEntry*>> Add(int layer, int microbatch, std::byte* host,
+                                                        uint64_t bytes);
   // NOT_FOUND when `id` is of another step or unknown (the runtime knows whether a step is open).
   absl::StatusOr<TensorEntry*> Find(TensorId id) const;
 

@@ -147,6 +147,27 @@ absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name);
 int InFlightMicrobatches(PipelineSchedule schedule, int pp, int vpp, int microbatches, int stage,
                          int chunk);
 
+// The plan's rules for run.schedule, run.pp, run.vpp and run.microbatches (ValidatePlan's, with
+// its messages): INVALID_ARGUMENT naming the field, its value and what is allowed.
+absl::Status CheckPipelineRun(PipelineSchedule schedule, int pp, int vpp, int microbatches);
+
+// One forward or backward of one microbatch through one model chunk of a stage.
+struct PipelineOp {
+  bool forward = true;
+  int chunk = 0;       // the stage's chunk, 0 to vpp - 1
+  int microbatch = 0;  // 0 to microbatches - 1, the id the trainer saves and restores it under
+  bool operator==(const PipelineOp&) const = default;
+};
+// The order in which stage `stage` runs its forwards and backwards in one step (the order
+// InFlightMicrobatches walks): 1F1B runs min(pp - stage - 1, microbatches) warmup forwards, then
+// alternates one forward and the oldest backward, then the remaining backwards; interleaved runs
+// the schedule table's units (groups of pp microbatches through chunk 0, 1, ..., vpp - 1; the
+// backwards with the chunks reversed) with the warmup above; pp = 1 (gradient accumulation) runs
+// each microbatch's forward and backward before the next. 2 x microbatches x vpp ops; empty for
+// arguments outside the plan's limits.
+std::vector<PipelineOp> PipelineOrder(PipelineSchedule schedule, int pp, int vpp, int microbatches,
+                                      int stage);
+
 // One device->host->device copy the runtime performs for a layer each step.
 struct PlannedTransfer {
   std::string name;    // e.g. "input", "attn.q", "moe.act"

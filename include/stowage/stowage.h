@@ -9,6 +9,21 @@
  *             before the layer uses dst   stowage_restore(rt, id, dst, stream);
  *   stowage_end_step(rt);   -- releases everything the step held, always
  *
+ * Microbatches. A step is one optimizer step: every microbatch of it (gradient accumulation, or
+ * a pipeline schedule's forwards and backwards in any order) runs between one begin_step and one
+ * end_step. The _microbatch forms of save, prefetch and restore name the microbatch, 0 to the
+ * plan's run.microbatches - 1; the plain forms are microbatch 0 (save) or the id's own
+ * (prefetch, restore). A layer holds at most its plan's in_flight_microbatches at once: a
+ * microbatch's first save into a layer takes one of the layer's slots; its saves there end when
+ * another microbatch saves into the layer, and the slot is free for the next microbatch once
+ * they have ended and all of them were restored -- so a step may run many more microbatches than
+ * are in flight. Misuse, each naming the layer, the microbatch and the planned count: a
+ * microbatch outside run.microbatches (INVALID_ARGUMENT); a save of a microbatch whose saves
+ * ended, restored or not -- a second forward under one id (FAILED_PRECONDITION); one microbatch
+ * more in flight than planned, or more than the plan's bytes for one microbatch
+ * (RESOURCE_EXHAUSTED); a prefetch or restore naming a microbatch that never saved the id's
+ * layer in this step (NOT_FOUND) or another microbatch's id (INVALID_ARGUMENT).
+ *
  * Streams. A `stream` argument is a cudaStream_t passed as void* (NULL: the legacy default
  * stream). With the host backend streams are ignored and "device" pointers are ordinary host
  * memory. The runtime copies on its own non-blocking D2H and H2D streams:
@@ -46,7 +61,8 @@
 extern "C" {
 #endif
 
-#define STOWAGE_ABI_VERSION 1
+/* 2: the _microbatch calls and stowage_pipeline_order were added; every ABI 1 call is kept. */
+#define STOWAGE_ABI_VERSION 2
 
 typedef enum stowage_status {
   STOWAGE_OK = 0,
@@ -169,6 +185,11 @@ STOWAGE_API stowage_status stowage_end_step(stowage_runtime* rt);
  * RESOURCE_EXHAUSTED if the layer would exceed its reservation. */
 STOWAGE_API stowage_status stowage_save(stowage_runtime* rt, int32_t layer, const void* src,
                                         size_t bytes, void* stream, stowage_tensor_id* out_id);
+/* As stowage_save, for `microbatch` (see Microbatches above). */
+STOWAGE_API stowage_status stowage_save_microbatch(stowage_runtime* rt, int32_t layer,
+                                                   int32_t microbatch, const void* src,
+                                                   size_t bytes, void* stream,
+                                                   stowage_tensor_id* out_id);
 STOWAGE_API stowage_status stowage_save_query(stowage_runtime* rt, stowage_tensor_id id,
                                               int32_t* done);
 STOWAGE_API stowage_status stowage_save_wait(stowage_runtime* rt, stowage_tensor_id id);
@@ -180,12 +201,20 @@ STOWAGE_API stowage_status stowage_save_wait_stream(stowage_runtime* rt, stowage
  * copy) on mismatch; the id then fails its restore with DATA_LOSS too. */
 STOWAGE_API stowage_status stowage_prefetch(stowage_runtime* rt, stowage_tensor_id id, void* dst,
                                             void* stream);
+/* As stowage_prefetch; `microbatch` must be the one `id` was saved under. */
+STOWAGE_API stowage_status stowage_prefetch_microbatch(stowage_runtime* rt, stowage_tensor_id id,
+                                                       int32_t microbatch, void* dst, void* stream);
 /* Consumes the id: a second restore fails with FAILED_PRECONDITION. After a prefetch, `dst` must
  * be the prefetch's (INVALID_ARGUMENT otherwise). With verify_checksums, DATA_LOSS if the host
  * copy no longer matches what was saved (nothing is copied); the host backend also checks `dst`
  * after the copy. Host backend: returns once `dst` holds the bytes. */
 STOWAGE_API stowage_status stowage_restore(stowage_runtime* rt, stowage_tensor_id id, void* dst,
                                            void* stream);
+
+/* As stowage_restore; `microbatch` must be the one `id` was saved under. The microbatch's last
+ * restore of a layer frees its slot there. */
+STOWAGE_API stowage_status stowage_restore_microbatch(stowage_runtime* rt, stowage_tensor_id id,
+                                                      int32_t microbatch, void* dst, void* stream);
 
 /* The batched forms, for callers whose every call costs (Python through ctypes): the same as
  * stowage_save for each (srcs[k], bytes[k]) of `layer` in order, writing out_ids[k], and as
@@ -199,6 +228,34 @@ STOWAGE_API stowage_status stowage_save_many(stowage_runtime* rt, int32_t layer,
 STOWAGE_API stowage_status stowage_prefetch_many(stowage_runtime* rt, size_t count,
                                                  const stowage_tensor_id* ids, void* const* dsts,
                                                  void* stream, size_t* out_issued);
+
+/* The batched forms for one microbatch: every tensor is `microbatch`'s. */
+STOWAGE_API stowage_status stowage_save_many_microbatch(
+    stowage_runtime* rt, int32_t layer, int32_t microbatch, size_t count, const void* const* srcs,
+    const size_t* bytes, void* stream, stowage_tensor_id* out_ids, size_t* out_saved);
+STOWAGE_API stowage_status stowage_prefetch_many_microbatch(stowage_runtime* rt, int32_t microbatch,
+                                                            size_t count,
+                                                            const stowage_tensor_id* ids,
+                                                            void* const* dsts, void* stream,
+                                                            size_t* out_issued);
+
+/* The order in which pipeline stage `stage` runs the forwards and backwards of one step under
+ * `schedule` ("1f1b" or "interleaved") with `pp` stages, `vpp` model chunks per stage and
+ * `microbatches` microbatches -- the order the planner's in_flight_microbatches counts come from
+ * (README "Microbatches in flight"). pp = 1 is gradient accumulation: each microbatch's forward
+ * and backward before the next. Copies min(capacity, total) ops into `out` (NULL when capacity
+ * is 0) and sets *count to the total, 2 x microbatches x vpp. INVALID_ARGUMENT for values the
+ * plan's run fields could not hold (naming the field, its value and what is allowed) or a stage
+ * outside [0, pp). Thread-safe. */
+typedef struct stowage_pipeline_op {
+  int32_t forward;    /* 1: forward, 0: backward */
+  int32_t chunk;      /* the stage's model chunk, 0 to vpp - 1 */
+  int32_t microbatch; /* 0 to microbatches - 1 */
+} stowage_pipeline_op;
+STOWAGE_API stowage_status stowage_pipeline_order(const char* schedule, int32_t pp, int32_t vpp,
+                                                  int32_t microbatches, int32_t stage,
+                                                  stowage_pipeline_op* out, size_t capacity,
+                                                  size_t* count);
 
 STOWAGE_API stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats* out);
 

@@ -151,6 +151,21 @@ class Runtime {
   Status Restore(TensorId id, void* dst, void* stream = nullptr) {
     return internal::Check(stowage_restore(rt_, id, dst, stream));
   }
+  // Microbatch `microbatch` of the step (stowage.h, "Microbatches").
+  StatusOr<TensorId> SaveMicrobatch(int layer, int microbatch, const void* src, size_t bytes,
+                                    void* stream = nullptr) {
+    TensorId id = 0;
+    Status s =
+        internal::Check(stowage_save_microbatch(rt_, layer, microbatch, src, bytes, stream, &id));
+    if (!s.ok()) return s;
+    return id;
+  }
+  Status PrefetchMicrobatch(TensorId id, int microbatch, void* dst, void* stream = nullptr) {
+    return internal::Check(stowage_prefetch_microbatch(rt_, id, microbatch, dst, stream));
+  }
+  Status RestoreMicrobatch(TensorId id, int microbatch, void* dst, void* stream = nullptr) {
+    return internal::Check(stowage_restore_microbatch(rt_, id, microbatch, dst, stream));
+  }
 
   StatusOr<Stats> GetStats() {
     Stats stats{};

@@ -307,4 +307,49 @@ TEST(CApi, LayerInfoChecksStructSize) {
   EXPECT_EQ(stowage_destroy(rt), STOWAGE_OK);
 }
 
+// stowage_pipeline_order is PipelineOrder through the C ABI (what Python's
+// stowage.pipeline_order reads), with the plan's rules for its arguments.
+TEST(CApi, PipelineOrderIsThePlannersOrder) {
+  size_t count = 0;
+  ASSERT_EQ(stowage_pipeline_order("interleaved", 2, 2, 4, 1, nullptr, 0, &count), STOWAGE_OK)
+      << stowage_last_error();
+  ASSERT_EQ(count, 16u);
+  std::vector<stowage_pipeline_op> ops(count);
+  ASSERT_EQ(stowage_pipeline_order("interleaved", 2, 2, 4, 1, ops.data(), ops.size(), &count),
+            STOWAGE_OK);
+  const std::vector<stowage::PipelineOp> expected =
+      stowage::PipelineOrder(stowage::PipelineSchedule::kInterleaved, 2, 2, 4, 1);
+  ASSERT_EQ(expected.size(), ops.size());
+  for (size_t k = 0; k < ops.size(); ++k) {
+    EXPECT_EQ(ops[k].forward, expected[k].forward ? 1 : 0) << k;
+    EXPECT_EQ(ops[k].chunk, expected[k].chunk) << k;
+    EXPECT_EQ(ops[k].microbatch, expected[k].microbatch) << k;
+  }
+  // A short buffer gets the first ops and the total.
+  stowage_pipeline_op first[3];
+  ASSERT_EQ(stowage_pipeline_order("1f1b", 4, 1, 6, 0, first, 3, &count), STOWAGE_OK);
+  EXPECT_EQ(count, 12u);
+  EXPECT_EQ(first[2].microbatch, 2);
+  struct Bad {
+    const char* schedule;
+    int pp, vpp, m, stage;
+    const char* says;
+  };
+  for (const Bad& bad :
+       {Bad{"zigzag", 2, 1, 4, 0, "zigzag"}, Bad{"1f1b", 2, 2, 4, 0, "run.vpp"},
+        Bad{"interleaved", 2, 2, 3, 0, "run.microbatches"}, Bad{"1f1b", 0, 1, 4, 0, "run.pp"},
+        Bad{"1f1b", 2, 1, 4, 2, "stage is 2; allowed: 0 to 1"}}) {
+    EXPECT_EQ(
+        stowage_pipeline_order(bad.schedule, bad.pp, bad.vpp, bad.m, bad.stage, nullptr, 0, &count),
+        STOWAGE_ERROR_INVALID_ARGUMENT)
+        << bad.says;
+    EXPECT_NE(std::string(stowage_last_error()).find(bad.says), std::string::npos)
+        << stowage_last_error();
+  }
+  EXPECT_EQ(stowage_pipeline_order("1f1b", 2, 1, 4, 0, nullptr, 0, nullptr),
+            STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(stowage_pipeline_order(nullptr, 2, 1, 4, 0, nullptr, 0, &count),
+            STOWAGE_ERROR_INVALID_ARGUMENT);
+}
+
 }  // namespace

@@ -79,4 +79,28 @@ TEST(CppApi, CreateErrorsCarryTheMessage) {
   EXPECT_NE(rt.status().message().find("JSON"), std::string::npos) << rt.status().ToString();
 }
 
+// Gradient accumulation through the C++ API: 3 microbatches in one step reuse the layer's one
+// slot; a microbatch the plan's run.microbatches does not have is refused.
+TEST(CppApi, MicrobatchesShareOneSlot) {
+  stowage::Plan plan = stowage::testing::MakeTestPlan(1, 256);
+  plan.microbatches = 3;
+  stowage::StatusOr<stowage::Runtime> rt =
+      stowage::Runtime::Create(stowage::PlanToJson(plan), HostOptions());
+  ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+  stowage::StatusOr<stowage::Step> step = stowage::Step::Begin(*rt);
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  for (int k = 0; k < 3; ++k) {
+    std::vector<uint8_t> src(256, static_cast<uint8_t>(k + 1)), dst(256, 0);
+    stowage::StatusOr<stowage::TensorId> id = rt->SaveMicrobatch(0, k, src.data(), src.size());
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    ASSERT_TRUE(rt->PrefetchMicrobatch(*id, k, dst.data()).ok());
+    ASSERT_TRUE(rt->RestoreMicrobatch(*id, k, dst.data()).ok());
+    EXPECT_EQ(dst, src);
+  }
+  std::vector<uint8_t> src(256);
+  const stowage::StatusOr<stowage::TensorId> past = rt->SaveMicrobatch(0, 3, src.data(), 256);
+  EXPECT_EQ(past.status().code(), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(step->End().ok());
+}
+
 }  // namespace

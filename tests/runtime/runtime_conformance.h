@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "offload/host_backend.h"
@@ -55,7 +57,7 @@ struct CudaBackendTraits {
 
 template <typename Traits>
 class RuntimeConformance : public ::testing::Test {
- protected:
+ public:  // RunPipelineOrder drives the fixture too
   void SetUp() override {
     if (!Traits::Available()) GTEST_SKIP() << "backend not available (no CUDA GPU)";
   }
@@ -621,13 +623,203 @@ TYPED_TEST_P(RuntimeConformance, ASaveWhoseSizeWouldWrapIsResourceExhausted) {
   EXPECT_EQ(info.host_bytes_used, 0u);
 }
 
+// Issue 15: a step runs every microbatch of a pipeline schedule's order (PipelineOrder, the order
+// in_flight_microbatches comes from) for one stage, saving two tensors per layer in each forward
+// and prefetching and restoring them in each backward; every byte comes back as it went, over
+// two steps, with each layer holding only its planned slots (slots are reused after restores).
+template <typename Fixture>
+void RunPipelineOrder(Fixture* t, const Plan& plan, int stage) {
+  const std::string json = PlanToJson(plan);
+  stowage_options options = t->Options();
+  options.stage = stage;
+  ASSERT_EQ(stowage_create(json.data(), json.size(), &options, &t->rt_), STOWAGE_OK)
+      << stowage_last_error();
+  const StagePlan& st = plan.stages[stage];
+  uint64_t planned_slots_bytes = 0;
+  for (const LayerRange& c : st.chunks) {
+    for (int i = c.first_layer; i < c.end(); ++i) {
+      planned_slots_bytes += plan.layers[i].host_bytes * plan.layers[i].in_flight_microbatches;
+    }
+  }
+  const uint64_t bytes = plan.layers[0].host_bytes;
+  const size_t first = static_cast<size_t>(bytes / 3);  // two tensors per layer and microbatch
+  const std::vector<PipelineOp> order =
+      PipelineOrder(plan.schedule, plan.pp, plan.vpp, plan.microbatches, stage);
+  ASSERT_EQ(order.size(), size_t{2} * plan.microbatches * plan.vpp);
+  for (int step = 0; step < 2; ++step) {
+    STOWAGE_ASSERT_OK(stowage_begin_step(t->rt_));
+    struct Saved {
+      stowage_tensor_id ids[2] = {0, 0};
+      std::vector<uint8_t> pattern;
+      void* src = nullptr;
+    };
+    std::map<std::pair<int, int>, Saved> saved;  // (layer, microbatch)
+    void* dst = t->DeviceAlloc(bytes);
+    uint64_t saves = 0;
+    for (const PipelineOp& op : order) {
+      const LayerRange& chunk = st.chunks[op.chunk];
+      if (op.forward) {
+        for (int i = chunk.first_layer; i < chunk.end(); ++i) {
+          Saved& s = saved[{i, op.microbatch}];
+          s.src = t->DeviceWithPattern(
+              bytes, static_cast<uint32_t>(step * 100003 + i * 1009 + op.microbatch), &s.pattern);
+          const void* srcs[2] = {s.src, static_cast<const uint8_t*>(s.src) + first};
+          const size_t sizes[2] = {first, bytes - first};
+          STOWAGE_ASSERT_OK(stowage_save_many_microbatch(t->rt_, i, op.microbatch, 2, srcs, sizes,
+                                                         nullptr, s.ids, nullptr));
+          saves += 2;
+        }
+        for (int i = chunk.first_layer; i < chunk.end(); ++i) {
+          for (stowage_tensor_id id : saved[{i, op.microbatch}].ids) {
+            STOWAGE_ASSERT_OK(stowage_save_wait(t->rt_, id));
+          }
+        }
+      } else {
+        for (int i = chunk.end() - 1; i >= chunk.first_layer; --i) {
+          Saved& s = saved[{i, op.microbatch}];
+          void* dsts[2] = {dst, static_cast<uint8_t*>(dst) + first};
+          STOWAGE_ASSERT_OK(stowage_prefetch_many_microbatch(t->rt_, op.microbatch, 2, s.ids, dsts,
+                                                             nullptr, nullptr));
+          for (int k = 0; k < 2; ++k) {
+            STOWAGE_ASSERT_OK(
+                stowage_restore_microbatch(t->rt_, s.ids[k], op.microbatch, dsts[k], nullptr));
+          }
+          t->SyncDevice();
+          ASSERT_EQ(t->ReadDevice(dst, bytes), s.pattern)
+              << "step " << step << " layer " << i << " microbatch " << op.microbatch;
+        }
+      }
+    }
+    stowage_stats stats{};
+    STOWAGE_ASSERT_OK(stowage_get_stats(t->rt_, &stats));
+    EXPECT_EQ(stats.saves_total, (step + 1) * saves);
+    EXPECT_EQ(stats.restores_total, (step + 1) * saves);
+    // The slots of the stage's layers, never one per microbatch of the step.
+    EXPECT_LT(stats.arena_capacity_bytes, planned_slots_bytes + (uint64_t{8} << 20));
+    STOWAGE_ASSERT_OK(stowage_end_step(t->rt_));
+    for (void* p : t->device_buffers_) t->backend().FreeDevice(p);
+    t->device_buffers_.clear();
+  }
+  STOWAGE_ASSERT_OK(stowage_destroy(t->rt_));
+  t->rt_ = nullptr;
+}
+
+TYPED_TEST_P(RuntimeConformance, OneFOneBOrderRoundTripsBitExact) {
+  // 4 stages, 8 microbatches: stage 0 holds 4 at once, stage 3 one, each runs all 8.
+  const Plan plan = MakePipelinedTestPlan(4, 2, 8, 48 << 10);
+  for (int stage : {0, 2, 3}) {
+    SCOPED_TRACE(stage);
+    RunPipelineOrder(this, plan, stage);
+  }
+}
+
+TYPED_TEST_P(RuntimeConformance, InterleavedOrderRoundTripsBitExact) {
+  // 2 stages x 2 chunks, 4 microbatches (a multiple of pp); and 3 x 2 with 6.
+  for (const auto& [pp, m] : {std::pair{2, 4}, std::pair{3, 6}}) {
+    const Plan plan = MakePipelinedTestPlan(pp, 4, m, 40 << 10, /*vpp=*/2);
+    for (int stage = 0; stage < pp; ++stage) {
+      SCOPED_TRACE(::testing::Message() << "pp " << pp << " stage " << stage);
+      RunPipelineOrder(this, plan, stage);
+    }
+  }
+}
+
+TYPED_TEST_P(RuntimeConformance, GradientAccumulationReusesOneSlot) {
+  // pp 1: one slot per layer, 16 microbatches one after another in one step.
+  Plan plan = MakeTestPlan(3, 24 << 10);
+  plan.microbatches = 16;
+  plan.stages.clear();
+  RunPipelineOrder(
+      this,
+      [&] {
+        Plan p = plan;
+        p.stages = PlanStages(plan);
+        return p;
+      }(),
+      0);
+}
+
+// Issue 15's misuse cases: each is its own status, naming the layer, the microbatch and the
+// planned in-flight count, and the step still ends cleanly.
+TYPED_TEST_P(RuntimeConformance, MicrobatchMisuseStatuses) {
+  const Plan plan = MakePipelinedTestPlan(2, 1, 4, 4096);  // stage 0 holds 2 microbatches
+  ASSERT_EQ(plan.layers[0].in_flight_microbatches, 2);
+  ASSERT_EQ(this->Create(plan), STOWAGE_OK) << stowage_last_error();
+  void* src = this->DeviceAlloc(4096);
+  void* dst = this->DeviceAlloc(4096);
+  auto error_has = [](const std::string& what) {
+    const std::string error = stowage_last_error();
+    EXPECT_NE(error.find(what), std::string::npos) << error << "\n  wanted: " << what;
+  };
+  STOWAGE_ASSERT_OK(stowage_begin_step(this->rt_));
+  stowage_tensor_id a = 0, b = 0, c = 0;
+  // Out of range of run.microbatches.
+  STOWAGE_EXPECT_STATUS(stowage_save_microbatch(this->rt_, 0, 4, src, 4096, nullptr, &c),
+                        STOWAGE_ERROR_INVALID_ARGUMENT);
+  error_has("microbatch 4 of layer 0 is out of range; the plan's run.microbatches is 4");
+  STOWAGE_EXPECT_STATUS(stowage_save_microbatch(this->rt_, 0, -1, src, 4096, nullptr, &c),
+                        STOWAGE_ERROR_INVALID_ARGUMENT);
+  STOWAGE_ASSERT_OK(stowage_save_microbatch(this->rt_, 0, 0, src, 3072, nullptr, &a));
+  // Past the plan's bytes for one microbatch.
+  STOWAGE_EXPECT_STATUS(stowage_save_microbatch(this->rt_, 0, 0, src, 2048, nullptr, &c),
+                        STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  error_has(
+      "microbatch 0 of layer 0 would hold 5120 bytes this step but the plan reserved 4096 "
+      "per microbatch");
+  STOWAGE_ASSERT_OK(stowage_save_microbatch(this->rt_, 0, 1, src, 2048, nullptr, &b));
+  // Microbatch 0's saves ended when microbatch 1 saved into the layer: saving it again is a
+  // second forward under the same id.
+  STOWAGE_EXPECT_STATUS(stowage_save_microbatch(this->rt_, 0, 0, src, 1, nullptr, &c),
+                        STOWAGE_ERROR_FAILED_PRECONDITION);
+  error_has("microbatch 0 of layer 0 is already saved (3072 bytes, 1 tensor(s)) and not restored");
+  error_has("microbatches 0, 1 in flight of the 2 the plan holds");
+  stowage_tensor_id b2 = 0, d = 0;
+  STOWAGE_ASSERT_OK(stowage_save_microbatch(this->rt_, 0, 1, src, 2048, nullptr, &b2));
+  // A third microbatch in flight: the plan holds 2.
+  STOWAGE_EXPECT_STATUS(stowage_save_microbatch(this->rt_, 0, 2, src, 4096, nullptr, &c),
+                        STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  error_has(
+      "microbatch 2 of layer 0 would be one more in flight than planned: microbatches 0, 1 "
+      "in flight of the 2 the plan holds (layers[0].in_flight_microbatches)");
+  // Restore naming a microbatch that never saved the layer, or another one's id.
+  STOWAGE_EXPECT_STATUS(stowage_restore_microbatch(this->rt_, a, 3, dst, nullptr),
+                        STOWAGE_ERROR_NOT_FOUND);
+  error_has("restore: microbatch 3 of layer 0 was never saved in this step");
+  STOWAGE_EXPECT_STATUS(stowage_prefetch_microbatch(this->rt_, a, 3, dst, nullptr),
+                        STOWAGE_ERROR_NOT_FOUND);
+  STOWAGE_EXPECT_STATUS(stowage_restore_microbatch(this->rt_, a, 1, dst, nullptr),
+                        STOWAGE_ERROR_INVALID_ARGUMENT);
+  error_has("tensor id");
+  error_has("was saved by microbatch 0 of layer 0, not by microbatch 1");
+  STOWAGE_EXPECT_STATUS(stowage_restore_microbatch(this->rt_, a, 9, dst, nullptr),
+                        STOWAGE_ERROR_INVALID_ARGUMENT);
+  // The failed calls changed nothing: microbatch 0 restores and frees its slot for microbatch 2.
+  STOWAGE_ASSERT_OK(stowage_restore_microbatch(this->rt_, a, 0, dst, nullptr));
+  STOWAGE_ASSERT_OK(stowage_save_microbatch(this->rt_, 0, 2, src, 4096, nullptr, &d));
+  // A microbatch restored this step does not save the layer again.
+  STOWAGE_EXPECT_STATUS(stowage_save_microbatch(this->rt_, 0, 0, src, 4096, nullptr, &a),
+                        STOWAGE_ERROR_FAILED_PRECONDITION);
+  error_has("microbatch 0 of layer 0 was already saved and restored in this step");
+  // The single-microbatch calls are microbatch 0 (save) and the id's own (restore).
+  for (stowage_tensor_id id : {b, b2, d})
+    STOWAGE_ASSERT_OK(stowage_restore(this->rt_, id, dst, nullptr));
+  STOWAGE_ASSERT_OK(stowage_end_step(this->rt_));
+  // A new step starts every layer empty.
+  STOWAGE_ASSERT_OK(stowage_begin_step(this->rt_));
+  STOWAGE_ASSERT_OK(stowage_save(this->rt_, 0, src, 4096, nullptr, &a));
+  STOWAGE_ASSERT_OK(stowage_restore(this->rt_, a, dst, nullptr));
+  STOWAGE_ASSERT_OK(stowage_end_step(this->rt_));
+}
+
 REGISTER_TYPED_TEST_SUITE_P(RuntimeConformance, RoundTripsAreBitExactOverSizes,
                             RandomSizesAndOrdersOverManySteps, ThousandsOfStepsDoNotGrowMemory,
                             StaleUnknownAndDoubleRestore, SavingMoreThanReservedIsResourceExhausted,
                             StepStateMachine, EndStepWithCopiesInFlightDrainsAndFails,
                             AnAbandonedStepRetainsNothing, VerifyModeCatchesHostCorruption,
                             ConcurrentSavesFromSeveralThreads, ArgumentChecks,
-                            ASaveWhoseSizeWouldWrapIsResourceExhausted);
+                            ASaveWhoseSizeWouldWrapIsResourceExhausted,
+                            OneFOneBOrderRoundTripsBitExact, InterleavedOrderRoundTripsBitExact,
+                            GradientAccumulationReusesOneSlot, MicrobatchMisuseStatuses);
 
 }  // namespace stowage::testing
 

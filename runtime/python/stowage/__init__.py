@@ -22,7 +22,8 @@ from typing import Any
 
 from ._lib import LibraryNotFoundError
 from .plan import LayerPlan, Plan, PlanError, Transfer
-from .runtime import Runtime, Stats, StowageError, Trace, TraceEvent, plan_hash, version
+from .runtime import (PipelineOp, Runtime, Stats, StowageError, Trace, TraceEvent, pipeline_order,
+                      plan_hash, version)
 from .agree import PlanAgreementError, agree
 
 
@@ -48,6 +49,7 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
-__all__ = ["LayerPlan", "LibraryNotFoundError", "Plan", "PlanAgreementError", "PlanError",
-           "Runtime", "Stats", "StowageError", "Transfer", "agree", "plan_hash", "version",
+__all__ = ["LayerPlan", "LibraryNotFoundError", "PipelineOp", "Plan", "PlanAgreementError",
+           "PlanError", "Runtime", "Stats", "StowageError", "Transfer", "agree", "pipeline_order",
+           "plan_hash", "version",
            "__version__", *_TORCH_NAMES]

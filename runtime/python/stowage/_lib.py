@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Optional
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # STOWAGE_ABI_VERSION of include/stowage/stowage.h that this binding declares
 
 # stowage_status codes, by value.
 STATUS_NAMES = {
@@ -97,6 +97,14 @@ class TraceEvent(ctypes.Structure):
     ]
 
 
+class PipelineOp(ctypes.Structure):
+    _fields_ = [
+        ("forward", ctypes.c_int32),
+        ("chunk", ctypes.c_int32),
+        ("microbatch", ctypes.c_int32),
+    ]
+
+
 _status = ctypes.c_int
 _rt = ctypes.c_void_p
 _id = ctypes.c_uint64
@@ -142,6 +150,32 @@ _PROTOTYPES = {
          ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)],
     ),
     "stowage_restore": (_status, [_rt, _id, ctypes.c_void_p, ctypes.c_void_p]),
+    # ABI 2: microbatches in flight, and the schedule's order.
+    "stowage_save_microbatch": (
+        _status,
+        [_rt, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+         ctypes.POINTER(_id)],
+    ),
+    "stowage_save_many_microbatch": (
+        _status,
+        [_rt, ctypes.c_int32, ctypes.c_int32, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
+         ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.POINTER(_id),
+         ctypes.POINTER(ctypes.c_size_t)],
+    ),
+    "stowage_prefetch_microbatch": (
+        _status, [_rt, _id, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]),
+    "stowage_prefetch_many_microbatch": (
+        _status,
+        [_rt, ctypes.c_int32, ctypes.c_size_t, ctypes.POINTER(_id),
+         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)],
+    ),
+    "stowage_restore_microbatch": (
+        _status, [_rt, _id, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]),
+    "stowage_pipeline_order": (
+        _status,
+        [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+         ctypes.POINTER(PipelineOp), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    ),
     "stowage_get_stats": (_status, [_rt, ctypes.POINTER(Stats)]),
     "stowage_report_device_peak": (_status, [_rt, ctypes.c_uint64]),
     # The planning service: the result is a malloc'd string freed with stowage_free_string.

@@ -35,6 +35,16 @@ copies: on the host backend a worker's wake-up costs more than a small copy. A b
 at most kSaveBatchBytes (a 1 MiB copy takes about 20 us even at 55 GB/s), so large tensors'
 copies start as early as before. `tools/bench_torch.py --overhead` measures the cost.
 
+Note [Microbatches in the wrapper]. One `with planned.step():` is one optimizer step: every
+microbatch of it runs inside, each forward under `with planned.microbatch(k):` (k from 0 to the
+plan's run.microbatches - 1; outside any, microbatch 0). A tensor saved in that forward carries
+k, and its backward -- whenever it comes, in any order the schedule runs them
+(stowage.pipeline_order gives 1F1B's and interleaved's) -- prefetches and restores it under k;
+the runtime holds each layer's in_flight_microbatches slots and reuses a slot once its
+microbatch is restored (README "Microbatches in flight"). Entering another microbatch first
+waits for the saves of the forward before it (its save waits are past: the plan's waits run
+within one microbatch's forward), so pending saves are always of one microbatch.
+
 Note [Bit-identical gradients]. Offloading moves bytes, never values: a restored tensor is a
 byte copy with the original's size, stride and dtype; recompute reruns the same kernels under the
 RNG state checkpoint saved. Loss and gradients therefore equal those of the unwrapped model.
@@ -99,13 +109,14 @@ def _checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 class _Stowed:
     """One tensor in the host arena for the current step: its id and how to rebuild it."""
 
-    __slots__ = ("state", "layer", "id", "size", "stride", "dtype", "saved_stride", "tensor",
-                 "restored", "__weakref__")
+    __slots__ = ("state", "layer", "microbatch", "id", "size", "stride", "dtype", "saved_stride",
+                 "tensor", "restored", "__weakref__")
 
-    def __init__(self, state: "_StepState", layer: int, tensor_id: int, like: torch.Tensor,
-                 saved_stride: tuple):
+    def __init__(self, state: "_StepState", layer: int, microbatch: int, tensor_id: int,
+                 like: torch.Tensor, saved_stride: tuple):
         self.state = state
         self.layer = layer
+        self.microbatch = microbatch
         self.id = tensor_id
         self.size = like.shape
         self.stride = like.stride()
@@ -139,7 +150,7 @@ class _Stowed:
         if not prefetched:
             t = self.tensor = torch.empty_strided(self.size, self.stride, dtype=self.dtype,
                                                   device=state.device)
-        state.calls.restore(self.id, t.data_ptr(), state.stream())
+        state.calls.restore(self.id, self.microbatch, t.data_ptr(), state.stream())
         self.restored = True
         if prefetched:
             del state.prefetched[self.id]
@@ -160,35 +171,38 @@ class _Calls:
 
     def __init__(self, rt: Runtime):
         lib, self._handle = rt._lib, rt._handle
-        self._save, self._save_many = lib.stowage_save, lib.stowage_save_many
+        self._save, self._save_many = lib.stowage_save_microbatch, lib.stowage_save_many_microbatch
         self._query = lib.stowage_save_query
         self._wait, self._wait_stream = lib.stowage_save_wait, lib.stowage_save_wait_stream
-        self._prefetch, self._prefetch_many = lib.stowage_prefetch, lib.stowage_prefetch_many
-        self._restore = lib.stowage_restore
+        self._prefetch = lib.stowage_prefetch_microbatch
+        self._prefetch_many = lib.stowage_prefetch_many_microbatch
+        self._restore = lib.stowage_restore_microbatch
 
-    def save(self, layer: int, src: int, nbytes: int, stream: Optional[int]) -> int:
+    def save(self, layer: int, microbatch: int, src: int, nbytes: int,
+             stream: Optional[int]) -> int:
         out = ctypes.c_uint64()
-        code = self._save(self._handle, layer, src, nbytes, stream, ctypes.byref(out))
+        code = self._save(self._handle, layer, microbatch, src, nbytes, stream, ctypes.byref(out))
         if code:
-            runtime_mod._check("stowage_save", code)
+            runtime_mod._check("stowage_save_microbatch", code)
         return out.value
 
-    def save_many(self, layer: int, srcs: list, sizes: list,
+    def save_many(self, layer: int, microbatch: int, srcs: list, sizes: list,
                   stream: Optional[int]) -> tuple[list, int]:
         """(ids of the tensors saved, status): on a failure, the ids of those saved before it
         (their copies are under way) and the failure's code for _check."""
         n = len(srcs)
         ids = (ctypes.c_uint64 * n)()
         saved = ctypes.c_size_t()
-        code = self._save_many(self._handle, layer, n, (ctypes.c_void_p * n)(*srcs),
+        code = self._save_many(self._handle, layer, microbatch, n, (ctypes.c_void_p * n)(*srcs),
                                (ctypes.c_size_t * n)(*sizes), stream, ids, ctypes.byref(saved))
         return (ids[:] if not code else ids[:saved.value]), code
 
-    def prefetch_many(self, ids: list, dsts: list, stream: Optional[int]) -> tuple[int, int]:
+    def prefetch_many(self, microbatch: int, ids: list, dsts: list,
+                      stream: Optional[int]) -> tuple[int, int]:
         """(how many prefetches were issued, status)."""
         n = len(ids)
         issued = ctypes.c_size_t()
-        code = self._prefetch_many(self._handle, n, (ctypes.c_uint64 * n)(*ids),
+        code = self._prefetch_many(self._handle, microbatch, n, (ctypes.c_uint64 * n)(*ids),
                                    (ctypes.c_void_p * n)(*dsts), stream, ctypes.byref(issued))
         return (n if not code else issued.value), code
 
@@ -206,15 +220,15 @@ class _Calls:
         if code:
             runtime_mod._check("stowage_save_wait", code)
 
-    def prefetch(self, tensor_id: int, dst: int, stream: Optional[int]) -> None:
-        code = self._prefetch(self._handle, tensor_id, dst, stream)
+    def prefetch(self, tensor_id: int, microbatch: int, dst: int, stream: Optional[int]) -> None:
+        code = self._prefetch(self._handle, tensor_id, microbatch, dst, stream)
         if code:
-            runtime_mod._check("stowage_prefetch", code)
+            runtime_mod._check("stowage_prefetch_microbatch", code)
 
-    def restore(self, tensor_id: int, dst: int, stream: Optional[int]) -> None:
-        code = self._restore(self._handle, tensor_id, dst, stream)
+    def restore(self, tensor_id: int, microbatch: int, dst: int, stream: Optional[int]) -> None:
+        code = self._restore(self._handle, tensor_id, microbatch, dst, stream)
         if code:
-            runtime_mod._check("stowage_restore", code)
+            runtime_mod._check("stowage_restore_microbatch", code)
 
 
 class _InputBox:
@@ -260,10 +274,14 @@ class _StepState:
         self.batch_sizes: list = []
         self.batch_bytes = 0
         self.batch_layer = -1
+        self.batch_microbatch = 0
         self.batch_stream: Optional[int] = None
-        self.handles: dict[int, list[weakref.ref]] = collections.defaultdict(list)
+        # Note [Microbatches in the wrapper]: the microbatch whose forward runs now.
+        self.microbatch = 0
+        # (layer, microbatch) -> that forward's saved tensors.
+        self.handles: dict[tuple, list[weakref.ref]] = collections.defaultdict(list)
         self.prefetched: dict[int, _Stowed] = {}
-        self.host_used = [0] * len(owner.plan.layers)
+        self.host_used: dict[tuple, int] = collections.defaultdict(int)  # (layer, microbatch)
         self.host_limit = [l.host_bytes for l in owner.plan.layers]
         self.cuda = owner._backend == "cuda"
         self.device: Optional[torch.device] = None  # the offloading layers' device
@@ -296,25 +314,30 @@ class _StepState:
         the layer's batch, or at once with `now`."""
         saved_stride = t.stride()
         nbytes = offload_nbytes(t)  # the restore buffer, empty_strided alike, spans as much
-        used = self.host_used[layer] + nbytes
+        microbatch = self.microbatch
+        key = (layer, microbatch)
+        used = self.host_used[key] + nbytes
         if used > self.host_limit[layer]:
             lp = self.owner.plan.layers[layer]
             raise PlanError(
                 f"layer {layer} ({type(self.owner.layers[layer]).__name__}, policy "
-                f"{lp.policy}) offloads {used} bytes this step but the plan reserves "
-                f"layers[{layer}].host_bytes = {lp.host_bytes}: the plan was made for another "
-                "model, shape or batch; rebuild it for this one")
+                f"{lp.policy}) offloads {used} bytes in microbatch {microbatch}'s forward but "
+                f"the plan reserves layers[{layer}].host_bytes = {lp.host_bytes} per microbatch: "
+                "the plan was made for another model, shape or batch (rebuild it for this one), "
+                "or two forwards ran under one microbatch id (give each its own: "
+                "`with planned.microbatch(k):`)")
         stream = self.stream()
         if self.batch and (layer != self.batch_layer or stream != self.batch_stream):
             self.flush()  # a save is ordered after its producer's stream: one stream per batch
-        self.host_used[layer] = used
-        h = _Stowed(self, layer, 0, t, saved_stride)  # the id comes when the batch is issued
-        self.handles[layer].append(weakref.ref(h))
+        self.host_used[key] = used
+        h = _Stowed(self, layer, microbatch, 0, t, saved_stride)  # the id comes with the batch
+        self.handles[key].append(weakref.ref(h))
         self.batch.append(t)
         self.batch_handles.append(h)
         self.batch_sizes.append(nbytes)
         self.batch_bytes += nbytes
         self.batch_layer, self.batch_stream = layer, stream
+        self.batch_microbatch = microbatch
         if now or self.batch_bytes >= kSaveBatchBytes or len(self.batch) >= kSaveBatchTensors:
             self.flush()
         return h
@@ -330,7 +353,8 @@ class _StepState:
         handles, sizes = self.batch_handles, self.batch_sizes
         self._drop_batch()
         layer = self.batch_layer
-        ids, code = self.calls.save_many(layer, [t.data_ptr() for t in tensors], sizes,
+        ids, code = self.calls.save_many(layer, self.batch_microbatch,
+                                         [t.data_ptr() for t in tensors], sizes,
                                          self.batch_stream)
         for h, tensor_id in zip(handles, ids):
             h.id = tensor_id
@@ -370,9 +394,16 @@ class _StepState:
                 entry[3] = k
             pending.popleft()
 
+    def enter_microbatch(self, microbatch: int) -> None:
+        """Note [Microbatches in the wrapper]: the forwards that follow are `microbatch`'s."""
+        if microbatch != self.microbatch:
+            self.retire(None)  # the previous forward's saves: pending saves are of one microbatch
+            self.microbatch = microbatch
+
     # -- backward ---------------------------------------------------------------------------
-    def on_backward_of(self, layer: int) -> None:
-        """Called when the gradient of `layer`'s output is ready, i.e. its backward starts."""
+    def on_backward_of(self, layer: int, microbatch: int) -> None:
+        """Called when the gradient of `layer`'s output in `microbatch` is ready, i.e. its
+        backward starts."""
         if not self.active:
             return
         self.flush()
@@ -380,13 +411,13 @@ class _StepState:
             self.retire(None)
         for k in self.owner._prefetch_after.get(layer, ()):
             todo = []
-            for ref in self.handles.get(k, ()):
+            for ref in self.handles.get((k, microbatch), ()):
                 h = ref()
                 if h is not None and h.alloc_for_prefetch():
                     todo.append(h)
             if not todo:
                 continue
-            issued, code = self.calls.prefetch_many([h.id for h in todo],
+            issued, code = self.calls.prefetch_many(microbatch, [h.id for h in todo],
                                                     [h.tensor.data_ptr() for h in todo],
                                                     self.stream())
             for h in todo[:issued]:
@@ -410,7 +441,7 @@ class _StepState:
                 # A prefetch the graph never asked for: restore it into its own buffer so its
                 # copy has landed before the buffer goes back to the allocator.
                 for h in list(self.prefetched.values()):
-                    self.calls.restore(h.id, h.tensor.data_ptr(), self.stream())
+                    self.calls.restore(h.id, h.microbatch, h.tensor.data_ptr(), self.stream())
         except Exception as e:  # noqa: BLE001
             if not failing:
                 raise
@@ -521,6 +552,28 @@ class PlannedLayers(nn.Module):
         self._state = None
         state.close()
 
+    @contextlib.contextmanager
+    def microbatch(self, index: int) -> Iterator["PlannedLayers"]:
+        """Inside a step: the forwards run in this block are microbatch `index`'s (0 to the
+        plan's run.microbatches - 1; Note [Microbatches in the wrapper]). Their backwards may
+        run here or later, in the order the schedule gives. Restores the previous microbatch on
+        exit."""
+        state = self._state
+        if state is None:
+            raise RuntimeError("PlannedLayers.microbatch(): no step is open; use it inside "
+                               "`with planned.step():`")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"PlannedLayers.microbatch(): index is {index!r}; allowed: an "
+                             f"integer from 0 to run.microbatches - 1 "
+                             f"({self.plan.run.microbatches - 1})")
+        previous = state.microbatch
+        state.enter_microbatch(index)
+        try:
+            yield self
+        finally:
+            if state.active:
+                state.microbatch = previous
+
     # -- forward ----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Runs every layer in order on `x`, passing `args` and `kwargs` unchanged to each; a
@@ -565,7 +618,7 @@ class PlannedLayers(nn.Module):
         y = _hidden(out, i, layer)
         if state is not None and y.requires_grad and (i in self._prefetch_after
                                                       or i == len(self.layers) - 1):
-            y.register_hook(_BackwardStart(state, i))
+            y.register_hook(_BackwardStart(state, i, state.microbatch))
         return out
 
     def _run_layer(self, i: int, layer: nn.Module, policy: str, x: torch.Tensor,
@@ -643,14 +696,15 @@ def _hidden(out: Any, i: int, layer: nn.Module) -> torch.Tensor:
 class _BackwardStart:
     """Tensor hook on a layer's output: the layer's backward is about to start."""
 
-    def __init__(self, state: _StepState, layer: int):
+    def __init__(self, state: _StepState, layer: int, microbatch: int):
         self.state = weakref.ref(state)
         self.layer = layer
+        self.microbatch = microbatch
 
     def __call__(self, grad: torch.Tensor) -> None:
         state = self.state()
         if state is not None:
-            state.on_backward_of(self.layer)
+            state.on_backward_of(self.layer, self.microbatch)
 
 
 def _saved_hooks(state: _StepState, layer_index: int, device: torch.device,

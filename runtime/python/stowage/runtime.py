@@ -11,7 +11,7 @@ import ctypes
 import dataclasses
 import json
 import os
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from . import _lib
 from .plan import Plan, PlanError
@@ -161,6 +161,31 @@ def plan_hash(plan: PlanLike) -> int:
     return out.value
 
 
+class PipelineOp(NamedTuple):
+    """One forward or backward of one microbatch through one model chunk of a stage."""
+    forward: bool
+    chunk: int
+    microbatch: int
+
+
+def pipeline_order(schedule: str, pp: int, vpp: int, microbatches: int,
+                   stage: int) -> list[PipelineOp]:
+    """The order in which pipeline stage `stage` runs the forwards and backwards of one step
+    (stowage_pipeline_order: the C++ PipelineOrder, the order the plan's in_flight_microbatches
+    counts come from). schedule "1f1b" or "interleaved"; pp = 1 is gradient accumulation.
+    Raises StowageError (INVALID_ARGUMENT) for values a plan's run fields could not hold."""
+    lib = _lib.load()
+    args = (str(schedule).encode(), _int_arg("pp", pp, *_I32), _int_arg("vpp", vpp, *_I32),
+            _int_arg("microbatches", microbatches, *_I32), _int_arg("stage", stage, *_I32))
+    count = ctypes.c_size_t()
+    _check("stowage_pipeline_order", lib.stowage_pipeline_order(*args, None, 0,
+                                                                ctypes.byref(count)))
+    ops = (_lib.PipelineOp * max(count.value, 1))()
+    _check("stowage_pipeline_order", lib.stowage_pipeline_order(*args, ops, count.value,
+                                                                ctypes.byref(count)))
+    return [PipelineOp(bool(op.forward), op.chunk, op.microbatch) for op in ops[:count.value]]
+
+
 def _id(tensor_id: int) -> int:
     return _int_arg("tensor_id", tensor_id, 0, _U64_MAX)
 
@@ -253,12 +278,15 @@ class Runtime:
         _check("stowage_end_step", self._lib.stowage_end_step(self._h()))
 
     # -- tensors ----------------------------------------------------------------------------
-    def save(self, layer: int, src: int, nbytes: int, stream: Optional[int] = None) -> int:
-        """Starts the copy of `nbytes` at `src` to the layer's host region; returns its id."""
+    def save(self, layer: int, src: int, nbytes: int, stream: Optional[int] = None, *,
+             microbatch: int = 0) -> int:
+        """Starts the copy of `nbytes` at `src` to the layer's host slot for `microbatch` (0 to
+        the plan's run.microbatches - 1; README "Microbatches in flight"); returns its id."""
         out = ctypes.c_uint64()
-        _check("stowage_save", self._lib.stowage_save(
-            self._h(), _int_arg("layer", layer, *_I32), _ptr("src", src),
-            _int_arg("nbytes", nbytes, 0, _U64_MAX), _ptr("stream", stream), ctypes.byref(out)))
+        _check("stowage_save_microbatch", self._lib.stowage_save_microbatch(
+            self._h(), _int_arg("layer", layer, *_I32), _int_arg("microbatch", microbatch, *_I32),
+            _ptr("src", src), _int_arg("nbytes", nbytes, 0, _U64_MAX), _ptr("stream", stream),
+            ctypes.byref(out)))
         return out.value
 
     def save_query(self, tensor_id: int) -> bool:
@@ -275,15 +303,31 @@ class Runtime:
                self._lib.stowage_save_wait_stream(self._h(), _id(tensor_id),
                                                   _ptr("stream", stream)))
 
-    def prefetch(self, tensor_id: int, dst: int, stream: Optional[int] = None) -> None:
-        _check("stowage_prefetch",
-               self._lib.stowage_prefetch(self._h(), _id(tensor_id), _ptr("dst", dst),
-                                          _ptr("stream", stream)))
+    def prefetch(self, tensor_id: int, dst: int, stream: Optional[int] = None, *,
+                 microbatch: Optional[int] = None) -> None:
+        """Issues the H2D of `tensor_id` into `dst`. `microbatch`, if given, must be the one
+        the tensor was saved under (None: the id's own)."""
+        if microbatch is None:
+            _check("stowage_prefetch",
+                   self._lib.stowage_prefetch(self._h(), _id(tensor_id), _ptr("dst", dst),
+                                              _ptr("stream", stream)))
+            return
+        _check("stowage_prefetch_microbatch", self._lib.stowage_prefetch_microbatch(
+            self._h(), _id(tensor_id), _int_arg("microbatch", microbatch, *_I32),
+            _ptr("dst", dst), _ptr("stream", stream)))
 
-    def restore(self, tensor_id: int, dst: int, stream: Optional[int] = None) -> None:
-        _check("stowage_restore",
-               self._lib.stowage_restore(self._h(), _id(tensor_id), _ptr("dst", dst),
-                                         _ptr("stream", stream)))
+    def restore(self, tensor_id: int, dst: int, stream: Optional[int] = None, *,
+                microbatch: Optional[int] = None) -> None:
+        """`stream` waits until `dst` holds the tensor; `microbatch` as for prefetch. A
+        microbatch's last restore of a layer frees its slot there for the next microbatch."""
+        if microbatch is None:
+            _check("stowage_restore",
+                   self._lib.stowage_restore(self._h(), _id(tensor_id), _ptr("dst", dst),
+                                             _ptr("stream", stream)))
+            return
+        _check("stowage_restore_microbatch", self._lib.stowage_restore_microbatch(
+            self._h(), _id(tensor_id), _int_arg("microbatch", microbatch, *_I32),
+            _ptr("dst", dst), _ptr("stream", stream)))
 
     # -- observability ----------------------------------------------------------------------
     def stats(self) -> Stats:
