@@ -88,13 +88,16 @@ TEST(CApi, StageOptionLoadsOneStage) {
   ASSERT_EQ(stowage_get_stats(rt, &stats), STOWAGE_OK);
   EXPECT_GE(stats.arena_capacity_bytes, 2 * 2 * kBytes);
   ASSERT_EQ(stowage_begin_step(rt), STOWAGE_OK);
-  // Two microbatches' saves of layer 0 fit its region; a third does not.
+  // Two microbatches' saves of layer 0 fit its region (one slot each); a third in flight does
+  // not, and neither does a second full save under one microbatch id.
   for (int k = 0; k < 2; ++k) {
-    EXPECT_EQ(stowage_save(rt, 0, src.data(), kBytes, nullptr, &id), STOWAGE_OK);
+    EXPECT_EQ(stowage_save_microbatch(rt, 0, k, src.data(), kBytes, nullptr, &id), STOWAGE_OK);
     EXPECT_EQ(stowage_save_wait(rt, id), STOWAGE_OK);
   }
-  EXPECT_EQ(stowage_save(rt, 0, src.data(), kBytes, nullptr, &id),
+  EXPECT_EQ(stowage_save_microbatch(rt, 0, 2, src.data(), kBytes, nullptr, &id),
             STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(stowage_save(rt, 0, src.data(), kBytes, nullptr, &id),
+            STOWAGE_ERROR_FAILED_PRECONDITION);  // microbatch 0's saves ended when 1 saved
   EXPECT_EQ(stowage_save(rt, 2, src.data(), kBytes, nullptr, &id), STOWAGE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(stowage_last_error()).find("layer 2 runs on pipeline stage 1"),
             std::string::npos)
@@ -109,8 +112,8 @@ TEST(CApi, StageOptionLoadsOneStage) {
   EXPECT_EQ(stowage_save(rt, 0, src.data(), kBytes, nullptr, &id), STOWAGE_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(stowage_save(rt, 3, src.data(), kBytes, nullptr, &id), STOWAGE_OK);
   EXPECT_EQ(stowage_save_wait(rt, id), STOWAGE_OK);
-  EXPECT_EQ(stowage_save(rt, 3, src.data(), kBytes, nullptr, &id),
-            STOWAGE_ERROR_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(stowage_save_microbatch(rt, 3, 1, src.data(), kBytes, nullptr, &id),
+            STOWAGE_ERROR_RESOURCE_EXHAUSTED);  // the last stage holds one
   stowage_layer_info info;
   info.struct_size = sizeof(info);
   ASSERT_EQ(stowage_get_layer_info(rt, 0, &info), STOWAGE_OK);
