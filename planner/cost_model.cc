@@ -431,6 +431,7 @@ absl::Status CheckModelLimits(const ModelConfig& m) {
                          {"sliding_window", m.sliding_window, 1 << 30},
                          {"attention_chunk_size", m.attention_chunk, 1 << 30},
                          {"extra embedding rows", m.extra_embedding_rows, kMaxVocab},
+                         {"vision tokens", m.vision_tokens, 1 << 30},
                          {"norms per layer", m.norms_per_layer, 64},
                          {"num_nextn_predict_layers", m.mtp_layers, 64},
                          {"moe_intermediate_size", m.moe_intermediate, kMaxModelDim}}) {

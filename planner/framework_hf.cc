@@ -460,6 +460,50 @@ void LinearAttention(HfLayer& b, const LayerSpec& spec) {
   b.cost.attn_backward_transient = static_cast<uint64_t>(core * mb);
 }
 
+// Note [hf cross-attention]
+// Mllama's cross-attention layers (MllamaCrossAttentionDecoderLayer, modeling_mllama.py) attend
+// from the text to V vision tokens per sequence (ModelConfig::vision_tokens, Note [Vision
+// tokens] in hf_config.cc); with V = 0 MllamaTextModel.forward skips them: they keep and cost
+// nothing. Per text token: the input norm (Llama's, output kept by q_proj); q_norm
+// (MllamaTextRMSNorm over head_dim, its output kept by SDPA as the query: fp32 x, rsqrt per head,
+// bf16 normalised x, output); SDPA with the additive cross-attention mask (a float mask: the
+// GPUs run the memory-efficient kernel, which keeps q, k, v, the output and the fp32
+// logsumexp, and the mask, the step's one tensor shared by every layer); the output kept by
+// o_proj; o_proj's output kept by the `cross_attn_attn_gate.tanh() *` mul (2h, and the tanh, 2
+// bytes per layer); the MLP and its norm as in a Llama layer; the MLP's output, row-masked, kept
+// by the `cross_attn_mlp_gate.tanh() *` mul (2h, and its tanh). Per vision token, per layer: k_norm
+// over the keys (fp32 x, rsqrt, bf16 normalised x: 6 hkv d + 4 hkv) and the keys and values
+// repeated to every query head by repeat_kv (a mask disables SDPA's GQA, use_gqa_in_sdpa): 4 hq d.
+// The vision states (2hV) and the two masks (2sV + 2s) are the step's, held throughout
+// (ApplyHfStep). Work: q_proj and o_proj run over the text, k_proj and v_proj over the vision
+// tokens, the core over s x V.
+void CrossAttention(HfLayer& b) {
+  const ModelConfig& m = b.m;
+  const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim;
+  const double vision = static_cast<double>(m.vision_tokens) * b.sequences;
+  b.Norm("attn.norm", h, 1, true);
+  b.Norm("attn.q_norm", hq * d, hq, true);
+  b.Save("attn.kv", "", 0, vision * (6 * hkv * d + 4 * hkv + 4 * hq * d));
+  b.Save("attn.core_out", "attn_core", 2 * hq * d + 4 * hq);
+  b.Save("attn.gated_out", "", 2 * h, 2);  // and the gate's bf16 tanh, one value per layer
+  b.NormTraffic(hkv * d * vision / b.t);
+  // k/v repeat (r 2 w 2 per repeated element), the gate's tanh-mul and residual add.
+  b.Traffic(8 * hq * d * vision / b.t + 12 * h, 12 * hq * d * vision / b.t + 24 * h, 4 + 4, 6 + 8);
+  // k_proj and v_proj over the vision tokens instead of the text (BuildHfLayer counts every
+  // dense parameter over the text tokens).
+  b.gemm_flops += 2 * (2 * h * hkv * d) * (vision - b.t);
+  const double core = 2 * hq * (d + d) * static_cast<double>(m.vision_tokens) * b.t;
+  b.core_flops += core;
+  b.fwd_kernels += 1;
+  b.bwd_kernels += 3;
+  AddModule(b, "attn_core", OpSeconds({.attention_forward_flops = core, .kernels = 1}, b.hw),
+            false);
+  b.cost.attn_forward_transient =
+      static_cast<uint64_t>(2 * hq * d * b.t + 4 * hq * d * vision + 4 * hkv * d * vision);
+  b.cost.attn_backward_transient =
+      static_cast<uint64_t>(2 * hq * d * b.t + 4 * hq * d * b.t + 4 * hq * d * vision);
+}
+
 void Ffn(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden;
@@ -572,21 +616,16 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     b.cost.ffn_forward_transient = static_cast<uint64_t>((4 * h * routed + 2 * e) * b.t);
     b.cost.ffn_backward_transient = static_cast<uint64_t>((6 * fe * routed + 4 * h * routed) * b.t);
   }
+  if (spec.cross_attention) b.Save("ffn.gated_out", "", 2 * h, 2);  // Note [hf cross-attention]
   if (post_norms) b.Norm("ffn.post_norm", h, 1, false);
   for (size_t i = first; i < b.cost.saved.size(); ++i) {
     b.cost.ffn_saved_bytes += b.cost.saved[i].bytes;
   }
 }
 
-// Whether the hf profile has a recipe for the layer (Note [hf dialects]).
-bool HfSupports(const LayerSpec& l) {
-  if (l.cross_attention) return false;
-  return true;
-}
-
 }  // namespace
 
-absl::Status ValidateHfRun(const ModelConfig& m, const RunSettings& run) {
+absl::Status ValidateHfRun(const ModelConfig& /*model*/, const RunSettings& run) {
   auto bad = [](const char* flag, auto value, const char* rule) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, " is ", value, " with --framework hf; ", rule));
@@ -598,15 +637,6 @@ absl::Status ValidateHfRun(const ModelConfig& m, const RunSettings& run) {
   if (run.loss_chunk_tokens != 0) {
     return bad("loss-chunk-tokens", run.loss_chunk_tokens,
                "transformers' loss (ForCausalLMLoss) covers every token at once: use 0");
-  }
-  for (int i = 0; i < m.num_layers(); ++i) {
-    if (!HfSupports(m.layers[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--framework hf: layer ", i, " is ", m.layers[i].TypeName(),
-          "; the hf profile has recipes for softmax attention (full, sliding-window, chunked, "
-          "with sinks, soft-capping or an output gate), MLA, DSA, KDA and gated DeltaNet, with "
-          "a dense or MoE FFN; use --framework megatron"));
-    }
   }
   return absl::OkStatus();
 }
@@ -626,9 +656,20 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   // LlamaMLP.forward is down_proj(act_fn(gate_proj(x)) * up_proj(x)) over every token, and the
   // MoE blocks route all tokens at once: nothing in transformers chunks the FFN.
   b.cost.ffn_chunkable = false;
-  switch (spec.attention) {
+  const bool skipped = spec.cross_attention && m.vision_tokens == 0;
+  if (skipped) {
+    // A text-only step: MllamaTextModel.forward skips the layer (Note [hf cross-attention]).
+    b.cost.input_bytes = b.cost.output_bytes =
+        static_cast<uint64_t>(std::llround(2.0 * m.hidden * tokens));
+    return b.cost;
+  }
+  switch (spec.cross_attention ? AttentionKind::kAttention : spec.attention) {
     case AttentionKind::kAttention:
-      SoftmaxAttention(b, spec);
+      if (spec.cross_attention) {
+        CrossAttention(b);
+      } else {
+        SoftmaxAttention(b, spec);
+      }
       break;
     case AttentionKind::kMla:
     case AttentionKind::kDsa:
@@ -684,6 +725,15 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
       m.tied_embeddings ? 0 : static_cast<uint64_t>(v * h * static_cast<double>(run.grad_bytes));
   // Held throughout the step: the two cuBLAS workspaces and RoPE's cos/sin (2 x 2d per token).
   c.fixed.other += static_cast<uint64_t>(kCublasWorkspaces * kCublasWorkspaceBytes + 4 * d * t);
+  // Cross-attention layers' shared inputs (Note [hf cross-attention]): the projected vision
+  // states (2h per vision token), the additive mask [b, 1, s, V] and the row mask [b, 1, s, 1]
+  // in bf16. The vision tower that produced them is not planned.
+  bool cross = false;
+  for (const LayerSpec& l : m.layers) cross |= l.cross_attention;
+  if (cross && m.vision_tokens > 0) {
+    const double vision = static_cast<double>(m.vision_tokens) * run.micro_batch;
+    c.fixed.other += static_cast<uint64_t>(2 * h * vision + 2 * t * m.vision_tokens + 2 * t);
+  }
   // The tail: final norm (8h + 4) + the loss's 14V + labels (16) per token (Note [hf profile]).
   c.tail_bytes = static_cast<uint64_t>(std::llround((8 * h + 4 + 14 * v + 16) * t));
   // LM head: one GEMM forward, two backward (one chunk covers every token, so the logits are

@@ -11,10 +11,9 @@
 
 namespace stowage::planner {
 
-// transformers eager runs one model replica per GPU: --tp, --cp and --ep must be 1, the loss is
-// computed over every token at once (--loss-chunk-tokens 0), and every layer must be a kind the
-// profile has a recipe for (softmax attention with a dense SwiGLU or a routed-expert MLP).
-// Errors name the flag or the layer kind and what is allowed.
+// transformers eager runs one model replica per GPU: --tp, --cp and --ep must be 1, and the loss
+// is computed over every token at once (--loss-chunk-tokens 0). Every layer kind the config
+// reader knows has a recipe. Errors name the flag and what is allowed.
 absl::Status ValidateHfRun(const ModelConfig& model, const RunSettings& run);
 
 // One decoder layer's bytes and seconds under the hf profile (tokens: per rank).

@@ -603,12 +603,69 @@ absl::Status ReadBody(const Fields& f, const Family& fam, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// Note [Vision tokens]
+// An Mllama cross-attention layer attends to the vision tower's states: MllamaModel.forward
+// reshapes the projector's output to [batch, images x tiles x patches, hidden], each image padded
+// to max_num_tiles tiles of num_patches = (image_size // patch_size)^2 + 1 (the class token)
+// patches (MllamaVisionModel.__init__). The planner assumes one image per sequence at
+// max_num_tiles, from the wrapper's vision_config or MllamaVisionConfig's defaults (image_size
+// 448, patch_size 14, max_num_tiles 4: 4,100 tokens); --vision-tokens says otherwise.
+absl::Status ReadVisionTokens(const json::Object& top, ModelConfig& m) {
+  int image = 448, patch = 14, tiles = 4;
+  std::string from = "MllamaVisionConfig's defaults";
+  if (top.Has("vision_config") && !top.json().at("vision_config").is_null()) {
+    auto vision = top.Child("vision_config");
+    if (!vision.ok()) return vision.status();
+    STOWAGE_HF_RETURN_IF_ERROR(vision->ReadOptional("image_size", image, kDim));
+    STOWAGE_HF_RETURN_IF_ERROR(vision->ReadOptional("patch_size", patch, kDim));
+    STOWAGE_HF_RETURN_IF_ERROR(vision->ReadOptional("max_num_tiles", tiles, kDim));
+    from = "vision_config";
+  }
+  if (image < patch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(top.source(), ": field 'vision_config.image_size' is ", image,
+                     "; it must be at least patch_size (", patch, ")"));
+  }
+  const int64_t side = image / patch;
+  const int64_t tokens = int64_t{tiles} * (side * side + 1);
+  if (tokens > (1 << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(top.source(), ": vision_config gives ", tokens,
+                     " vision tokens per image; allowed: at most 2^30"));
+  }
+  m.vision_tokens = static_cast<int>(tokens);
+  m.notes.push_back(absl::StrCat(
+      "cross-attention layers attend to ", tokens, " vision tokens per sequence: one image of ",
+      tiles, " tiles x ", side * side + 1, " patches (", from,
+      "); --vision-tokens changes it, 0 plans a text-only step (transformers skips the layers)"));
+  return absl::OkStatus();
+}
+
 std::string QuantMethod(const Json& q) {
   auto it = q.find("quant_method");
   return it != q.end() && it->is_string() ? it->get<std::string>() : std::string("unnamed");
 }
 
 }  // namespace
+
+absl::Status SetVisionTokens(ModelConfig& m, int vision_tokens) {
+  bool cross = false;
+  for (const LayerSpec& l : m.layers) cross |= l.cross_attention;
+  if (!cross) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vision-tokens is ", vision_tokens, "; model '", m.name,
+                     "' has no cross-attention layers (only Mllama's attend to vision tokens)"));
+  }
+  if (vision_tokens < 0 || vision_tokens > (1 << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vision-tokens is ", vision_tokens, "; allowed: 0 to 2^30"));
+  }
+  m.vision_tokens = vision_tokens;
+  m.notes.push_back(absl::StrCat("--vision-tokens: cross-attention layers attend to ",
+                                 vision_tokens, " vision tokens per sequence",
+                                 vision_tokens == 0 ? " (a text-only step skips them)" : ""));
+  return absl::OkStatus();
+}
 
 std::vector<ModelFamilyInfo> ModelFamilies() {
   std::vector<ModelFamilyInfo> out;
@@ -709,6 +766,9 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std
         ") is not used for training: weights are counted in bf16 with fp32 gradients and fp32 "
         "master weights + Adam state"));
     break;
+  }
+  if (fam->family == std::string("mllama_text_model")) {
+    STOWAGE_HF_RETURN_IF_ERROR(ReadVisionTokens(*top, m));
   }
   if (m.mtp_layers > 0) {
     m.notes.push_back(

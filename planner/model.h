@@ -88,6 +88,10 @@ struct ModelConfig {
 
   // Extra embedding rows beyond vocab (Mllama's 8 image tokens).
   int extra_embedding_rows = 0;
+  // Vision tokens each sequence's cross-attention layers attend to (Mllama: images x
+  // max_num_tiles x ((image_size / patch_size)^2 + 1) patches); 0: a text-only step, in which
+  // transformers skips those layers (MllamaTextModel.forward).
+  int vision_tokens = 0;
   int norms_per_layer = 2;  // RMSNorms on the residual path of one layer (Gemma 2/3: 4)
   // Multi-token prediction modules (DeepSeek-V3, GLM-4.5, GLM-5): each is one more decoder layer
   // of the last layer's kind plus two norms, a 2*hidden -> hidden projection and a final norm.
@@ -158,6 +162,10 @@ struct ModelFamilyInfo {
 std::vector<ModelFamilyInfo> ModelFamilies();
 // `stowage plan --list-models`: families with their aliases, and presets.
 std::string ListModelsText();
+
+// `stowage plan --vision-tokens N`: what a model's cross-attention layers attend to, in place of
+// the one image its config implies; refused for a model without cross-attention layers.
+absl::Status SetVisionTokens(ModelConfig& model, int vision_tokens);
 
 // Checks the fields the layer kinds present need; errors name the field and its value.
 absl::Status ValidateModel(const ModelConfig& model);

@@ -100,6 +100,10 @@ cli::FlagParser MakeParser() {
   p.Add({"moe-imbalance", "X",
          "tokens on the busiest expert-parallel rank over the average (the reference run saw 4)",
          "1"});
+  p.Add({"vision-tokens", "N",
+         "vision tokens each sequence's cross-attention layers attend to (Mllama); 0 plans a "
+         "text-only step, which skips those layers",
+         "one image at the vision config's max_num_tiles tiles"});
   p.Add({"gpu-mem", "GiB",
          "GPU memory budget per GPU: the whole device memory a step may peak at, fixed memory "
          "included",
@@ -255,6 +259,13 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
   auto m = LooksLikePath(*model) ? planner::ReadHfConfigFile(*model) : planner::ModelPreset(*model);
   if (!m.ok()) return m.status();
   in.model = *m;
+  if (flags.Has("vision-tokens")) {
+    auto vision = flags.GetInt("vision-tokens", 0, 0, 1 << 30);
+    if (!vision.ok()) return vision.status();
+    if (absl::Status s = planner::SetVisionTokens(in.model, static_cast<int>(*vision)); !s.ok()) {
+      return s;
+    }
+  }
   in.model_notes = in.model.notes;
   auto hardware = flags.GetString("hardware", "b200");
   if (!hardware.ok()) return hardware.status();
@@ -333,6 +344,7 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
 // (optionally) --hardware apply. Run-setting flags belong to a model config and are refused.
 absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags, Inputs& in) {
   for (const char* flag : {"model",
+                           "vision-tokens",
                            "seq-len",
                            "micro-batch",
                            "tp",

@@ -200,6 +200,46 @@ TEST(LayerKinds, LinearAttentionCoreOutputIsKeptByItsConsumer) {
   }
 }
 
+// Mllama under hf (Note [hf cross-attention]): a cross-attention layer keeps per vision token
+// k_norm's fp32 x, rsqrt and bf16 output and the repeated keys and values, (6 x 2 + 4 x 4) x 64 +
+// 4 x 2 bytes, whatever the text length; with --vision-tokens 0 (a text-only step) transformers
+// skips it and it keeps nothing; the vision states and masks are fixed memory.
+TEST(LayerKinds, HfCrossAttentionAttendsToTheVisionTokens) {
+  ModelConfig m = Read("synthetic/mllama-small.json");
+  ASSERT_TRUE(m.layers[1].cross_attention);
+  ASSERT_EQ(m.vision_tokens, 4 * (32 * 32 + 1));  // MllamaVisionConfig defaults: 448 / 14, 4 tiles
+  RunSettings run;
+  run.seq_len = 4096;
+  run.framework = Framework::kHf;
+  run.optimizer = OptimizerKind::kNone;
+  run.loss_chunk_tokens = 0;
+  run.cp = run.ep = run.gpus = 1;
+  auto kv_bytes = [&](const StepCost& s) {
+    for (const SavedTensor& t : s.layers[1].saved) {
+      if (t.name == "attn.kv") return t.bytes;
+    }
+    return uint64_t{0};
+  };
+  ASSERT_TRUE(SetVisionTokens(m, 100).ok());
+  const StepCost with = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  const double hq = 4, hkv = 2, d = 32;  // 128 hidden / 4 heads
+  EXPECT_EQ(kv_bytes(with), static_cast<uint64_t>(100 * (6 * hkv * d + 4 * hkv + 4 * hq * d)));
+  run.seq_len = 8192;
+  EXPECT_EQ(kv_bytes(*BuildStepCost(m, *HardwarePreset("h200"), run)), kv_bytes(with));
+  run.seq_len = 4096;
+  ASSERT_TRUE(SetVisionTokens(m, 0).ok());
+  const StepCost text_only = *BuildStepCost(m, *HardwarePreset("h200"), run);
+  EXPECT_EQ(text_only.layers[1].saved_bytes, 0u);
+  EXPECT_EQ(text_only.layers[1].forward_seconds, 0.0);
+  EXPECT_GT(text_only.layers[0].saved_bytes, 0u);
+  // Vision states (2 x 128 per token) and the masks (2 x 4096 per vision token, 2 per text
+  // token) held for the step.
+  EXPECT_EQ(with.fixed.other - text_only.fixed.other, 100u * 2 * 128 + 2 * 4096 * 100 + 2 * 4096);
+  // A model without cross-attention layers refuses the flag.
+  ModelConfig llama = Parse(Dense("llama"));
+  EXPECT_FALSE(SetVisionTokens(llama, 10).ok());
+}
+
 // Llama 4's NoPE layers (every 4th, full span) have no q/k norm under Megatron either:
 // Megatron-Bridge's get_llama4_layer_spec adds L2Norm only on RoPE layers. The RoPE layers keep
 // the norm's inputs, (4 + 2) heads x (64 x 2 + 4) bytes, the NoPE layers nothing of it.

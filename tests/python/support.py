@@ -110,10 +110,10 @@ def clone_layers(layers: nn.ModuleList) -> nn.ModuleList:
     return copy.deepcopy(layers)
 
 
-def planned_saved_per_layer(cli: str, config: dict, seq_len: int) -> list:
+def planned_saved_per_layer(cli: str, config: dict, seq_len: int, extra: tuple = ()) -> list:
     """Each layer's device_saved_bytes that `stowage plan --framework hf --force keep` predicts for
     a config.json (`config`, with its model_type) at `seq_len` tokens on one GPU, the settings of
-    the measured runs."""
+    the measured runs; `extra`: more flags."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "config.json")
         with open(path, "w") as f:
@@ -123,7 +123,7 @@ def planned_saved_per_layer(cli: str, config: dict, seq_len: int) -> list:
              "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1", "--tp", "1",
              "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
              "--grad-dtype", "bf16", "--loss-chunk-tokens", "0", "--force", "keep",
-             "--format", "json"], capture_output=True, text=True, timeout=120)
+             "--format", "json", *extra], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise AssertionError(out.stdout + out.stderr)
     plan = json.loads(out.stdout)

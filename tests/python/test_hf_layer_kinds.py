@@ -3,7 +3,8 @@ and chunked attention with their masks, eager attention with logit soft-capping 
 with sinks (gpt-oss), MLA with and without q-LoRA, the DSA indexer, Gemma / gpt-oss norms, q/k
 norms, the routers of DeepSeek-V2/V3, GLM, gpt-oss and Llama 4, and the linear-attention
 hybrids: Qwen3-Next / Qwen3.5 gated DeltaNet with gated attention and a gated shared expert, and
-Kimi Linear's KDA with NoPE MLA, both through transformers' torch fallbacks (no fla installed). Tiny models built from the
+Kimi Linear's KDA with NoPE MLA, both through transformers' torch fallbacks (no fla installed),
+and Mllama's tanh-gated cross-attention layers attending to a fixed number of vision tokens. Tiny models built from the
 real configs' shapes (scaled down) run forward on CPU under torch 2.x with
 `saved_tensors_hooks`; what autograd keeps per decoder layer (deduplicated by storage, parameters
 and the step's shared inputs excluded) must match the planner's per-layer `device_saved_bytes`
@@ -102,7 +103,30 @@ CONFIGS = {
                         num_experts_per_tok=2, n_shared_experts=1, intermediate_size=512,
                         linear_num_heads=4, linear_head_dim=32, linear_conv_kernel_dim=4,
                         first_k_dense_replace=1, n_group=1, topk_group=1, pad_token_id=0),
+    # Mllama's text decoder: self-attention layers and two cross-attention layers attending to
+    # VISION_TOKENS vision states (one image of 4 tiles x 17 patches), tanh-gated.
+    "mllama_text_model": dict(COMMON, num_hidden_layers=4, num_key_value_heads=2,
+                              intermediate_size=512, cross_attention_layers=[1, 3],
+                              pad_token_id=0),
 }
+VISION_TILES, VISION_PATCHES = 4, 17
+VISION_TOKENS = VISION_TILES * VISION_PATCHES
+# Flags the planner needs to see what the measured run sees.
+PLAN_FLAGS = {"mllama_text_model": ("--vision-tokens", str(VISION_TOKENS))}
+
+
+def forward_inputs(model_type: str, cfg, seq_len: int) -> dict:
+    """What the decoder gets besides input_ids: Mllama's cross-attention layers get the
+    projected vision states and the masks MllamaModel.forward prepares for them (every text
+    token sees every tile of the one image)."""
+    if model_type != "mllama_text_model":
+        return {}
+    from transformers.models.mllama.modeling_mllama import _prepare_cross_attention_mask
+    states = torch.randn(1, VISION_TOKENS, cfg.hidden_size, dtype=torch.bfloat16)
+    mask = torch.ones(1, seq_len, 1, VISION_TILES, dtype=torch.int64)
+    cross_mask, row_mask = _prepare_cross_attention_mask(mask, VISION_PATCHES, torch.bfloat16)
+    return dict(cross_attention_states=states, cross_attention_mask=cross_mask,
+                full_text_row_masked_out_mask=row_mask)
 # Families whose model class refuses SDPA (`_supports_sdpa = False`): transformers runs them
 # with eager attention, and so does the planner's recipe.
 EAGER = {"gemma2", "gpt_oss"}
@@ -127,7 +151,10 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type])
     cfg._attn_implementation = "eager" if model_type in EAGER else "sdpa"
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    if model_type == "mllama_text_model":  # no Auto class maps the text config
+        model = transformers.MllamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     layers = model.model.layers
@@ -202,7 +229,9 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
     torch.nn.functional.scaled_dot_product_attention = sdpa_as_on_gpu
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model.model(input_ids=ids, use_cache=False)  # the decoder layers only
+            # The decoder layers only.
+            out = model.model(input_ids=ids, use_cache=False,
+                              **forward_inputs(model_type, cfg, seq_len))
     finally:
         torch.nn.functional.scaled_dot_product_attention = sdpa
     excluded = params | {t.untyped_storage().data_ptr() for t in shared}
@@ -226,7 +255,7 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
 
 def planned_saved_per_layer(cli: str, model_type: str, seq_len: int) -> list[int]:
     return support.planned_saved_per_layer(cli, dict(CONFIGS[model_type], model_type=model_type),
-                                           seq_len)
+                                           seq_len, PLAN_FLAGS.get(model_type, ()))
 
 
 @unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
