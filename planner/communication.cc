@@ -72,6 +72,8 @@ namespace stowage::planner {
 //    the weight gather with the next forward) bucket by bucket except the last (first) bucket:
 //    exposed = max(one bucket, total - the pass's compute). Megatron's bucket is max(4e7, 1e6 x dp)
 //    parameters (core/distributed/distributed_data_parallel.py); PyTorch DDP's (hf) 25 MiB.
+//  - Word embeddings on the first and the last stage (tied to the head, or the MTP modules'
+//    input): their gradients all-reduced between the two stages once per step; exposed.
 //  - Embedding and LM head under TP/SP: a reduce-scatter after the embedding and an
 //    all-gather before the head, forward, and the reverse in backward; exposed. With pipeline
 //    parallelism the first stage makes the embedding's, the last the head's.
@@ -514,6 +516,20 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
   };
   reduce("dense", dense_dp, dense);
   reduce("expert", expert_dp, experts);
+  // Word embeddings held by the first and the last stage (tied, or the MTP modules' input):
+  // their gradients are all-reduced between the two once per step, after the backward and
+  // before the optimizer (Megatron-Core finalize_model_grads.py, _allreduce_word_embedding_grads
+  // over the embedding group of first and last stage ranks, gpus x (pp - 1) / pp apart);
+  // exposed.
+  if (LastStageHoldsWordEmbeddings(m, run) && (first_stage || last_stage)) {
+    const GroupPlacement ends_g{2, (pp - 1) * (gpus / pp)};
+    CommOp ar = b.Op("PP word embedding gradient all-reduce (first and last stage)", CommGroup::kDp,
+                     Collective::kAllReduce, ends_g,
+                     static_cast<double>(m.vocab) * m.hidden / tp * gb, 0, 1);
+    const double e = ar.seconds;
+    b.out.gradient_sync_exposed_seconds += e;
+    step_op(std::move(ar), e);
+  }
 
   // Warnings.
   for (auto [name, g] : {std::pair<const char*, GroupPlacement>{"TP", tp_g}, {"EP", ep_g}}) {

@@ -663,6 +663,11 @@ absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   return absl::OkStatus();
 }
 
+bool LastStageHoldsWordEmbeddings(const ModelConfig& m, const RunSettings& run) {
+  const bool mtp_trained = run.framework != Framework::kHf && m.mtp_layers > 0;
+  return run.pp > 1 && (m.tied_embeddings || mtp_trained);
+}
+
 NonLayerParams StageNonLayerParams(const ModelConfig& m, const RunSettings& run, int stage) {
   const bool first_stage = stage == 0, last_stage = stage == run.pp - 1;
   const double tp = std::max(1, run.tp), ep = std::max(1, run.ep);
@@ -684,9 +689,11 @@ NonLayerParams StageNonLayerParams(const ModelConfig& m, const RunSettings& run,
        (last_stage ? head_and_norm + static_cast<double>(mtp_trained ? MtpDenseParams(m) : 0)
                    : 0)) /
       tp;
-  // Tied embeddings: the last stage keeps its own copy of the word embeddings for the LM head
-  // (Megatron-Core's shared_embedding_or_output_weight, kept equal by an all-reduce).
-  if (run.pp > 1 && last_stage && m.tied_embeddings) {
+  // The last stage keeps its own copy of the word embeddings for the LM head when they are tied,
+  // and for the MTP modules' input when it runs them (Megatron-Core gpt_model.py builds an
+  // embedding where pre_process or mtp_process; shared_embedding_or_output_weight; kept equal by
+  // an all-reduce with stage 0's, finalize_model_grads.py _allreduce_word_embedding_grads).
+  if (LastStageHoldsWordEmbeddings(m, run) && last_stage) {
     out.dense += static_cast<double>(m.vocab) * m.hidden / tp;
   }
   out.experts = last_stage && mtp_trained ? static_cast<double>(MtpRoutedExpertParams(m)) / ep : 0;

@@ -193,14 +193,19 @@ struct StepCost {
 
 // Parameters a rank of pipeline stage `stage` holds outside its layers (dense ones over tp,
 // routed experts over ep): the input embedding on the first stage; the final norm, LM head (its
-// own copy of tied word embeddings when pp > 1) and, where the framework trains them, the
-// multi-token-prediction modules on the last. The fixed memory and the gradient reduction of a
-// stage both count these (BuildStepCost, planner/communication.h BuildStepComm).
+// own copy of the word embeddings when pp > 1 and they are tied or feed the MTP modules) and,
+// where the framework trains them, the multi-token-prediction modules on the last. The fixed memory
+// and the gradient reduction of a stage both count these (BuildStepCost, planner/communication.h
+// BuildStepComm).
 struct NonLayerParams {
   double dense = 0;
   double experts = 0;
 };
 NonLayerParams StageNonLayerParams(const ModelConfig& model, const RunSettings& run, int stage);
+// Whether the last of several stages keeps a copy of the word embeddings (tied to the LM head,
+// or the input of the MTP modules under Megatron), whose gradients it all-reduces with stage 0's
+// once per step.
+bool LastStageHoldsWordEmbeddings(const ModelConfig& model, const RunSettings& run);
 
 // One pipeline stage's step (run.pp = 1: the whole model; planner/pipeline.h): that stage's
 // layers (LayerCost::index is the model's layer index; in_flight_microbatches the schedule's),

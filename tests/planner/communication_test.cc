@@ -212,6 +212,54 @@ TEST(StepComm, ExpertDataParallelGroupUnderPipeline) {
   EXPECT_EQ(Find(*whole, 0, "FSDP expert weight all-gather")->placement.size, 8);
 }
 
+// Megatron-Core gives the last stage its own word embeddings when it runs the MTP modules
+// (DeepSeek-V3, untied: 129280 x 7168), and all-reduces their fp32 gradients with stage 0's once
+// per step over the two ranks 15 x 128 apart.
+TEST(StepComm, LastStageWordEmbeddingsAreAllReducedWithTheFirst) {
+  const ModelConfig ds = *ModelPreset("deepseek-v3");
+  const HardwareProfile hw = *HardwarePreset("h800");
+  RunSettings run;
+  run.seq_len = 4096;
+  run.tp = 1;
+  run.cp = 1;
+  run.ep = 64;
+  run.gpus = 2048;
+  run.pp = 16;
+  run.microbatches = 16;
+  run.sharding = Sharding::kOptim;
+  run.pp_layout = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+  const double words = 129280.0 * 7168;
+  EXPECT_DOUBLE_EQ(StageNonLayerParams(ds, run, 0).dense, words);
+  EXPECT_DOUBLE_EQ(StageNonLayerParams(ds, run, 7).dense, 0);
+  EXPECT_DOUBLE_EQ(StageNonLayerParams(ds, run, 15).dense,
+                   static_cast<double>(EmbeddingParams(ds) + MtpDenseParams(ds)));
+  const std::string name = "PP word embedding gradient all-reduce (first and last stage)";
+  for (int s : {0, 7, 15}) {
+    auto step = BuildStepCost(ds, hw, run, s);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const CommOp* ar = Find(*step, -1, name);
+    if (s == 7) {
+      EXPECT_EQ(ar, nullptr);
+      continue;
+    }
+    ASSERT_NE(ar, nullptr) << "stage " << s;
+    EXPECT_DOUBLE_EQ(ar->bytes, words * 4);
+    EXPECT_EQ(ar->placement.size, 2);
+    EXPECT_EQ(ar->placement.stride, 15 * 128);
+    EXPECT_EQ(ar->link, CommLink::kNetwork);
+    EXPECT_DOUBLE_EQ(ar->seconds, words * 4 * 2 * 1 / 2 / 50e9 + 2 * 14e-6);
+    EXPECT_GE(step->comm.gradient_sync_exposed_seconds, ar->seconds);
+  }
+  // Without pipeline parallelism the one embedding serves both: nothing to keep equal.
+  run.pp = 1;
+  run.microbatches = 1;
+  run.pp_layout.clear();
+  run.gpus = 128;
+  auto whole = BuildStepCost(ds, hw, run);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(Find(*whole, -1, name), nullptr);
+}
+
 // The reference run (GLM-5.3-Flash, 1M tokens, CP 8, EP 8, 64 B200s): each of the 42 MoE layers
 // dispatches and combines 131,072 tokens x top-8 x 4096 x 2 bytes = 8 GiB, forward and backward:
 // 42 x 4 x 8 GiB = 1.44 TB per step per rank, ~1.6 s over NVLink, ~25 s over the network.
