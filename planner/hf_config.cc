@@ -41,6 +41,9 @@ struct Family {
   Graph graph;
   std::vector<const char*> architectures;
   std::vector<const char*> model_types;  // the text model_type first, then wrappers and aliases
+  // The config class's attribute_map: {spelling a config.json may use, the field it sets}.
+  // transformers reads either spelling into one attribute, so the reader does too.
+  std::vector<std::pair<const char*, const char*>> attribute_map = {};
 };
 
 const std::vector<Family>& Families() {
@@ -92,7 +95,16 @@ const std::vector<Family>& Families() {
       {"deepseek_v32", Graph::kMla, {"DeepseekV32ForCausalLM"}, {"deepseek_v32"}},
       {"glm_moe_dsa", Graph::kMla, {"GlmMoeDsaForCausalLM"}, {"glm_moe_dsa"}},
       {"glm5_next", Graph::kGlm5Next, {}, {"glm5_next"}},
-      {"kimi_linear", Graph::kKimiLinear, {"KimiLinearForCausalLM"}, {"kimi_linear"}},
+      {"kimi_linear",
+       Graph::kKimiLinear,
+       {"KimiLinearForCausalLM"},
+       {"kimi_linear"},
+       // KimiLinearConfig.attribute_map: Moonshot's checkpoints spell the MoE fields this way.
+       {{"num_experts", "num_local_experts"},
+        {"num_experts_per_token", "num_experts_per_tok"},
+        {"num_shared_experts", "n_shared_experts"},
+        {"num_expert_group", "n_group"},
+        {"moe_renormalize", "norm_topk_prob"}}},
       {"qwen3_next", Graph::kQwen3Next, {"Qwen3NextForCausalLM"}, {"qwen3_next"}},
       {"qwen3_5_text",
        Graph::kQwen3Next,
@@ -161,21 +173,36 @@ constexpr json::Range<int> kLayers{1, kMaxLayers};  // what the planner plans (m
 // The config body's fields, falling back to transformers' defaults for absent ones.
 class Fields {
  public:
-  Fields(json::Object body, const Defaults* defaults, std::vector<std::string>* taken)
-      : body_(std::move(body)), defaults_(defaults), taken_(taken) {
+  Fields(json::Object body, const Defaults* defaults, std::vector<std::string>* taken,
+         const std::vector<std::pair<const char*, const char*>>* attribute_map = nullptr)
+      : body_(std::move(body)), defaults_(defaults), taken_(taken), attribute_map_(attribute_map) {
     if (defaults_ != nullptr) defaults_json_ = Json::parse(defaults_->json);
   }
 
   const json::Object& body() const { return body_; }
-  bool Present(const char* key) const { return body_.Has(key); }
+  bool Present(const char* key) const { return body_.Has(Spelling(key)); }
   // Present with a non-null value, or absent with a transformers default.
   bool Set(const char* key) const {
+    key = Spelling(key);
     if (body_.Has(key)) return !body_.json().at(key).is_null();
     return defaults_json_.contains(key);
   }
 
+  // Both spellings of one attribute given: transformers would keep whichever it set last.
+  absl::Status CheckSpellings() const {
+    if (attribute_map_ == nullptr) return absl::OkStatus();
+    for (const auto& [alias, field] : *attribute_map_) {
+      if (body_.Has(alias) && body_.Has(field)) {
+        return body_.Invalid(alias, absl::StrCat("one of '", alias, "' and '", field,
+                                                 "' (transformers reads both into ", field, ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   template <typename T, typename... R>
   absl::Status Get(const char* key, T& out, R... range) const {
+    key = Spelling(key);
     if (body_.Has(key) && !body_.json().at(key).is_null()) return body_.Read(key, out, range...);
     if (!body_.Has(key) && defaults_json_.contains(key)) {
       STOWAGE_HF_RETURN_IF_ERROR(
@@ -234,10 +261,20 @@ class Fields {
   }
 
  private:
+  // The spelling the body uses for `key`: an attribute_map alias when only it is present.
+  const char* Spelling(const char* key) const {
+    if (attribute_map_ == nullptr || body_.Has(key)) return key;
+    for (const auto& [alias, field] : *attribute_map_) {
+      if (std::string_view(field) == key && body_.Has(alias)) return alias;
+    }
+    return key;
+  }
+
   json::Object body_;
   const Defaults* defaults_;
   Json defaults_json_ = Json::object();
   std::vector<std::string>* taken_;
+  const std::vector<std::pair<const char*, const char*>>* attribute_map_;
 };
 
 absl::Status ReadCommon(const Fields& f, ModelConfig& m, int& layers) {
@@ -427,6 +464,38 @@ absl::Status ReadIndexer(const Fields& f, ModelConfig& m) {
   return absl::OkStatus();
 }
 
+// linear_attn_config's full_attn_layers and kda_layers (1-based layer numbers) as layer_types.
+// Every layer must be listed exactly once: transformers leaves an unlisted layer's type None,
+// which no model class builds.
+absl::StatusOr<std::vector<std::string>> KimiLayerTypes(const json::Object& lin, int layers) {
+  std::vector<std::string> types(layers);
+  for (const auto& [key, type] :
+       {std::pair<const char*, const char*>{"full_attn_layers", "full_attention"},
+        {"kda_layers", "linear_attention"}}) {
+    auto array = lin.Array(key);
+    if (!array.ok()) return array.status();
+    for (size_t i = 0; i < (*array)->size(); ++i) {
+      int layer = 0;
+      const std::string path = absl::StrCat(lin.PathOf(key), "[", i, "]");
+      STOWAGE_HF_RETURN_IF_ERROR(
+          json::ReadValue((**array)[i], lin.source(), path, layer, json::Range<int>{1, layers}));
+      if (!types[layer - 1].empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            lin.source(), ": field '", path, "' lists layer ", layer, " again; each layer (1-",
+            layers, ") is in exactly one of full_attn_layers and kda_layers"));
+      }
+      types[layer - 1] = type;
+    }
+  }
+  for (int i = 0; i < layers; ++i) {
+    if (types[i].empty()) {
+      return lin.Invalid("kda_layers", absl::StrCat("with full_attn_layers, every layer 1-", layers,
+                                                    " once; layer ", i + 1, " is in neither"));
+    }
+  }
+  return types;
+}
+
 absl::Status ReadBody(const Fields& f, const Family& fam, ModelConfig& m) {
   const std::string family = fam.family;
   int n = 0;
@@ -554,11 +623,33 @@ absl::Status ReadBody(const Fields& f, const Family& fam, ModelConfig& m) {
       STOWAGE_HF_RETURN_IF_ERROR(f.GetOr("num_key_value_heads", m.heads, m.kv_heads, kDim));
       STOWAGE_HF_RETURN_IF_ERROR(ReadDeepSeekMoe(f, m));
       STOWAGE_HF_RETURN_IF_ERROR(PlaceDeepSeekMoe(f, n, 1, m));
-      STOWAGE_HF_RETURN_IF_ERROR(f.Get("linear_num_heads", m.linear_heads, kDim));
-      STOWAGE_HF_RETURN_IF_ERROR(f.Get("linear_head_dim", m.linear_head_dim, kDim));
-      STOWAGE_HF_RETURN_IF_ERROR(f.Get("linear_conv_kernel_dim", m.short_conv_kernel, kDim));
+      // KimiLinearConfig.__post_init__: a checkpoint's linear_attn_config (how Moonshot's
+      // config.json files carry KDA) overrides linear_num_heads / linear_head_dim /
+      // linear_conv_kernel_dim, and its 1-based full_attn_layers + kda_layers give the layer
+      // kinds unless layer_types is set; without either, every 4th layer from 4 (0-based) is MLA.
+      std::optional<json::Object> lin;
+      if (f.body().Has("linear_attn_config") &&
+          !f.body().json().at("linear_attn_config").is_null()) {
+        auto child = f.body().Child("linear_attn_config");
+        if (!child.ok()) return child.status();
+        lin = *child;
+      }
+      const auto linear_field = [&](const char* in_block, const char* top, int& out) {
+        if (lin.has_value() && lin->Has(in_block)) return lin->Read(in_block, out, kDim);
+        return f.Get(top, out, kDim);
+      };
+      STOWAGE_HF_RETURN_IF_ERROR(linear_field("num_heads", "linear_num_heads", m.linear_heads));
+      STOWAGE_HF_RETURN_IF_ERROR(linear_field("head_dim", "linear_head_dim", m.linear_head_dim));
+      STOWAGE_HF_RETURN_IF_ERROR(
+          linear_field("short_conv_kernel_size", "linear_conv_kernel_dim", m.short_conv_kernel));
       auto types = f.LayerTypes(n);
       if (!types.ok()) return types.status();
+      if (!types->has_value() && lin.has_value() && lin->Has("full_attn_layers") &&
+          lin->Has("kda_layers")) {
+        auto listed = KimiLayerTypes(*lin, n);
+        if (!listed.ok()) return listed.status();
+        *types = *std::move(listed);
+      }
       for (int i = 0; i < n; ++i) {
         bool full = types->has_value() ? (**types)[i] == "full_attention" : i && i % 4 == 0;
         if (types->has_value() && !full && (**types)[i] != "linear_attention") {
@@ -743,7 +834,8 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std
   }
   const Defaults* defaults = DefaultsOf(fam->family);
   std::vector<std::string> taken;
-  Fields fields(nested ? *text_config : *top, defaults, &taken);
+  Fields fields(nested ? *text_config : *top, defaults, &taken, &fam->attribute_map);
+  STOWAGE_HF_RETURN_IF_ERROR(fields.CheckSpellings());
   STOWAGE_HF_RETURN_IF_ERROR(ReadBody(fields, *fam, m));
   if (nested && !text_config->Has("tie_word_embeddings") && top->Has("tie_word_embeddings")) {
     // A wrapper ties the text decoder's embedding and head by its own flag (Qwen3VLConfig);

@@ -220,6 +220,44 @@ TEST(HfConfig, SlidingChunkedAndInterleavedLayersAreWhereTheConfigSays) {
   EXPECT_EQ(kimi_linear.q_lora_rank, 0);  // null: q projected straight from the hidden state
 }
 
+// Moonshot's checkpoints carry KDA in linear_attn_config (1-based layer lists, heads, head_dim,
+// conv kernel) and spell the MoE fields by KimiLinearConfig's attribute_map; transformers reads
+// both (KimiLinearConfig.__post_init__), so the reader does too.
+TEST(HfConfig, KimiLinearCheckpointLayout) {
+  auto m = ReadHfConfigFile(kDataDir + "hf/synthetic/kimi-linear-checkpoint-small.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<std::string> types;
+  for (const LayerSpec& l : m->layers) types.push_back(l.TypeName());
+  EXPECT_EQ(absl::StrJoin(types, " "),
+            "kda+dense_ffn kda+moe mla+moe kda+moe kda+moe mla+moe");  // full_attn_layers [3, 6]
+  EXPECT_EQ(m->linear_heads, 6);
+  EXPECT_EQ(m->linear_head_dim, 24);
+  EXPECT_EQ(m->short_conv_kernel, 3);
+  EXPECT_EQ(m->experts, 8);                   // num_experts
+  EXPECT_EQ(m->experts_per_token, 2);         // num_experts_per_token
+  EXPECT_EQ(m->shared_intermediate, 2 * 64);  // num_shared_experts x moe_intermediate_size
+  EXPECT_THAT(absl::StrJoin(m->notes, "\n"), Not(HasSubstr("num_local_experts")));
+
+  const auto parse = [](const std::string& fields) {
+    return ParseHfConfigJson(absl::StrCat(R"({"model_type": "kimi_linear", "hidden_size": 64,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 100,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, )",
+                                          fields, "}"),
+                             "kimi");
+  };
+  auto both = parse(R"("num_experts": 8, "num_local_experts": 8)");
+  EXPECT_THAT(std::string(both.status().message()),
+              HasSubstr("one of 'num_experts' and 'num_local_experts'"));
+  auto twice =
+      parse(R"("linear_attn_config": {"full_attn_layers": [2, 4], "kda_layers": [1, 2, 3]})");
+  EXPECT_THAT(std::string(twice.status().message()),
+              HasSubstr("linear_attn_config.kda_layers[1]' lists layer 2 again"));
+  auto missing = parse(R"("linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2]})");
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("layer 3 is in neither"));
+  auto range = parse(R"("linear_attn_config": {"full_attn_layers": [5], "kda_layers": [1, 2, 3]})");
+  EXPECT_THAT(std::string(range.status().message()), HasSubstr("full_attn_layers[0]"));
+}
+
 TEST(HfConfig, MtpModulesAreCounted) {
   auto glm = *ReadHfConfigFile(kDataDir + "hf/glm-5.1.json");
   EXPECT_EQ(glm.mtp_layers, 1);
