@@ -41,9 +41,6 @@ struct Family {
   Graph graph;
   std::vector<const char*> architectures;
   std::vector<const char*> model_types;  // the text model_type first, then wrappers and aliases
-  // The config class's attribute_map: {spelling a config.json may use, the field it sets}.
-  // transformers reads either spelling into one attribute, so the reader does too.
-  std::vector<std::pair<const char*, const char*>> attribute_map = {};
 };
 
 const std::vector<Family>& Families() {
@@ -95,16 +92,7 @@ const std::vector<Family>& Families() {
       {"deepseek_v32", Graph::kMla, {"DeepseekV32ForCausalLM"}, {"deepseek_v32"}},
       {"glm_moe_dsa", Graph::kMla, {"GlmMoeDsaForCausalLM"}, {"glm_moe_dsa"}},
       {"glm5_next", Graph::kGlm5Next, {}, {"glm5_next"}},
-      {"kimi_linear",
-       Graph::kKimiLinear,
-       {"KimiLinearForCausalLM"},
-       {"kimi_linear"},
-       // KimiLinearConfig.attribute_map: Moonshot's checkpoints spell the MoE fields this way.
-       {{"num_experts", "num_local_experts"},
-        {"num_experts_per_token", "num_experts_per_tok"},
-        {"num_shared_experts", "n_shared_experts"},
-        {"num_expert_group", "n_group"},
-        {"moe_renormalize", "norm_topk_prob"}}},
+      {"kimi_linear", Graph::kKimiLinear, {"KimiLinearForCausalLM"}, {"kimi_linear"}},
       {"qwen3_next", Graph::kQwen3Next, {"Qwen3NextForCausalLM"}, {"qwen3_next"}},
       {"qwen3_5_text",
        Graph::kQwen3Next,
@@ -122,6 +110,9 @@ struct Defaults {
   const char* family;
   const char* config_class;
   const char* json;
+  // The class's attribute_map: {spelling, attribute}; transformers reads either spelling of a
+  // field into one attribute (Moonshot's num_experts is KimiLinearConfig's num_local_experts).
+  const char* attribute_map;
 };
 constexpr Defaults kDefaults[] = {
 #include "planner/hf_defaults.inc"
@@ -173,10 +164,14 @@ constexpr json::Range<int> kLayers{1, kMaxLayers};  // what the planner plans (m
 // The config body's fields, falling back to transformers' defaults for absent ones.
 class Fields {
  public:
-  Fields(json::Object body, const Defaults* defaults, std::vector<std::string>* taken,
-         const std::vector<std::pair<const char*, const char*>>* attribute_map = nullptr)
-      : body_(std::move(body)), defaults_(defaults), taken_(taken), attribute_map_(attribute_map) {
-    if (defaults_ != nullptr) defaults_json_ = Json::parse(defaults_->json);
+  Fields(json::Object body, const Defaults* defaults, std::vector<std::string>* taken)
+      : body_(std::move(body)), defaults_(defaults), taken_(taken) {
+    if (defaults_ == nullptr) return;
+    defaults_json_ = Json::parse(defaults_->json);
+    const Json spellings = Json::parse(defaults_->attribute_map);
+    for (auto it = spellings.begin(); it != spellings.end(); ++it) {
+      spellings_.emplace_back(it.key(), it.value().get<std::string>());
+    }
   }
 
   const json::Object& body() const { return body_; }
@@ -188,13 +183,15 @@ class Fields {
     return defaults_json_.contains(key);
   }
 
-  // Both spellings of one attribute given: transformers would keep whichever it set last.
+  // Both spellings of one attribute given with different values: transformers would keep
+  // whichever it happened to set last.
   absl::Status CheckSpellings() const {
-    if (attribute_map_ == nullptr) return absl::OkStatus();
-    for (const auto& [alias, field] : *attribute_map_) {
-      if (body_.Has(alias) && body_.Has(field)) {
-        return body_.Invalid(alias, absl::StrCat("one of '", alias, "' and '", field,
-                                                 "' (transformers reads both into ", field, ")"));
+    for (const auto& [alias, field] : spellings_) {
+      if (body_.Has(alias) && body_.Has(field) &&
+          body_.json().at(alias) != body_.json().at(field)) {
+        return body_.Invalid(
+            alias, absl::StrCat("one of '", alias, "' and '", field,
+                                "', or both equal (transformers reads both into ", field, ")"));
       }
     }
     return absl::OkStatus();
@@ -261,11 +258,13 @@ class Fields {
   }
 
  private:
-  // The spelling the body uses for `key`: an attribute_map alias when only it is present.
+  // The spelling the body uses for `key`: its other attribute_map spelling when only that one
+  // is present.
   const char* Spelling(const char* key) const {
-    if (attribute_map_ == nullptr || body_.Has(key)) return key;
-    for (const auto& [alias, field] : *attribute_map_) {
-      if (std::string_view(field) == key && body_.Has(alias)) return alias;
+    if (body_.Has(key)) return key;
+    for (const auto& [alias, field] : spellings_) {
+      if (field == key && body_.Has(alias)) return alias.c_str();
+      if (alias == key && body_.Has(field)) return field.c_str();
     }
     return key;
   }
@@ -274,7 +273,7 @@ class Fields {
   const Defaults* defaults_;
   Json defaults_json_ = Json::object();
   std::vector<std::string>* taken_;
-  const std::vector<std::pair<const char*, const char*>>* attribute_map_;
+  std::vector<std::pair<std::string, std::string>> spellings_;
 };
 
 absl::Status ReadCommon(const Fields& f, ModelConfig& m, int& layers) {
@@ -834,7 +833,7 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std
   }
   const Defaults* defaults = DefaultsOf(fam->family);
   std::vector<std::string> taken;
-  Fields fields(nested ? *text_config : *top, defaults, &taken, &fam->attribute_map);
+  Fields fields(nested ? *text_config : *top, defaults, &taken);
   STOWAGE_HF_RETURN_IF_ERROR(fields.CheckSpellings());
   STOWAGE_HF_RETURN_IF_ERROR(ReadBody(fields, *fam, m));
   if (nested && !text_config->Has("tie_word_embeddings") && top->Has("tie_word_embeddings")) {

@@ -245,9 +245,10 @@ TEST(HfConfig, KimiLinearCheckpointLayout) {
                                           fields, "}"),
                              "kimi");
   };
-  auto both = parse(R"("num_experts": 8, "num_local_experts": 8)");
+  auto both = parse(R"("num_experts": 8, "num_local_experts": 16)");
   EXPECT_THAT(std::string(both.status().message()),
-              HasSubstr("one of 'num_experts' and 'num_local_experts'"));
+              HasSubstr("one of 'num_local_experts' and 'num_experts', or both equal"));
+  EXPECT_TRUE(parse(R"("num_experts": 8, "num_local_experts": 8)").ok());
   auto twice =
       parse(R"("linear_attn_config": {"full_attn_layers": [2, 4], "kda_layers": [1, 2, 3]})");
   EXPECT_THAT(std::string(twice.status().message()),
