@@ -40,9 +40,8 @@ namespace {
 //    waits. The waits are a max-plus function of the copy queues; what every plan must wait is
 //    bounded from below per layer: layer i's save (h = H_i / D2H rate) must land before the
 //    forward of i + L (or backward), and only the forward compute between its issue and that
-//    wait can hide it, so the waits in the at most L slots in between add up to at least
-//    h - (that compute, each layer at its longest option); each wait slot lies in at most L
-//    such windows, so the forward waits are at least the sum of the excesses / L. Likewise
+//    wait can hide it, so the forward waits are at least the sum of the excesses h - (that
+//    compute, each layer at its longest option): Note [Forward waits]. Likewise
 //    the prefetch issued at the backward of i + d must land before the backward of i: the
 //    backward waits are at least the sum of (H_i / H2D rate - the backward compute between) /
 //    (d + 1).
@@ -76,6 +75,21 @@ namespace {
 // random instances the branch and bound runs to completion and equals exhaustive search
 // (optimizer_test.cc). Deep models (about 1,000 layers and more) may hit the fronts' cap and
 // report a gap.
+
+// Note [Forward waits]
+// Why the forward waits are at least the sum of the excesses e_i = h_i - (the compute between
+// i's issue and its wait point), undivided. The forward waits only at the protocol's points and
+// the one D2H engine copies in issue order (simulator.cc), so:
+//  - a wait at a point before i's for a save of k < i (the points do not decrease with the
+//    layer) ends when k's copy lands, no later than i's copy starts: it hides none of i's copy;
+//  - at a point where the saves S are waited for (several only at a model chunk's end and before
+//    the backward), with t the first of S with e_t > 0, the last copy of S lands no earlier than
+//    t's issue (or the end of the last wait before, whichever is later) + the sum of h over S
+//    from t on, so that point waits at least e_t + the sum of h_k >= e_k over the later k of S.
+// Summed over the points, each layer's excess counts once. Regression: the bound divided each
+// excess by L (each point lies in L windows); on DeepSeek-V3, h800, PP 16 (stage 1: four layers,
+// 15 in flight, one offload waiting 6.9 ms) it left half the wait out and the search stopped at
+// its node limit 1.5% from the bound.
 
 // Note [Bounded work]
 // Fronts cost layers x windows x options x front length label updates (a front's cap shrinks with
@@ -202,7 +216,6 @@ class Model {
         bmax[i] = std::max(bmax[i], c.cost.recompute_seconds + c.cost.backward_seconds);
       }
     }
-    const int slots_fwd = std::max(lag_, 1);
     const std::vector<LayerProtocol> waits = OffloadProtocol(step, n_, wait_distance, lag);
     cost_.resize(n_);
     for (int i = 0; i < n_; ++i) {
@@ -212,10 +225,11 @@ class Model {
           const double bytes = static_cast<double>(c.cost.host_bytes);
           // Forward: from the save's issue to the wait before the forward of i + L (backward).
           double hide = c.cost.save_at_forward_start ? c.cost.forward_seconds : 0;
-          const int wait_at = protocol_[i].save_wait_before_layer;
+          const int wait_at = std::clamp(protocol_[i].save_wait_before_layer, i + 1, n_);
           for (int j = i + 1; j < wait_at; ++j) hide += fmax[j];
           if (wait_at == n_) hide += step.tail_seconds;
-          cost += std::max(0.0, bytes / step.d2h_bytes_per_second - hide) / slots_fwd;
+          // Note [Forward waits]: the whole excess, not a share of it.
+          cost += std::max(0.0, bytes / step.d2h_bytes_per_second - hide);
           // Backward: from the backward of min(i + d, n - 1) to the backward of i.
           const int issue_at = waits[i].prefetch_after_layer;
           double bhide = 0;

@@ -122,42 +122,26 @@ int BenchDepth(const std::string& list, const planner::HardwareProfile& hardware
   return kExitOk;
 }
 
-// The pipeline job: DeepSeek-V3 on 2,048 GPUs, PP 16 (1F1B, 16 microbatches), EP 64,
-// 4K tokens, distributed optimizer, the layout Megatron users give for 61 layers. Planning it is
-// one cost model and one search per stage; the row is all 16 (the slowest stage's search and
-// the binding stage's peak are what a user would look at).
-int BenchPipeline(const planner::HardwareProfile& hardware, int64_t repeats) {
-  const planner::ModelConfig model = *planner::ModelPreset("deepseek-v3");
-  planner::RunSettings run;
-  run.seq_len = 4096;
-  run.tp = 1;
-  run.cp = 1;
-  run.ep = 64;
-  run.gpus = 2048;
-  run.pp = 16;
-  run.microbatches = 16;
-  run.sharding = planner::Sharding::kOptim;
-  run.pp_layout = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+// One row of BenchPipeline: every stage of `run` on `hardware`; the highest peak and host bytes
+// and the slowest stage's simulated step.
+int BenchPipelineRow(const planner::ModelConfig& model, const planner::RunSettings& run,
+                     const planner::HardwareProfile& hardware, int64_t repeats) {
   planner::OptimizerOptions options;
   options.gpu_budget_bytes = hardware.UsableBytes();
   options.host_budget_bytes = hardware.DefaultHostBudgetPerGpu();
-  std::printf(
-      "\ndeepseek-v3 on %s, 2048 GPUs, PP 16 (1f1b, 16 microbatches), EP 64, 4096 tokens; "
-      "every stage; %lld runs\n\n",
-      hardware.name.c_str(), static_cast<long long>(repeats));
-  std::printf("%10s  %9s  %9s  %8s  %7s  %8s  %12s\n", "stages", "wall ms", "cpu ms", "nodes",
-              "proven", "gap", "peak");
   std::vector<Timing> times;
   int64_t nodes = 0;
   int proven = 0;
-  double worst_gap = 0;
-  uint64_t peak = 0;
+  double worst_gap = 0, slowest = 0;
+  uint64_t peak = 0, host = 0;
   for (int64_t r = 0; r < repeats; ++r) {
     bool ok = true;
     nodes = 0;
     proven = 0;
     worst_gap = 0;
+    slowest = 0;
     peak = 0;
+    host = 0;
     times.push_back(Time([&] {
       for (int stage = 0; stage < run.pp && ok; ++stage) {
         auto step = planner::BuildStepCost(model, hardware, run, stage);
@@ -172,15 +156,48 @@ int BenchPipeline(const planner::HardwareProfile& hardware, int64_t repeats) {
         nodes += result.nodes;
         proven += result.proven_optimal;
         worst_gap = std::max(worst_gap, GapPercent(result));
+        slowest = std::max(slowest, result.sim.step_seconds);
         peak = std::max(peak, result.sim.peak_bytes);
+        host = std::max(host, result.sim.host_bytes);
       }
     }));
     if (!ok) return kExitUnmet;
   }
   const Timing t = Median(times);
-  std::printf("%10d  %9.1f  %9.1f  %8lld  %7s  %7.3f%%  %12s\n", run.pp, t.wall_ms, t.cpu_ms,
-              static_cast<long long>(nodes), absl::StrFormat("%d/%d", proven, run.pp).c_str(),
-              worst_gap, planner::FormatBytes(peak).c_str());
+  std::printf("%10s  %9.1f  %9.1f  %8lld  %7s  %7.3f%%  %12s  %12s  %9.6f\n", hardware.name.c_str(),
+              t.wall_ms, t.cpu_ms, static_cast<long long>(nodes),
+              absl::StrFormat("%d/%d", proven, run.pp).c_str(), worst_gap,
+              planner::FormatBytes(peak).c_str(), planner::FormatBytes(host).c_str(), slowest);
+  return kExitOk;
+}
+
+// The pipeline job: DeepSeek-V3 on 2,048 GPUs, PP 16 (1F1B, 16 microbatches), EP 64,
+// 4K tokens, distributed optimizer, the layout Megatron users give for 61 layers. Planning it is
+// one cost model and one search per stage; a row is all 16 (the slowest stage's search and the
+// binding stage's peak are what a user would look at). One row per hardware: the chosen one and
+// h800, whose smaller memory makes stages offload and wait for their copies, which the search
+// must still prove (Note [Forward waits] in planner/optimizer.cc).
+int BenchPipeline(const std::vector<planner::HardwareProfile>& hardware, int64_t repeats) {
+  const planner::ModelConfig model = *planner::ModelPreset("deepseek-v3");
+  planner::RunSettings run;
+  run.seq_len = 4096;
+  run.tp = 1;
+  run.cp = 1;
+  run.ep = 64;
+  run.gpus = 2048;
+  run.pp = 16;
+  run.microbatches = 16;
+  run.sharding = planner::Sharding::kOptim;
+  run.pp_layout = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+  std::printf(
+      "\ndeepseek-v3, 2048 GPUs, PP 16 (1f1b, 16 microbatches), EP 64, 4096 tokens; every stage; "
+      "%lld runs\n\n",
+      static_cast<long long>(repeats));
+  std::printf("%10s  %9s  %9s  %8s  %7s  %8s  %12s  %12s  %9s\n", "hardware", "wall ms", "cpu ms",
+              "nodes", "proven", "gap", "peak", "host/GPU", "stage s");
+  for (const planner::HardwareProfile& h : hardware) {
+    if (const int code = BenchPipelineRow(model, run, h, repeats); code != kExitOk) return code;
+  }
   return kExitOk;
 }
 
@@ -260,7 +277,9 @@ int RunBenchPlan(int argc, char** argv) {
     PrintRow(std::to_string(seq), Median(times), result);
     std::fflush(stdout);
   }
-  if (const int code = BenchPipeline(*hardware, *repeats); code != kExitOk) return code;
+  std::vector<planner::HardwareProfile> pipeline_hardware = {*hardware};
+  if (hardware->name != "h800") pipeline_hardware.push_back(*planner::HardwarePreset("h800"));
+  if (const int code = BenchPipeline(pipeline_hardware, *repeats); code != kExitOk) return code;
   std::printf("\n");
   // Deep models: one run each (the largest take seconds).
   return BenchDepth(depths, *hardware, 1);
