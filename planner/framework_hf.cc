@@ -47,6 +47,13 @@ namespace {
 //    log_softmax's saved fp32 output (4V); in backward nll_loss's fp32 gradient (4V) and
 //    log_softmax's gradient (4V) are alive with the saved output and the bf16 logits: the
 //    loss's peak is 14V per token (forward reaches 10V). Labels padded and shifted: 16 bytes.
+//  FFN backward (Note [hf FFN backward]): down_proj's node runs first and releases the product
+//    it saved (2f); the mul's backward then makes its two gradients (4f) while the product's
+//    gradient (2f), gate, up and silu's output are alive: 6f on top of the FFN's saved tensors
+//    less the product. The routed experts likewise, less the weighted expert output (2h per
+//    routed expert) that the weighting mul's node released before. Measured at that moment
+//    (tests/python/test_hf_measured_profile.py, live bytes of recompute steps of Mistral and
+//    Mixtral).
 //  Gradients: created by autograd when backward reaches each parameter (bf16 with
 //    --grad-dtype bf16), so none exist at the loss's peak; they accumulate layer by layer.
 //  Workspaces: one cuBLAS workspace per (handle, stream); the forward runs on the Python
@@ -526,9 +533,10 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     swiglu(f, "ffn", "ffn_act");
     AddModule(b, "ffn_act", OpSeconds({.elementwise_bytes = 10 * f * b.t, .kernels = 2}, b.hw),
               true);
-    // Forward: down_proj's output; backward: the product's, silu's and up's gradients.
+    // Forward: down_proj's output. Backward (Note [hf FFN backward]): the product's gradient
+    // and the mul's two, 6f, once down_proj's node has released the product it saved (2f).
     b.cost.ffn_forward_transient = static_cast<uint64_t>(2 * h * b.t);
-    b.cost.ffn_backward_transient = static_cast<uint64_t>(6 * f * b.t);
+    b.cost.ffn_backward_transient = static_cast<uint64_t>(4 * f * b.t);
   } else {
     const double e = m.experts, k = m.experts_per_token, fe = m.moe_intermediate;
     const double offsets = 4 * e;  // grouped_mm's int32 expert offsets, per layer
@@ -611,10 +619,16 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     }
     AddModule(b, "moe_act",
               OpSeconds({.elementwise_bytes = 10 * fe * routed * b.t, .kernels = 2}, b.hw), true);
-    // Forward: weighted_out, its permuted copy and the router logits; backward: the expert
-    // intermediates' gradients and the gathered states' gradient.
+    // Forward: weighted_out, its permuted copy and the router logits. Backward (Note [hf FFN
+    // backward]): at the SwiGLU mul's backward, the product's gradient and the mul's two (6fe
+    // per routed expert), with the product (2fe) and the weighted expert output (2h) released by
+    // the nodes already run; Llama 4 keeps no expert output and runs all E. Later moments (the
+    // gathered states' gradient, 2h per routed expert) come after gate_up and act are freed.
+    const double released =
+        2 * fe * routed + (b.dialect.router == HfRouter::kLlama4 ? 0 : 2 * h * routed);
+    b.cost.ffn_backward_transient =
+        static_cast<uint64_t>(std::max(0.0, (6 * fe * routed - released) * b.t));
     b.cost.ffn_forward_transient = static_cast<uint64_t>((4 * h * routed + 2 * e) * b.t);
-    b.cost.ffn_backward_transient = static_cast<uint64_t>((6 * fe * routed + 4 * h * routed) * b.t);
   }
   if (spec.cross_attention) b.Save("ffn.gated_out", "", 2 * h, 2);  // Note [hf cross-attention]
   if (post_norms) b.Norm("ffn.post_norm", h, 1, false);
