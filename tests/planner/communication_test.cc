@@ -12,6 +12,7 @@
 #include "planner/model.h"
 #include "planner/optimizer.h"
 #include "planner/simulator.h"
+#include "tests/planner/pipeline_jobs.h"
 
 namespace stowage::planner {
 namespace {
@@ -218,16 +219,7 @@ TEST(StepComm, ExpertDataParallelGroupUnderPipeline) {
 TEST(StepComm, LastStageWordEmbeddingsAreAllReducedWithTheFirst) {
   const ModelConfig ds = *ModelPreset("deepseek-v3");
   const HardwareProfile hw = *HardwarePreset("h800");
-  RunSettings run;
-  run.seq_len = 4096;
-  run.tp = 1;
-  run.cp = 1;
-  run.ep = 64;
-  run.gpus = 2048;
-  run.pp = 16;
-  run.microbatches = 16;
-  run.sharding = Sharding::kOptim;
-  run.pp_layout = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+  RunSettings run = jobs::DeepSeekV3Pp16Job();
   const double words = 129280.0 * 7168;
   EXPECT_DOUBLE_EQ(StageNonLayerParams(ds, run, 0).dense, words);
   EXPECT_DOUBLE_EQ(StageNonLayerParams(ds, run, 7).dense, 0);

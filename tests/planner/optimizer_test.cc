@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "tests/planner/pipeline_jobs.h"
 
 namespace stowage::planner {
 namespace {
@@ -247,16 +248,7 @@ TEST(Optimizer, EqualsExhaustiveSearchOnFewLayersManyInFlightTightBudget) {
 // layer whose save waits 6.9 ms; the bound counted half of it and the search stopped at its node
 // limit "1.5% faster". Every stage is proven now.
 TEST(Optimizer, DeepSeekV3OnH800PipelineStagesAreProven) {
-  RunSettings run;
-  run.seq_len = 4096;
-  run.tp = 1;
-  run.cp = 1;
-  run.ep = 64;
-  run.gpus = 2048;
-  run.pp = 16;
-  run.microbatches = 16;
-  run.sharding = Sharding::kOptim;
-  run.pp_layout = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+  const RunSettings run = jobs::DeepSeekV3Pp16Job();
   int offloading = 0;
   for (int stage = 0; stage < run.pp; ++stage) {
     const auto step =

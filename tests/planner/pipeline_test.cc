@@ -15,6 +15,7 @@
 #include "planner/model.h"
 #include "planner/optimizer.h"
 #include "stowage/plan.h"
+#include "tests/planner/pipeline_jobs.h"
 
 namespace stowage::planner {
 namespace {
@@ -347,16 +348,7 @@ TEST(PipelinePlan, DeepSeekV3On2048GpusPlansEveryStage) {
   for (const std::string name : {"h200", "h800"}) {
     SCOPED_TRACE(name);
     const HardwareProfile hw = *HardwarePreset(name);
-    RunSettings run;
-    run.seq_len = 4096;
-    run.tp = 1;
-    run.cp = 1;
-    run.ep = 64;
-    run.gpus = 2048;
-    run.pp = 16;
-    run.microbatches = 16;
-    run.sharding = Sharding::kOptim;
-    run.pp_layout = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+    const RunSettings run = jobs::DeepSeekV3Pp16Job();
     const OptimizerOptions options = Budgets(hw);
     auto p = PlanPipeline(ds, hw, run, options);
     ASSERT_TRUE(p.ok()) << p.status();
