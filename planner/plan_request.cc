@@ -289,7 +289,8 @@ absl::StatusOr<Schedule> ReadAssignment(const json::Object& o, const StepCost& s
 }  // namespace
 
 absl::StatusOr<std::string> PlanFromRequestJson(std::string_view request,
-                                                const std::string& generator) {
+                                                const std::string& generator,
+                                                std::string* closest_plan) {
   auto parsed = json::Parse(request, kSource);
   if (!parsed.ok()) return parsed.status();
   auto root = Root(*parsed);
@@ -301,6 +302,13 @@ absl::StatusOr<std::string> PlanFromRequestJson(std::string_view request,
     return s;
   OptimizeResult result = Optimize(src->step, options);
   if (!result.feasible) {
+    // Note [Plans that do not fit]: the closest plan is still an answer, as `stowage plan`
+    // prints it, unless a layer has no option at all.
+    if (closest_plan != nullptr && result.schedule.options.size() == src->step.layers.size()) {
+      auto closest = PlanJson(*src, *root, result, options, generator);
+      if (!closest.ok()) return closest.status();
+      *closest_plan = *std::move(closest);
+    }
     return absl::ResourceExhaustedError(
         absl::StrCat("gpu_budget_bytes is ", options.gpu_budget_bytes, " (",
                      FormatBytes(options.gpu_budget_bytes),

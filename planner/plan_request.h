@@ -16,9 +16,13 @@ namespace stowage::planner {
 // The plan JSON (PlanToJson) of the fastest plan within the request's budgets. Errors:
 // InvalidArgument for a bad request (naming the field, its value and what is allowed);
 // ResourceExhausted when no plan fits, its message naming the smallest peak any plan reaches and
-// what binds. `generator` goes into the plan ("stowage <version>").
+// what binds — and then, when `closest_plan` is given, the closest plan's JSON in it ("fits":
+// false, `binding`: Note [Plans that do not fit]; left empty only when some layer has no option
+// at all), the answer `stowage plan` prints in that case. `generator` goes into the plan
+// ("stowage <version>").
 absl::StatusOr<std::string> PlanFromRequestJson(std::string_view request,
-                                                const std::string& generator);
+                                                const std::string& generator,
+                                                std::string* closest_plan = nullptr);
 
 // The simulator's prediction for the request's per-layer assignment ("layers": policies,
 // recompute modules; "prefetch_distance"): peak, step time, exposed copy time, host bytes, the

@@ -759,7 +759,18 @@ stowage_status stowage_get_trace_json(stowage_runtime* rt, char** out) {
 stowage_status stowage_plan_request(const char* request_json, size_t request_json_bytes,
                                     char** plan_json_out) {
   return PlanningCall("stowage_plan_request", request_json, request_json_bytes, plan_json_out,
-                      stowage::planner::PlanFromRequestJson);
+                      [plan_json_out](std::string_view request,
+                                      const std::string& generator) -> absl::StatusOr<std::string> {
+                        std::string closest;
+                        absl::StatusOr<std::string> plan =
+                            stowage::planner::PlanFromRequestJson(request, generator, &closest);
+                        // RESOURCE_EXHAUSTED still hands back the closest plan ("fits": false) when
+                        // there is one.
+                        if (!plan.ok() && !closest.empty()) {
+                          if (absl::Status s = CopyOut(closest, plan_json_out); !s.ok()) return s;
+                        }
+                        return plan;
+                      });
 }
 
 stowage_status stowage_plan_evaluate(const char* request_json, size_t request_json_bytes,

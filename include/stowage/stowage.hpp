@@ -235,20 +235,27 @@ class Step {
 
 namespace internal {
 inline StatusOr<std::string> PlanningCall(stowage_status (*call)(const char*, size_t, char**),
-                                          std::string_view request_json) {
+                                          std::string_view request_json,
+                                          std::string* closest_plan = nullptr) {
   char* out = nullptr;
   Status s = Check(call(request_json.data(), request_json.size(), &out));
-  if (!s.ok()) return s;
-  std::string text(out);
-  stowage_free_string(out);
+  std::string text = out != nullptr ? std::string(out) : std::string();
+  stowage_free_string(out);  // also the closest plan a RESOURCE_EXHAUSTED answer carries
+  if (!s.ok()) {
+    if (closest_plan != nullptr) *closest_plan = std::move(text);
+    return s;
+  }
   return text;
 }
 }  // namespace internal
 
 // The planner (stowage_plan_request): the plan JSON for a request (README: "Planning through the
-// C ABI"); RESOURCE_EXHAUSTED, naming the smallest peak and what binds, when nothing fits.
-inline StatusOr<std::string> PlanRequest(std::string_view request_json) {
-  return internal::PlanningCall(stowage_plan_request, request_json);
+// C ABI"); RESOURCE_EXHAUSTED, naming the smallest peak and what binds, when nothing fits — and
+// then the closest plan ("fits": false) in `*closest_plan` when given (empty only when some
+// layer has no option at all).
+inline StatusOr<std::string> PlanRequest(std::string_view request_json,
+                                         std::string* closest_plan = nullptr) {
+  return internal::PlanningCall(stowage_plan_request, request_json, closest_plan);
 }
 // The simulator's prediction for the request's per-layer assignment (stowage_plan_evaluate).
 inline StatusOr<std::string> PlanEvaluate(std::string_view request_json) {

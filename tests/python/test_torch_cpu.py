@@ -261,8 +261,19 @@ class ErrorsTest(unittest.TestCase):
         budget = f.profile.fixed_device_bytes + 1
         with self.assertRaisesRegex(BudgetTooSmallError,
                                     rf"gpu_budget_bytes is {budget} .*smallest peak any plan "
-                                    rf"reaches is {floor} .*what binds: working set of the "):
+                                    rf"reaches is {floor} .*what binds: working set of the ") as e:
             stowage.plan_for_budget(f.layers, f.x0, budget, profile=f.profile)
+        # The closest plan comes with it (Note [Plans that do not fit]): every layer planned,
+        # "fits" false, over the GPU budget by exactly its peak's excess; not a plan to run.
+        closest = e.exception.closest
+        self.assertIsNotNone(closest)
+        self.assertFalse(closest.fits)
+        self.assertEqual(len(closest.layers), LAYERS)
+        self.assertEqual(closest.binding.budget, "gpu")
+        self.assertEqual(closest.binding.exceeded_by_bytes,
+                         closest.predicted.peak_device_bytes - budget)
+        with self.assertRaisesRegex(Exception, "fits is false"):
+            stowage.PlannedLayers(support.clone_layers(f.layers), closest)
 
     def test_forward_outside_step(self) -> None:
         f = fixture("mlp")

@@ -41,23 +41,28 @@ Json Profile() {
 
 struct Answer {
   stowage_status status = STOWAGE_OK;
-  std::string text;  // the result, or the last error
+  std::string text;     // the result, or the last error
+  std::string closest;  // RESOURCE_EXHAUSTED from stowage_plan_request: the closest plan
 };
 
 Answer Call(bool evaluate, const Json& request) {
   const std::string text = request.dump();
-  char* out = reinterpret_cast<char*>(1);  // must be reset to NULL on failure
+  char* out = reinterpret_cast<char*>(1);  // must be reset on failure
   const stowage_status s = evaluate ? stowage_plan_evaluate(text.data(), text.size(), &out)
                                     : stowage_plan_request(text.data(), text.size(), &out);
-  Answer a{s, {}};
+  Answer a{s, {}, {}};
   if (s == STOWAGE_OK) {
     EXPECT_NE(out, nullptr);
     a.text = out;
-    stowage_free_string(out);
   } else {
-    EXPECT_EQ(out, nullptr);
     a.text = stowage_last_error();
+    // Only a plan request that nothing fits answers with something: the closest plan.
+    if (s != STOWAGE_ERROR_RESOURCE_EXHAUSTED || evaluate) {
+      EXPECT_EQ(out, nullptr);
+    }
+    if (out != nullptr) a.closest = out;
   }
+  stowage_free_string(out);
   return a;
 }
 
@@ -104,6 +109,24 @@ TEST(PlanRequest, TooSmallABudgetNamesTheSmallestPeakAndWhatBinds) {
   EXPECT_THAT(a.text, HasSubstr("stowage_plan_request: gpu_budget_bytes is 42000"));
   EXPECT_THAT(a.text, HasSubstr("the smallest peak any plan reaches is "));
   EXPECT_THAT(a.text, HasSubstr("what binds: "));
+  // The closest plan comes back too, as `stowage plan` prints it (Note [Plans that do not fit]):
+  // "fits": false, the GPU budget exceeded by what its peak is over, every layer planned.
+  ASSERT_FALSE(a.closest.empty());
+  auto closest = stowage::ParsePlanJson(a.closest);
+  ASSERT_TRUE(closest.ok()) << closest.status();
+  EXPECT_TRUE(stowage::ValidatePlan(*closest).ok());
+  EXPECT_FALSE(closest->fits);
+  EXPECT_EQ(closest->binding.budget, "gpu");
+  EXPECT_EQ(closest->binding.exceeded_by_bytes, closest->predicted.peak_device_bytes - 42000);
+  EXPECT_EQ(closest->layers.size(), 3u);
+  // ... and the runtime refuses to run it.
+  stowage_options options;
+  stowage_options_init(&options);
+  options.backend = STOWAGE_BACKEND_HOST;
+  stowage_runtime* rt = nullptr;
+  EXPECT_EQ(stowage_create(a.closest.data(), a.closest.size(), &options, &rt),
+            STOWAGE_ERROR_FAILED_PRECONDITION);
+  EXPECT_EQ(rt, nullptr);
 }
 
 TEST(PlanRequest, ModelConfigsPlanToo) {
@@ -221,6 +244,13 @@ TEST(PlanRequest, CppApi) {
       stowage::PlanRequest(Json{{"profile", Profile()}, {"gpu_budget_bytes", 42000}}.dump());
   EXPECT_EQ(small.status().code(), STOWAGE_ERROR_RESOURCE_EXHAUSTED);
   EXPECT_THAT(small.status().message(), HasSubstr("smallest peak"));
+  std::string closest;
+  EXPECT_FALSE(stowage::PlanRequest(
+                   Json{{"profile", Profile()}, {"gpu_budget_bytes", 42000}}.dump(), &closest)
+                   .ok());
+  auto closest_plan = stowage::ParsePlanJson(closest);
+  ASSERT_TRUE(closest_plan.ok()) << closest_plan.status();
+  EXPECT_FALSE(closest_plan->fits);
   Json evaluate = {{"profile", Profile()},
                    {"layers", {{{"policy", "keep"}}, {{"policy", "keep"}}, {{"policy", "keep"}}}}};
   stowage::StatusOr<std::string> result = stowage::PlanEvaluate(evaluate.dump());

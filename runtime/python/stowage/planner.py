@@ -31,7 +31,13 @@ _RESOURCE_EXHAUSTED = 4
 
 class BudgetTooSmallError(PlanError):
     """No per-layer assignment of policies fits the requested device budget (the C++ planner's
-    "does not fit" answer; the message names the smallest reachable peak and what binds)."""
+    "does not fit" answer; the message names the smallest reachable peak and what binds).
+    `closest` is the closest plan (`fits` False, `binding` saying by how much and where), as
+    `stowage plan` prints it; None only when some layer has no option at all."""
+
+    def __init__(self, message: str, closest: Optional[Plan] = None) -> None:
+        super().__init__(message)
+        self.closest = closest
 
 
 @dataclasses.dataclass
@@ -61,7 +67,13 @@ def _call(name: str, request: dict) -> str:
     if code != 0:
         message = lib.stowage_last_error().decode("utf-8", "replace")
         if code == _RESOURCE_EXHAUSTED and name == "stowage_plan_request":
-            raise BudgetTooSmallError(message)
+            closest = None
+            if out.value:  # the closest plan ("fits": false), freed here like any answer
+                try:
+                    closest = Plan.from_json(ctypes.string_at(out.value).decode())
+                finally:
+                    lib.stowage_free_string(out)
+            raise BudgetTooSmallError(message, closest)
         raise StowageError(name, code, message)
     try:
         return ctypes.string_at(out.value).decode()
