@@ -134,7 +134,11 @@ cli::FlagParser MakeParser() {
          "evaluate one uniform policy instead of optimising: keep, recompute (inputs kept), "
          "selective_recompute, offload_input (inputs offloaded, full recompute), offload_saved",
          ""});
-  p.Add({"max-seq-len", "", "find the longest sequence that fits the budgets", ""});
+  p.Add(
+      {"max-seq-len", "",
+       "find the longest sequence that fits the budgets (with --out/--format json: its plan; when "
+       "none fits, the closest plan at the shortest length)",
+       ""});
   p.Add({"max-step-seconds", "S",
          "with --max-seq-len: also no longer a step than this (the longest that trains in time)",
          ""});
@@ -615,27 +619,32 @@ int RunPlanCommand(int argc, char** argv) {
       binding = next->feasible ? "the step time limit (--max-step-seconds)"
                                : absl::StrCat(next->binding, " (", next->explanation, ")");
     }
+    const bool wants_plan =
+        flags.Has("out") || flags.Has("timeline") || flags.Has("trace") || *format == "json";
     if (*longest == 0) {
       std::fprintf(say, "no sequence length fits: even %llu tokens exceeds; binding: %s\n",
                    static_cast<unsigned long long>(granularity), binding.c_str());
-      return kExitUnmet;
+      if (!wants_plan) return kExitUnmet;
+      // Note [Plans that do not fit]: where a plan was asked for, the closest one at the
+      // shortest length searched is written (exit status 1 all the same).
+      in.run.seq_len = granularity;
+    } else {
+      auto found = at(*longest);
+      if (!found.ok()) {
+        std::fprintf(stderr, "stowage plan: %s\n", std::string(found.status().message()).c_str());
+        return kExitUsage;
+      }
+      std::fprintf(say,
+                   "longest sequence that fits: %llu tokens (%.0fK): step %s, peak %s, %s pinned "
+                   "per GPU\nat %llu tokens it binds: %s\n",
+                   static_cast<unsigned long long>(*longest), static_cast<double>(*longest) / 1024,
+                   planner::FormatSeconds(found->sim.step_seconds).c_str(),
+                   planner::FormatBytes(found->sim.peak_bytes).c_str(),
+                   planner::FormatBytes(found->sim.host_bytes).c_str(),
+                   static_cast<unsigned long long>(*longest + granularity), binding.c_str());
+      if (!wants_plan) return kExitOk;
+      in.run.seq_len = *longest;
     }
-    auto found = at(*longest);
-    if (!found.ok()) {
-      std::fprintf(stderr, "stowage plan: %s\n", std::string(found.status().message()).c_str());
-      return kExitUsage;
-    }
-    std::fprintf(say,
-                 "longest sequence that fits: %llu tokens (%.0fK): step %s, peak %s, %s pinned per "
-                 "GPU\nat %llu tokens it binds: %s\n",
-                 static_cast<unsigned long long>(*longest), static_cast<double>(*longest) / 1024,
-                 planner::FormatSeconds(found->sim.step_seconds).c_str(),
-                 planner::FormatBytes(found->sim.peak_bytes).c_str(),
-                 planner::FormatBytes(found->sim.host_bytes).c_str(),
-                 static_cast<unsigned long long>(*longest + granularity), binding.c_str());
-    if (!flags.Has("out") && !flags.Has("timeline") && !flags.Has("trace") && *format == "table")
-      return kExitOk;
-    in.run.seq_len = *longest;
   }
 
   if (!profile_step.has_value() && (in.run.pp > 1 || in.run.microbatches > 1)) {

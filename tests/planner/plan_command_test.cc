@@ -138,6 +138,15 @@ TEST_F(PlanCommand, MaxSeqLenStatesTheJobItAssumedTheStepAndWhatBinds) {
   EXPECT_EQ(none.code, 1);
   EXPECT_THAT(none.out, HasSubstr("no sequence length fits"));
   EXPECT_THAT(none.out, HasSubstr("binding: fixed memory"));
+  // Asked for a plan file, it still gets one: the closest plan at the shortest length searched.
+  const Result none_out =
+      Stowage("plan --max-seq-len --hardware h200 --gpus 8 --cp 1 --out " + Path("none.json"));
+  EXPECT_EQ(none_out.code, 1) << none_out.out;
+  auto closest = stowage::ReadPlanFile(Path("none.json"));
+  ASSERT_TRUE(closest.ok()) << closest.status();
+  EXPECT_FALSE(closest->fits);
+  EXPECT_EQ(closest->binding.what, "fixed memory");
+  EXPECT_EQ(closest->seq_len, 1024u);
 }
 
 TEST_F(PlanCommand, DefaultHostBudgetLeavesAFifthOfRamUnpinned) {
