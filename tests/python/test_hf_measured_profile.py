@@ -53,6 +53,26 @@ TINY = {
                       vocab_size=512, tie_word_embeddings=False),
 }
 
+# MLA families at tiny widths (fake tensors only: Note [SDPA on the GPU] makes their fake step
+# the GPU's, which real CPU tensors cannot run). DeepSeek-V3 with two expert groups, so its
+# router drops a branch of the graph that saved tensors (Note [Saved by allocation]).
+TINY_MLA = {
+    "deepseek_v2": dict(model_type="deepseek_v2", hidden_size=128, intermediate_size=256,
+                        moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+                        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, vocab_size=512,
+                        tie_word_embeddings=False),
+    "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=128, intermediate_size=256,
+                        moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=4, q_lora_rank=64, kv_lora_rank=32,
+                        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                        first_k_dense_replace=1, n_group=2, topk_group=1, vocab_size=512,
+                        tie_word_embeddings=False),
+}
+
 # Every family the hf profile has recipes for that transformers builds: real-looking widths
 # (fake tensors cost nothing), few layers.
 FAMILIES = {
@@ -209,6 +229,17 @@ class LiveBytesTest(unittest.TestCase):
                     self.assertEqual(layer.retained_bytes - layer.output_bytes, layer.saved_bytes)
 
 
+    def test_a_dropped_branch_keeps_nothing(self) -> None:
+        # Note [Saved by allocation]: the group-limited router's topk(2) indices and group mask
+        # are saved for a branch of the graph it drops; they are freed before the layer ends
+        # and their addresses go to later saves. What a layer keeps is what stays allocated
+        # (the saved list counted them, and skipped later saves at reused addresses).
+        step = H.evaluate(H.trace_step(H.build_hf_model(TINY_MLA["deepseek_v3"]), 64))
+        for j, layer in enumerate(step.layers):
+            with self.subTest(layer=j):
+                self.assertEqual(layer.retained_bytes - layer.output_bytes, layer.saved_bytes)
+
+
 @unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
 class KernelBytesTest(unittest.TestCase):
     """Note [Kernel bytes]: ops whose CUDA kernels move other bytes than their arguments."""
@@ -252,6 +283,19 @@ class FakeTensorTest(unittest.TestCase):
                 real = H.evaluate(H.trace_step(H.build_hf_model(config, fake=False), 96))
                 fake = H.evaluate(H.trace_step(H.build_hf_model(config, fake=True), 96))
                 self.assertEqual(fake, real)
+
+    def test_mla_attention_keeps_what_the_gpu_kernel_keeps(self) -> None:
+        # Note [SDPA on the GPU]: q/k head dims 48, v 32. The CPU would run SDPA's math path
+        # (s x s scores kept: quadratic, and GEMMs); the GPU's fused kernel keeps q, k, v, the
+        # output and the logsumexp: linear in the length, and attention work.
+        hf = H.build_hf_model(TINY_MLA["deepseek_v2"])
+        traces = [H.trace_step(hf, s) for s in (128, 256, 384)]
+        steps = [H.evaluate(t) for t in traces]
+        for j in range(len(steps[0].layers)):
+            with self.subTest(layer=j):
+                a, b, c = (step.layers[j].saved_bytes for step in steps)
+                self.assertEqual(c - 2 * b + a, 0)
+                self.assertGreater(traces[0].work[("forward", j)].attention_forward_flops, 0)
 
     def test_one_layer_per_kind_full_weights(self) -> None:
         config = dict(TINY["qwen3_moe"], num_hidden_layers=5, mlp_only_layers=[0, 3])

@@ -23,6 +23,37 @@ does, and saves what the CUDA flash kernel saves (q, k, v, output, logsumexp). M
 data-dependent only in values (transformers' grouped_mm path: histc, sort, _grouped_mm over
 t*k rows), not in shapes. `fake=False` runs real CPU tensors instead (tests compare the two).
 
+Note [SDPA on the GPU]
+SDPA picks a kernel per call (Note [SDPA Runtime Dispatch], aten/src/ATen/native/transformers/
+cuda/sdp_utils.cpp; the CPU's in sdp_utils_cpp.cpp). Where q/k and v head dims differ (MLA:
+qk_nope + qk_rope = 192 against v_head_dim = 128) the two devices part: the CPU has flash and
+math only, and its flash kernel needs one head dim for q, k and v (check_head_dim_size_cpp), so
+the CPU runs the math decomposition, which keeps the s x s scores and their softmax. On an H200
+torch 2.11's CUDA order is cuDNN, flash, memory-efficient, math (check_prefer_cudnn_attention:
+cuDNN runtime > 9.15 on sm90 or sm10x; the cu130 wheel ships cuDNN 9.19); flash refuses unequal
+head dims (check_head_dim_size_flash), cuDNN takes d_qk 192 with d_v 128 on sm90
+(check_cudnn_tensor_shapes) and the memory-efficient kernel takes any head dims divisible by 8
+(check_head_dim_size_mem_efficient). The cuDNN and the memory-efficient kernels keep the same set
+for backward (tools/autograd/derivatives.yaml): q, k, v, the output, the fp32 logsumexp and the
+additive mask, which SDPA converts from bool in the query's dtype (convert_boolean_attn_mask). So
+on fake tensors such a call runs aten._scaled_dot_product_efficient_attention's meta kernel: the
+bytes the GPU keeps, not the CPU's math path. Real CPU tensors (fake=False) have no such kernel
+and measure what the CPU runs.
+
+Note [Saved by allocation]
+What autograd saves is told apart by allocation (LiveBytes' ids), not by storage address: a
+StorageImpl's address is reused once it is freed, and the step frees saved tensors before it
+ends. DeepSeek-V3's and GLM's group-limited router (DeepseekV3TopkRouter.forward) builds
+scores_for_choice from the sigmoid scores, saves for its topk(2) the int64 indices and for its
+masked_fill the bool mask, and then only uses the top-k indices, which need no gradient: the
+branch of the graph that saved them is dropped when the router returns, they are freed, and
+the next allocations (the shared expert's gate/up output, grouped_mm's offsets) may get their
+addresses, depending on the sizes malloc saw before. Keyed by address, those later saves
+looked already seen at some lengths and not at others ("ran other ops" at 256 vs 512 tokens,
+event sequences identical); and the dropped branch's tensors were counted as kept. So a saved
+tensor is known by its allocation id, and what is freed before its layer's forward ends is not
+the layer's.
+
 Note [Replaying the step]
 A peak is a max over time of sums, not a polynomial in the length (the LM head's gradient can
 be the peak at 256 tokens and the logits at 16K), so peaks are not fitted. LiveBytes logs every
@@ -213,9 +244,17 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
         # Forward (q, k, v, dropout, is_causal, ...); backward (grad_out, q, k, v, out, lse,
         # dropout, is_causal, ...): is_causal is the first bool argument.
         tensors = args[1:4] if backward else args[0:3]
-        flags = [a for a in args if isinstance(a, bool)] + [
-            v for k, v in kwargs.items() if k == "is_causal"]
-        fwd, bwd = _attention_flops(tensors, bool(flags and flags[0]))
+        if "efficient" in name:
+            # (q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, ...); backward
+            # (grad_out, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask,
+            # is_causal, ...): the first bool is not is_causal.
+            at = 11 if backward else 6
+            causal = kwargs.get("is_causal", args[at] if len(args) > at else False)
+        else:
+            flags = [a for a in args if isinstance(a, bool)] + [
+                v for k, v in kwargs.items() if k == "is_causal"]
+            causal = bool(flags and flags[0])
+        fwd, bwd = _attention_flops(tensors, bool(causal))
         if backward:
             w.attention_backward_flops = bwd
         else:
@@ -493,7 +532,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
     owner = _grad_owner(model, decoder)
     mode = LiveBytes()
     saved: list[list[tuple[str, int, str]]] = [[] for _ in layers]
-    seen: set[int] = set()
+    seen: set[int] = set()  # allocation ids already saved (Note [Saved by allocation])
     inputs = [-1] * n
     outputs = [-1] * n
     in_key = [0] * n
@@ -520,6 +559,10 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
         def hook(_m: nn.Module, _args: tuple, _kwargs: dict, out: Any) -> None:
             y = _hidden(out)
             outputs[j] = mode.ref(y)
+            # Note [Saved by allocation]: what a dropped branch of the graph saved is freed
+            # with it before the layer ends; it is not the layer's to keep.
+            alive = set(mode.live_ids.values())
+            saved[j][:] = [e for e in saved[j] if e[1] in alive]
             mode.mark(("forward_end", j))
             y.register_hook(on_grad(("backward", j)))
         return hook
@@ -549,7 +592,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
             return t
         j = phase[1]
         key = _key(t)
-        if key in params or key in seen:
+        if key in params or mode.live_ids.get(key) in seen:
             return t
         if key == in_key[j]:
             name, module = "input", ""
@@ -562,15 +605,16 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
             name = f"{module or 'layer'}.{k}"
         else:
             return t  # made before this layer (RoPE cos/sin): the step's, not the layer's
-        seen.add(key)
-        saved[j].append((name, mode.ref(t), module))
+        i = mode.ref(t)
+        seen.add(i)
+        saved[j].append((name, i, module))
         return t
 
     model.zero_grad(set_to_none=True)
     try:
         ids = torch.randint(0, model.config.vocab_size, (1, seq_len))
         with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                _one_sequence():
+                _one_sequence(), _gpu_sdpa():
             mode.set_phase("embedding")
             # As a training loop holds it (and shared/reference/measured/measure_hf.py): the
             # output, with its bf16 logits, stays alive through the backward.
@@ -589,6 +633,39 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
     return StepTrace(seq_len=seq_len, events=mode.events, sizes=mode.sizes, saved=saved,
                      inputs=inputs, outputs=outputs, grads=grads, work=mode.work,
                      module_work=mode.module_work)
+
+
+class _gpu_sdpa:
+    """Note [SDPA on the GPU]: a call whose head dims the CPU flash kernel refuses runs, on fake
+    tensors, the fused kernel the GPU runs instead of the CPU's math decomposition."""
+
+    def __enter__(self) -> None:
+        self.saved = torch.nn.functional.scaled_dot_product_attention
+        torch.nn.functional.scaled_dot_product_attention = self._sdpa
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.nn.functional.scaled_dot_product_attention = self.saved
+
+    def _sdpa(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+              is_causal: bool = False, scale: Optional[float] = None,
+              enable_gqa: bool = False) -> torch.Tensor:
+        from torch._subclasses.fake_tensor import FakeTensor
+        if (not isinstance(query, FakeTensor) or query.shape[-1] == value.shape[-1] or
+                query.shape[1] != key.shape[1] or query.dim() != 4):
+            return self.saved(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        bias = None
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                bias = torch.where(attn_mask.logical_not(), float("-inf"),
+                                   torch.zeros((), dtype=query.dtype))
+            else:
+                bias = attn_mask
+            bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+        lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, lse, dropout_p, is_causal, scale=scale)[0]
 
 
 class _one_sequence:
