@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <compare>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -57,13 +58,17 @@ namespace {
 //     wrong proof).
 //     The root front's least cost + the fixed seconds is a lower bound on every plan's step
 //     time (the host budget and the stall-only memory level are relaxed away).
+//     Where the fronts' plan takes more host memory than the budget has, two relaxations bring
+//     the host budget back into the bound: a price on it over the same fronts (Note [Host
+//     price]) and prices on both budgets over the level at the LM head (Note [Two prices]).
 //  2. Candidates: the front's best plans (and uniform plans, and where the host budget binds the
-//     plans of Note [Host price]) are simulated exactly; the best one within both budgets is the
-//     incumbent.
+//     plans of Note [Host price] and the rounding of Note [Two prices]) are simulated exactly;
+//     the best one within both budgets is the incumbent.
 //  3. If the incumbent is within kProvenTolerance of the bound it is proven optimal. Otherwise a
 //     depth-first branch and bound over the layers (exact prefix memory and host bytes; bound =
-//     the prefix's costs + the suffix front's least cost admitting the prefix) closes the gap or
-//     stops at node_limit and reports it (OptimizeResult::lower_bound_seconds).
+//     the prefix's costs + the suffix front's least cost admitting the prefix, or where it is
+//     larger the two prices' bound on the suffix in what the prefix leaves of both budgets)
+//     closes the gap or stops at node_limit and reports it (OptimizeResult::lower_bound_seconds).
 // What is proven, with pipeline stages: the plan is optimal for the step the simulator replays
 // for the stage (its chunks' layers in order for one microbatch, the other in-flight
 // microbatches' resident bytes on the GPU all step: Note [In-flight microbatches]), for any
@@ -74,7 +79,8 @@ namespace {
 // terms waits for no copy, so step 1's plan is the optimum and step 3 never runs. On small
 // random instances the branch and bound runs to completion and equals exhaustive search
 // (optimizer_test.cc). Deep models (about 1,000 layers and more) may hit the fronts' cap and
-// report a gap.
+// report a gap; with a binding host budget the two prices bound them within 0.01% (1,000 layers:
+// 207.616 s against the 207.616 s plan; it was 207.228 s against 207.711 s before them).
 
 // Note [Forward waits]
 // Why the forward waits are at least the sum of the excesses e_i = h_i - (the compute between
@@ -98,8 +104,14 @@ namespace {
 // refinements only while they fit kRefineWork label updates. Before them the tables of a bucketed
 // knapsack cost layers x buckets^2 (1,000 layers took 11.7 s). The rest is bounded too: hill
 // climbing stops after kImproveSimulatedLayers layer-simulations, the branch and bound after
-// node_limit nodes or kSearchSimulatedLayers layer-simulations. None of these changes what a
-// completed search proves; a search cut short reports the plan it found, unproven, with its bound
+// node_limit nodes or kSearchSimulatedLayers layer-simulations. Two exact filters keep these from
+// running where they cannot gain (what took 1,000 layers from 27 to 180 ms of CPU): hill climbing
+// does not simulate a change that takes the incumbent past either room of Note [Two prices] (no
+// plan there fits), and a distance's own fronts are not built when a plan the shared fronts found
+// within the GPU budget (the host ignored) is no slower than the bound known: those fronts relax
+// the host budget too, so they bound no more than that plan's step. The two prices cost one pass
+// over the distinct layers per evaluation, kTwoPriceEvaluations of them. None of these changes what
+// a completed search proves; a search cut short reports the plan it found, unproven, with its bound
 // (OptimizeResult::lower_bound_seconds). Models deeper than kMaxLayers are refused before any of
 // this (CheckStepCostBounds).
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -263,6 +275,8 @@ class Model {
   int Shift(int key, int cls) const { return window_ == 0 ? 0 : (key * classes_) % keys_ + cls; }
   double Cost(int i, int k) const { return cost_[i][k]; }
   double room() const { return room_; }
+  // What the LM head and loss add to the GPU beside every resident byte (Need's last term).
+  double tail_need() const { return tail_need_; }
   double fixed_seconds() const { return fixed_seconds_; }
   double Multiplier(int i) const {
     return static_cast<double>(std::max(1, step_.layers[i].in_flight_microbatches));
@@ -638,6 +652,14 @@ constexpr int kPriceSteps = 10;
 constexpr int kPriceFront = 8;
 constexpr double kPriceWork = 2e6;  // label updates of those fronts, all steps together
 constexpr double kPriceTolerance = 1e-2;
+// Note [Two prices]: D is evaluated at most kPriceSteps + 3 + kGoldenSteps times (the golden
+// section's interval shrinks to 0.618^64, about 1e-13, of itself); prices within kTieTolerance of a
+// layer's least priced cost tie (the rounding of sums of about a hundred terms); kRoundAttempts
+// roundings, each with the rooms shrunk by what the last one's simulation exceeded.
+constexpr int kGoldenSteps = 64;
+constexpr double kTwoPriceEvaluations = kPriceSteps + 3 + kGoldenSteps;
+constexpr double kTieTolerance = 1e-9;
+constexpr int kRoundAttempts = 6;
 
 class Search {
  public:
@@ -662,6 +684,7 @@ class Search {
     shared_model_ = std::make_unique<Model>(step, o, cand_, least, kDefaultSaveLag, 1, most);
     shared_ = std::make_unique<Fronts>(*shared_model_);
     double bound = shared_->Root() + shared_model_->fixed_seconds();
+    PriceBudgets(bound);
     PriceHost(bound);
     for (int d : o.prefetch_distances) {
       Distance& dist = distances_.emplace_back();
@@ -686,7 +709,8 @@ class Search {
   // fronts are kPriceFront labels: linear work, plans that fit. Their bound is used only where it
   // beats the unpriced one, which at that size it rarely does (measured at 1,000 layers: 64-label
   // priced fronts bound the step at 206.65 s, the unpriced 207.23 s; full-size priced fronts 207.55
-  // s, but in 0.7 s of CPU).
+  // s, but in 0.7 s of CPU). Where the two prices exist (Note [Two prices]) their p, the best
+  // price of that relaxation, is the one price tried: one front instead of a walk of ten.
   void PriceHost(double& bound) {
     if (o_.host_budget_bytes >= (1ull << 62)) return;  // no budget to price
     const double room = Model::HostRoom(step_, o_);
@@ -705,10 +729,17 @@ class Search {
       if (most_host > 0) price = std::max(price, (most_cost - least_cost) / most_host);
     }
     if (!(price > 0)) return;
+    // Where the two prices exist (Note [Two prices]), their p is the relaxation's best price:
+    // one priced front there, not a walk.
+    int steps = kPriceSteps;
+    if (prices_.second > 0) {
+      price = prices_.second;
+      steps = 1;
+    }
     double low = 0, high = -1;  // prices whose plan is over / within the room
     std::vector<int> low_plan = over[0], high_plan;
     double work = 0;
-    for (int step = 0; step < kPriceSteps; ++step) {
+    for (int step = 0; step < steps; ++step) {
       const double p = high < 0 ? price : (low + high) / 2;
       const Model model(step_, o_, cand_, least_, kDefaultSaveLag, 1, most_, p);
       const Fronts fronts(model, kPriceFront);
@@ -744,6 +775,266 @@ class Search {
     }
   }
 
+  // Note [Two prices]
+  // Where the host budget binds, the fronts' model has a simpler relaxation that prices both
+  // budgets. Keep only two of its constraints: the level at the LM head and loss (every plan
+  // reaches it: fixed + sum_k m_k R_k + H_{n-1} + the pending saves before it + the tail's need,
+  // Model::Need of the last layer) and the host budget (sum_k m_k H_k <= the host room B). With
+  // a_k = m_k R_k (+ H_k for the last layer), b_k = m_k H_k and G = the GPU room less the tail's
+  // need, every plan within the budgets has sum a_k <= G and sum b_k <= B (the pending saves are
+  // >= 0), so for any prices l, p >= 0
+  //   sum_k c_k >= sum_k (c_k + l a_k + p b_k) - l G - p B >= sum_k min_options(c + l a + p b)
+  //                                                           - l G - p B =: D(l, p),
+  // with c_k = Model::Cost (compute + the copy-wait bounds): D(l, p) + the fixed seconds bounds
+  // every plan's step (weak duality; any l, p >= 0 gives a valid bound, the best is the linear
+  // relaxation of the two-budget knapsack). D is concave; for each p the best l is exact (the
+  // slope sum a(l) - G falls at the breakpoints of each layer's lower envelope of lines), and p
+  // is found by golden section. Layers whose (c, a, b) lists are equal are one group counted
+  // with its size, so the work is in distinct layers, not layers: a model of 1,000 identical
+  // layers is two groups (the last carries the LM head). Why it closes deep models: the DP fronts
+  // are exact in GPU bytes but their host price (Note [Host price]) has to be thinned to stay
+  // linear, and thinning weakens the bound with every layer (1,000 layers: 206.64 s against a
+  // 207.7 s plan); the relaxation here loses only the levels before the LM head, the pending
+  // saves and the rounding of the few layers the relaxation's optimum splits between options.
+  // The branch and bound uses the same prices below a prefix: a completion's layers j > i have
+  // sum c_j >= sum_j min(c + l a + p b) - l (G - the prefix's a) - p (B - the prefix's b), valid
+  // for any l, p >= 0, so the root's prices serve every node (priced_suffix_ holds the sums).
+  void PriceBudgets(double& bound) {
+    if (o_.host_budget_bytes >= (1ull << 62)) return;  // no budget to price
+    {
+      const std::vector<std::vector<int>> over = shared_->Plans(1);
+      if (over.empty() || HostOf(over[0]) <= Model::HostRoom(step_, o_)) return;  // not binding
+    }
+    const Model& model = *shared_model_;
+    const double gpu_room = model.room() - model.tail_need();
+    if (gpu_room < 0) return;
+    const double host_room = Model::HostRoom(step_, o_);
+    struct Line {
+      double c, a, b;
+      auto operator<=>(const Line&) const = default;
+    };
+    std::map<std::vector<Line>, int> count;
+    for (int i = 0; i < n_; ++i) {
+      std::vector<Line> lines;
+      for (int k = 0; k < static_cast<int>(cand_[i].size()); ++k) {
+        const double m = model.Multiplier(i);
+        const double h = static_cast<double>(cand_[i][k].cost.host_bytes);
+        lines.push_back(
+            {model.Cost(i, k), m * model.Resident(i, k) + (i + 1 == n_ ? h : 0), m * h});
+      }
+      std::sort(lines.begin(), lines.end());
+      ++count[lines];
+    }
+    std::vector<std::pair<std::vector<Line>, double>> groups;
+    double lines_total = 0;
+    for (auto& [lines, n] : count) {
+      groups.push_back({lines, static_cast<double>(n)});
+      lines_total += static_cast<double>(lines.size());
+    }
+    // Note [Bounded work]: each evaluation of D walks every distinct layer's lines.
+    if (lines_total * kTwoPriceEvaluations > kPriceWork) return;
+    // D(l, p) and the best l for p (slope of D in l: sum of the chosen a less G).
+    std::vector<std::pair<double, double>> breaks;  // (l, the slope's drop there)
+    auto best_for = [&](double p, double* best_l) {
+      breaks.clear();
+      double slope = -gpu_room;
+      for (const auto& [lines, n] : groups) {
+        // Lower envelope over l >= 0 of the lines c + p b + l a, walking to smaller a.
+        double l = 0;
+        int at = -1;
+        for (int k = 0; k < static_cast<int>(lines.size()); ++k) {
+          const double v = lines[k].c + p * lines[k].b,
+                       va = at < 0 ? kInf : lines[at].c + p * lines[at].b;
+          if (at < 0 || v < va || (v == va && lines[k].a < lines[at].a)) at = k;
+        }
+        slope += n * lines[at].a;
+        while (true) {
+          // The line that takes over first as l grows: smaller a, earliest crossing.
+          int next = -1;
+          double when = kInf;
+          const double ca = lines[at].c + p * lines[at].b;
+          for (int k = 0; k < static_cast<int>(lines.size()); ++k) {
+            if (lines[k].a >= lines[at].a) continue;
+            const double t = (lines[k].c + p * lines[k].b - ca) / (lines[at].a - lines[k].a);
+            if (t < when || (t == when && next >= 0 && lines[k].a < lines[next].a)) {
+              when = t;
+              next = k;
+            }
+          }
+          if (next < 0) break;
+          when = std::max(when, l);
+          breaks.push_back({when, n * (lines[at].a - lines[next].a)});
+          l = when;
+          at = next;
+        }
+      }
+      double l = 0;
+      if (slope > 0) {
+        std::sort(breaks.begin(), breaks.end());
+        l = kInf;
+        for (const auto& [t, drop] : breaks) {
+          slope -= drop;
+          if (slope <= 0) {
+            l = t;
+            break;
+          }
+        }
+        if (l == kInf) return kInf;  // no plan meets the level at the LM head
+      }
+      double d = -l * gpu_room - p * host_room;
+      for (const auto& [lines, n] : groups) {
+        double least = kInf;
+        for (const Line& x : lines) least = std::min(least, x.c + l * x.a + p * x.b);
+        d += n * least;
+      }
+      if (best_l != nullptr) *best_l = l;
+      return d;
+    };
+    // Golden section over p in [0, 2 high]: high starts at PriceHost's first price (a layer's
+    // dearest option over its cheapest per pinned byte) and doubles while D still rises.
+    double high = 0;
+    for (int i = 0; i < n_; ++i) {
+      double least_cost = kInf, most_cost = 0, most_host = 0;
+      for (int k = 0; k < static_cast<int>(cand_[i].size()); ++k) {
+        least_cost = std::min(least_cost, model.Cost(i, k));
+        most_cost = std::max(most_cost, model.Cost(i, k));
+        most_host = std::max(most_host, HostOf(i, k));
+      }
+      if (most_host > 0) high = std::max(high, (most_cost - least_cost) / most_host);
+    }
+    if (!(high > 0)) return;
+    double at_high = best_for(high, nullptr);
+    if (at_high == kInf) return;
+    for (int t = 0; t < kPriceSteps; ++t) {
+      const double next = best_for(2 * high, nullptr);
+      if (!(next > at_high)) break;
+      high *= 2;
+      at_high = next;
+    }
+    double lo = 0, hi = 2 * high;
+    const double phi = (std::sqrt(5.0) - 1) / 2;
+    double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo);
+    double f1 = best_for(x1, nullptr), f2 = best_for(x2, nullptr);
+    double best = std::max({best_for(0, nullptr), f1, f2, at_high});
+    for (int t = 0; t < kGoldenSteps; ++t) {
+      if (f1 < f2) {
+        lo = x1;
+        x1 = x2;
+        f1 = f2;
+        x2 = lo + phi * (hi - lo);
+        f2 = best_for(x2, nullptr);
+      } else {
+        hi = x2;
+        x2 = x1;
+        f2 = f1;
+        x1 = hi - phi * (hi - lo);
+        f1 = best_for(x1, nullptr);
+      }
+      best = std::max({best, f1, f2});
+    }
+    double l = 0;
+    const double p = f1 > f2 ? x1 : x2;
+    best_for(p, &l);
+    prices_ = {l, p};
+    gpu_room_ = gpu_room;
+    host_room_ = host_room;
+    // Each suffix's least priced cost, for the branch and bound's bound at these prices.
+    priced_suffix_.assign(n_ + 1, 0);
+    for (int i = n_ - 1; i >= 0; --i) {
+      double least = kInf;
+      for (int k = 0; k < static_cast<int>(cand_[i].size()); ++k) {
+        least = std::min(least, model.Cost(i, k) + l * LevelOf(i, k) + p * HostOf(i, k));
+      }
+      priced_suffix_[i] = priced_suffix_[i + 1] + least;
+    }
+    bound = std::max(bound, best + model.fixed_seconds());
+  }
+
+  // The plans of the two prices (Note [Two prices]): at (l, p) every option of a layer whose
+  // priced cost c + l a + p b is its least is as good as any other in the relaxation, so the
+  // relaxation's optimum fills both budgets with them: each layer starts at its tied option that
+  // takes the least (the dearest c) and, in layer order then again, moves to the cheapest tied
+  // option that still fits what is left of G and B. The plan is simulated exactly; where it does
+  // not fit (the pending saves and the levels before the LM head are not in the relaxation) G or
+  // B shrinks by the excess and the rounding runs again.
+  void RoundPrices() {
+    if (prices_.first < 0) return;
+    const Model& model = *shared_model_;
+    const auto [l, p] = prices_;
+    std::vector<std::vector<int>> tied(n_);
+    auto weight = [&](int i, int k, bool gpu) {
+      const double m = model.Multiplier(i);
+      const double h = static_cast<double>(cand_[i][k].cost.host_bytes);
+      return gpu ? m * model.Resident(i, k) + (i + 1 == n_ ? h : 0) : m * h;
+    };
+    for (int i = 0; i < n_; ++i) {
+      double least = kInf;
+      for (int k = 0; k < static_cast<int>(cand_[i].size()); ++k) {
+        least =
+            std::min(least, model.Cost(i, k) + l * weight(i, k, true) + p * weight(i, k, false));
+      }
+      for (int k = 0; k < static_cast<int>(cand_[i].size()); ++k) {
+        const double v = model.Cost(i, k) + l * weight(i, k, true) + p * weight(i, k, false);
+        if (v <= least + kTieTolerance * std::abs(least)) tied[i].push_back(k);
+      }
+    }
+    double gpu_cap = gpu_room_, host_cap = Model::HostRoom(step_, o_);
+    for (int attempt = 0; attempt < kRoundAttempts; ++attempt) {
+      std::vector<int> pick(n_);
+      double used_gpu = 0, used_host = 0;
+      for (int i = 0; i < n_; ++i) {
+        pick[i] = tied[i][0];
+        for (int k : tied[i]) {
+          if (model.Cost(i, k) > model.Cost(i, pick[i])) pick[i] = k;
+        }
+        used_gpu += weight(i, pick[i], true);
+        used_host += weight(i, pick[i], false);
+      }
+      for (int pass = 0; pass < 3; ++pass) {
+        for (int i = 0; i < n_; ++i) {
+          const bool over = used_gpu > gpu_cap || used_host > host_cap;
+          int best = -1;
+          for (int k : tied[i]) {
+            if (k == pick[i]) continue;
+            const double ga = used_gpu + weight(i, k, true) - weight(i, pick[i], true);
+            const double hb = used_host + weight(i, k, false) - weight(i, pick[i], false);
+            // Never past a budget that was met, never further past one that was not; while
+            // over, only moves that bring an exceeded budget back count.
+            if (!(ga <= gpu_cap || ga <= used_gpu) || !(hb <= host_cap || hb <= used_host))
+              continue;
+            if (over ? !((used_gpu > gpu_cap && ga < used_gpu) ||
+                         (used_host > host_cap && hb < used_host))
+                     : model.Cost(i, k) >= model.Cost(i, pick[i])) {
+              continue;
+            }
+            if (best < 0 || model.Cost(i, k) < model.Cost(i, best)) best = k;
+          }
+          if (best < 0) continue;
+          used_gpu += weight(i, best, true) - weight(i, pick[i], true);
+          used_host += weight(i, best, false) - weight(i, pick[i], false);
+          pick[i] = best;
+        }
+      }
+      const SimResult sim = TryLeaf(pick, least_);
+      const double over_gpu =
+          static_cast<double>(sim.peak_bytes) - static_cast<double>(o_.gpu_budget_bytes);
+      const double over_host =
+          static_cast<double>(sim.host_bytes) - static_cast<double>(o_.host_budget_bytes);
+      if (over_gpu <= 0 && over_host <= 0) {
+        for (const Distance& other : distances_) TryLeaf(pick, other.d);
+        return;
+      }
+      if (over_gpu > 0) gpu_cap -= over_gpu;
+      if (over_host > 0) host_cap -= over_host;
+    }
+  }
+
+  // Layer i's option k in the level at the LM head and loss of Note [Two prices] (a_k).
+  double LevelOf(int i, int k) const {
+    return shared_model_->Multiplier(i) * shared_model_->Resident(i, k) +
+           (i + 1 == n_ ? static_cast<double>(cand_[i][k].cost.host_bytes) : 0);
+  }
+
   // Pinned bytes of layer i's option k over its in-flight microbatches, and of a plan.
   double HostOf(int i, int k) const {
     return shared_model_->Multiplier(i) * static_cast<double>(cand_[i][k].cost.host_bytes);
@@ -759,6 +1050,10 @@ class Search {
     for (Distance& dist : distances_) {
       if (Proven()) return;
       if (dist.bound >= best_seconds_ * (1 - kProvenTolerance) || dist.fronts != nullptr) continue;
+      // Its fronts relax the host budget, so their bound is at most relaxed_upper: where that
+      // is no more than the bound already known (a binding host budget, Note [Two prices]),
+      // building them cannot help.
+      if (dist.relaxed_upper <= dist.bound) continue;
       // Note [Bounded work]: a refinement costs about (its windows / the shared one's) times the
       // shared fronts' work.
       const double work = shared_->work() * std::pow(shared_model_->classes(), kMaxWindow - 1);
@@ -792,18 +1087,29 @@ class Search {
   // host budget lasts, the rest and the last layers recomputed; each chunk count).
   void Seed() {
     for (const std::vector<int>& pick : shared_->Plans(kFrontPlans)) {
-      for (const Distance& other : distances_) TryLeaf(pick, other.d);
+      for (Distance& other : distances_) {
+        const SimResult sim = TryLeaf(pick, other.d);
+        if (sim.peak_bytes <= o_.gpu_budget_bytes) {
+          other.relaxed_upper = std::min(other.relaxed_upper, sim.step_seconds);
+        }
+      }
     }
     for (const std::vector<int>& pick : priced_plans_) {
       for (const Distance& other : distances_) TryLeaf(pick, other.d);
     }
+    RoundPrices();
     for (int chunks : o_.chunk_counts) {
       for (int keep_last : {0, 1, 2}) {
         std::vector<int> pick(n_, -1);
         uint64_t host = 0;
         for (int i = 0; i < n_; ++i) {
           LayerPolicy policy = LayerPolicy::kRecompute;
-          if (i < n_ - keep_last && host + step_.layers[i].input_bytes <= o_.host_budget_bytes) {
+          // Every in-flight microbatch's input is pinned (Note [In-flight microbatches]).
+          const uint64_t m =
+              static_cast<uint64_t>(std::max(1, step_.layers[i].in_flight_microbatches));
+          if (i < n_ - keep_last &&
+              FitsBudget(host, CheckedMul(m, step_.layers[i].input_bytes).value_or(~0ull), 0,
+                         o_.host_budget_bytes)) {
             policy = LayerPolicy::kOffloadInput;
           }
           if (o_.force.has_value()) policy = *o_.force;
@@ -812,7 +1118,7 @@ class Search {
             if (option.policy == policy && option.chunks == chunks) pick[i] = static_cast<int>(k);
           }
           if (pick[i] < 0) break;
-          host += cand_[i][pick[i]].cost.host_bytes;
+          host += m * cand_[i][pick[i]].cost.host_bytes;
         }
         if (std::find(pick.begin(), pick.end(), -1) != pick.end()) continue;
         for (const Distance& dist : distances_) TryLeaf(pick, dist.d);
@@ -825,6 +1131,19 @@ class Search {
   void Improve() {
     if (best_pick_.empty()) return;
     const double start = simulated_layers_;
+    // The two levels of Note [Two prices] every plan within the budgets keeps: a change that
+    // takes the incumbent's past its room cannot fit, so it is not simulated.
+    const double gpu_room = shared_model_->room() - shared_model_->tail_need();
+    const double host_room = Model::HostRoom(step_, o_);
+    double gpu = 0, host = 0;
+    auto totals = [&] {
+      gpu = host = 0;
+      for (int i = 0; i < n_; ++i) {
+        gpu += LevelOf(i, best_pick_[i]);
+        host += HostOf(i, best_pick_[i]);
+      }
+    };
+    totals();
     for (int pass = 0; pass < 8; ++pass) {
       bool improved = false;
       for (int i = 0; i < n_; ++i) {
@@ -836,11 +1155,19 @@ class Search {
                                       cand_[i][best_pick_[i]].cost.compute_seconds()) {
             continue;
           }
+          const int kk = static_cast<int>(k);
+          if (gpu - LevelOf(i, best_pick_[i]) + LevelOf(i, kk) > gpu_room ||
+              host - HostOf(i, best_pick_[i]) + HostOf(i, kk) > host_room) {
+            continue;
+          }
           std::vector<int> pick = best_pick_;
           pick[i] = static_cast<int>(k);
           const double before = best_seconds_;
           TryLeaf(pick, best_distance_);
-          improved |= best_seconds_ < before;
+          if (best_seconds_ < before) {
+            improved = true;
+            totals();
+          }
         }
       }
       if (!improved) return;
@@ -856,7 +1183,8 @@ class Search {
         dist.searched = true;  // no plan at this distance can be faster
         continue;
       }
-      if (dist.fronts == nullptr) Build(dist);
+      // Without its own fronts (Refine: they could not bound more) the shared ones bound it.
+      if (dist.fronts == nullptr && dist.relaxed_upper > dist.bound) Build(dist);
       dist.protocol = OffloadProtocol(step_, n_, dist.d, kDefaultSaveLag);
       current_ = &dist;
       pick_.assign(n_, -1);
@@ -898,6 +1226,9 @@ class Search {
     std::unique_ptr<Model> model;
     std::unique_ptr<Fronts> fronts;
     double bound = kInf;
+    // The least simulated step of a plan at this distance within the GPU budget, the host's
+    // ignored (the shared fronts' plans): the host-relaxed fronts of this distance bound no more.
+    double relaxed_upper = kInf;
     bool searched = false;  // its branch and bound completed (or its bound cannot win)
   };
 
@@ -940,7 +1271,7 @@ class Search {
       TryLeaf(pick_, current_->d);
       return;
     }
-    const Model& model = *current_->model;
+    const Model& model = current_->model != nullptr ? *current_->model : *shared_model_;
     const uint64_t fixed = step_.fixed.total();
     const uint64_t m = static_cast<uint64_t>(std::max(1, step_.layers[i].in_flight_microbatches));
     struct Child {
@@ -965,10 +1296,21 @@ class Search {
           CheckedAdd(prefix, CheckedMul(m, c.resident_bytes).value_or(~0ull)).value_or(~0ull);
       const double q = std::max(qmax + static_cast<double>(extra),
                                 static_cast<double>(prefix + extra) + static_cast<double>(need));
-      const double rest =
-          current_->fronts->Bound(i + 1, model.Shift(key, model.Class(i, static_cast<int>(k))),
-                                  static_cast<double>(next_prefix), model.room() - q);
-      const double bound = cost + model.Cost(i, static_cast<int>(k)) + rest + model.fixed_seconds();
+      const double rest = (current_->fronts != nullptr ? *current_->fronts : *shared_)
+                              .Bound(i + 1, model.Shift(key, model.Class(i, static_cast<int>(k))),
+                                     static_cast<double>(next_prefix), model.room() - q);
+      double bound = cost + model.Cost(i, static_cast<int>(k)) + rest + model.fixed_seconds();
+      if (!priced_suffix_.empty()) {
+        // Note [Two prices] for the layers after i at the root's prices: what is left of both
+        // rooms after the prefix bounds their a and b.
+        const double level = static_cast<double>(next_prefix) +
+                             (i + 1 == n_ ? static_cast<double>(c.host_bytes) : 0);
+        const double lagrange = cost + model.Cost(i, static_cast<int>(k)) + priced_suffix_[i + 1] -
+                                prices_.first * (gpu_room_ - level) -
+                                prices_.second * (host_room_ - static_cast<double>(host + h)) +
+                                model.fixed_seconds();
+        bound = std::max(bound, lagrange);
+      }
       if (bound >= best_seconds_ * (1 - 1e-12)) continue;
       children.push_back({static_cast<int>(k), bound, next_prefix, host + h, q});
     }
@@ -993,6 +1335,9 @@ class Search {
   std::unique_ptr<Fronts> shared_;  // bounds every distance
   int least_ = 1, most_ = 1;        // the prefetch distances' range
   std::vector<std::vector<int>> priced_plans_;
+  std::pair<double, double> prices_ = {-1, -1};  // Note [Two prices]: (l, p), l < 0 if none
+  double gpu_room_ = 0, host_room_ = 0;
+  std::vector<double> priced_suffix_;  // sum over layers >= i of the least c + l a + p b
   double refine_work_ = 0;
   std::vector<Distance> distances_;
   Distance* current_ = nullptr;

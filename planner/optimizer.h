@@ -1,7 +1,8 @@
 // The optimizer: chooses one option per layer (policy, recompute modules, FFN/MoE chunk count)
 // and the prefetch distance that minimise the simulated step time within the GPU and host
-// budgets. Exact: a branch and bound whose bound is a knapsack relaxation (compute seconds under
-// the device bytes the layers may keep); see Note [Search] in optimizer.cc.
+// budgets. Exact: Pareto fronts over the layers bound the step, priced relaxations bring a binding
+// host budget into the bound, and a branch and bound closes what remains or states the gap; see
+// Note [Exact search] in optimizer.cc.
 #ifndef STOWAGE_PLANNER_OPTIMIZER_H_
 #define STOWAGE_PLANNER_OPTIMIZER_H_
 

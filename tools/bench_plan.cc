@@ -1,7 +1,8 @@
 // `stowage bench plan`: how long planning takes (cost model + optimizer + plan) and whether the
-// plan is proven optimal — the reference model at 128K..2M tokens, then deep models of 100 to
-// 10,000 layers. A program that prints tables, not a timed test. Wall time is what a user waits;
-// CPU time is the planner's own work (the two differ when the machine is shared).
+// plan is proven optimal — the reference model at 128K..2M tokens, DeepSeek-V3 with PP 16, then
+// deep models of 100 to 10,000 layers over 1, 4 and 16 pipeline stages. A program that prints
+// tables, not a timed test. Wall time is what a user waits; CPU time is the planner's own work (the
+// two differ when the machine is shared).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -76,48 +77,105 @@ void PrintRow(const std::string& first, const Timing& t, const planner::Optimize
               planner::FormatBytes(r.sim.host_bytes).c_str(), r.sim.step_seconds);
 }
 
-int BenchDepth(const std::string& list, const planner::HardwareProfile& hardware, int64_t repeats) {
-  std::vector<int> depths;
+// Parses "N,N,..." of positive integers for --name.
+bool ParseCounts(const std::string& list, const char* name, std::vector<int>& out) {
   for (absl::string_view part : absl::StrSplit(list, ',')) {
     int n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      std::fprintf(stderr,
-                   "stowage bench plan: --layers=%s: expected layer counts such as 1000,10000\n",
-                   list.c_str());
-      return kExitUsage;
+      std::fprintf(stderr, "stowage bench plan: --%s=%s: expected positive counts such as 1,4,16\n",
+                   name, list.c_str());
+      return false;
     }
-    depths.push_back(n);
+    out.push_back(n);
+  }
+  return true;
+}
+
+// Deep models: Llama-3-8B's layer repeated N times, split over P pipeline stages (1F1B, P
+// microbatches: stage s holds P - s in flight), every stage planned. The layers x stages
+// curve of Note [Bounded work] in planner/optimizer.cc: a stage has about N/P layers and P stages
+// are planned, so the work grows with N, and the cpu time per layer (us/layer) stays flat when it
+// grows no worse than linearly. gap and proven are the worst stage's; peak and host the highest;
+// stage s the slowest stage's simulated step.
+int BenchDepth(const std::string& list, const std::string& stage_list,
+               const planner::HardwareProfile& hardware, int64_t repeats) {
+  std::vector<int> depths, stages;
+  if (!ParseCounts(list, "layers", depths) || !ParseCounts(stage_list, "stages", stages)) {
+    return kExitUsage;
   }
   planner::OptimizerOptions options;
   options.gpu_budget_bytes = hardware.UsableBytes();
   options.host_budget_bytes = hardware.DefaultHostBudgetPerGpu();
-  std::printf("llama-3-8b layers x N on %s, 4096 tokens, CP 1, 4096 GPUs; %lld runs per depth\n\n",
-              hardware.name.c_str(), static_cast<long long>(repeats));
-  PrintHeader("layers");
+  std::printf(
+      "llama-3-8b layers x N over P stages (1f1b, P microbatches) on %s, 4096 tokens, CP 1, 4096 "
+      "GPUs; %lld runs per row\n\n",
+      hardware.name.c_str(), static_cast<long long>(repeats));
+  std::printf("%7s  %6s  %9s  %9s  %8s  %8s  %7s  %8s  %12s  %12s  %9s\n", "layers", "stages",
+              "wall ms", "cpu ms", "us/layer", "nodes", "proven", "gap", "peak", "host/GPU",
+              "stage s");
   for (int n : depths) {
-    planner::ModelConfig model = *planner::ModelPreset("llama-3-8b");
-    model.layers.assign(n, model.layers[0]);
-    planner::RunSettings run;
-    run.seq_len = 4096;
-    run.cp = 1;
-    run.ep = 1;
-    run.gpus = 4096;
-    std::vector<Timing> times;
-    planner::OptimizeResult result;
-    bool ok = true;
-    for (int64_t r = 0; r < repeats && ok; ++r) {
-      times.push_back(Time([&] {
-        auto step = planner::BuildStepCost(model, hardware, run);
-        if (!step.ok()) {
-          std::printf("%10d  %s\n", n, std::string(step.status().message()).c_str());
-          ok = false;
-          return;
-        }
-        result = planner::Optimize(*step, options);
-      }));
+    for (int p : stages) {
+      if (p > n) continue;
+      planner::ModelConfig model = *planner::ModelPreset("llama-3-8b");
+      model.layers.assign(n, model.layers[0]);
+      planner::RunSettings run;
+      run.seq_len = 4096;
+      run.cp = 1;
+      run.ep = 1;
+      run.gpus = 4096;
+      run.pp = p;
+      run.microbatches = p;
+      // As even as the layers allow, the extra ones on the last stages (what `stowage plan`
+      // suggests when the default split does not divide).
+      run.pp_layout.assign(p, n / p);
+      for (int s = 0; s < n % p; ++s) ++run.pp_layout[p - 1 - s];
+      std::vector<Timing> times;
+      int64_t nodes = 0;
+      int proven = 0;
+      bool fits = true;
+      double worst_gap = 0, slowest = 0;
+      uint64_t peak = 0, host = 0;
+      for (int64_t r = 0; r < repeats; ++r) {
+        nodes = proven = 0;
+        fits = true;
+        worst_gap = slowest = 0;
+        peak = host = 0;
+        bool ok = true;
+        times.push_back(Time([&] {
+          for (int stage = 0; stage < p && ok; ++stage) {
+            auto step = planner::BuildStepCost(model, hardware, run, stage);
+            if (!step.ok()) {
+              std::fprintf(stderr, "stowage bench plan: %s\n",
+                           std::string(step.status().message()).c_str());
+              ok = false;
+              return;
+            }
+            const planner::OptimizeResult result = planner::Optimize(*step, options);
+            fits &= result.feasible;
+            nodes += result.nodes;
+            proven += result.proven_optimal;
+            worst_gap = std::max(worst_gap, GapPercent(result));
+            slowest = std::max(slowest, result.sim.step_seconds);
+            peak = std::max(peak, result.sim.peak_bytes);
+            host = std::max(host, result.sim.host_bytes);
+          }
+        }));
+        if (!ok) return kExitUnmet;
+      }
+      const Timing t = Median(times);
+      if (!fits) {
+        std::printf("%7d  %6d  %9.1f  %9.1f  %8.1f  %8lld  %7s  %8s  %12s\n", n, p, t.wall_ms,
+                    t.cpu_ms, 1000 * t.cpu_ms / n, static_cast<long long>(nodes), "-", "-",
+                    "does not fit");
+      } else {
+        std::printf("%7d  %6d  %9.1f  %9.1f  %8.1f  %8lld  %7s  %7.3f%%  %12s  %12s  %9.3f\n", n, p,
+                    t.wall_ms, t.cpu_ms, 1000 * t.cpu_ms / n, static_cast<long long>(nodes),
+                    absl::StrFormat("%d/%d", proven, p).c_str(), worst_gap,
+                    planner::FormatBytes(peak).c_str(), planner::FormatBytes(host).c_str(),
+                    slowest);
+      }
+      std::fflush(stdout);
     }
-    if (ok) PrintRow(std::to_string(n), Median(times), result);
-    std::fflush(stdout);
   }
   return kExitOk;
 }
@@ -217,6 +275,10 @@ int RunBenchPlan(int argc, char** argv) {
              "planning time against depth (Note [Bounded work] in planner/optimizer.cc); given "
              "alone, only this table",
              "100,200,300,500,700,1000,10000"});
+  flags.Add({"stages", "P,P,...",
+             "pipeline stages each deep model is split over (1f1b, P microbatches; every stage "
+             "planned): the layers x stages curve",
+             "1,4,16"});
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::fprintf(stderr, "stowage bench plan: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
@@ -241,7 +303,8 @@ int RunBenchPlan(int argc, char** argv) {
   }
   const std::string depths =
       flags.GetString("layers", "100,200,300,500,700,1000,10000").value_or("");
-  if (flags.Has("layers")) return BenchDepth(depths, *hardware, *repeats);
+  const std::string stage_list = flags.GetString("stages", "1,4,16").value_or("");
+  if (flags.Has("layers")) return BenchDepth(depths, stage_list, *hardware, *repeats);
   const planner::ModelConfig model = *planner::ModelPreset("glm-5.3-flash");
   planner::OptimizerOptions options;
   options.gpu_budget_bytes = hardware->UsableBytes();
@@ -281,8 +344,7 @@ int RunBenchPlan(int argc, char** argv) {
   if (hardware->name != "h800") pipeline_hardware.push_back(*planner::HardwarePreset("h800"));
   if (const int code = BenchPipeline(pipeline_hardware, *repeats); code != kExitOk) return code;
   std::printf("\n");
-  // Deep models: one run each (the largest take seconds).
-  return BenchDepth(depths, *hardware, 1);
+  return BenchDepth(depths, stage_list, *hardware, *repeats);
 }
 
 }  // namespace stowage::tools
