@@ -5,6 +5,7 @@
 #include <compare>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -603,15 +604,16 @@ class Fronts {
         }
       }
     } else {
+      // A label is beaten when one before it (no less slack) has no more extra and cost: the
+      // least cost at extra <= l.extra among those kept. `stairs` holds the kept labels' (extra,
+      // cost) staircase (cost falling as extra grows), so that is one lookup, not a scan.
+      std::map<double, double> stairs;
       for (const Label& l : all) {
-        bool beaten = false;
-        for (const Label& o : out) {
-          if (o.cost <= l.cost && o.extra <= l.extra) {
-            beaten = true;
-            break;
-          }
-        }
-        if (!beaten) out.push_back(l);
+        auto at = stairs.upper_bound(l.extra);
+        if (at != stairs.begin() && std::prev(at)->second <= l.cost) continue;
+        out.push_back(l);
+        while (at != stairs.end() && at->second >= l.cost) at = stairs.erase(at);
+        stairs[l.extra] = l.cost;
       }
     }
     plain = !has_extra;
