@@ -98,7 +98,28 @@ FAMILIES = {
                     num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
                     num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
                     sliding_window=None, tie_word_embeddings=False),
+    # The families below are each another family's graph with one changed term (issue 13's
+    # coverage; checked at one length, LENGTHS): real checkpoints' widths, two layers.
+    # Ministral-8B-Instruct-2410: Mistral's layer, sliding and full layers alternating.
+    "ministral": dict(model_type="ministral", hidden_size=4096, intermediate_size=12288,
+                      num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, vocab_size=131072, sliding_window=32768,
+                      layer_types=["sliding_attention", "full_attention"],
+                      tie_word_embeddings=False),
+    # Ministral 3 8B's text decoder (Mistral3ForConditionalGeneration's text_config).
+    "ministral3": dict(model_type="ministral3", hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
+                       head_dim=128, vocab_size=131072, tie_word_embeddings=False),
+    # Qwen1.5-MoE-A2.7B: 60 experts top-4 and a sigmoid-gated shared expert, qkv biases.
+    "qwen2_moe": dict(model_type="qwen2_moe", hidden_size=2048, intermediate_size=5632,
+                      moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                      num_experts=60, num_experts_per_tok=4, num_hidden_layers=2,
+                      num_attention_heads=16, num_key_value_heads=16, vocab_size=151936,
+                      decoder_sparse_step=1, tie_word_embeddings=False),
 }
+# The lengths AgreementTest runs each family at: two by default; one where the family differs
+# from a family checked at two only in terms linear in the tokens (python_torch2_cpu's time).
+LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,)}
 
 HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1",
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
@@ -353,7 +374,7 @@ class AgreementTest(unittest.TestCase):
         for family, config in FAMILIES.items():
             m = H.measure_hf(config)
             full = H.build_hf_model(config, one_per_kind=False)
-            for seq_len in (4096, 16384):
+            for seq_len in LENGTHS.get(family, (4096, 16384)):
                 for force in ("keep", "recompute"):
                     with self.subTest(family=family, seq_len=seq_len, force=force):
                         truth = live_peak(full, seq_len, force == "recompute") + CUBLAS_WORKSPACES
