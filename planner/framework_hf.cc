@@ -120,6 +120,8 @@ struct HfDialect {
   HfNorm norm = HfNorm::kLlama;
   bool eager = false;  // eager_attention_forward (the model class refuses SDPA)
   HfRouter router = HfRouter::kQwen;
+  bool fp32_rope = false;  // Note [hf OLMo and Phi-3]: RoPE's cos/sin stay fp32
+  bool fused_qkv = false;  // Note [hf OLMo and Phi-3]: one qkv_proj, one gate_up_proj
 };
 
 HfDialect DialectFor(const ModelConfig& m) {
@@ -132,6 +134,12 @@ HfDialect DialectFor(const ModelConfig& m) {
     d.norm = HfNorm::kGemma;
   }
   if (f == "gpt_oss") d.norm = HfNorm::kGptOss;
+  // Olmo2RMSNorm / Olmo3RMSNorm: `(self.weight * hidden_states).to(input_dtype)`, gpt-oss's code.
+  if (f == "olmo2" || f == "olmo3") {
+    d.norm = HfNorm::kGptOss;
+    d.fp32_rope = true;
+  }
+  d.fused_qkv = f == "phi3";
   d.eager = f == "gemma2" || f == "gpt_oss";
   if (f == "deepseek_v2") d.router = HfRouter::kDeepSeekSoftmax;
   if (f == "deepseek_v3" || f == "deepseek_v32" || f == "glm_moe_dsa" || f == "glm4_moe" ||
@@ -141,6 +149,25 @@ HfDialect DialectFor(const ModelConfig& m) {
   if (f == "gpt_oss") d.router = HfRouter::kGptOss;
   if (f == "llama4_text") d.router = HfRouter::kLlama4;
   return d;
+}
+
+// An RMSNorm's element-wise work per element of its width: bytes read + written forward and
+// backward, and kernels. LlamaRMSNorm.forward: forward to(fp32) r2 w4, pow r4 w4, mean r4, (+eps,
+// rsqrt: per row), mul r4 w4, to(bf16) r4 w2, weight mul r2 w2 = 36, 8 kernels. Backward, in
+// autograd's order: the weight mul's two gradients (g * x r4 w2 summed over tokens r2; g * weight
+// r2 w2), to(bf16)'s (r2 w4), the rsqrt mul's (g * r r4 w4; (g * x).sum(-1) r8 w4 + r4), mean's
+// expand / width (w4), pow's (x.pow(1) r4 w4, * 2 r4 w4, * g r8 w4), the sum of x32's two
+// gradients (r8 w4), to(fp32)'s (r4 w2) = 92, 15 kernels. The gpt-oss / OLMo 2/3 norm multiplies
+// by the weight in fp32 and casts after (`(self.weight * hidden_states).to(input_dtype)`):
+// forward the mul r4 w4 and the cast r4 w2 instead of r4 w2 and r2 w2 (+4); backward the cast's
+// gradient to fp32 (r2 w4) first, then the mul's two in fp32 (g * weight r4 w4; g * x r8 w4,
+// summed over tokens r4) instead of (r2 w2; r4 w2, r2) (+12), one kernel more.
+struct NormWork {
+  double fwd, bwd, fwd_kernels, bwd_kernels;
+};
+NormWork NormWorkOf(HfNorm norm) {
+  if (norm == HfNorm::kGptOss) return {40, 104, 8, 16};
+  return {36, 92, 8, 15};
 }
 
 // Whether the router hands the experts fp32 weights (Ffn: the weighted output is then fp32).
@@ -198,13 +225,11 @@ struct HfLayer {
     fwd_kernels += fwd_launches;
     bwd_kernels += bwd_launches;
   }
-  // An RMSNorm over `width` (LlamaRMSNorm.forward), bytes per element. Forward: to(fp32) r2 w4,
-  // pow r4 w4, mean r4, (+eps, rsqrt: per row), mul r4 w4, to(bf16) r4 w2, weight mul r2 w2 =
-  // 36, 8 kernels. Backward, in autograd's order: the weight mul's two gradients (g * x r4 w2
-  // summed over tokens r2; g * weight r2 w2), to(bf16)'s (r2 w4), the rsqrt mul's (g * r r4
-  // w4; (g * x).sum(-1) r8 w4 + r4), mean's expand / width (w4), pow's (x.pow(1) r4 w4, * 2 r4
-  // w4, * g r8 w4), the sum of x32's two gradients (r8 w4), to(fp32)'s (r4 w2) = 92, 15 kernels.
-  void NormTraffic(double width) { Traffic(36 * width, 92 * width, 8, 15); }
+  // An RMSNorm over `width` in this family's code (NormWorkOf).
+  void NormTraffic(double width) {
+    const NormWork w = NormWorkOf(dialect.norm);
+    Traffic(w.fwd * width, w.bwd * width, w.fwd_kernels, w.bwd_kernels);
+  }
 };
 
 void AddModule(HfLayer& b, const std::string& name, double seconds, bool in_ffn) {
@@ -511,6 +536,56 @@ void CrossAttention(HfLayer& b) {
       static_cast<uint64_t>(2 * hq * d * b.t + 4 * hq * d * b.t + 4 * hq * d * vision);
 }
 
+// Note [hf OLMo and Phi-3]
+// What OLMo 2/3 and Phi-3 run beyond Llama's layer (modeling_olmo2.py, modeling_olmo3.py,
+// modeling_phi3.py), checked against the live bytes and op work of the real classes
+// (tests/python/test_hf_measured_profile.py AgreementTest).
+//  OLMo 2/3: the norms follow the sublayers (`post_attention_layernorm(self_attn(x))`) and
+//    compute gpt-oss's fp32 weight mul: fp32 x, rsqrt, the fp32 normalised x (8w + 4 per row);
+//    their output feeds the residual add, while the sublayer's bf16 input (2h) is what q/k/v
+//    (gate/up) keep: the same 10h + 4 a pre-norm with its kept output counts. The q/k norms are
+//    the same code over the whole projection. Olmo2RotaryEmbedding returns cos/sin in fp32 (no
+//    `.to(x.dtype)`), one pair per layer type (Olmo3Model.forward), so `q * cos` promotes RoPE to
+//    fp32 and `.to(q_type)` casts back: per element of q and k forward q * cos r2 w4, rotate_half
+//    in bf16 (neg r1 w1, cat r2 w2), * sin r2 w4, the add r8 w4, the cast r4 w2 = 36 (Llama's
+//    20), one kernel more; backward the cast's gradient r2 w4, * sin r4 w4 and * cos r4 w4 with
+//    each gradient cast to q's bf16 (2 x r4 w2), rotate_half and the sum in bf16 as Llama's,
+//    the layout copy: 60 (Llama's 34), three kernels more. Autograd keeps cos/sin only.
+//  Phi-3: one qkv_proj and one gate_up_proj. q, k, v are slices of qkv_proj's output: v goes to
+//    SDPA as a view of it (k/v not repeated), so the kernel's saved v keeps the whole output
+//    (2(hq + 2hkv)d, not 2 hkv d). apply_rotary_pos_emb is the partial-rotary form: `torch.cat
+//    ([rotated, q_pass])` makes q and k new [b, h, s, d]-contiguous tensors (r2 w2 each), and the
+//    flash kernel writes its output in q's layout (flash_api.cpp mha_fwd: `out =
+//    at::empty_like(q_padded)` of query.transpose(1, 2); the CPU kernel likewise), so o_proj's
+//    `.reshape(...).contiguous()` input is a copy (r2 w2, 2 hq d kept); the memory-efficient
+//    kernel a mask selects writes [b, s, h, d] (`at::empty({B, M, num_heads, Kv})`) and eager
+//    attention's copy is counted already. Backward: each of the three slices' gradients is a
+//    zero fill of qkv's width W = (hq + 2hkv)d and a copy (slice_backward: 10W over the three, 6
+//    kernels), summed (2 x r4W w2W); the empty q_pass/k_pass slices add a zero fill each
+//    (2(hq + hkv)d, 4 kernels) and a sum (r4 w2 per element, 2 kernels); gate_up's gradient is
+//    the cat of its halves' (r4f w4f); one GEMM each instead of three (q, k, v) and two (gate,
+//    up), and none of Llama's sums of their input gradients (2 x 6h, 6h).
+void OlmoPhi3Terms(HfLayer& b, const LayerSpec& spec) {
+  const ModelConfig& m = b.m;
+  const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim;
+  if (b.dialect.fp32_rope) b.Traffic(16 * (hq + hkv) * d, 26 * (hq + hkv) * d, 2, 6);
+  if (!b.dialect.fused_qkv) return;
+  const bool masked = !b.dialect.eager && HfMasked(b, spec);
+  const bool repeated = (masked || b.dialect.eager) && hq != hkv;  // repeat_kv copies v
+  const double w = (hq + 2 * hkv) * d;
+  if (!repeated) b.Save("attn.qkv_out", "", 2 * (hq + hkv) * d);  // the rest of v's storage
+  b.Traffic(4 * (hq + hkv) * d, 0, 2, 0);  // the partial-rotary cat of q and k
+  if (!masked && !b.dialect.eager) {
+    b.Save("attn.o_proj_in", "", 2 * hq * d);
+    b.Traffic(4 * hq * d, 0, 1, 0);
+  }
+  // Kernels: forward one GEMM for three; backward two for six, the five slices' 10, the four
+  // sums for Llama's two.
+  b.Traffic(0, 22 * w + 8 * (hq + hkv) * d - 12 * h, -2, -4 + 10 + 4 - 2);
+  // One GEMM for two, forward and backward; the cat for the sum.
+  b.Traffic(0, 8 * m.intermediate - 6 * h, -1, -2 + 1 - 1);
+}
+
 void Ffn(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden;
@@ -695,6 +770,7 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
       break;
   }
   Ffn(b, spec);
+  OlmoPhi3Terms(b, spec);
   const double dense_params = static_cast<double>(DenseLayerParams(m, spec));
   const double expert_params = static_cast<double>(RoutedExpertParams(m, spec));
   // Router and attention weights are dense GEMMs; expert GEMMs are counted by Ffn.
@@ -737,8 +813,17 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   c.tail_grad_bytes = static_cast<uint64_t>((v * h + h) * run.grad_bytes);
   c.embedding_grad_bytes =
       m.tied_embeddings ? 0 : static_cast<uint64_t>(v * h * static_cast<double>(run.grad_bytes));
-  // Held throughout the step: the two cuBLAS workspaces and RoPE's cos/sin (2 x 2d per token).
-  c.fixed.other += static_cast<uint64_t>(kCublasWorkspaces * kCublasWorkspaceBytes + 4 * d * t);
+  // Held throughout the step: the two cuBLAS workspaces and RoPE's cos/sin (2 x 2d per token;
+  // OLMo: fp32, one pair per layer type, Note [hf OLMo and Phi-3]).
+  const HfDialect dialect = DialectFor(m);
+  double rope_bytes = 4 * d;
+  if (dialect.fp32_rope) {
+    bool sliding = false, full = false;
+    for (const LayerSpec& l : m.layers) (l.span == AttentionSpan::kSliding ? sliding : full) = true;
+    rope_bytes = 8 * d * (sliding && full ? 2 : 1);
+  }
+  c.fixed.other +=
+      static_cast<uint64_t>(kCublasWorkspaces * kCublasWorkspaceBytes + rope_bytes * t);
   // Cross-attention layers' shared inputs (Note [hf cross-attention]): the projected vision
   // states (2h per vision token), the additive mask [b, 1, s, V] and the row mask [b, 1, s, 1]
   // in bf16. The vision tower that produced them is not planned.
@@ -748,18 +833,21 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
     const double vision = static_cast<double>(m.vision_tokens) * run.micro_batch;
     c.fixed.other += static_cast<uint64_t>(2 * h * vision + 2 * t * m.vision_tokens + 2 * t);
   }
-  // The tail: final norm (8h + 4) + the loss's 14V + labels (16) per token (Note [hf profile]).
-  c.tail_bytes = static_cast<uint64_t>(std::llround((8 * h + 4 + 14 * v + 16) * t));
+  // The tail: final norm (8h + 4; the fp32 weight mul keeps its fp32 input: 10h + 4, Note [hf
+  // dialects]) + the loss's 14V + labels (16) per token (Note [hf profile]).
+  const double final_norm = (dialect.norm == HfNorm::kGptOss ? 10 : 8) * h + 4;
+  c.tail_bytes = static_cast<uint64_t>(std::llround((final_norm + 14 * v + 16) * t));
+  const NormWork norm = NormWorkOf(dialect.norm);
   // LM head: one GEMM forward, two backward (one chunk covers every token, so the logits are
   // not recomputed). The loss (ForCausalLMLoss, loss/loss_utils.py), bytes per token: float()
   // r 2V w 4V; log_softmax over V = 1e5+ columns (cunn_SoftMaxForward: a row does not fit in
   // shared memory, so max, sum and write each read it) r 12V w 4V; nll_loss; backward
   // nll_loss's zeros w 4V and scatter; log_softmax's (the row sum of the gradient, then
   // r 8V w 4V) r 12V w 4V; float()'s r 4V w 2V: 48V, ~12 kernels with the label pad and shift.
-  // The final norm: 36h forward, 92h backward, 8 + 15 kernels (NormTraffic).
+  // The final norm (NormWorkOf): Llama's 36h forward, 92h backward, 8 + 15 kernels.
   c.tail_time = OpTimeOf({.gemm_flops = 3 * 2 * h * v * t,
-                          .elementwise_bytes = (48 * v + 128 * h) * t,
-                          .kernels = 3 + 12 + 8 + 15},
+                          .elementwise_bytes = (48 * v + (norm.fwd + norm.bwd) * h) * t,
+                          .kernels = 3 + 12 + norm.fwd_kernels + norm.bwd_kernels},
                          hw);
   c.tail_seconds = c.tail_time.total();
   // Embedding: the gather forward (r 2h w 2h); backward (embedding_dense_backward) zeroes the

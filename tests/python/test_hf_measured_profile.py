@@ -98,8 +98,8 @@ FAMILIES = {
                     num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
                     num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
                     sliding_window=None, tie_word_embeddings=False),
-    # The families below are each another family's graph with one changed term (issue 13's
-    # coverage; checked at one length, LENGTHS): real checkpoints' widths, two layers.
+    # The families below (issue 13's coverage): real checkpoints' widths, two layers; one length
+    # (LENGTHS) where they differ from the families above only in terms linear in the tokens.
     # Ministral-8B-Instruct-2410: Mistral's layer, sliding and full layers alternating.
     "ministral": dict(model_type="ministral", hidden_size=4096, intermediate_size=12288,
                       num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
@@ -116,10 +116,23 @@ FAMILIES = {
                       num_experts=60, num_experts_per_tok=4, num_hidden_layers=2,
                       num_attention_heads=16, num_key_value_heads=16, vocab_size=151936,
                       decoder_sparse_step=1, tie_word_embeddings=False),
+    # phi-4 (Phi3ForCausalLM): fused qkv_proj and gate_up_proj, partial-rotary RoPE's cat
+    # (Note [hf OLMo and Phi-3] in planner/framework_hf.cc).
+    "phi3": dict(model_type="phi3", hidden_size=5120, intermediate_size=17920,
+                 num_hidden_layers=2, num_attention_heads=40, num_key_value_heads=10,
+                 vocab_size=100352, tie_word_embeddings=False, rope_scaling=None,
+                 max_position_embeddings=16384, original_max_position_embeddings=16384,
+                 pad_token_id=100349),
+    # OLMo-2-1124-7B: norms after the sublayers with an fp32 weight mul, whole-width q/k norms,
+    # fp32 RoPE (the same note).
+    "olmo2": dict(model_type="olmo2", hidden_size=4096, intermediate_size=11008,
+                  num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=32,
+                  vocab_size=100352, tie_word_embeddings=False, pad_token_id=100277),
 }
 # The lengths AgreementTest runs each family at: two by default; one where the family differs
 # from a family checked at two only in terms linear in the tokens (python_torch2_cpu's time).
-LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,)}
+LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,), "phi3": (4096,),
+           "olmo2": (4096,)}
 
 HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1",
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
