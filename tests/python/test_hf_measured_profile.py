@@ -128,11 +128,38 @@ FAMILIES = {
     "olmo2": dict(model_type="olmo2", hidden_size=4096, intermediate_size=11008,
                   num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=32,
                   vocab_size=100352, tie_word_embeddings=False, pad_token_id=100277),
+    # Text decoders of multimodal wrappers (hf_profile builds the image-text-to-text model, whose
+    # text-only step runs the decoder; the planner plans only that): Qwen2.5-VL-7B (Qwen2's
+    # layer, multimodal RoPE), Qwen3-VL-8B (Qwen3's), Qwen3-VL-30B-A3B (Qwen3-MoE's). One
+    # vision block: it is not planned and gets no pixels.
+    "qwen2_5_vl": dict(model_type="qwen2_5_vl", tie_word_embeddings=False,
+                       vision_config=dict(depth=1),
+                       text_config=dict(model_type="qwen2_5_vl_text", hidden_size=3584,
+                                        intermediate_size=18944, num_hidden_layers=2,
+                                        num_attention_heads=28, num_key_value_heads=4,
+                                        vocab_size=152064, rope_theta=1000000.0,
+                                        rope_scaling={"type": "mrope",
+                                                      "mrope_section": [16, 24, 24]},
+                                        tie_word_embeddings=False)),
+    "qwen3_vl": dict(model_type="qwen3_vl", tie_word_embeddings=False,
+                     vision_config=dict(depth=1, deepstack_visual_indexes=[0]),
+                     text_config=dict(model_type="qwen3_vl_text", hidden_size=4096,
+                                      intermediate_size=12288, num_hidden_layers=2,
+                                      num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                      vocab_size=151936, rope_theta=5000000)),
+    "qwen3_vl_moe": dict(model_type="qwen3_vl_moe", tie_word_embeddings=False,
+                         vision_config=dict(depth=1, deepstack_visual_indexes=[0]),
+                         text_config=dict(model_type="qwen3_vl_moe_text", hidden_size=2048,
+                                          intermediate_size=6144, moe_intermediate_size=768,
+                                          num_experts=128, num_experts_per_tok=8,
+                                          num_hidden_layers=2, num_attention_heads=32,
+                                          num_key_value_heads=4, head_dim=128,
+                                          vocab_size=151936, decoder_sparse_step=1)),
 }
 # The lengths AgreementTest runs each family at: two by default; one where the family differs
 # from a family checked at two only in terms linear in the tokens (python_torch2_cpu's time).
 LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,), "phi3": (4096,),
-           "olmo2": (4096,)}
+           "olmo2": (4096,), "qwen2_5_vl": (4096,), "qwen3_vl": (4096,), "qwen3_vl_moe": (4096,)}
 
 HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1",
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",

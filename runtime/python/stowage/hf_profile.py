@@ -65,8 +65,9 @@ the peaks of that step, which tests check against a step measured at s directly.
 
 Depth: one layer per distinct layer kind (the module tree's class names, parameter shapes and
 attention_type), in model order; the others are dropped from model.model.layers before the step.
-Weights are counted over the full-depth model (fake, so free), each layer's figures are its
-kind's.
+Weights are counted over the full-depth model (fake, so free): the text decoder and its LM
+head, what the planner plans (a multimodal wrapper's vision tower is built but not counted, and
+a text-only step gives it no pixels); each layer's figures are its kind's.
 """
 
 from __future__ import annotations
@@ -440,8 +441,33 @@ def build_config(config: dict[str, Any]) -> Any:
     return cfg
 
 
+def _model_class(cfg: Any) -> tuple[Any, type]:
+    """The auto class and model class transformers trains `cfg` with: its causal LM, or for a
+    multimodal wrapper without one (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) its image-text-to-text
+    model, whose text decoder a text-only step runs (the vision tower gets no pixels)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+        model_class = auto._model_mapping.get(type(cfg), None)
+        if model_class is not None:
+            return auto, model_class
+    raise PlanError(f"transformers has no causal LM or image-text-to-text model for "
+                    f"{type(cfg).__name__}: not a decoder stowage.hf_profile knows")
+
+
+def _text_parameters(model: nn.Module, decoder: nn.Module) -> list[nn.Parameter]:
+    """The parameters of the text decoder and its LM head, each once: what the planner plans
+    (a multimodal wrapper's vision tower is not)."""
+    head = model.get_output_embeddings()
+    params: dict[int, nn.Parameter] = {}
+    for p in list(decoder.parameters()) + (list(head.parameters()) if head is not None else []):
+        params.setdefault(id(p), p)
+    return list(params.values())
+
+
 def _decoder(model: nn.Module) -> nn.Module:
     inner = getattr(model, "model", None)
+    # Multimodal wrappers keep the text decoder as model.model.language_model.
+    inner = getattr(inner, "language_model", inner)
     if inner is None or not isinstance(getattr(inner, "layers", None), nn.ModuleList):
         raise PlanError(f"{type(model).__name__} has no model.layers ModuleList: not a decoder "
                         "stowage.hf_profile knows")
@@ -612,7 +638,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
 
     model.zero_grad(set_to_none=True)
     try:
-        ids = torch.randint(0, model.config.vocab_size, (1, seq_len))
+        ids = torch.randint(0, model.config.get_text_config().vocab_size, (1, seq_len))
         with mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 _one_sequence(), _gpu_sdpa():
             mode.set_phase("embedding")
@@ -738,7 +764,7 @@ class HfModel:
     model: nn.Module
     kinds: list[int]           # per layer of the full model: its kind (index into `layers`)
     kind_names: list[str]      # per kind: the class name of its layer
-    weights_bytes: int         # every parameter of the full-depth model
+    weights_bytes: int         # the full-depth text decoder's and LM head's parameters
     parameters: int            # their count
     model_type: str
     fake: bool
@@ -750,7 +776,6 @@ def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bo
                    one_per_kind: bool = True) -> HfModel:
     """The transformers model of `config` with one decoder layer per distinct kind (every
     layer with one_per_kind=False)."""
-    from transformers import AutoModelForCausalLM
     d = read_config(config)
     cfg = build_config(d)
     fake_mode = None
@@ -760,16 +785,17 @@ def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bo
     torch.manual_seed(0)
     ctx = fake_mode if fake_mode is not None else _null()
     with ctx:
-        model_class = AutoModelForCausalLM._model_mapping[type(cfg)]
+        auto, model_class = _model_class(cfg)
         if not getattr(model_class, "_supports_sdpa", True):
             # Gemma 2, gpt-oss: the class refuses SDPA (soft-capping, sinks) and transformers
             # runs eager attention, as the hf profile's recipe does (Note [hf dialects]).
             cfg._attn_implementation = "eager"
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        model = auto.from_config(cfg, dtype=dtype)
     model.train()
     decoder = _decoder(model)
-    weights = sum(_nbytes(p) for p in model.parameters())
-    parameters = sum(p.numel() for p in model.parameters())
+    text = _text_parameters(model, decoder)
+    weights = sum(_nbytes(p) for p in text)
+    parameters = sum(p.numel() for p in text)
     signatures: list[tuple] = []
     kinds = []
     for layer in decoder.layers:
