@@ -259,6 +259,23 @@ void AttentionCore(HfLayer& b, double heads, double dqk, double dv, double keys)
             false);
 }
 
+// Llama4TextAttention.forward's positions, bytes per element: RoPE layers rotate q and k as
+// complex numbers (apply_rotary_emb: `torch.view_as_complex(x.float()...) * freqs_cis`, then
+// `.type_as(x)`), forward float() r2 w4, the complex mul r4 w4, the cast r4 w2 = 20, three
+// kernels a tensor; backward the cast's gradient r2 w4, the mul's by conj(freqs) r4 w4, float()'s
+// r4 w2 = 20, four kernels with the conj. The result is already in the projections' [b, s, h, d]
+// layout (no copy, unlike Llama's rotate_half). NoPE layers scale q by the fp32 attention
+// temperature instead (`(query_states * attn_scales).to(dtype)`: r2 w4 + r4 w2 = 12 per q
+// element, its gradient 20), after nine per-token ops that compute the scales.
+void Llama4PositionWork(HfLayer& b, bool nope) {
+  const double hq = b.m.heads, hkv = b.m.kv_heads, d = b.m.head_dim;
+  if (nope) {
+    b.Traffic(12 * hq * d, 20 * hq * d, 9 + 2, 3);
+  } else {
+    b.Traffic(20 * (hq + hkv) * d, 20 * (hq + hkv) * d, 2 * 3, 2 * 4);
+  }
+}
+
 void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim, s = b.s;
@@ -271,8 +288,10 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   if (m.qk_norm == QkNorm::kL2) {
     if (!nope) {
       b.Save("attn.qk_norm", "", 4 * (hq + hkv) * d + 4 * (hq + hkv));
-      b.NormTraffic(hq * d);
-      b.NormTraffic(hkv * d);
+      // Llama4TextL2Norm: `x.float() * rsqrt(x.pow(2).mean(-1) + eps)` cast back: an RMSNorm
+      // without the weight mul (NormWorkOf less r2 w2 forward, less its two gradients' 12
+      // bytes backward), one kernel less forward, two backward.
+      b.Traffic(32 * (hq + hkv) * d, 80 * (hq + hkv) * d, 2 * 7, 2 * 13);
     }
   } else if (m.qk_norm != QkNorm::kNone) {
     const double rows_q = m.qk_norm == QkNorm::kPerHead ? hq : 1;
@@ -317,7 +336,11 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   // [b, h, s, d]-contiguous, so the sum is too, and the projection's `.view(...).transpose(1, 2)`
   // backward copies it to [b, s, h*d] (reshape of a non-viewable gradient: r2 w2), 1 kernel.
   // Per head tensor (q and k; v's gradient comes from attention in the projection's layout).
-  b.Traffic(20 * (hq + hkv) * d, 34 * (hq + hkv) * d, 10, 20);
+  if (m.family == "llama4_text") {
+    Llama4PositionWork(b, nope);
+  } else {
+    b.Traffic(20 * (hq + hkv) * d, 34 * (hq + hkv) * d, 10, 20);
+  }
   // Residual add (r 4h, w 2h); backward sums the gradients of the layer input's two uses (the
   // norm and the add: r 4h w 2h) and of the normed input's three (q, k and v: 2 x r 4h w 2h).
   // The q, k, v, o GEMMs: 4 forward, 8 backward (input and weight gradients).
@@ -536,6 +559,28 @@ void CrossAttention(HfLayer& b) {
       static_cast<uint64_t>(2 * hq * d * b.t + 4 * hq * d * b.t + 4 * hq * d * vision);
 }
 
+// Llama4TextMoe.forward (modeling_llama4.py) runs every expert on every token through torch.bmm
+// (Llama4TextExperts): cuBLAS batched GEMMs, timed as dense GEMMs (the measured op work classes
+// bmm so), and no sort or gathers. Bytes per token (E experts, k of them chosen): forward the
+// router's topk (r 2E w 10k), full_like (w 2E), scatter_ (r 2E + 10k w 2E), sigmoid in fp32 with
+// its casts (r 2E w 4E, r 4E w 4E, r 4E w 2E); repeat (r 2h w 2hE); the score mul (r 2hE w 2hE);
+// silu over gate and its mul with up (r 2feE w 2feE, r 4feE w 2feE); the sum over experts (r 2hE
+// w 2h); the add_ into the shared expert's output (r 4h w 2h): 28E + 20k + 8hE + 10feE + 10h, 15
+// kernels with the two bmm. Backward: the sum's expanded gradient made contiguous for the down
+// bmm (r 2hE w 2hE); the mul's two gradients and silu's (3 x r 4feE w 2feE), the chunk's cat of
+// gate's and up's (r 4feE w 4feE); the score mul's (g * scores r 2hE w 2hE; g * x r 4hE w 2hE,
+// summed over h r 2hE); repeat's, a sum over experts (r 2hE w 2h); the router's (casts, sigmoid's,
+// gather, zeros, scatter: 30E + 20k); the sums of the normed input's three gradients (router,
+// experts, shared expert: 2 x r 4h w 2h): 18hE + 26feE + 14h + 30E + 20k, 21 kernels with the
+// four bmm. (The shared expert is a SwiGLU, counted as one.)
+void Llama4MoeWork(HfLayer& b) {
+  const double h = b.m.hidden, e = b.m.experts, k = b.m.experts_per_token;
+  const double fe = b.m.moe_intermediate;
+  b.Traffic(28 * e + 20 * k + 8 * h * e + 10 * fe * e + 10 * h,
+            18 * h * e + 26 * fe * e + 14 * h + 30 * e + 20 * k, 15, 21);
+  b.gemm_flops += 2 * 3 * h * fe * e * b.t;
+}
+
 // Note [hf OLMo and Phi-3]
 // What OLMo 2/3 and Phi-3 run beyond Llama's layer (modeling_olmo2.py, modeling_olmo3.py,
 // modeling_phi3.py), checked against the live bytes and op work of the real classes
@@ -677,14 +722,19 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     if (HfFp32RoutingWeights(b.m, b.dialect)) {
       b.Traffic(8 * h * r + 8 * h, 22 * h * r + 6 * h, 1, 2);
     }
-    b.Traffic(6 * e + 4 * e + 256 * r + 4 * h * r + 10 * fe * r + 4 * h * r + 4 * h * r +
-                  2 * h * r + 2 * h,
-              4 * h * r + 2 * h * r + 256 * r + 6 * h * r + 12 * h * r + 18 * fe * r + 8 * fe * r +
-                  2 * h + 256 * r + 2 * h * r + 4 * h + 4 * e + 12 * e + 6 * e + 6 * h,
-              1 + 1 + 1 + 4 + 10 + 6 + 1 + 1 + 2 + 1 + 1 + 2 + 1 + 1,
-              1 + 1 + 10 + 2 + 3 + 2 + 4 + 2 + 1 + 10 + 2 + 2 + 2 + 2 + 2 + 1);
-    b.grouped_flops += 2 * 3 * h * fe * routed * b.t;
-    b.tokens_per_expert = per_expert;
+    if (b.dialect.router == HfRouter::kLlama4) {
+      Llama4MoeWork(b);
+    } else {
+      b.Traffic(6 * e + 4 * e + 256 * r + 4 * h * r + 10 * fe * r + 4 * h * r + 4 * h * r +
+                    2 * h * r + 2 * h,
+                4 * h * r + 2 * h * r + 256 * r + 6 * h * r + 12 * h * r + 18 * fe * r +
+                    8 * fe * r + 2 * h + 256 * r + 2 * h * r + 4 * h + 4 * e + 12 * e + 6 * e +
+                    6 * h,
+                1 + 1 + 1 + 4 + 10 + 6 + 1 + 1 + 2 + 1 + 1 + 2 + 1 + 1,
+                1 + 1 + 10 + 2 + 3 + 2 + 4 + 2 + 1 + 10 + 2 + 2 + 2 + 2 + 2 + 1);
+      b.grouped_flops += 2 * 3 * h * fe * routed * b.t;
+      b.tokens_per_expert = per_expert;
+    }
     if (m.shared_intermediate > 0) swiglu(m.shared_intermediate, "moe.shared", "");
     if (m.shared_expert_gate) {
       // Qwen2Moe / Qwen3Next SparseMoeBlock: `F.sigmoid(self.shared_expert_gate(x)) *
