@@ -45,8 +45,8 @@ namespace {
 //    wait can hide it, so the forward waits are at least the sum of the excesses h - (that
 //    compute, each layer at its longest option): Note [Forward waits]. Likewise
 //    the prefetch issued at the backward of i + d must land before the backward of i: the
-//    backward waits are at least the sum of (H_i / H2D rate - the backward compute between) /
-//    (d + 1).
+//    backward waits are at least the sum of (H_i / H2D rate - the backward compute between):
+//    Note [Backward waits].
 // The search:
 //  1. Fronts (per d): a dynamic programme over layers from the last to the first. A state is a
 //     layer i and the host-byte classes of the W layers before it (the window the memory
@@ -97,6 +97,17 @@ namespace {
 // excess by L (each point lies in L windows); on DeepSeek-V3, h800, PP 16 (stage 1: four layers,
 // 15 in flight, one offload waiting 6.9 ms) it left half the wait out and the search stopped at
 // its node limit 1.5% from the bound.
+
+// Note [Backward waits]
+// The same argument for the backward, which waits only at a layer's restore (the simulator's
+// backward loop) on one H2D engine that copies in issue order: the prefetch of i is issued when
+// the backward of issue_at = its prefetch_after_layer starts and waited for before the backward of
+// i. Between the two run the backward (and recompute) of issue_at..i+1 and the restores of those
+// layers; each of those restores waits for a copy issued before i's (a higher layer, issued no
+// later, highest first), so while it waits i's copy has not started and it hides none of it. So
+// the restore of i waits at least H_i / H2D rate - that compute (each layer at its longest
+// option), and the backward's waits are at least the sum of these excesses, undivided. Regression:
+// the bound divided each excess by d + 1; it was valid, and weaker by that factor.
 
 // Note [Bounded work]
 // Fronts cost layers x windows x options x front length label updates (a front's cap shrinks with
@@ -247,7 +258,8 @@ class Model {
           const int issue_at = waits[i].prefetch_after_layer;
           double bhide = 0;
           for (int j = i + 1; j <= issue_at; ++j) bhide += bmax[j];
-          cost += std::max(0.0, bytes / step.h2d_bytes_per_second - bhide) / (wait_distance + 1);
+          // Note [Backward waits]: the whole excess too.
+          cost += std::max(0.0, bytes / step.h2d_bytes_per_second - bhide);
         }
         // Note [Host price]: the relaxed host budget's price.
         cost_[i].push_back(cost +
