@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/checked_math.h"
@@ -59,6 +60,7 @@ constexpr json::Range<int> kMicrobatches{1, kPlanMaxMicrobatches};
 constexpr json::Range<int> kInFlight{1, kPlanMaxMicrobatches};
 constexpr json::Range<int> kStageIndex{0, kPlanMaxPipelineStages - 1};
 constexpr json::Range<int> kChunkLayers{0, kPlanMaxLayers};
+constexpr json::Range<int> kMtpLayers{0, kPlanMaxMtpLayers};
 
 constexpr std::pair<PipelineSchedule, std::string_view> kScheduleNames[] = {
     {PipelineSchedule::k1F1B, "1f1b"},
@@ -130,6 +132,7 @@ absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& 
   std::string policy;
   STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("index", layer.index, kLayerIndex));
   STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("type", layer.type));
+  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("name", layer.name));
   STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("policy", policy));
   absl::StatusOr<LayerPolicy> parsed = ParseLayerPolicy(policy);
   if (!parsed.ok()) {
@@ -314,6 +317,47 @@ absl::Status CheckStages(const Plan& plan) {
     return absl::InvalidArgumentError(absl::StrCat("plan: field 'stages' chunks cover ", next,
                                                    " layers; the plan has ", plan.layers.size(),
                                                    " (every layer runs on exactly one stage)"));
+  }
+  return absl::OkStatus();
+}
+
+// Note [MTP layers]: the last run.mtp_layers layers are "mtp.0", "mtp.1", ... with an "mtp+" type,
+// all in the last virtual stage (the last chunk of the last stage); no other layer is named. The
+// stages passed CheckStages.
+absl::Status CheckMtpLayers(const Plan& plan) {
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.mtp_layers", plan.mtp_layers, kMtpLayers));
+  const int n = static_cast<int>(plan.layers.size());
+  if (plan.mtp_layers >= n && plan.mtp_layers > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: field 'run.mtp_layers' is ", plan.mtp_layers, " but the plan has ", n,
+        " layers; allowed: fewer than the layers (the MTP layers follow the decoder's)"));
+  }
+  const int first_mtp = n - plan.mtp_layers;
+  for (int i = 0; i < n; ++i) {
+    const LayerPlan& l = plan.layers[i];
+    const std::string want = i >= first_mtp ? MtpLayerName(i - first_mtp) : std::string();
+    if (l.name != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: field 'layers[", i, "].name' is '", l.name, "'; allowed: ",
+          want.empty()
+              ? std::string("none (a decoder layer; run.mtp_layers is ")
+              : absl::StrCat("'", want, "' (the MTP layers are the last run.mtp_layers = "),
+          plan.mtp_layers, want.empty() ? ")" : " layers)"));
+    }
+    if (i >= first_mtp && !absl::StartsWith(l.type, "mtp+")) {
+      return absl::InvalidArgumentError(absl::StrCat("plan: field 'layers[", i, "].type' is '",
+                                                     l.type,
+                                                     "'; an MTP layer's type starts with 'mtp+'"));
+    }
+  }
+  if (plan.mtp_layers == 0) return absl::OkStatus();
+  const StagePlan& last = plan.stages.back();
+  const LayerRange chunk = last.chunks.empty() ? LayerRange{} : last.chunks.back();
+  if (chunk.first_layer > first_mtp || chunk.end() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: field 'stages[", plan.stages.size() - 1, "].chunks' ends with layers ",
+        chunk.first_layer, " to ", chunk.end() - 1, "; the MTP layers ", first_mtp, " to ", n - 1,
+        " run in the last chunk of the last stage (Megatron-Core places them there)"));
   }
   return absl::OkStatus();
 }
@@ -619,6 +663,8 @@ std::string_view StepEventKindName(StepEventKind kind) {
   return "unknown";
 }
 
+std::string MtpLayerName(int depth) { return absl::StrCat("mtp.", depth); }
+
 bool PolicyOffloads(LayerPolicy policy) {
   return policy == LayerPolicy::kOffloadInput || policy == LayerPolicy::kOffloadSaved;
 }
@@ -639,9 +685,11 @@ std::string PlanToJson(const Plan& plan) {
               {"pp", plan.pp},
               {"vpp", plan.vpp},
               {"schedule", PipelineScheduleName(plan.schedule)},
-              {"microbatches", plan.microbatches},
-              {"gpu_budget_bytes", plan.gpu_budget_bytes},
-              {"host_budget_bytes", plan.host_budget_bytes}};
+              {"microbatches", plan.microbatches}};
+  // Written only when MTP is trained (Note [MTP layers]): other plans keep their bytes and hash.
+  if (plan.mtp_layers != 0) j["run"]["mtp_layers"] = plan.mtp_layers;
+  j["run"]["gpu_budget_bytes"] = plan.gpu_budget_bytes;
+  j["run"]["host_budget_bytes"] = plan.host_budget_bytes;
   // Note [Plans that do not fit]: every plan says whether it fits; one that does not says why.
   j["fits"] = plan.fits;
   if (!plan.fits) {
@@ -694,21 +742,22 @@ std::string PlanToJson(const Plan& plan) {
     for (const PlannedTransfer& t : l.transfers) {
       transfers.push_back({{"name", t.name}, {"bytes", t.bytes}});
     }
-    ordered_json layer = {{"index", l.index},
-                          {"type", l.type},
-                          {"policy", LayerPolicyName(l.policy)},
-                          {"device_saved_bytes", l.device_saved_bytes},
-                          {"host_bytes", l.host_bytes},
-                          {"transfers", transfers},
-                          {"save_wait_before_layer", l.save_wait_before_layer},
-                          {"prefetch_after_layer", l.prefetch_after_layer},
-                          {"in_flight_microbatches", l.in_flight_microbatches},
-                          {"ffn_chunks", l.ffn_chunks},
-                          {"forward_seconds", l.forward_seconds},
-                          {"backward_seconds", l.backward_seconds},
-                          {"recompute_seconds", l.recompute_seconds},
-                          {"d2h_seconds", l.d2h_seconds},
-                          {"h2d_seconds", l.h2d_seconds}};
+    ordered_json layer = {{"index", l.index}, {"type", l.type}};
+    // Only MTP layers are named (Note [MTP layers]): a plan without them reads as before.
+    if (!l.name.empty()) layer["name"] = l.name;
+    layer["policy"] = LayerPolicyName(l.policy);
+    layer["device_saved_bytes"] = l.device_saved_bytes;
+    layer["host_bytes"] = l.host_bytes;
+    layer["transfers"] = transfers;
+    layer["save_wait_before_layer"] = l.save_wait_before_layer;
+    layer["prefetch_after_layer"] = l.prefetch_after_layer;
+    layer["in_flight_microbatches"] = l.in_flight_microbatches;
+    layer["ffn_chunks"] = l.ffn_chunks;
+    layer["forward_seconds"] = l.forward_seconds;
+    layer["backward_seconds"] = l.backward_seconds;
+    layer["recompute_seconds"] = l.recompute_seconds;
+    layer["d2h_seconds"] = l.d2h_seconds;
+    layer["h2d_seconds"] = l.h2d_seconds;
     if (!l.recompute_modules.empty()) layer["recompute_modules"] = l.recompute_modules;
     layers.push_back(std::move(layer));
   }
@@ -759,6 +808,7 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     plan.schedule = *parsed_schedule;
     STOWAGE_PLAN_RETURN_IF_ERROR(
         run->ReadOptional("microbatches", plan.microbatches, kMicrobatches));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("mtp_layers", plan.mtp_layers, kMtpLayers));
     STOWAGE_PLAN_RETURN_IF_ERROR(
         run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(
@@ -953,6 +1003,7 @@ absl::Status ValidatePlan(const Plan& plan) {
                                                    " layers; allowed: at most ", kPlanMaxLayers));
   }
   STOWAGE_PLAN_RETURN_IF_ERROR(CheckStages(plan));
+  STOWAGE_PLAN_RETURN_IF_ERROR(CheckMtpLayers(plan));
   const std::vector<LayerPlace> places = PlacesOfLayers(plan);
   const std::vector<std::vector<int>> in_flight_of = InFlightOfStages(plan);
   const int n = static_cast<int>(plan.layers.size());

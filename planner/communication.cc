@@ -328,8 +328,10 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerCost& cost = layers[i];
     const size_t index = static_cast<size_t>(std::max(0, cost.index));
-    if (index >= m.layers.size()) break;  // not a layer of this model (BuildStepCost's never are)
-    const LayerSpec& spec = m.layers[index];
+    if (m.layers.empty()) break;
+    // An MTP depth (index past the decoder layers, Note [MTP layers] in cost_model.cc) runs a
+    // transformer layer of the last layer's kind: its collectives are that layer's.
+    const LayerSpec& spec = m.layers[std::min(index, m.layers.size() - 1)];
     forward_compute += cost.forward_seconds;
     backward_compute += cost.backward_seconds;
     LayerComm lc;

@@ -71,6 +71,42 @@ namespace {
 //    probs inside the activation and saves input + probs) and the activation (fc2's input). The
 //    experts' output is not saved: the probs were applied before fc2, and unpermute keeps indices.
 
+// Note [MTP layers]
+// Multi-token prediction (DeepSeek-V3, GLM-4.5/5: num_nextn_predict_layers) as Megatron-Core 0.16
+// trains it (transformer/multi_token_prediction.py, models/gpt/gpt_model.py _postprocess). The run
+// trains TrainedMtpLayers depths: --mtp-layers, by default the config's count under megatron
+// (Megatron-Bridge's providers set mtp_num_layers = num_nextn_predict_layers; Megatron-Core's own
+// default is None) and none under hf (transformers drops the weights on load,
+// `_keys_to_ignore_on_load_unexpected`, and never runs them; --mtp-layers > 0 is refused there).
+// Without a custom pipeline layout every depth runs on the last stage after its decoder layers
+// (mtp_on_this_rank), so each depth is one more plannable layer at the end of the last virtual
+// stage (VirtualStageLayers), "mtp.K" in the table and the plan (stowage/plan.h Note [MTP
+// layers]). What depth K's MultiTokenPredictionLayer keeps for backward, per token (SP: /tp):
+//  - its two inputs, the hidden states of the depth before (the decoder's final-norm output for
+//    K = 0) and the embedding of the tokens shifted by K + 1 (_get_embeddings: roll_tensor, then
+//    the shared embedding): hnorm and enorm (TENorm, Note [megatron profile]) save them as their
+//    inputs, and MultiTokenPredictionLayer._checkpointed_forward (recompute_granularity full,
+//    tensor_parallel.checkpoint of _proj_and_transformer_layer) keeps exactly these two; with
+//    them the shifted token ids (int64, 8 B, whole sequence: the embedding's backward keeps its
+//    indices, VocabParallelEmbedding / F.embedding), outside the checkpoint: the layer's
+//    "input", 2 h dt + 8, what recompute keeps and offload_input moves;
+//  - enorm's and hnorm's fp32 rstdevs (8 B);
+//  - torch.cat((enorm(e), hnorm(h)), -1), eh_proj's saved input (TEColumnParallelLinear keeps the
+//    local sequence shard): 2 h dt; the norms' outputs are not kept apart from it (cat saves none);
+//  - the transformer layer of the model's last layer kind, exactly as a decoder layer of that kind
+//    (BuildLayer: its input is eh_proj's output, gathered and scattered back to the SP shard);
+//  - final_layernorm (TENorm) saves its input, the layer's output, and its rstdev: h dt + 4.
+// The depth's output (final_layernorm's, h dt) goes to the shared output layer and a second
+// cross-entropy (gpt_model.py _postprocess; mtp_loss_scaling_factor scales the loss, not what it
+// keeps): those run with the main head in the tail (BuildStepCost): the head's working set of
+// one loss chunk is reused by each head in turn, and each depth's output and its gradient (2 h dt)
+// are held there; with an unchunked loss (--loss-chunk-tokens 0) every head's logits are saved
+// at once. The time: eh_proj's GEMM (2 x 2h x h FLOPs per token), the element-wise passes over the
+// bytes above, the layer's own time, and one more head and loss in the tail. The decoder's output
+// is also the main head's input, held by the tail whatever the MTP layer's policy; the MTP layer's
+// "input" counts it again (h dt per token, an upper bound). Weights, gradients and optimizer state
+// are fixed memory of the last stage (StageNonLayerParams); --mtp-layers 0 holds none of them.
+
 // Note [Limits]
 // Byte counts are products of shapes, dtypes and tokens computed in double (exact up to 2^53,
 // and what the formulas need for fractional terms such as moe_imbalance), then converted once
@@ -83,6 +119,7 @@ namespace {
 // the model (ValidateRun) make a refusal here rare; when it happens the error names the tensor,
 // its size and the inputs it grows with.
 
+constexpr int kMaxMtpLayers = kPlanMaxMtpLayers;
 constexpr double kChunkOverheadSeconds = 100e-6;  // two all-to-all launches + kernel tails
 constexpr uint64_t kIndexerQueryBlock = 1024;     // DSA indexer scores this many queries at once
 constexpr int kKdaChunk = 64;                     // delta-rule chunk length
@@ -364,6 +401,53 @@ absl::StatusOr<LayerCost> BuildLayer(const ModelConfig& m, const HardwareProfile
   return b.cost;
 }
 
+// MTP depth `depth` (Note [MTP layers]): the transformer layer of the model's last kind inside the
+// module's own norms, eh_proj and final norm.
+absl::StatusOr<LayerCost> BuildMtpLayer(const ModelConfig& m, const HardwareProfile& hw,
+                                        const RunSettings& run, int depth, double tokens) {
+  absl::StatusOr<LayerCost> inner = BuildLayer(m, hw, run, m.num_layers() - 1, tokens);
+  if (!inner.ok()) return inner.status();
+  Builder b{m, hw, run, tokens, *std::move(inner), 0, 0, 0, 0, 0, absl::OkStatus()};
+  b.cost.index = m.num_layers() + depth;
+  b.cost.name = MtpLayerName(depth);
+  b.cost.type = absl::StrCat("mtp+", b.cost.type);
+  const double tp = run.tp, dt = run.activation_bytes, h = m.hidden;
+  std::vector<SavedTensor> layer = std::move(b.cost.saved);
+  b.cost.saved.clear();
+  // The hidden states, the shifted tokens' embedding and their ids.
+  b.Save("input", "", 2 * h * dt / tp + 8);
+  b.Save("mtp.norms", "", 2 * 4.0 / tp);
+  b.Save("mtp.eh_proj_in", "", 2 * h * dt / tp);
+  const size_t own_front = b.cost.saved.size();
+  for (SavedTensor& t : layer) {
+    if (t.name == "input") t.name = "mtp.layer_input";
+    b.cost.saved.push_back(std::move(t));
+  }
+  b.Save("mtp.final_norm", "", (h * dt + 4) / tp);
+  uint64_t own = 0;  // the module's bytes around its transformer layer
+  for (size_t i = 0; i < b.cost.saved.size(); ++i) {
+    if (i < own_front || i + 1 == b.cost.saved.size()) {
+      own = b.Sum(own, b.cost.saved[i].bytes, "the MTP module's saved tensors");
+    }
+  }
+  b.cost.saved_bytes = 0;
+  for (const SavedTensor& t : b.cost.saved) {
+    b.cost.saved_bytes = b.Sum(b.cost.saved_bytes, t.bytes, "the saved tensors");
+  }
+  b.cost.input_bytes = b.cost.saved.front().bytes;
+  b.cost.output_bytes = b.Bytes(h * dt / tp * tokens, "the MTP layer's output");
+  const double eh_proj = 2 * (2 * h * h) / tp * tokens;
+  b.cost.forward_flops += eh_proj;
+  b.cost.forward_time +=
+      OpTimeOf({.gemm_flops = eh_proj, .elementwise_bytes = 3.0 * static_cast<double>(own)}, hw);
+  b.cost.backward_time += OpTimeOf(
+      {.gemm_flops = 2 * eh_proj, .elementwise_bytes = 6.0 * static_cast<double>(own)}, hw);
+  b.cost.forward_seconds = b.cost.forward_time.total();
+  b.cost.backward_seconds = b.cost.backward_time.total();
+  if (!b.status.ok()) return b.status;
+  return b.cost;
+}
+
 // Largest bytes any option of the layer holds at once (EvaluateOption's terms, all together):
 // what CheckStepCostBounds adds up.
 absl::StatusOr<uint64_t> LayerCeiling(const LayerCost& l) {
@@ -433,7 +517,7 @@ absl::Status CheckModelLimits(const ModelConfig& m) {
                          {"extra embedding rows", m.extra_embedding_rows, kMaxVocab},
                          {"vision tokens", m.vision_tokens, 1 << 30},
                          {"norms per layer", m.norms_per_layer, 64},
-                         {"num_nextn_predict_layers", m.mtp_layers, 64},
+                         {"num_nextn_predict_layers", m.mtp_layers, kMaxMtpLayers},
                          {"moe_intermediate_size", m.moe_intermediate, kMaxModelDim}}) {
     if (f.value < 0 || f.value > f.max) {
       return absl::InvalidArgumentError(absl::StrCat("model '", m.name, "': field '", f.name,
@@ -635,6 +719,16 @@ absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
     if (value < 1 || value > 64) return bad(flag, value, "allowed: 1 to 64 bytes per element");
   }
   if (absl::Status s = CheckModelLimits(m); !s.ok()) return s;
+  // Note [MTP layers].
+  if (r.mtp_layers < -1 || r.mtp_layers > kMaxMtpLayers) {
+    return bad("mtp-layers", r.mtp_layers,
+               absl::StrCat("allowed: 0 to ", kMaxMtpLayers, " (MTP depths trained)"));
+  }
+  if (r.framework == Framework::kHf && r.mtp_layers > 0) {
+    return bad("mtp-layers", r.mtp_layers,
+               "--framework hf plans transformers models, which drop the MTP weights on load and "
+               "never run them; use --mtp-layers 0 or --framework megatron");
+  }
   if (r.seq_len % static_cast<uint64_t>(r.cp) != 0) {
     return bad("seq-len", r.seq_len, absl::StrCat("it must be a multiple of --cp (", r.cp, ")"));
   }
@@ -663,9 +757,13 @@ absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   return absl::OkStatus();
 }
 
+int TrainedMtpLayers(const ModelConfig& m, const RunSettings& run) {
+  if (run.mtp_layers >= 0) return run.mtp_layers;
+  return run.framework == Framework::kHf ? 0 : m.mtp_layers;
+}
+
 bool LastStageHoldsWordEmbeddings(const ModelConfig& m, const RunSettings& run) {
-  const bool mtp_trained = run.framework != Framework::kHf && m.mtp_layers > 0;
-  return run.pp > 1 && (m.tied_embeddings || mtp_trained);
+  return run.pp > 1 && (m.tied_embeddings || TrainedMtpLayers(m, run) > 0);
 }
 
 NonLayerParams StageNonLayerParams(const ModelConfig& m, const RunSettings& run, int stage) {
@@ -673,22 +771,17 @@ NonLayerParams StageNonLayerParams(const ModelConfig& m, const RunSettings& run,
   const double tp = std::max(1, run.tp), ep = std::max(1, run.ep);
   // Embedding, head and final norm, and the multi-token-prediction modules (model.cc) where the
   // framework trains them: the embedding on the first stage; the final norm, head and MTP on the
-  // last. Note [MTP]: Megatron-Core builds and trains the MTP block when the config has one
-  // (--mtp-num-layers from num_nextn_predict_layers), so its weights, gradients and optimizer
-  // state are fixed memory; its activations (one more layer at the end of the forward and a
-  // second loss) are not counted yet. transformers drops the MTP weights on load
-  // (`_keys_to_ignore_on_load_unexpected`, modeling_deepseek_v3.py / modeling_glm_moe_dsa.py)
-  // and never runs them: under --framework hf nothing of them is on the GPU.
-  const bool mtp_trained = run.framework != Framework::kHf;
+  // last. Note [MTP layers]: the depths the run trains (--mtp-layers; none under hf, where
+  // transformers drops the MTP weights on load) are fixed memory of the last stage, their
+  // activations layers of it.
+  const int mtp = TrainedMtpLayers(m, run);
   const double input_embedding =
       (static_cast<double>(m.vocab) + m.extra_embedding_rows) * static_cast<double>(m.hidden);
   const double head_and_norm = static_cast<double>(EmbeddingParams(m)) - input_embedding;
   NonLayerParams out;
-  out.dense =
-      ((first_stage ? input_embedding : 0) +
-       (last_stage ? head_and_norm + static_cast<double>(mtp_trained ? MtpDenseParams(m) : 0)
-                   : 0)) /
-      tp;
+  out.dense = ((first_stage ? input_embedding : 0) +
+               (last_stage ? head_and_norm + static_cast<double>(MtpDenseParams(m, mtp)) : 0)) /
+              tp;
   // The last stage keeps its own copy of the word embeddings for the LM head when they are tied,
   // and for the MTP modules' input when it runs them (Megatron-Core gpt_model.py builds an
   // embedding where pre_process or mtp_process; shared_embedding_or_output_weight; kept equal by
@@ -696,7 +789,7 @@ NonLayerParams StageNonLayerParams(const ModelConfig& m, const RunSettings& run,
   if (LastStageHoldsWordEmbeddings(m, run) && last_stage) {
     out.dense += static_cast<double>(m.vocab) * m.hidden / tp;
   }
-  out.experts = last_stage && mtp_trained ? static_cast<double>(MtpRoutedExpertParams(m)) / ep : 0;
+  out.experts = last_stage ? static_cast<double>(MtpRoutedExpertParams(m, mtp)) / ep : 0;
   return out;
 }
 
@@ -720,6 +813,8 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   c.model = m.name;
   c.model_parameters = ModelParameters(m);
   c.run = run;
+  c.mtp_layers = TrainedMtpLayers(m, run);
+  c.model_mtp_layers = m.mtp_layers;
   c.hardware = hw;
   c.tokens_per_rank =
       run.seq_len * static_cast<uint64_t>(run.micro_batch) / static_cast<uint64_t>(run.cp);
@@ -732,7 +827,11 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
     const int in_flight =
         InFlightMicrobatches(run.schedule, run.pp, run.vpp, run.microbatches, stage, k);
     for (int i = c.chunks[k].first_layer; i < c.chunks[k].end(); ++i) {
-      if (hf) {
+      if (i >= m.num_layers()) {  // Note [MTP layers]
+        absl::StatusOr<LayerCost> mtp = BuildMtpLayer(m, hw, run, i - m.num_layers(), tokens);
+        if (!mtp.ok()) return mtp.status();
+        c.layers.push_back(*std::move(mtp));
+      } else if (hf) {
         c.layers.push_back(BuildHfLayer(m, hw, run, i, tokens));
       } else {
         absl::StatusOr<LayerCost> layer = BuildLayer(m, hw, run, i, tokens);
@@ -759,6 +858,7 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   double experts = outside.experts;
   double max_layer = 0;
   for (const LayerCost& layer : c.layers) {
+    if (layer.index >= m.num_layers()) continue;  // an MTP depth: in StageNonLayerParams
     const LayerSpec& l = m.layers[layer.index];
     const double d = static_cast<double>(DenseLayerParams(m, l)) / tp;
     const double e = static_cast<double>(RoutedExpertParams(m, l)) / run.ep;
@@ -807,16 +907,21 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   // Final-logit soft-capping (Gemma 2: logits = cap * tanh(logits / cap), modeling_gemma2.py
   // Gemma2ForCausalLM.forward) keeps the tanh output, one more fp32 logits chunk.
   const double softcap_bytes = m.final_logit_softcap > 0 ? 4 : 0;
-  c.tail_bytes =
-      whole.Bytes(tokens * (m.hc_mult + 2) * h * dt / tp + chunk * v * (dt + 4 + 4 + softcap_bytes),
-                  "the LM head and loss working set");
-  const double head_flops = 2 * h * v * tokens;
+  // Note [MTP layers]: each MTP depth's head runs after the main one's: its input and gradient are
+  // held; one loss chunk's logits are reused by each head in turn, unless the loss is unchunked
+  // (every head's logits are saved until its backward).
+  const double heads = 1 + static_cast<double>(c.mtp_layers);
+  const double logit_sets = chunk >= tokens ? heads : 1;
+  c.tail_bytes = whole.Bytes(tokens * (m.hc_mult + 2 + 2 * (heads - 1)) * h * dt / tp +
+                                 logit_sets * chunk * v * (dt + 4 + 4 + softcap_bytes),
+                             "the LM head and loss working set");
+  const double head_flops = heads * 2 * h * v * tokens;
   // Forward, and backward's two GEMMs (input and weight gradients); a chunked loss recomputes
   // each chunk's logits in backward (a fourth pass) unless one chunk covers every token, when
   // the logits are kept as with 0 (issue 11: that case was charged four passes).
   const double passes = chunk >= tokens ? 3 : 4;
-  c.tail_time =
-      OpTimeOf({.gemm_flops = passes * head_flops, .elementwise_bytes = 3 * tokens * v * 4}, hw);
+  c.tail_time = OpTimeOf(
+      {.gemm_flops = passes * head_flops, .elementwise_bytes = heads * 3 * tokens * v * 4}, hw);
   c.tail_seconds = c.tail_time.total();
   c.embedding_time = OpTimeOf({.elementwise_bytes = 3 * tokens * h * dt * m.hc_mult}, hw);
   c.embedding_seconds = c.embedding_time.total();

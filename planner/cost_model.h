@@ -71,7 +71,16 @@ struct RunSettings {
   std::vector<int> pp_layout;
   bool account_for_embedding_in_pipeline_split = false;
   bool account_for_loss_in_pipeline_split = false;
+  // Multi-token-prediction depths trained (Megatron-Core's --mtp-num-layers; Note [MTP layers] in
+  // cost_model.cc): -1 takes the config's num_nextn_predict_layers under megatron (as
+  // Megatron-Bridge's providers set mtp_num_layers) and 0 under hf (transformers drops the MTP
+  // weights on load); 0 trains none (the MTP weights are then neither trained nor held).
+  int mtp_layers = -1;
 };
+
+// The MTP depths `run` trains (RunSettings::mtp_layers resolved): the layers after the model's
+// decoder layers, on the last pipeline stage.
+int TrainedMtpLayers(const ModelConfig& model, const RunSettings& run);
 
 // Checks ranges and divisibility (e.g. gpus by tp*cp, experts by ep) and the limits above;
 // errors name the flag (or model field), its value and what is allowed.
@@ -93,8 +102,9 @@ struct RecomputeModule {
 };
 
 struct LayerCost {
-  int index = 0;
-  std::string type;  // LayerSpec::TypeName()
+  int index = 0;     // the model's layer index; MTP depth k: the model's layers + k
+  std::string type;  // LayerSpec::TypeName(); an MTP layer's is "mtp+" and its layer's kind
+  std::string name;  // "mtp.K" for MTP depth K (stowage/plan.h MtpLayerName), else ""
   uint64_t input_bytes = 0;
   uint64_t output_bytes = 0;       // alive through the forward; its gradient through the backward
   std::vector<SavedTensor> saved;  // includes "input"
@@ -155,6 +165,10 @@ struct StepCost {
   std::vector<LayerRange> chunks;
   uint64_t model_parameters = 0;  // ModelParameters(model)
   RunSettings run;
+  // MTP depths the run trains (TrainedMtpLayers; the last stage's last layers are they) and the
+  // model's own count (num_nextn_predict_layers), for what the summary says about them.
+  int mtp_layers = 0;
+  int model_mtp_layers = 0;
   HardwareProfile hardware;
   uint64_t tokens_per_rank = 0;
   FixedMemory fixed;

@@ -865,9 +865,9 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std
     m.notes.push_back(
         absl::StrCat(m.mtp_layers,
                      " multi-token-prediction module(s) (num_nextn_predict_layers) "
-                     "counted in the parameters, and in fixed memory under --framework "
-                     "megatron (transformers does not load them); their "
-                     "activations are not counted"));
+                     "counted in the parameters; --framework megatron trains them as layers "
+                     "of the last stage unless --mtp-layers 0 (transformers does not load "
+                     "them)"));
   }
   STOWAGE_HF_RETURN_IF_ERROR(ValidateModel(m));
   return m;

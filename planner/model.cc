@@ -296,15 +296,20 @@ uint64_t EmbeddingParams(const ModelConfig& m) {
 // Megatron-Core multi_token_prediction.py MultiTokenPredictionLayer (DeepSeek-V3's MTP module):
 // enorm and hnorm, eh_proj (2*hidden -> hidden), one transformer layer, final_layernorm; the
 // embedding and output layer are the main model's.
-uint64_t MtpDenseParams(const ModelConfig& m) {
-  if (m.mtp_layers == 0) return 0;
+uint64_t MtpDenseParams(const ModelConfig& m, int depths) {
+  if (depths <= 0 || m.layers.empty()) return 0;
   const uint64_t h = m.hidden;
-  return uint64_t(m.mtp_layers) * (3 * h + 2 * h * h + DenseLayerParams(m, m.layers.back()));
+  return uint64_t(depths) * (3 * h + 2 * h * h + DenseLayerParams(m, m.layers.back()));
 }
 
+uint64_t MtpRoutedExpertParams(const ModelConfig& m, int depths) {
+  if (depths <= 0 || m.layers.empty()) return 0;
+  return uint64_t(depths) * RoutedExpertParams(m, m.layers.back());
+}
+
+uint64_t MtpDenseParams(const ModelConfig& m) { return MtpDenseParams(m, m.mtp_layers); }
 uint64_t MtpRoutedExpertParams(const ModelConfig& m) {
-  if (m.mtp_layers == 0) return 0;
-  return uint64_t(m.mtp_layers) * RoutedExpertParams(m, m.layers.back());
+  return MtpRoutedExpertParams(m, m.mtp_layers);
 }
 
 uint64_t ModelParameters(const ModelConfig& m) {

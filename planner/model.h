@@ -188,6 +188,10 @@ uint64_t EmbeddingParams(const ModelConfig& model);
 // embedding and output head are shared with the main model, as Megatron-Core trains them).
 uint64_t MtpDenseParams(const ModelConfig& model);
 uint64_t MtpRoutedExpertParams(const ModelConfig& model);
+// The same for `depths` MTP modules of the model's kind (a run may train another count:
+// --mtp-layers).
+uint64_t MtpDenseParams(const ModelConfig& model, int depths);
+uint64_t MtpRoutedExpertParams(const ModelConfig& model, int depths);
 // Every trained parameter: what `model_parameters` in the plan and the table report.
 uint64_t ModelParameters(const ModelConfig& model);
 

@@ -181,6 +181,9 @@ absl::StatusOr<std::vector<LayerRange>> VirtualStageLayers(const ModelConfig& mo
       counts.back() -= l;
     }
   }
+  // Note [MTP layers] (cost_model.cc): the MTP depths run after the decoder layers, in the last
+  // virtual stage (Megatron-Core mtp_on_this_rank without a custom layout), beyond the split.
+  counts.back() = std::max(0, counts.back()) + TrainedMtpLayers(model, run);
   std::vector<LayerRange> out;
   int first = 0;
   for (int count : counts) {
@@ -391,8 +394,18 @@ std::string RenderStageTable(const PipelineResult& pipeline, const Plan& plan) {
     std::vector<std::string> in_flight;
     size_t local = 0;
     for (const LayerRange& c : s.chunks) {
-      ranges.push_back(c.num_layers == 0 ? std::string("-")
-                                         : absl::StrCat(c.first_layer, "-", c.end() - 1));
+      // The MTP layers at the end of the last chunk by name (Note [MTP layers] in cost_model.cc).
+      int mtp = 0;
+      for (int i = 0; i < c.num_layers && local + i < s.step.layers.size(); ++i) {
+        mtp += s.step.layers[local + i].name.empty() ? 0 : 1;
+      }
+      const int decoder = c.num_layers - mtp;
+      ranges.push_back(
+          absl::StrCat(decoder == 0 ? std::string("-")
+                                    : absl::StrCat(c.first_layer, "-", c.first_layer + decoder - 1),
+                       mtp == 0   ? std::string()
+                       : mtp == 1 ? absl::StrCat("+", MtpLayerName(0))
+                                  : absl::StrCat("+", MtpLayerName(0), "-", mtp - 1)));
       if (c.num_layers > 0) {
         in_flight.push_back(absl::StrCat(s.step.layers[local].in_flight_microbatches));
       }

@@ -27,8 +27,9 @@ namespace stowage::planner {
 absl::Status ValidatePipeline(const ModelConfig& model, const RunSettings& run);
 
 // The layers of every virtual stage, in virtual-stage order (virtual stage v = chunk c of stage
-// s, v = c x pp + s): --pp-layout, or Megatron-Core's even split. pp = 1: one range of every
-// layer.
+// s, v = c x pp + s): --pp-layout, or Megatron-Core's even split, of the decoder layers; the
+// last virtual stage also runs the TrainedMtpLayers after them (Note [MTP layers]). pp = 1: one
+// range of every layer.
 absl::StatusOr<std::vector<LayerRange>> VirtualStageLayers(const ModelConfig& model,
                                                            const RunSettings& run);
 // Stage `stage`'s chunks (vpp of them) out of VirtualStageLayers.

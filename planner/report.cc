@@ -120,6 +120,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   plan.tp = step.run.tp;
   plan.cp = step.run.cp;
   plan.ep = step.run.ep;
+  plan.mtp_layers = step.mtp_layers;
   plan.gpu_budget_bytes = labels.gpu_budget_bytes;
   plan.host_budget_bytes = labels.host_budget_bytes;
   const SimResult& sim = result.sim;
@@ -151,6 +152,7 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
     LayerPlan lp;
     lp.index = i;
     lp.type = l.type;
+    lp.name = l.name;
     lp.policy = o.policy;
     lp.ffn_chunks = o.chunks;
     for (size_t m = 0; m < l.modules.size(); ++m) {
@@ -219,13 +221,15 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
   for (size_t i = 0; i < plan.layers.size();) {
     const std::string row = cells(i);
     size_t j = i + 1;
+    // An MTP layer (Note [MTP layers]) is a row of its own, under its name.
     while (j < plan.layers.size() && plan.layers[j].index == plan.layers[j - 1].index + 1 &&
-           cells(j) == row) {
+           plan.layers[i].name.empty() && plan.layers[j].name.empty() && cells(j) == row) {
       ++j;
     }
     const std::string layers =
-        j - i == 1 ? absl::StrCat(plan.layers[i].index)
-                   : absl::StrCat(plan.layers[i].index, "-", plan.layers[j - 1].index);
+        !plan.layers[i].name.empty() ? plan.layers[i].name
+        : j - i == 1                 ? absl::StrCat(plan.layers[i].index)
+                     : absl::StrCat(plan.layers[i].index, "-", plan.layers[j - 1].index);
     absl::StrAppend(&out, absl::StrFormat("%9s  %s\n", layers, row));
     i = j;
   }
@@ -303,6 +307,28 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                 said(!stated || stated->grad_dtype, step.run.grad_bytes == 2 ? "bf16" : "fp32"),
                 step.gradients_in_backward ? " (created during backward)" : "",
                 stated.has_value() ? "; from the layer profile" : ""));
+  // Note [MTP layers] (cost_model.cc): whether this run trains the model's MTP modules.
+  if (step.mtp_layers > 0) {
+    absl::StrAppend(
+        &out, absl::StrFormat(
+                  "multi-token prediction %d MTP layer%s trained (%s, after the decoder "
+                  "layers on the last stage; --mtp-layers 0 trains none): planned as "
+                  "layers, a second LM head and loss per layer in the tail\n",
+                  step.mtp_layers, step.mtp_layers == 1 ? "" : "s",
+                  step.mtp_layers == 1
+                      ? MtpLayerName(0)
+                      : absl::StrCat(MtpLayerName(0), " to ", MtpLayerName(step.mtp_layers - 1))));
+  } else if (step.model_mtp_layers > 0) {
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "multi-token prediction not trained (%s): the model's %d MTP module%s hold%s no "
+            "weights, gradients or activations here; model parameters count %s\n",
+            step.run.framework == Framework::kHf ? "transformers drops its weights on load"
+                                                 : "--mtp-layers 0",
+            step.model_mtp_layers, step.model_mtp_layers == 1 ? "" : "s",
+            step.model_mtp_layers == 1 ? "s" : "", step.model_mtp_layers == 1 ? "it" : "them"));
+  }
   absl::StrAppend(
       &out, absl::StrFormat("peak device memory     %s of %s budget (%s), at the %s\n",
                             FormatBytes(p.peak_device_bytes), FormatBytes(plan.gpu_budget_bytes),
@@ -619,8 +645,8 @@ std::string RenderTimelineSvg(const StepCost& step, const Plan& plan,
     } else {
       block(c.start, c.end, lanes_top, color, c.phase == Phase::kBackward ? 0.55 : 1.0, nullptr);
     }
-    // The layer's index where the block has room for it.
-    const std::string index = absl::StrCat(c.layer);
+    // The layer's index (an MTP layer's name) where the block has room for it.
+    const std::string index = lp != nullptr && !lp->name.empty() ? lp->name : absl::StrCat(c.layer);
     if (lp != nullptr && x(c.end) - x(c.start) >= 6.5 * static_cast<double>(index.size()) + 3) {
       absl::StrAppend(&s, absl::StrFormat("<text x=\"%.2f\" y=\"%.1f\" font-size=\"10\" "
                                           "text-anchor=\"middle\" fill=\"#222\">%s</text>\n",

@@ -232,8 +232,15 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
       if (current_phase == Phase::kTail) {
         r.peak_at = "LM head and loss";
       } else {
-        r.peak_at = absl::StrCat(current_phase == Phase::kForward ? "forward" : "backward",
-                                 " of layer ", current_layer);
+        // An MTP layer by its name (Note [MTP layers] in cost_model.cc).
+        const std::string* name = current_layer >= 0 &&
+                                          current_layer < static_cast<int>(step.layers.size()) &&
+                                          !step.layers[current_layer].name.empty()
+                                      ? &step.layers[current_layer].name
+                                      : nullptr;
+        r.peak_at =
+            absl::StrCat(current_phase == Phase::kForward ? "forward" : "backward",
+                         name ? " of " : " of layer ", name ? *name : absl::StrCat(current_layer));
       }
     }
     if (record) {

@@ -62,11 +62,22 @@ TrainerArguments MegatronArguments(const Plan& plan) {
   if (plan.ep > 1) add("--expert-model-parallel-size", absl::StrCat(plan.ep));
   add("--seq-length", absl::StrCat(plan.seq_len));
   add("--micro-batch-size", absl::StrCat(plan.micro_batch));
+  // Note [MTP layers] (stowage/plan.h): the MTP depths are the plan's last layers; Megatron's
+  // recompute flags count the decoder layers only.
+  if (plan.mtp_layers > 0) add("--mtp-num-layers", absl::StrCat(plan.mtp_layers));
 
   std::vector<int> full, selective, offload_input, offload_saved;
   std::set<std::string> modules;
-  const int n = static_cast<int>(plan.layers.size());
+  const int n = static_cast<int>(plan.layers.size()) - std::max(0, plan.mtp_layers);
+  std::vector<std::string> mtp_recomputed, mtp_kept;
   for (const LayerPlan& l : plan.layers) {
+    if (l.index >= n) {
+      (l.policy == LayerPolicy::kRecompute || l.policy == LayerPolicy::kOffloadInput
+           ? mtp_recomputed
+           : mtp_kept)
+          .push_back(l.name);
+      continue;
+    }
     switch (l.policy) {
       case LayerPolicy::kKeep:
         break;
@@ -117,7 +128,24 @@ TrainerArguments MegatronArguments(const Plan& plan) {
             LayerList(first), " instead, which hold different activations when the layers differ"));
       }
     }
-  } else if (!selective.empty()) {
+  }
+  // MultiTokenPredictionLayer._checkpointed_forward recomputes an MTP layer exactly when
+  // recompute_granularity is full with the uniform method (block: "not supported for MTP yet",
+  // kept); a selective recompute applies inside its transformer layer as in any other.
+  const bool megatron_recomputes_mtp = !full.empty() && static_cast<int>(full.size()) == n;
+  if (!mtp_recomputed.empty() && !megatron_recomputes_mtp) {
+    out.notes.push_back(absl::StrCat(
+        "the plan recomputes ", absl::StrJoin(mtp_recomputed, " and "),
+        "; Megatron recomputes MTP layers only under --recompute-granularity full with "
+        "--recompute-method uniform (every decoder layer), so they keep their activations"));
+  }
+  if (!mtp_kept.empty() && megatron_recomputes_mtp) {
+    out.notes.push_back(absl::StrCat(
+        "the plan keeps ", absl::StrJoin(mtp_kept, " and "),
+        "; Megatron's uniform full recompute recomputes MTP layers too (more recompute than "
+        "planned, less memory)"));
+  }
+  if (full.empty() && !selective.empty()) {
     std::vector<std::string> megatron_modules, unmapped;
     for (const std::string& m : modules) {
       auto it = MegatronModuleNames().find(m);
@@ -244,10 +272,17 @@ TrainerConfig TorchtitanConfig(const Plan& plan, const RunSettings& run) {
   }
 
   // Note [torchtitan expressiveness]: the layers torchtitan checkpoints, and what it cannot do.
-  const int n = static_cast<int>(plan.layers.size());
+  // Its models build no multi-token-prediction module (Note [MTP layers] in stowage/plan.h).
+  const int n = static_cast<int>(plan.layers.size()) - std::max(0, plan.mtp_layers);
+  if (plan.mtp_layers > 0) {
+    out.notes.push_back(absl::StrCat("the plan trains ", plan.mtp_layers,
+                                     " MTP layer(s); torchtitan's models have no MTP module "
+                                     "(plan with --mtp-layers 0 for a torchtitan run)"));
+  }
   std::vector<int> recomputed, offload_input, offload_saved, selective;
   std::set<std::string> modules;
   for (const LayerPlan& l : plan.layers) {
+    if (l.index >= n) continue;
     switch (l.policy) {
       case LayerPolicy::kKeep:
         break;

@@ -120,6 +120,13 @@ cli::FlagParser MakeParser() {
          "whose layers run: Megatron-Core/TransformerEngine, or Hugging Face transformers eager "
          "(SDPA, its default loss; gradients created during backward)",
          "megatron"});
+  p.Add({"mtp-layers",
+         "N",
+         "multi-token-prediction layers trained (megatron), each a layer of the last stage after "
+         "the decoder's; 0 trains none (e.g. RL post-training); not with --framework hf, where "
+         "transformers drops the MTP weights",
+         "the config's num_nextn_predict_layers (megatron), 0 (hf)",
+         {"mtp-num-layers"}});
   p.Add({"optimizer", "adam|sgd|none",
          "optimizer state per parameter: adam (fp32 master + m + v), sgd (fp32 master + "
          "momentum), none",
@@ -320,6 +327,11 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
   auto parsed_framework = planner::ParseFramework(*framework);
   if (!parsed_framework.ok()) return parsed_framework.status();
   r.framework = *parsed_framework;
+  if (flags.Has("mtp-layers")) {  // else the config's count (planner::TrainedMtpLayers)
+    auto mtp = flags.GetInt("mtp-layers", 0, 0, kPlanMaxMtpLayers);
+    if (!mtp.ok()) return mtp.status();
+    r.mtp_layers = static_cast<int>(*mtp);
+  }
   auto optimizer = flags.GetString("optimizer", "adam");
   if (!optimizer.ok()) return optimizer.status();
   auto parsed_optimizer = planner::ParseOptimizerKind(*optimizer);
@@ -361,6 +373,7 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
                            "loss-chunk-tokens",
                            "max-seq-len",
                            "framework",
+                           "mtp-layers",
                            "optimizer",
                            "optimizer-offload",
                            "pp",

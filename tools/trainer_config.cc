@@ -33,6 +33,7 @@ const std::map<std::string, std::string>& MegatronToStowage() {
       // Megatron-FSDP's strategies are the planner's --sharding words.
       {"data-parallel-sharding-strategy", "sharding"},
       {"optimizer", "optimizer"},
+      {"mtp-num-layers", "mtp-layers"},
   };
   return *table;
 }
@@ -156,6 +157,11 @@ absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
   }
   // Megatron's distributed optimizer shards optimizer state over data parallel: --sharding optim.
   if (distributed_optimizer && !explicit_sharding) out.flags.push_back({"sharding", "optim"});
+  // Megatron-LM builds no MTP module without --mtp-num-layers (its default is None), whatever the
+  // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/cost_model.cc).
+  bool mtp_given = false;
+  for (const auto& flag : out.flags) mtp_given |= flag.first == "mtp-layers";
+  if (!mtp_given) out.flags.push_back({"mtp-layers", "0"});
   if (!policy.empty()) {
     out.notes.push_back(absl::StrCat(source, " sets ", absl::StrJoin(policy, ", "),
                                      ": stowage chooses recompute and offload per layer (compare "

@@ -39,6 +39,8 @@ inline constexpr int kPlanMaxFfnChunks = 1 << 16;
 inline constexpr int kPlanMaxPipelineStages = 512;  // run.pp
 inline constexpr int kPlanMaxVirtualStages = 32;    // run.vpp
 inline constexpr int kPlanMaxMicrobatches = 1 << 20;
+// Multi-token-prediction depths a plan may carry (Note [MTP layers]); DeepSeek-V3 and GLM train 1.
+inline constexpr int kPlanMaxMtpLayers = 64;
 
 // What happens to one layer's activations between its forward and its backward.
 enum class LayerPolicy {
@@ -168,6 +170,16 @@ struct PipelineOp {
 std::vector<PipelineOp> PipelineOrder(PipelineSchedule schedule, int pp, int vpp, int microbatches,
                                       int stage);
 
+// Note [MTP layers]. A run that trains multi-token prediction (Megatron-Core's --mtp-num-layers,
+// DeepSeek-V3 / GLM's num_nextn_predict_layers) runs run.mtp_layers more layers after the
+// decoder's, on the last pipeline stage (Megatron-Core multi_token_prediction.py
+// mtp_on_this_rank without a custom layout): each MTP depth (its norms, eh_proj, one transformer
+// layer and its final norm) is one entry of `layers`, after every decoder layer, in the last
+// chunk of the last stage, with its own policy and the protocol of that chunk like any other
+// layer; its `name` is "mtp.K" (K = 0 for the first depth) and its type starts with "mtp+". The
+// second LM head and loss each depth feeds belong to the stage's LM head, not to the layer.
+std::string MtpLayerName(int depth);  // "mtp.0", "mtp.1", ...
+
 // One device->host->device copy the runtime performs for a layer each step.
 struct PlannedTransfer {
   std::string name;    // e.g. "input", "attn.q", "moe.act"
@@ -176,7 +188,10 @@ struct PlannedTransfer {
 
 struct LayerPlan {
   int index = 0;
-  std::string type;  // e.g. "kda+dense_ffn", "dsa+moe", "attention+swiglu"
+  std::string type;  // e.g. "kda+dense_ffn", "dsa+moe", "attention+swiglu"; MTP: "mtp+dsa+moe"
+  // Note [MTP layers]: "mtp.K" for multi-token-prediction depth K (MtpLayerName), "" for a
+  // decoder layer.
+  std::string name;
   LayerPolicy policy = LayerPolicy::kKeep;
   std::vector<std::string> recompute_modules;  // for kSelectiveRecompute
   int ffn_chunks = 1;               // FFN chunk count, dense or MoE (1 = unchunked); was moe_chunks
@@ -283,6 +298,9 @@ struct Plan {
   int pp = 1, vpp = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   int microbatches = 1;
+  // Note [MTP layers]: multi-token-prediction depths trained (0: none), the last entries of
+  // `layers`.
+  int mtp_layers = 0;
   uint64_t gpu_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
   PlanPrediction predicted;
@@ -328,8 +346,9 @@ uint64_t CanonicalPlanHash(const Plan& plan);
 
 // Every rule a plan obeys, in one place (the C++ planner, the runtime, the C ABI's
 // stowage_plan_validate and Python's Plan all use this): each field within its limit (above),
-// indices 0..n-1 in order, transfers summing to host_bytes without overflow, host bytes only under
-// the offload policies, prefetch_after_layer -1 or a layer from index to n-1,
+// indices 0..n-1 in order, the run.mtp_layers last layers named and placed as Note [MTP layers]
+// says (and no other layer named), transfers summing to host_bytes without overflow, host bytes
+// only under the offload policies, prefetch_after_layer -1 or a layer from index to n-1,
 // host_bytes_per_numa_node 0 (not stated) or host_bytes_per_gpu x gpus_per_numa_node, pp stages
 // whose chunks cover the layers in virtual-stage order (Note [Pipeline stages]), vpp > 1 exactly
 // with the interleaved schedule (which needs pp > 1 and microbatches a multiple of pp),

@@ -272,6 +272,8 @@ typedef struct stowage_layer_info {
   uint64_t host_bytes_used;       /* saved into it in the current step (0 outside a step) */
   int32_t save_wait_before_layer; /* -1: nothing to wait for */
 } stowage_layer_info;
+/* Every layer of the plan, its MTP layers (the last run.mtp_layers, plan.h Note [MTP layers])
+ * included: a trainer saves and restores an MTP layer under its index like any other. */
 STOWAGE_API stowage_status stowage_num_layers(stowage_runtime* rt, int32_t* out);
 /* INVALID_ARGUMENT for a layer outside [0, stowage_num_layers). */
 STOWAGE_API stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t layer,

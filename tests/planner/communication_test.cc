@@ -265,8 +265,11 @@ TEST(StepComm, ReferenceExpertAllToAllIs1_4TBPerStepPerRank) {
   EXPECT_EQ(a2a->forward_calls, 2);
   EXPECT_EQ(a2a->backward_calls, 2);
   EXPECT_EQ(a2a->link, CommLink::kNvlink);
-  EXPECT_DOUBLE_EQ(StepCommBytes(step.comm, CommGroup::kEp), 42 * 4 * per_call);
-  EXPECT_NEAR(StepCommBytes(step.comm, CommGroup::kEp) / 1e12, 1.443, 0.001);
+  // The 42 MoE decoder layers, and the MoE of the MTP layer after them (Note [MTP layers]).
+  ASSERT_EQ(step.layers.back().name, "mtp.0");
+  EXPECT_DOUBLE_EQ(Find(step, 45, "EP all-to-all (dispatch, combine)")->bytes, per_call);
+  EXPECT_DOUBLE_EQ(StepCommBytes(step.comm, CommGroup::kEp), (42 + 1) * 4 * per_call);
+  EXPECT_NEAR(StepCommBytes(step.comm, CommGroup::kEp) / 1e12 * 42 / 43, 1.443, 0.001);
   EXPECT_DOUBLE_EQ(a2a->seconds, per_call * 7 / 8 / 900e9 + 3.4e-6);
   EXPECT_EQ(Find(step, 0, "EP all-to-all (dispatch, combine)"), nullptr);  // dense FFN layer
   // The busiest rank's imbalance scales its time, not what the average rank sends.

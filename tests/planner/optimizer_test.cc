@@ -484,8 +484,16 @@ OptimizerOptions Budgets(const StepCost& step) {
 }
 
 // A pipeline stage of the reference model holding 2 or 4 microbatches of every layer: proven
-// optimal too; 4 at 512K tokens needs more host memory than a B200 has, and says so.
+// optimal too; 4 at 512K tokens needs more host memory than a B200 has, and says so. Such a stage
+// is not the last (1F1B: the last holds one microbatch), so it has no MTP layer (Note [MTP
+// layers] in cost_model.cc).
 TEST(Optimizer, ReferenceStagesWithMicrobatchesInFlightAreProvenOptimal) {
+  auto Reference = [](uint64_t seq_len) {
+    RunSettings run;
+    run.seq_len = seq_len;
+    run.mtp_layers = 0;
+    return *BuildStepCost(*ModelPreset("glm-5.3-flash"), *HardwarePreset("b200"), run);
+  };
   for (int m : {2, 4}) {
     StepCost step = Reference(131072);
     for (LayerCost& l : step.layers) l.in_flight_microbatches = m;

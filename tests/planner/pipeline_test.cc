@@ -366,9 +366,10 @@ TEST(PipelinePlan, DeepSeekV3On2048GpusPlansEveryStage) {
     const Plan plan = MakePipelinePlan(*p, {"stowage test", "deepseek-v3", name,
                                             options.gpu_budget_bytes, options.host_budget_bytes});
     ASSERT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
-    EXPECT_EQ(plan.layers.size(), 61u);
+    EXPECT_EQ(plan.layers.size(), 62u);  // 61 decoder layers and mtp.0 on the last stage
     EXPECT_EQ(plan.layers[0].in_flight_microbatches, 16);
     EXPECT_EQ(plan.layers[60].in_flight_microbatches, 1);
+    EXPECT_EQ(plan.layers[61].name, "mtp.0");
   }
 }
 

@@ -108,7 +108,10 @@ TEST_F(PlanCommand, EmitTorchtitanPrintsTheJobSectionsAndWhatItCannotExpress) {
                                  "context_parallel_degree = 8\n"));
   EXPECT_THAT(run.out, HasSubstr("[training]\nseq_len = 1048576\nlocal_batch_size = 1\n"));
   EXPECT_THAT(run.out, HasSubstr("[activation_checkpoint]\nmode = \"full\"\n"));
-  EXPECT_THAT(run.out, HasSubstr("# not expressed: layers 0-43 offload their input"));
+  // Every decoder layer; the MTP layer after them (Note [MTP layers]) has no torchtitan module.
+  EXPECT_THAT(run.out, HasSubstr("# not expressed: layers 0-44 offload their input"));
+  EXPECT_THAT(run.out, HasSubstr("# not expressed: the plan trains 1 MTP layer(s); torchtitan's "
+                                 "models have no MTP module"));
   const Result keep = Stowage("plan --emit torchtitan --seq-len 16K --force keep");
   EXPECT_THAT(keep.out, HasSubstr("mode = \"none\""));
   EXPECT_EQ(Stowage("plan --emit deepspeed").code, 2);
@@ -195,10 +198,17 @@ TEST_F(PlanCommand, ForcedPoliciesCompare) {
   ASSERT_EQ(offload.code, 0) << offload.out;
   auto plan = stowage::ParsePlanJson(offload.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
+  uint64_t decoder = 0;
   for (const stowage::LayerPlan& l : plan->layers) {
     EXPECT_EQ(l.policy, stowage::LayerPolicy::kOffloadInput);
+    if (l.name.empty()) decoder += l.host_bytes;
   }
-  EXPECT_EQ(plan->predicted.host_bytes_per_gpu, 45ull << 30);
+  // The published 45 GiB are the 45 decoder layers' inputs; mtp.0 offloads its own two inputs
+  // and the shifted ids: 32768 x (2 x 4096 x 2 + 8) bytes (Note [MTP layers]).
+  EXPECT_EQ(decoder, 45ull << 30);
+  ASSERT_EQ(plan->layers.back().name, "mtp.0");
+  EXPECT_EQ(plan->layers.back().host_bytes, 32768ull * (2 * 4096 * 2 + 8));
+  EXPECT_EQ(plan->predicted.host_bytes_per_gpu, decoder + plan->layers.back().host_bytes);
 }
 
 TEST_F(PlanCommand, InfeasibleRequestsSayWhatBinds) {
@@ -402,6 +412,35 @@ TEST_F(PlanCommand, PipelineFlagErrors) {
   EXPECT_THAT(run.out, HasSubstr("the interleaved schedule needs at least --pp (4) microbatches"));
   run = Stowage(base + "--pp 4 --microbatches 4 --global-batch 64");
   EXPECT_THAT(run.out, HasSubstr("give one"));
+}
+
+}  // namespace
+
+namespace {
+
+// Note [MTP layers]: the default plan trains GLM-5.3-Flash's MTP layer and still fits;
+// --mtp-layers 0 trains none; --framework hf refuses --mtp-layers > 0; --emit megatron says it.
+TEST_F(PlanCommand, MtpLayersAreTrainedUnderMegatronAndRefusedUnderHf) {
+  const Result plan = Stowage("plan");
+  ASSERT_EQ(plan.code, 0) << plan.out;
+  EXPECT_THAT(plan.out, HasSubstr("\n    mtp.0  mtp+kda+moe"));
+  EXPECT_THAT(plan.out, HasSubstr("multi-token prediction 1 MTP layer trained"));
+  const Result json = Stowage("plan --format json");
+  EXPECT_THAT(json.out, HasSubstr("\"mtp_layers\": 1"));
+  EXPECT_THAT(json.out, HasSubstr("\"name\": \"mtp.0\""));
+  const Result none = Stowage("plan --mtp-layers 0 --format json");
+  ASSERT_EQ(none.code, 0) << none.out;
+  EXPECT_THAT(none.out, ::testing::Not(HasSubstr("mtp_layers")));
+  EXPECT_THAT(none.out, ::testing::Not(HasSubstr("mtp.0")));
+  EXPECT_THAT(Stowage("plan --mtp-layers 0").out,
+              HasSubstr("multi-token prediction not trained (--mtp-layers 0)"));
+  const Result hf = Stowage("plan --model deepseek-v3 --framework hf --mtp-layers 1");
+  EXPECT_EQ(hf.code, 2) << hf.out;
+  EXPECT_THAT(hf.out, HasSubstr("--mtp-layers is 1; --framework hf plans transformers models, "
+                                "which drop the MTP weights on load"));
+  EXPECT_THAT(Stowage("plan --emit megatron").out, HasSubstr("--mtp-num-layers 1"));
+  EXPECT_THAT(Stowage("plan --mtp-layers 0 --emit megatron").out,
+              ::testing::Not(HasSubstr("--mtp-num-layers")));
 }
 
 }  // namespace

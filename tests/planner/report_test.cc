@@ -49,7 +49,8 @@ Planned PlanReference(uint64_t seq_len) {
 TEST(MakePlan, ThePlanIsValidAndCarriesThePrediction) {
   const Planned p = PlanReference(1048576);
   ASSERT_TRUE(ValidatePlan(p.plan).ok()) << ValidatePlan(p.plan);
-  EXPECT_EQ(p.plan.layers.size(), 45u);
+  EXPECT_EQ(p.plan.layers.size(), 46u);  // 45 decoder layers and mtp.0 (Note [MTP layers])
+  EXPECT_EQ(p.plan.layers.back().name, "mtp.0");
   EXPECT_EQ(p.plan.predicted.peak_device_bytes, p.result.sim.peak_bytes);
   EXPECT_EQ(p.plan.predicted.host_bytes_per_gpu, p.result.sim.host_bytes);
   EXPECT_EQ(p.plan.predicted.host_bytes_per_numa_node, 4 * p.result.sim.host_bytes);
@@ -92,6 +93,11 @@ TEST(RenderTable, OneRowPerLayerAndASummary) {
     std::istringstream cells(line);
     std::string first;
     cells >> first;
+    if (first == "mtp.0") {  // the MTP layer's own row, after the decoder layers
+      EXPECT_EQ(next, 45) << line;
+      next = 46;
+      continue;
+    }
     const size_t dash = first.find('-');
     const int from = std::stoi(first.substr(0, dash));
     const int to = dash == std::string::npos ? from : std::stoi(first.substr(dash + 1));
@@ -99,7 +105,7 @@ TEST(RenderTable, OneRowPerLayerAndASummary) {
     EXPECT_GE(to, from) << line;
     next = to + 1;
   }
-  EXPECT_EQ(next, 45);
+  EXPECT_EQ(next, 46);
   EXPECT_THAT(table, HasSubstr("dsa+moe"));
   const std::string summary = RenderSummary(p.step, p.plan, p.result);
   EXPECT_THAT(summary, HasSubstr("peak device memory"));

@@ -75,6 +75,69 @@ def build_layer(case: dict):
     return build_module(spec, config=config, layer_number=1)
 
 
+def build_mtp_layer(case: dict):
+    """One MultiTokenPredictionLayer (transformer/multi_token_prediction.py) around the local
+    spec's layer of `case` (Note [MTP layers] in planner/cost_model.cc), and the embedding it
+    shares with the model: the local spec's VocabParallelEmbedding at TP 1 is F.embedding, which
+    is what torch.nn.Embedding runs."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.multi_token_prediction import get_mtp_layer_spec
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    config = TransformerConfig(**dict(build_layer(case).config.__dict__ | {"mtp_num_layers": 1}))
+    spec = get_mtp_layer_spec(get_gpt_layer_local_spec(qk_layernorm=case["qk_layernorm"],
+                                                       normalization="RMSNorm"),
+                              use_transformer_engine=False)
+    pg = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["cp"])
+    layer = build_module(spec, config=config, layer_number=1, pg_collection=pg)
+    layer.shared_embedding = torch.nn.Embedding(1024, SHAPE["hidden"], dtype=torch.bfloat16)
+    return layer
+
+
+def measure_mtp(layer, seq: int) -> dict:
+    """As measure(), for an MTP layer: its input is the hidden states of the depth before (kept
+    by hnorm, so counted here), and it embeds the tokens shifted by one itself; the shifted ids
+    the embedding keeps are reported as "shifted_ids"."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    emb = layer.shared_embedding
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    stack = ["shifted_ids"]
+    handles = []
+    for name, mod in layer.named_modules():
+        if not name or name == "shared_embedding":
+            continue
+        handles.append(mod.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
+        handles.append(mod.register_forward_hook(lambda m, a, o: stack.pop() and None))
+    x = torch.randn(seq, 1, SHAPE["hidden"], dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.randint(0, 1024, (1, seq))
+    pos = torch.arange(seq)[None]
+    rope = RotaryEmbedding(kv_channels=SHAPE["head_dim"], rotary_percent=1.0,
+                           use_cpu_initialization=True)(seq)
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)[None, None]
+    inputs = {t.untyped_storage().data_ptr() for t in (ids, pos, rope, mask)}
+    saved: dict[int, tuple[str, int]] = {}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in params and key not in inputs and key not in saved:
+            saved[key] = (stack[-1], t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, _, _ = layer(input_ids=ids, position_ids=pos, hidden_states=x, attention_mask=mask,
+                          rotary_pos_emb=rope,
+                          embedding=lambda input_ids, position_ids:
+                              emb(input_ids).transpose(0, 1).contiguous())
+    out.float().sum().backward()
+    for h in handles:
+        h.remove()
+    per_module: dict[str, int] = collections.OrderedDict()
+    for module, nbytes in saved.values():
+        per_module[module] = per_module.get(module, 0) + nbytes
+    return per_module
+
+
 def measure(layer, seq: int) -> dict:
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
@@ -128,8 +191,12 @@ def main() -> int:
         torch.manual_seed(0)
         result = {}
         for name, case in cases.items():
-            layer = build_layer(case)
-            result[name] = {str(seq): measure(layer, seq) for seq in seqs}
+            if case.get("mtp"):
+                layer = build_mtp_layer(case)
+                result[name] = {str(seq): measure_mtp(layer, seq) for seq in seqs}
+            else:
+                layer = build_layer(case)
+                result[name] = {str(seq): measure(layer, seq) for seq in seqs}
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
     print(json.dumps(result))

@@ -26,6 +26,7 @@ CASES = [
     ["--force", "offload_saved", "--seq-len", "64K"],
     ["--model", "llama-3-8b", "--hardware", "h200", "--seq-len", "32K", "--tp", "2", "--cp", "2",
      "--gpus", "8"],
+    ["--mtp-layers", "0"],                         # a run that does not train MTP
 ]
 
 
@@ -81,6 +82,10 @@ class EmitMegatronTest(unittest.TestCase):
                     self.assertIsNotNone(args.recompute_num_layers)
                 if args.cpu_offloading_num_layers:
                     self.assertIsNone(args.recompute_granularity)
+                # GLM-5.3-Flash's num_nextn_predict_layers is 1: trained unless --mtp-layers 0
+                # (Note [MTP layers]); Llama has none.
+                mtp = "1" if not flags or flags[0] in ("--seq-len", "--force") else None
+                self.assertEqual(args.mtp_num_layers, mtp)
 
     def test_the_parser_refuses_what_megatron_would(self) -> None:
         for bad in (["--recompute-granularity", "partial"], ["--tensor-parallel-size", "2"],
@@ -111,7 +116,8 @@ class EmitMegatronTest(unittest.TestCase):
                                           if args.recompute_num_layers else None),
                     recompute_modules=modules,
                     cpu_offloading=bool(args.cpu_offloading_num_layers),
-                    cpu_offloading_num_layers=int(args.cpu_offloading_num_layers or 0))
+                    cpu_offloading_num_layers=int(args.cpu_offloading_num_layers or 0),
+                    mtp_num_layers=int(args.mtp_num_layers) if args.mtp_num_layers else None)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,45 @@ def two_stage_plan() -> stowage.Plan:
                         runtime=plan_mod.RuntimeSettings(host_arena_bytes=8192))
 
 
+def mtp_plan() -> stowage.Plan:
+    """Two decoder layers and one MTP layer (Note [MTP layers] in include/stowage/plan.h): the
+    last run.mtp_layers layers are named mtp.0, ... and run at the end of the last chunk; here
+    the MTP layer offloads its two inputs like any other offloading layer."""
+    layers = [plan_mod.LayerPlan(index=0, type="mla+moe", device_saved_bytes=10),
+              plan_mod.LayerPlan(index=1, type="mla+moe", device_saved_bytes=10),
+              plan_mod.LayerPlan(index=2, type="mtp+mla+moe", name="mtp.0",
+                                 policy="offload_input", host_bytes=8192,
+                                 transfers=[plan_mod.Transfer("input", 8192)],
+                                 save_wait_before_layer=3, prefetch_after_layer=2)]
+    return stowage.Plan(layers=layers, run=plan_mod.RunSettings(mtp_layers=1),
+                        runtime=plan_mod.RuntimeSettings(host_arena_bytes=8192))
+
+
 class PlanViewTest(unittest.TestCase):
+    def test_mtp_layer_round_trips_and_runs(self) -> None:
+        plan = mtp_plan()
+        plan.validate()
+        again = stowage.Plan.from_json(plan.to_json())
+        self.assertEqual(again, plan)
+        self.assertEqual(again.layers[2].name, "mtp.0")
+        self.assertEqual(again.run.mtp_layers, 1)
+        self.assertIn("mtp.0", plan.table())
+        d = plan.to_dict()
+        d["run"]["mtp_layers"] = 0
+        with self.assertRaisesRegex(stowage.PlanError,
+                                    r"'layers\[2\].name' is 'mtp.0'; allowed: none"):
+            stowage.Plan.from_dict(d)
+        # The runtime takes the MTP layer as one more layer: its bytes go out and come back.
+        with stowage.Runtime(plan, backend="host", copy_threads=1, metrics_address="") as rt:
+            src = ctypes.create_string_buffer(bytes(range(256)) * 32, 8192)
+            dst = ctypes.create_string_buffer(8192)
+            rt.begin_step()
+            tid = rt.save(2, ctypes.addressof(src), 8192)
+            rt.save_wait(tid)
+            rt.restore(tid, ctypes.addressof(dst))
+            rt.end_step()
+            self.assertEqual(dst.raw, src.raw)
+
     def test_pipeline_stages_round_trip(self) -> None:
         plan = two_stage_plan()
         plan.validate()

@@ -30,7 +30,7 @@ TEST(ReadMegatronSettings, ArgumentListOfALaunchScript) {
               UnorderedElementsAre(Pair("tp", "4"), Pair("cp", "2"), Pair("ep", "8"),
                                    Pair("seq-len", "131072"), Pair("micro-batch", "1"),
                                    Pair("optimizer", "sgd"), Pair("optimizer-offload", "true"),
-                                   Pair("sharding", "optim")));
+                                   Pair("sharding", "optim"), Pair("mtp-layers", "0")));
   ASSERT_EQ(s->notes.size(), 2u);
   EXPECT_THAT(s->notes[0], HasSubstr("--recompute-granularity full"));
   EXPECT_THAT(s->notes[1], HasSubstr("--num-layers"));
@@ -48,14 +48,30 @@ TEST(ReadMegatronSettings, YamlConfigAtAnyNesting) {
       "cfg.yaml");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("tp", "2"), Pair("seq-len", "32768"),
-                                             Pair("sharding", "optim_grads_params")));
+                                             Pair("sharding", "optim_grads_params"),
+                                             Pair("mtp-layers", "0")));
+}
+
+// Megatron-LM trains MTP only with --mtp-num-layers (default None): without it the plan trains
+// none, whatever the checkpoint's num_nextn_predict_layers (Note [MTP layers]).
+TEST(ReadMegatronSettings, MtpNumLayersOrNone) {
+  const auto given = ReadMegatronSettings("--mtp-num-layers 1 --mtp-loss-scaling-factor 0.1", "a");
+  ASSERT_TRUE(given.ok()) << given.status();
+  EXPECT_THAT(given->flags, UnorderedElementsAre(Pair("mtp-layers", "1")));
+  const auto yaml = ReadMegatronSettings("model:\n  mtp_num_layers: 2\n", "cfg.yaml");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_THAT(yaml->flags, UnorderedElementsAre(Pair("mtp-layers", "2")));
+  const auto absent = ReadMegatronSettings("--tensor-model-parallel-size 2", "a");
+  ASSERT_TRUE(absent.ok());
+  EXPECT_THAT(absent->flags, UnorderedElementsAre(Pair("tp", "2"), Pair("mtp-layers", "0")));
 }
 
 TEST(ReadMegatronSettings, AnExplicitShardingStrategyWinsOverTheDistributedOptimizer) {
   const auto s = ReadMegatronSettings(
       "--use-distributed-optimizer --data-parallel-sharding-strategy optim_grads", "a");
   ASSERT_TRUE(s.ok());
-  EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("sharding", "optim_grads")));
+  EXPECT_THAT(s->flags,
+              UnorderedElementsAre(Pair("sharding", "optim_grads"), Pair("mtp-layers", "0")));
 }
 
 TEST(ReadMegatronSettings, ErrorsNameTheSourceAndLine) {

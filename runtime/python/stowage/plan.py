@@ -41,6 +41,9 @@ class LayerPlan:
     index: int
     type: str
     policy: str = KEEP
+    # Note [MTP layers] in include/stowage/plan.h: "mtp.K" for multi-token-prediction depth K
+    # (the plan's last run.mtp_layers layers), "" for a decoder layer.
+    name: str = ""
     device_saved_bytes: int = 0
     host_bytes: int = 0
     transfers: list[Transfer] = dataclasses.field(default_factory=list)
@@ -98,6 +101,8 @@ class RunSettings:
     vpp: int = 1
     schedule: str = "1f1b"
     microbatches: int = 1
+    # Note [MTP layers]: multi-token-prediction depths trained, the last entries of layers.
+    mtp_layers: int = 0
     gpu_budget_bytes: int = 0
     host_budget_bytes: int = 0
 
@@ -165,7 +170,8 @@ class Plan:
         layers = []
         for l in self.layers:
             d: dict[str, Any] = {
-                "index": l.index, "type": l.type, "policy": l.policy,
+                "index": l.index, "type": l.type, **({"name": l.name} if l.name else {}),
+                "policy": l.policy,
                 "device_saved_bytes": l.device_saved_bytes, "host_bytes": l.host_bytes,
                 "transfers": [{"name": t.name, "bytes": t.bytes} for t in l.transfers],
                 **({"save_wait_before_layer": l.save_wait_before_layer}
@@ -263,7 +269,7 @@ class Plan:
                 # As plan.cc's reader: a layer without transfers copies its input as one piece.
                 transfers = [Transfer("input", host_bytes)] if host_bytes > 0 else []
             layers.append(LayerPlan(
-                index=l["index"], type=l["type"], policy=l["policy"],
+                index=l["index"], type=l["type"], name=get(l, "name", ""), policy=l["policy"],
                 device_saved_bytes=l["device_saved_bytes"], host_bytes=host_bytes,
                 transfers=transfers,
                 save_wait_before_layer=get(l, "save_wait_before_layer", -1),
@@ -316,7 +322,7 @@ class Plan:
                 f"{'prefetch@':>9}"]
         for l in self.layers:
             pf = "" if l.prefetch_after_layer < 0 else str(l.prefetch_after_layer)
-            rows.append(f"{l.index:>5} {l.type[:16]:<16} {l.policy:<14} "
+            rows.append(f"{l.name or l.index:>5} {l.type[:16]:<16} {l.policy:<14} "
                         f"{l.device_saved_bytes / 2**20:>10.1f} {l.host_bytes / 2**20:>9.1f} "
                         f"{pf:>9}")
         p = self.predicted
