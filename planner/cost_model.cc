@@ -107,6 +107,51 @@ namespace {
 // "input" counts it again (h dt per token, an upper bound). Weights, gradients and optimizer state
 // are fixed memory of the last stage (StageNonLayerParams); --mtp-layers 0 holds none of them.
 
+// Note [megatron linear attention]
+// What KDA and gated DeltaNet layers keep for backward, per token, counted from the code (no
+// CPU can run these kernels: fla's are Triton, Megatron-Core's GatedDeltaNet needs CUDA and
+// fla to build), fla = flash-linear-attention v0.5.2 (fla/...), Megatron-Core 0.16.1
+// (megatron/core/ssm/gated_delta_net.py, the version tests/python/test_megatron_profile.py
+// pins). H heads of d (KDA), hk/hv key/value heads of dk/dv (GDN), C = 64 fla's chunk_size.
+//  fla's chunk functions keep, beside their inputs, the chunk matrices they solved in the
+//    forward and recompute the rest (w, u, the chunk states, v_new) in backward:
+//    ChunkGatedDeltaRuleFunction.forward (ops/gated_delta_rule/chunk.py) saves q, k, v, the
+//    chunk-local cumsum of g (fp32: utils/cumsum.py output_dtype=torch.float), beta and A, the
+//    solved (I + A)^-1 of every chunk, [B, T, HV, C] in k's dtype
+//    (gated_delta_rule/chunk_fwd.py chunk_gated_delta_rule_fwd_intra). ChunkKDAFunction.forward
+//    (ops/kda/chunk.py) saves the l2-normalised q and k (use_qk_l2norm_in_kernel: l2norm_fwd's
+//    output and one fp32 rstd per head, modules/l2norm.py), v, the raw gate (with
+//    use_gate_in_kernel chunk_kda_fwd drops the cumsum), beta's logits and their fp32 sigmoid
+//    (ops/common/gate.py fused_beta_sigmoid_fwd), and two chunk matrices, Aqk and Akk,
+//    [B, T, HV, C] in k's dtype each (kda/chunk_intra.py chunk_kda_fwd_intra; fla 0.4.0 kept
+//    them fp32). w, u, qg, kg, v_new and h are None unless disable_recompute.
+//  KDA layer (layers/kda.py KimiDeltaAttention, the layer Kimi Linear and GLM-5.3-Flash
+//    train): q/k/v projections, each through a ShortConvolution whose CausalConv1dFunction
+//    (modules/conv/triton/ops.py) saves its input x, not its output (the backward recomputes
+//    it): 3 H d; the core keeps v (the v conv's output) and l2-normalised copies of q and k, so
+//    the q and k conv outputs are kept by nothing. f_proj and g_proj are low-rank (hidden -> d
+//    -> H d): each second linear keeps its d-wide input; f_proj's output is the core's raw
+//    gate (H d), b_proj's the beta logits (H). The output norm (modules/fused_norm_gate.py
+//    LayerNormGatedFunction, sigmoid gate) keeps its input (the core's output), the gate
+//    (g_proj's output, H d) and one fp32 rstd per head; o_proj keeps the norm's output.
+//  GDN layer (Megatron-Core 0.16.1 GatedDeltaNet.forward): in_proj's output is kept by nothing
+//    (every part is copied before use): `qkv.transpose(1, 2).contiguous()` is the conv's input,
+//    which causal_conv1d_fn (CausalConv1dFn) saves; q and k are copied out of the conv's output
+//    for fla's l2norm (L2NormFunction saves its output and the fp32 rstd per head), repeated to
+//    hv heads by repeat_interleave when hv > hk (the core keeps the repeats), v is copied for
+//    the core (value.contiguous()). g = -A_log.exp() * softplus(alpha.float() + dt_bias):
+//    softplus keeps its fp32 input, the mul its fp32 output; beta.sigmoid() keeps its bf16
+//    output (the core's beta). The gated norm (_apply_gated_norm): TENorm keeps the core's
+//    output and one fp32 rstdev per head; `y * act_fn(gate.float())` runs under jit_fuser
+//    (torch.compile), whose partitioner keeps the two bf16 inputs, y and the gate
+//    (gate.contiguous()), and recomputes the fp32 silu; out_proj keeps the norm's output
+//    transposed to [s, b, value].
+//  Recompute modules: neither layer has one. The convs save only their inputs, and what they
+//    output is kept by the core (v) or by nothing (q, k: the core keeps their l2-normalised
+//    copies), so rerunning a conv frees nothing; the core output is the gated norm's saved input
+//    (LayerKinds.LinearAttentionCoreOutputIsKeptByItsConsumer). Megatron-Core has no selective
+//    recompute of either layer at 0.16.1.
+
 // Note [Limits]
 // Byte counts are products of shapes, dtypes and tokens computed in double (exact up to 2^53,
 // and what the formulas need for fractional terms such as moe_imbalance), then converted once
@@ -262,47 +307,49 @@ void Attention(Builder& b, const LayerSpec& spec) {
       break;
     }
     case AttentionKind::kKda: {
+      // Note [megatron linear attention]: fla's KimiDeltaAttention layer and chunk_kda.
       const double heads = m.linear_heads / tp, d = m.linear_head_dim, inner = heads * d;
       b.Save("attn.qkv", "", 3 * inner * dt);
-      b.Save("attn.conv_out", "kda_conv", 3 * inner * dt);
-      b.Save("attn.gates", "", (inner + heads + 2 * d) * dt);
-      // The core's output is the gated output norm's saved input: rerunning the core would not
-      // free it (the bug class of softmax attention's core output, Note [megatron profile]),
-      // and fla's chunk kernels keep only their inputs, so the core is no recompute module.
-      b.Save("attn.core_out", "", inner * dt);
+      b.Save("attn.qk_l2norm", "", 2 * inner * dt + 2 * heads * 4);
+      b.Save("attn.v", "", inner * dt);
+      b.Save("attn.gates", "", (inner + heads + 2 * d) * dt + heads * 4);
+      b.Save("attn.chunk_a", "", 2 * heads * kKdaChunk * dt);
+      b.Save("attn.core_out", "", inner * dt + heads * 4);
       b.Save("attn.out_gate", "", 2 * inner * dt);
       const double core = 2 * heads * (4 * d * d + 2 * kKdaChunk * d) * t;
       b.core_flops += core;
-      const double conv_flops = 2 * 3 * inner * m.short_conv_kernel * t;
-      AddModule(b, "kda_conv", b.Gemm(conv_flops) + b.Elementwise(3 * inner * dt * t * 3), false);
-      // Chunk states (heads x d x d per chunk), rebuilt in backward as well.
+      // Forward: the chunk states h (heads x d x d per chunk, bf16) beside w, u, kg and v_new
+      // (chunk_kda_fwd), dropped when it returns; backward rebuilds them (chunk_kda_bwd).
       const uint64_t states = b.Bytes(heads * d * d * dt * t / kKdaChunk, "the KDA chunk states");
-      b.cost.attn_forward_transient = states;
+      b.cost.attn_forward_transient =
+          states + b.Bytes(4 * inner * dt * t, "the KDA forward working set");
       b.cost.attn_backward_transient =
           states + b.Bytes(4 * inner * dt * t, "the attention backward working set");
       break;
     }
     case AttentionKind::kGdn: {
-      // Gated DeltaNet as Megatron-Core's gated_delta_net.py / fla's chunk_gated_delta_rule
-      // run it: the fused in_proj output (q, k, v, the z gate, beta and the decay input a)
-      // and the short-conv output are kept; the core output feeds the gated RMSNorm, which
-      // keeps it whatever the core recomputes (so the core is no recompute module, as for KDA);
-      // the chunk states are rebuilt in backward.
+      // Note [megatron linear attention]: Megatron-Core's GatedDeltaNet and fla's
+      // chunk_gated_delta_rule.
       const double hk = m.gdn_key_heads / tp, hv = m.gdn_value_heads / tp;
-      const double key = hk * m.gdn_key_head_dim, value = hv * m.gdn_value_head_dim;
-      b.Save("attn.in_proj", "", (2 * key + 2 * value + 2 * hv) * dt);
-      b.Save("attn.conv_out", "gdn_conv", (2 * key + value) * dt);
-      b.Save("attn.core_out", "", value * dt);
-      b.Save("attn.norm_out", "", value * dt);
       const double dk = m.gdn_key_head_dim, dv = m.gdn_value_head_dim;
+      const double key = hk * dk, value = hv * dv;
+      b.Save("attn.conv_in", "", (2 * key + value) * dt);
+      b.Save("attn.qk_l2norm", "", 2 * key * dt + 2 * hk * 4);
+      if (hv > hk) b.Save("attn.qk_repeated", "", 2 * hv * dk * dt);
+      b.Save("attn.v", "", value * dt);
+      b.Save("attn.gates", "", hv * (4 + 4 + dt));
+      b.Save("attn.chunk_a", "", hv * kKdaChunk * dt + hv * 4);
+      b.Save("attn.core_out", "", value * dt + hv * 4);
+      b.Save("attn.out_gate", "", 2 * value * dt);
+      b.Save("attn.norm_out", "", value * dt);
       const double core = 2 * hv * (4 * dk * dv + kKdaChunk * (dk + dv)) * t;
       b.core_flops += core;
-      const double conv_flops = 2 * (2 * key + value) * m.short_conv_kernel * t;
-      AddModule(b, "gdn_conv", b.Gemm(conv_flops) + b.Elementwise((2 * key + value) * dt * t * 3),
-                false);
+      // Forward: the chunk states h beside w, u and v_new (chunk_gated_delta_rule_fwd), dropped
+      // when it returns; backward rebuilds them (chunk_gated_delta_rule_bwd).
       const uint64_t states =
           b.Bytes(hv * dk * dv * dt * t / kKdaChunk, "the delta-rule chunk states");
-      b.cost.attn_forward_transient = states;
+      b.cost.attn_forward_transient =
+          states + b.Bytes(hv * (dk + 2 * dv) * dt * t, "the delta-rule forward working set");
       b.cost.attn_backward_transient =
           states + b.Bytes(4 * value * dt * t, "the attention backward working set");
       break;

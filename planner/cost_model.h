@@ -95,7 +95,7 @@ struct SavedTensor {
 
 // A module selective recompute can rerun in backward instead of keeping its outputs.
 struct RecomputeModule {
-  std::string name;  // "attn_core", "mla_up_proj", "kda_conv", "ffn_act", "moe_act"
+  std::string name;  // "attn_core", "mla_up_proj", "ffn_act", "moe_act"
   uint64_t saved_bytes = 0;
   double seconds = 0;
   bool in_ffn = false;  // part of the FFN/MoE (its rerun is chunked with it)

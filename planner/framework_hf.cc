@@ -113,6 +113,23 @@ constexpr int kCublasWorkspaces = 2;
 //    bmm experts' [gate; up], silu and product (8*fe*E). grouped_mm keeps its int32 expert
 //    offsets (4E bytes per layer).
 
+// Note [hf attn_core]
+// The attn_core recompute module is the attention interface call (the ALL_ATTENTION_FUNCTIONS
+// entry, sdpa_attention_forward or the family's eager_attention_forward) rerun in backward under
+// torch.utils.checkpoint, as the stowage wrapper checkpoints a submodule. A checkpoint keeps its
+// inputs, drops what the call saves inside, and cannot drop its output, which its consumer saves:
+// o_proj (or the output gate's mul, or the cross-attention reshape) keeps the core's output
+// whatever the core recomputes, as under megatron (Note [megatron profile]). So the module frees
+// only what the call makes and keeps inside: the kernel's fp32 logsumexp, eager attention's
+// s x s scores, k and v repeated to every query head (repeat_kv runs inside the call when a
+// mask is given or attention is eager), and SDPA's additive copy of a bool mask
+// (convert_boolean_attn_mask); and it holds what nothing held before: the unrepeated k and v
+// it was called with, and a layer's own bool mask (DSA's top-k folded into the causal mask,
+// GlmMoeDsaAttention.forward, 1 byte per key), counted as kept in both cases below. The mask
+// every layer shares (built once by the model) is held once by the checkpoints and is not a
+// layer's. Checked against autograd with the call checkpointed by
+// tests/python/test_hf_layer_kinds.py (RecomputedCoreTest).
+
 enum class HfNorm { kLlama, kGemma, kGptOss };
 enum class HfRouter { kQwen, kDeepSeekSoftmax, kDeepSeekSigmoid, kGptOss, kLlama4 };
 
@@ -308,16 +325,21 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   // k and v as the kernel sees them: repeated to every query head when a mask is given or
   // attention is eager (repeat_kv), else GQA inside the flash kernel.
   const double kv = masked || b.dialect.eager ? hq : hkv;
-  b.Save("attn.qkv", "", 2 * (hq + 2 * kv) * d);
-  if (masked) b.Save("attn.mask", "", 2 * s);
+  // q, k and v as the interface gets them (Note [hf attn_core]: what its checkpoint keeps), and
+  // the rest of their repeats, which the kernel keeps instead of them.
+  b.Save("attn.qkv", "", 2 * (hq + 2 * hkv) * d);
+  if (kv > hkv) b.Save("attn.kv_repeated", "attn_core", 4 * (kv - hkv) * d);
+  if (masked) b.Save("attn.mask", "attn_core", 2 * s);  // SDPA's additive copy
+  // The output (eager: transposed and made contiguous for o_proj), which o_proj keeps.
+  b.Save("attn.core_out", "", 2 * hq * d);
   if (b.dialect.eager) {
-    // The output transposed and made contiguous for o_proj (2*hq*d); the s x s scores.
+    // The s x s scores.
     double scores = 6 * hq * s;
     if (m.attention_sinks) scores = 8 * hq + 2 * hq * (s + 1);
     if (m.attn_logit_softcap > 0) scores += 2 * hq * s;
-    b.Save("attn.core_out", "attn_core", 2 * hq * d + scores);
+    b.Save("attn.scores", "attn_core", scores);
   } else {
-    b.Save("attn.core_out", "attn_core", 2 * hq * d + 4 * hq);
+    b.Save("attn.softmax_lse", "attn_core", 4 * hq);
   }
   if (m.attention_output_gate) {
     // Qwen3NextAttention / Qwen3_5Attention.forward: `attn_output * torch.sigmoid(gate)`, the
@@ -376,8 +398,14 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
   // q and k (cat of nope and rope parts), kv_b_proj's output (v is a view of it).
   b.Save("attn.qkv", "mla_up_proj", 4 * hq * dqk + 2 * hq * (m.qk_nope_head_dim + dv));
   const bool masked = HfMasked(b, spec);
-  if (masked) b.Save("attn.mask", "", 2 * s);
-  b.Save("attn.core_out", "attn_core", 2 * hq * dv + 4 * hq);
+  if (masked) {
+    // SDPA's additive copy of the layer's bool mask; under recompute the checkpoint holds the
+    // bool mask (1 byte per key) instead (Note [hf attn_core]).
+    b.Save("attn.mask", "", s);
+    b.Save("attn.mask_additive", "attn_core", s);
+  }
+  b.Save("attn.core_out", "", 2 * hq * dv);  // kept by o_proj
+  b.Save("attn.softmax_lse", "attn_core", 4 * hq);
   b.fwd_bytes += 20 * hq * m.qk_rope_head_dim + 6 * h + 8 * hq * dqk;  // RoPE, cats, residual
   b.bwd_bytes += 20 * hq * m.qk_rope_head_dim + 12 * h + 8 * hq * dqk;
   b.fwd_kernels += 16;
@@ -538,8 +566,12 @@ void CrossAttention(HfLayer& b) {
   const double vision = static_cast<double>(m.vision_tokens) * b.sequences;
   b.Norm("attn.norm", h, 1, true);
   b.Norm("attn.q_norm", hq * d, hq, true);
-  b.Save("attn.kv", "", 0, vision * (6 * hkv * d + 4 * hkv + 4 * hq * d));
-  b.Save("attn.core_out", "attn_core", 2 * hq * d + 4 * hq);
+  // k_norm's tensors and k, v as the interface gets them; the rest of their repeats to every
+  // query head, made inside the call (Note [hf attn_core]).
+  b.Save("attn.kv", "", 0, vision * (6 * hkv * d + 4 * hkv + 4 * hkv * d));
+  b.Save("attn.kv_repeated", "attn_core", 0, vision * 4 * (hq - hkv) * d);
+  b.Save("attn.core_out", "", 2 * hq * d);  // kept by the reshape's consumer, o_proj
+  b.Save("attn.softmax_lse", "attn_core", 4 * hq);
   b.Save("attn.gated_out", "", 2 * h, 2);  // and the gate's bf16 tanh, one value per layer
   b.NormTraffic(hkv * d * vision / b.t);
   // k/v repeat (r 2 w 2 per repeated element), the gate's tanh-mul and residual add.

@@ -78,6 +78,21 @@ absl::Status ReadRun(const json::Object& o, RunSettings& run) {
       !s.ok())
     return s;
   if (run.grad_bytes == 3) return r->Invalid("grad_bytes", "2 (bf16) or 4 (fp32)");
+  // Whose code runs the layers and the optimizer's state, as the CLI's --framework and
+  // --optimizer and the plan's run.framework / run.optimizer spell them.
+  std::string framework, optimizer;
+  if (absl::Status s = r->ReadOptional("framework", framework); !s.ok()) return s;
+  if (!framework.empty()) {
+    auto parsed = ParseFramework(framework);
+    if (!parsed.ok()) return r->Invalid("framework", "megatron or hf");
+    run.framework = *parsed;
+  }
+  if (absl::Status s = r->ReadOptional("optimizer", optimizer); !s.ok()) return s;
+  if (!optimizer.empty()) {
+    auto parsed = ParseOptimizerKind(optimizer);
+    if (!parsed.ok()) return r->Invalid("optimizer", "adam, sgd or none");
+    run.optimizer = *parsed;
+  }
   std::string sharding;
   if (absl::Status s = r->ReadOptional("sharding", sharding); !s.ok()) return s;
   if (!sharding.empty()) {

@@ -157,25 +157,92 @@ TEST(LayerKinds, FinalLogitSoftcapKeepsOneMoreLogitsChunk) {
 }
 
 // Qwen3-Next: the attention layers' q_proj also yields a sigmoid output gate, kept for backward.
-// The gated DeltaNet layers keep in_proj's output (q, k, v, z, b, a), the conv output, the core
-// output and the gated norm's input.
+// The gated DeltaNet layers keep what Megatron-Core 0.16.1's GatedDeltaNet and fla's
+// chunk_gated_delta_rule save (Note [megatron linear attention]), counted here from that code:
+// 2 key heads x 32 (key 64), 4 value heads x 32 (value 128), bf16.
 TEST(LayerKinds, GatedDeltaNetAndGatedAttentionByHand) {
   const ModelConfig m = Read("synthetic/qwen3-next-small.json");
   ASSERT_EQ(m.layers[0].attention, AttentionKind::kGdn);
   ASSERT_EQ(m.layers[3].attention, AttentionKind::kAttention);
   const StepCost s = Step(m);
-  const double key = 2 * 32, value = 4 * 32;  // 2 key heads x 32, 4 value heads x 32
-  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.in_proj"), (2 * key + 2 * value + 2 * 4) * 2);
-  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.conv_out"), (2 * key + value) * 2);
-  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.core_out"), value * 2);
+  const double hk = 2, hv = 4, dk = 32, key = hk * dk, value = hv * 32;
+  // causal_conv1d_fn saves its input, the contiguous [b, conv, s] copy of q, k, v.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.conv_in"), (2 * key + value) * 2);
+  // L2NormFunction saves its bf16 output and one fp32 rstd per key head, for q and for k.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.qk_l2norm"), 2 * key * 2 + 2 * hk * 4);
+  // repeat_interleave to the 4 value heads: the core keeps the repeated q and k.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.qk_repeated"), 2 * hv * dk * 2);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.v"), value * 2);
+  // softplus's fp32 input, the decay mul's fp32 output, sigmoid's bf16 output (the core's beta).
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.gates"), hv * (4 + 4 + 2));
+  // fla's A, [B, T, HV, 64] bf16, and the fp32 chunk-local cumsum of g.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.chunk_a"), hv * 64 * 2 + hv * 4);
+  // TENorm keeps the core's output and one fp32 rstdev per value head.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.core_out"), value * 2 + hv * 4);
+  // The compiled gate keeps its bf16 inputs, the norm's output and the gate; out_proj the
+  // gated output.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.out_gate"), 2 * value * 2);
   EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.norm_out"), value * 2);
   EXPECT_DOUBLE_EQ(PerToken(s, 3, "attn.out_gate"), 4 * 32 * 2);
   // Shared expert (64 wide) beside 2 routed experts of 64: gate/up 2 x (2 x 64 + 64) x 2.
   EXPECT_DOUBLE_EQ(PerToken(s, 0, "moe.gate_up"), 2 * (2 * 64 + 64) * 2);
-  // gdn_conv is a recompute module of its own.
-  bool found = false;
-  for (const RecomputeModule& mod : s.layers[0].modules) found |= mod.name == "gdn_conv";
-  EXPECT_TRUE(found);
+  // The layer by hand: input, mid and the two norms (4 x 128 x 2 + 2 x 4) and the attention
+  // part above.
+  const double attention = (2 * key + value) * 2 + (2 * key * 2 + 2 * hk * 4) + 2 * hv * dk * 2 +
+                           value * 2 + hv * 10 + (hv * 128 + hv * 4) + (value * 2 + hv * 4) +
+                           4 * value + 2 * value;
+  EXPECT_DOUBLE_EQ(LayerPerToken(s, 0) - s.layers[0].ffn_saved_bytes / double(kSeq),
+                   4 * 128 * 2 + 2 * 4 + attention);
+}
+
+// Kimi Linear (and GLM-5.3-Flash's 34 KDA layers): what fla's KimiDeltaAttention layer and
+// chunk_kda keep (Note [megatron linear attention]), by hand: 4 heads x 16 (inner 64), bf16.
+TEST(LayerKinds, KdaLayerByHand) {
+  const ModelConfig m = Read("synthetic/kimi-linear-small.json");
+  ASSERT_EQ(m.layers[0].attention, AttentionKind::kKda);
+  const StepCost s = Step(m);
+  const double heads = 4, d = 16, inner = heads * d, chunk = 64;
+  // The three short convs keep their inputs (the q, k, v projections).
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.qkv"), 3 * inner * 2);
+  // chunk_kda's l2norm_fwd: normalised q and k (bf16) and an fp32 rstd per head each.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.qk_l2norm"), 2 * inner * 2 + 2 * heads * 4);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.v"), inner * 2);
+  // The raw gate (H d), beta's logits (H) and fp32 sigmoid (H), f_proj's and g_proj's
+  // low-rank inputs of the second linears (d each).
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.gates"), (inner + heads + 2 * d) * 2 + heads * 4);
+  // Aqk and Akk: [B, T, H, 64] bf16 each. Session 4's note estimated 4 x H x 64 bytes.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.chunk_a"), 4 * heads * chunk);
+  // The gated output norm keeps the core's output, one fp32 rstd per head and the gate;
+  // o_proj keeps the norm's output.
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.core_out"), inner * 2 + heads * 4);
+  EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.out_gate"), 2 * inner * 2);
+  const double attention = 20 * inner + 4 * d + 274 * heads;
+  EXPECT_DOUBLE_EQ(LayerPerToken(s, 0) - s.layers[0].ffn_saved_bytes / double(kSeq),
+                   4 * 128 * 2 + 2 * 4 + attention);
+}
+
+// Regression (session 4's note): kda_conv and gdn_conv claimed to free the conv output, but
+// the convs save only their inputs and the core keeps what it needs of their output (v itself,
+// l2-normalised copies of q and k), so rerunning a conv frees nothing: the optimizer was
+// promised 3 x inner x 2 bytes per token (KDA) that no recompute returns. Neither layer has a
+// recompute module of its attention now; every attention tensor is held under every option
+// but full recompute.
+TEST(LayerKinds, LinearAttentionConvRecomputeFreesNothing) {
+  for (const char* file : {"synthetic/qwen3-next-small.json", "synthetic/kimi-linear-small.json"}) {
+    SCOPED_TRACE(file);
+    const StepCost s = Step(Read(file));
+    const LayerCost& l = s.layers[0];
+    for (const SavedTensor& t : l.saved) {
+      if (t.name.rfind("attn.", 0) == 0) {
+        EXPECT_EQ(t.module, "") << t.name;
+      }
+    }
+    for (const RecomputeModule& mod : l.modules) {
+      EXPECT_TRUE(mod.in_ffn) << mod.name;
+      EXPECT_NE(mod.name, "kda_conv");
+      EXPECT_NE(mod.name, "gdn_conv");
+    }
+  }
 }
 
 // Regression (session 3's note): KDA and gated DeltaNet listed attn.core_out under an attn_core
@@ -200,6 +267,48 @@ TEST(LayerKinds, LinearAttentionCoreOutputIsKeptByItsConsumer) {
   }
 }
 
+// Under hf, attn_core is the attention call rerun under torch.utils.checkpoint (Note [hf
+// attn_core]): it frees what the call keeps inside and never the output, which o_proj keeps.
+// Session 4's note: the module claimed the output too (2 x heads x head_dim bytes per token).
+// Llama (SDPA, no mask): the fp32 logsumexp only. Mistral past its window (a mask): k and v
+// repeated from 2 to 4 heads and SDPA's bf16 copy of the mask, 2 bytes per key. Gemma 2
+// (eager): the s x s scores (softmax fp32 + its bf16 copy, the soft-capping tanh) and the
+// repeats. tests/python/test_hf_layer_kinds.py RecomputedCoreTest measures the same on the real
+// layers.
+TEST(LayerKinds, HfAttnCoreFreesOnlyWhatTheCallKeepsInside) {
+  RunSettings run;
+  run.seq_len = 4096;
+  run.framework = Framework::kHf;
+  run.optimizer = OptimizerKind::kNone;
+  run.loss_chunk_tokens = 0;
+  run.cp = run.ep = run.gpus = 1;
+  const double t = 4096, s = 4096, hq = 4, hkv = 2, d = 64;
+  auto core = [&](const std::string& json) {
+    const StepCost step = *BuildStepCost(Parse(json), *HardwarePreset("h200"), run);
+    const LayerCost& l = step.layers[0];
+    for (const SavedTensor& tensor : l.saved) {
+      if (tensor.name == "attn.core_out") {
+        EXPECT_EQ(tensor.module, "");
+        EXPECT_EQ(tensor.bytes, static_cast<uint64_t>(2 * hq * d * t));
+      }
+    }
+    for (size_t k = 0; k < l.modules.size(); ++k) {
+      if (l.modules[k].name != "attn_core") continue;
+      const OptionCost c = EvaluateOption(l, {LayerPolicy::kSelectiveRecompute, 1u << k, 1});
+      EXPECT_EQ(c.resident_bytes, l.saved_bytes - l.modules[k].saved_bytes);
+      return static_cast<double>(l.modules[k].saved_bytes);
+    }
+    ADD_FAILURE() << "no attn_core module";
+    return 0.0;
+  };
+  EXPECT_DOUBLE_EQ(core(Dense("llama")), 4 * hq * t);
+  EXPECT_DOUBLE_EQ(core(Dense("mistral", R"(, "sliding_window": 1024)")),
+                   (4 * (hq - hkv) * d + 2 * s + 4 * hq) * t);
+  EXPECT_DOUBLE_EQ(core(Dense("gemma2", R"(, "sliding_window": 1024,
+      "attn_logit_softcapping": 50.0, "final_logit_softcapping": 0.0)")),
+                   (4 * (hq - hkv) * d + 6 * hq * s + 2 * hq * s) * t);
+}
+
 // Mllama under hf (Note [hf cross-attention]): a cross-attention layer keeps per vision token
 // k_norm's fp32 x, rsqrt and bf16 output and the repeated keys and values, (6 x 2 + 4 x 4) x 64 +
 // 4 x 2 bytes, whatever the text length; with --vision-tokens 0 (a text-only step) transformers
@@ -214,11 +323,14 @@ TEST(LayerKinds, HfCrossAttentionAttendsToTheVisionTokens) {
   run.optimizer = OptimizerKind::kNone;
   run.loss_chunk_tokens = 0;
   run.cp = run.ep = run.gpus = 1;
+  // k_norm's tensors and k, v (attn.kv) and the rest of their repeats (attn.kv_repeated, what
+  // an attn_core recompute frees).
   auto kv_bytes = [&](const StepCost& s) {
+    uint64_t bytes = 0;
     for (const SavedTensor& t : s.layers[1].saved) {
-      if (t.name == "attn.kv") return t.bytes;
+      if (t.name == "attn.kv" || t.name == "attn.kv_repeated") bytes += t.bytes;
     }
-    return uint64_t{0};
+    return bytes;
   };
   ASSERT_TRUE(SetVisionTokens(m, 100).ok());
   const StepCost with = *BuildStepCost(m, *HardwarePreset("h200"), run);

@@ -100,11 +100,11 @@ TEST(MegatronArguments, SelectiveModulesInMegatronsWords) {
   ASSERT_EQ(some.notes.size(), 1u);
   EXPECT_THAT(some.notes[0], HasSubstr("layers 0 and 2 only"));
   Plan unmapped = PlanOf({kSel});
-  unmapped.layers[0].recompute_modules = {"kda_conv"};
+  unmapped.layers[0].recompute_modules = {"ffn_act"};
   const TrainerArguments none = MegatronArguments(unmapped);
   EXPECT_FALSE(HasFlag(none, "--recompute-granularity"));
   ASSERT_EQ(none.notes.size(), 1u);
-  EXPECT_THAT(none.notes[0], HasSubstr("no selective recompute of kda_conv"));
+  EXPECT_THAT(none.notes[0], HasSubstr("no selective recompute of ffn_act"));
 }
 
 TEST(MegatronArguments, MixedGranularityKeepsTheFullRecompute) {

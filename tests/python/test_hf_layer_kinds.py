@@ -22,7 +22,9 @@ they are. CTest passes the CLI as STOWAGE_CLI."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import unittest
 import weakref
 
@@ -145,9 +147,14 @@ def gpu_sdpa_saves(query, key, value, attn_mask, out) -> list[torch.Tensor | int
     return saved
 
 
-def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = None) -> list[int]:
+def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = None,
+                             checkpoint_core: bool = False) -> list[int]:
     """Bytes autograd saves inside each decoder layer's forward, each storage counted once, in
-    the layer that first saves it; `log` collects (layer, shape, dtype, bytes) of each."""
+    the layer that first saves it; `log` collects (layer, shape, dtype, bytes) of each.
+    `checkpoint_core`: every attention interface call (sdpa_attention_forward, or the family's
+    eager_attention_forward) runs under torch.utils.checkpoint, as the planner's attn_core
+    module reruns it (Note [hf attn_core]); what the call saves inside is then dropped, and the
+    tensors it was called with are held by the checkpoint until backward."""
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type])
     cfg._attn_implementation = "eager" if model_type in EAGER else "sdpa"
@@ -171,6 +178,7 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
     # theirs.
     shared: list[torch.Tensor] = []
     in_kernel = [False]
+    in_checkpoint = [False]
     kernel_held: list[torch.Tensor] = []
 
     def pre(i):
@@ -204,6 +212,8 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
         # The GPU kernels write the output as [b, s, h, d] and return it transposed, so the
         # caller's `.transpose(1, 2).contiguous()` copies nothing (o_proj saves this storage).
         out = out.transpose(1, 2).contiguous().transpose(1, 2)
+        if in_checkpoint[0]:
+            return out  # a checkpointed call keeps none of what the kernel saves
         for t in gpu_sdpa_saves(query, key, value, attn_mask, out):
             if isinstance(t, int):
                 if current[0] >= 0:
@@ -225,6 +235,30 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
             packed.append((current[0], weakref.ref(t)))
         return t
 
+    def checkpointed(call):
+        def run(module, query, key, value, attention_mask, *args, **kwargs):
+            # Non-reentrant checkpoint holds the call's arguments for the rerun.
+            for t in (query, key, value, attention_mask):
+                if isinstance(t, torch.Tensor) and current[0] >= 0:
+                    kernel_held.append(t)
+                    packed.append((current[0], weakref.ref(t)))
+            in_checkpoint[0] = True
+            try:
+                return torch.utils.checkpoint.checkpoint(
+                    call, module, query, key, value, attention_mask, *args,
+                    use_reentrant=False, **kwargs)
+            finally:
+                in_checkpoint[0] = False
+        return run
+
+    from transformers.modeling_utils import AttentionInterface
+    modeling = sys.modules[type(model).__module__]
+    interfaces = AttentionInterface._global_mapping
+    original = (interfaces["sdpa"], getattr(modeling, "eager_attention_forward", None))
+    if checkpoint_core:
+        interfaces["sdpa"] = checkpointed(original[0])
+        if original[1] is not None:
+            modeling.eager_attention_forward = checkpointed(original[1])
     ids = torch.randint(0, cfg.vocab_size, (1, seq_len))
     torch.nn.functional.scaled_dot_product_attention = sdpa_as_on_gpu
     try:
@@ -234,6 +268,9 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
                               **forward_inputs(model_type, cfg, seq_len))
     finally:
         torch.nn.functional.scaled_dot_product_attention = sdpa
+        interfaces["sdpa"] = original[0]
+        if original[1] is not None:
+            modeling.eager_attention_forward = original[1]
     excluded = params | {t.untyped_storage().data_ptr() for t in shared}
     per_layer = list(extra)
     seen: set[int] = set()
@@ -283,6 +320,65 @@ class HfLayerKindsTest(unittest.TestCase):
                             msg=f"{model_type} layer {i}: planned {p / seq_len:.2f} B/token, "
                                 f"autograd saved {m / seq_len:.2f} B/token (transformers "
                                 f"{transformers.__version__})")
+
+
+def planned_core_recompute_per_layer(model_type: str, seq_len: int) -> list[int]:
+    """Each layer's device_saved_bytes that the planner (stowage_plan_evaluate, the C ABI)
+    predicts under hf when every layer with an attn_core module recomputes it and the others keep
+    everything: the settings of planned_saved_per_layer."""
+    from stowage import planner
+    request = {"model": dict(CONFIGS[model_type], model_type=model_type), "hardware": "h200",
+               "run": {"seq_len": seq_len, "micro_batch": 1, "tp": 1, "cp": 1, "ep": 1,
+                       "gpus": 1, "sharding": "no_shard", "framework": "hf",
+                       "optimizer": "none", "grad_bytes": 2, "loss_chunk_tokens": 0}}
+    n = CONFIGS[model_type]["num_hidden_layers"]
+    keep = json.loads(planner._call("stowage_plan_evaluate",
+                                    dict(request, layers=[{"policy": "keep"}] * n)))
+    layers = []
+    for layer in keep["plan"]["layers"]:
+        attention = layer["type"].split("+")[0]
+        layers.append({"policy": "keep"} if attention in ("kda", "gdn") else
+                      {"policy": "selective_recompute", "recompute_modules": ["attn_core"]})
+    result = json.loads(planner._call("stowage_plan_evaluate", dict(request, layers=layers)))
+    return [layer["device_saved_bytes"] for layer in result["plan"]["layers"]]
+
+
+# Families the recompute check runs: every attention kind with an attn_core module (SDPA with
+# and without a mask, eager with soft-capping and with sinks, Llama 4's chunks, MLA with and
+# without q-LoRA, DSA's per-layer mask, the gated attention of Qwen3-Next). Mllama's
+# cross-attention needs --vision-tokens, which plan requests do not take; the linear layers have
+# no module.
+RECOMPUTED = ("mistral", "gemma2", "gemma3_text", "gpt_oss", "llama4_text", "deepseek_v2",
+              "deepseek_v3", "glm_moe_dsa", "qwen3_next")
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class RecomputedCoreTest(unittest.TestCase):
+    """attn_core frees exactly what the attention call no longer holds when it is rerun: the
+    layer's saved bytes with the call checkpointed, measured, equal the planner's prediction
+    for the layer recomputing attn_core (Note [hf attn_core])."""
+
+    def test_checkpointed_core_holds_what_the_planner_says(self) -> None:
+        if not os.environ.get("STOWAGE_LIBRARY"):
+            self.skipTest("STOWAGE_LIBRARY is not set to a built libstowage.so")
+        only = os.environ.get("STOWAGE_HF_KINDS")
+        for model_type in RECOMPUTED:
+            if only and model_type not in only.split(","):
+                continue
+            seq_len = LINEAR_SEQ_LENS[0] if model_type in LINEAR else SEQ_LENS[0]
+            with self.subTest(model=model_type, seq_len=seq_len):
+                measured = measured_saved_per_layer(model_type, seq_len, checkpoint_core=True)
+                planned = planned_core_recompute_per_layer(model_type, seq_len)
+                if os.environ.get("STOWAGE_HF_KINDS_VERBOSE"):
+                    print(model_type, seq_len, "recompute planned",
+                          [round(p / seq_len, 2) for p in planned], "measured",
+                          [round(m / seq_len, 2) for m in measured])
+                self.assertEqual(len(planned), len(measured))
+                for i, (m, p) in enumerate(zip(measured, planned)):
+                    self.assertAlmostEqual(
+                        p / seq_len, m / seq_len, delta=0.005 * m / seq_len,
+                        msg=f"{model_type} layer {i} with attn_core recomputed: planned "
+                            f"{p / seq_len:.2f} B/token, autograd held {m / seq_len:.2f} B/token")
 
 
 if __name__ == "__main__":
