@@ -395,8 +395,13 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
   b.Norm("attn.norm", h, 1, true);
   if (ql > 0) b.Norm("attn.q_latent", ql, 1, true);
   b.Norm("attn.kv_latent", kvl, 1, true);
-  // q and k (cat of nope and rope parts), kv_b_proj's output (v is a view of it).
-  b.Save("attn.qkv", "mla_up_proj", 4 * hq * dqk + 2 * hq * (m.qk_nope_head_dim + dv));
+  // q and k (cat of nope and rope parts), kv_b_proj's output (v is a view of it). No
+  // mla_up_proj module under hf: these are the attention call's inputs, which SDPA (or, with
+  // attn_core recomputed, its checkpoint) keeps, so rerunning the up projections under
+  // torch.utils.checkpoint frees none of them. Megatron's mla_up_proj frees them because
+  // CheckpointWithoutOutput discards its outputs' storage and refills it before backward
+  // (cost_model.cc); transformers and the stowage wrapper have no such mechanism.
+  b.Save("attn.qkv", "", 4 * hq * dqk + 2 * hq * (m.qk_nope_head_dim + dv));
   const bool masked = HfMasked(b, spec);
   if (masked) {
     // SDPA's additive copy of the layer's bool mask; under recompute the checkpoint holds the
@@ -410,8 +415,6 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
   b.bwd_bytes += 20 * hq * m.qk_rope_head_dim + 12 * h + 8 * hq * dqk;
   b.fwd_kernels += 16;
   b.bwd_kernels += 20;
-  const double up_flops = 2 * (ql * hq * dqk + kvl * hq * (m.qk_nope_head_dim + dv)) * b.t;
-  AddModule(b, "mla_up_proj", OpSeconds({.gemm_flops = up_flops, .kernels = 2}, b.hw), false);
   AttentionCore(b, hq, dqk, dv, masked ? s : 0.5 * s);
   if (spec.attention == AttentionKind::kDsa) {
     // The indexer's scores of every query against every key, forward only (no_grad).

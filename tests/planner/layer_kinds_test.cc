@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "planner/cost_model.h"
@@ -307,6 +308,28 @@ TEST(LayerKinds, HfAttnCoreFreesOnlyWhatTheCallKeepsInside) {
   EXPECT_DOUBLE_EQ(core(Dense("gemma2", R"(, "sliding_window": 1024,
       "attn_logit_softcapping": 50.0, "final_logit_softcapping": 0.0)")),
                    (4 * (hq - hkv) * d + 6 * hq * s + 2 * hq * s) * t);
+}
+
+// Regression: under hf, mla_up_proj claimed to free q, k and kv_b_proj's output, which are the
+// attention call's inputs: SDPA keeps them whatever reruns the projections (torch.utils.checkpoint
+// cannot drop an output its consumer saved). Megatron's CheckpointWithoutOutput can, so the
+// module stays there.
+TEST(LayerKinds, HfMlaHasNoUpProjectionModule) {
+  const ModelConfig m = Read("deepseek-v2-lite-chat.json");
+  RunSettings run;
+  run.seq_len = 4096;
+  run.cp = run.ep = run.gpus = 1;
+  auto names = [&](Framework framework) {
+    run.framework = framework;
+    run.loss_chunk_tokens = framework == Framework::kHf ? 0 : 8192;
+    const StepCost step = *BuildStepCost(m, *HardwarePreset("h200"), run);
+    std::vector<std::string> out;
+    for (const RecomputeModule& mod : step.layers[1].modules) out.push_back(mod.name);
+    return out;
+  };
+  EXPECT_THAT(names(Framework::kHf), ::testing::Not(::testing::Contains("mla_up_proj")));
+  EXPECT_THAT(names(Framework::kHf), ::testing::Contains("attn_core"));
+  EXPECT_THAT(names(Framework::kMegatron), ::testing::Contains("mla_up_proj"));
 }
 
 // Mllama under hf (Note [hf cross-attention]): a cross-attention layer keeps per vision token
