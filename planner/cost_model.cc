@@ -124,12 +124,14 @@ namespace {
 //    use_gate_in_kernel chunk_kda_fwd drops the cumsum), beta's logits and their fp32 sigmoid
 //    (ops/common/gate.py fused_beta_sigmoid_fwd), and two chunk matrices, Aqk and Akk,
 //    [B, T, HV, C] in k's dtype each (kda/chunk_intra.py chunk_kda_fwd_intra; fla 0.4.0 kept
-//    them fp32). w, u, qg, kg, v_new and h are None unless disable_recompute.
-//  KDA layer (layers/kda.py KimiDeltaAttention, the layer Kimi Linear and GLM-5.3-Flash
-//    train): q/k/v projections, each through a ShortConvolution whose CausalConv1dFunction
-//    (modules/conv/triton/ops.py) saves its input x, not its output (the backward recomputes
-//    it): 3 H d; the core keeps v (the v conv's output) and l2-normalised copies of q and k, so
-//    the q and k conv outputs are kept by nothing. f_proj and g_proj are low-rank (hidden -> d
+//    them fp32). w, u, qg, kg, v_new and h are None unless disable_recompute; safe_gate with
+//    a lower_bound (GLM-5.3-Flash's gate_lower_bound) changes the kernels, not what is saved.
+//  KDA layer (layers/kda.py KimiDeltaAttention, fla's reference layer, which Kimi Linear's
+//    modeling code follows): q/k/v projections, each through a ShortConvolution whose
+//    CausalConv1dFunction (modules/conv/triton/ops.py) saves its input x, not its output (the
+//    backward recomputes it): 3 H d; the core keeps v (the v conv's output) and l2-normalised
+//    copies of q and k, so the q and k conv outputs are kept by nothing. f_proj and g_proj are
+//    low-rank (hidden -> d
 //    -> H d): each second linear keeps its d-wide input; f_proj's output is the core's raw
 //    gate (H d), b_proj's the beta logits (H). The output norm (modules/fused_norm_gate.py
 //    LayerNormGatedFunction, sigmoid gate) keeps its input (the core's output), the gate
@@ -143,14 +145,16 @@ namespace {
 //    softplus keeps its fp32 input, the mul its fp32 output; beta.sigmoid() keeps its bf16
 //    output (the core's beta). The gated norm (_apply_gated_norm): TENorm keeps the core's
 //    output and one fp32 rstdev per head; `y * act_fn(gate.float())` runs under jit_fuser
-//    (torch.compile), whose partitioner keeps the two bf16 inputs, y and the gate
-//    (gate.contiguous()), and recomputes the fp32 silu; out_proj keeps the norm's output
-//    transposed to [s, b, value].
+//    (torch.compile; TENorm's C++ kernel call breaks the graph before it), whose min-cut
+//    partitioner keeps the two bf16 inputs, y and the gate (gate.contiguous()), and recomputes
+//    the fp32 silu (eager would keep fp32 gate and silu instead: 8 bytes per element, not 4);
+//    out_proj keeps the norm's output transposed to [s, b, value].
 //  Recompute modules: neither layer has one. The convs save only their inputs, and what they
 //    output is kept by the core (v) or by nothing (q, k: the core keeps their l2-normalised
 //    copies), so rerunning a conv frees nothing; the core output is the gated norm's saved input
 //    (LayerKinds.LinearAttentionCoreOutputIsKeptByItsConsumer). Megatron-Core has no selective
-//    recompute of either layer at 0.16.1.
+//    recompute of either layer at 0.16.1 (Megatron-LM main adds gdn_norm_out, a
+//    CheckpointWithoutOutput over the gated norm, not modelled here).
 
 // Note [Limits]
 // Byte counts are products of shapes, dtypes and tokens computed in double (exact up to 2^53,
