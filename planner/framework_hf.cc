@@ -330,8 +330,12 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   b.Save("attn.qkv", "", 2 * (hq + 2 * hkv) * d);
   if (kv > hkv) b.Save("attn.kv_repeated", "attn_core", 4 * (kv - hkv) * d);
   if (masked) b.Save("attn.mask", "attn_core", 2 * s);  // SDPA's additive copy
-  // The output (eager: transposed and made contiguous for o_proj), which o_proj keeps.
-  b.Save("attn.core_out", "", 2 * hq * d);
+  // The output (eager: transposed and made contiguous for o_proj), which o_proj keeps. Phi-3's
+  // flash output is laid out as its [b, h, s, d] q (Note [hf OLMo and Phi-3]), so the call's own
+  // `.transpose(1, 2).contiguous()` copies it: o_proj keeps the copy (attn.o_proj_in) and the
+  // kernel's output is kept only inside the call, which a recompute drops.
+  const bool output_copied = b.dialect.fused_qkv && !masked && !b.dialect.eager;
+  b.Save("attn.core_out", output_copied ? "attn_core" : "", 2 * hq * d);
   if (b.dialect.eager) {
     // The s x s scores.
     double scores = 6 * hq * s;
