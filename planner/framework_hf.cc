@@ -61,6 +61,9 @@ namespace {
 //    each workspace is 32 MiB on sm90+ (CublasHandlePool.cpp, getChosenWorkspaceSize).
 constexpr double kCublasWorkspaceBytes = 32.0 * 1024 * 1024;
 constexpr int kCublasWorkspaces = 2;
+// Shared memory per block on sm70-sm100 (48 KiB): a softmax row wider than this is read three
+// times forward and its gradient twice backward (Note [Kernel bytes], stowage/hf_profile.py).
+constexpr double kSharedMemoryPerBlock = 48 * 1024;
 
 // Note [Step time]
 // Each pass of a layer is an OpWork timed by OpSeconds (planner/op_time.h, Note [Op time]):
@@ -182,8 +185,13 @@ HfDialect DialectFor(const ModelConfig& m) {
 struct NormWork {
   double fwd, bwd, fwd_kernels, bwd_kernels;
 };
+// Gemma's norm (Gemma2/3RMSNorm, Qwen3-Next's: `_norm(x.float()) * (1.0 + weight.float())`)
+// runs the same fp32 weight mul after an fp32 copy of the weight and its `1 +` (two kernels more
+// forward); counted per op on the live bytes of Gemma 2 (tests/python/test_hf_measured_profile.py
+// AgreementTest): 40 forward, 108 backward, 10 and 17 kernels.
 NormWork NormWorkOf(HfNorm norm) {
   if (norm == HfNorm::kGptOss) return {40, 104, 8, 16};
+  if (norm == HfNorm::kGemma) return {40, 108, 10, 17};
   return {36, 92, 8, 15};
 }
 
@@ -293,6 +301,101 @@ void Llama4PositionWork(HfLayer& b, bool nope) {
   }
 }
 
+// Note [hf eager attention]
+// Gemma 2 and gpt-oss refuse SDPA (`_supports_sdpa = False`, modeling_gemma2.py /
+// modeling_gpt_oss.py), and PreTrainedModel.get_correct_attn_implementation falls back from
+// its default "sdpa" to "eager" when _sdpa_can_dispatch refuses (modeling_utils.py): a model
+// built without attn_implementation trains with eager_attention_forward (flash_attention_2 and
+// flex_attention are accepted, but only when asked for). Gemma 3 allows SDPA, its default.
+// Per token, S keys (the whole sequence: eager masks, it does not skip), `rep` when k/v are
+// repeated (repeat_kv: hkv < hq).
+//  Gemma 2 (eager_attention_forward, modeling_gemma2.py): repeat_kv's two copies (r2 w2 of the
+//    expanded hq*d each); QK^T and PV are bmm, dense GEMMs at cuBLAS rates over the whole
+//    square (4 hq d S FLOPs forward, twice that backward); `* scaling` r2 w2; soft-capping's
+//    div, tanh and mul (r2 w2 each); the additive mask r2 w2 (+ the [b, 1, s, s] mask read
+//    once, 2S); softmax(dtype=float32) converts the bf16 scores first (aten softmax: the
+//    half_to_float kernel is taken for Half only, not BFloat16) r2 w4, then _softmax in fp32
+//    (r4 w4; a row of 4S bytes beyond 48 KiB of shared memory is read three times, Note [Kernel
+//    bytes]); `.to(bf16)` r4 w2; the output's transpose(1, 2).contiguous() r2 w2 of hq*d. So
+//    40 per score with soft-capping, 28 without. Backward: to(bf16)'s r2 w4, softmax's (r4 of
+//    the gradient, twice for a wide row, r4 w4), to(fp32)'s r4 w2, soft-capping's mul r2 w2,
+//    tanh_backward r4 w2 and div r2 w2, the scaling mul r2 w2: 42 per score (28 without
+//    soft-capping); repeat_kv's sums (r 2hq*d w 2hkv*d each) and v's gradient copied to the
+//    projection's layout (r2 w2 of hkv*d; q's and k's are RoPE's).
+//  gpt-oss (modeling_gpt_oss.py eager_attention_forward): `* scaling`, the mask add, the cat
+//    with the sink column (r 2S + 2 w 2(S + 1)), its row max (r 2(S + 1), values and int64
+//    indices), the subtraction (r4 w2 over S + 1), softmax in bf16 (r2 w2 over S + 1); the
+//    slice that drops the sink, dropout(p=0) and `.to(bf16)` copy nothing. Backward: the
+//    slice's zeros and copy (w 2(S + 1) + r2 w2), softmax's (r4 w2 over S + 1), the max
+//    value's gradient (neg r2 w2, sum over the row r2), max's scatter into zeros (w2 + r2 w2
+//    over S + 1), the two gradients of the logits summed (r4 w2), the sinks' sum, the scaling
+//    mul r2 w2.
+// Memory beyond the saved tensors (Note [hf profile] lists those), measured at these moments on
+// the live bytes (tests/python/test_hf_measured_profile.py EagerAttentionTest); the FFN's input
+// norms, which the layer cost counts with the attention's saved tensors, are not alive at
+// either moment (BuildHfLayer takes them off):
+//  forward, at _softmax's output: the masked bf16 scores (2 per score) and their fp32 copy (4),
+//    with k and v before repeat_kv (4 hkv d when repeated); the bf16 probabilities and the
+//    output, counted as saved, do not exist yet. gpt-oss: the masked scores (2S, still bound
+//    to `attn_weights`) and the shifted logits (2(S + 1)).
+//  backward, at _softmax_backward_data's output: the fp32 gradient of the probabilities (4) and
+//    softmax's gradient (4), with dV (2 hq d); the bf16 probabilities, the repeated v and the
+//    output have been released by the nodes already run. gpt-oss, at max's scatter: softmax's
+//    gradient, the zeros and the scatter (2(S + 1) each), with dV; softmax's saved output, the
+//    repeated v and the output released.
+void EagerScores(HfLayer& b) {
+  const ModelConfig& m = b.m;
+  const double hq = m.heads, hkv = m.kv_heads, d = m.head_dim, s = b.s;
+  const double rep = hkv < hq ? 1 : 0;
+  const double square = 2 * hq * (d + d) * s * b.t;  // QK^T and PV, FLOPs
+  b.gemm_flops += square;
+  double fwd = rep * 8 * hq * d + 4 * hq * d + 4 * hq * s + 4 * hq * s + 2 * s;
+  double bwd = rep * (4 * hq * d + 4 * hkv * d) + 4 * hkv * d + 4 * hq * s;
+  double fwd_kernels = 2 * rep + 2 + 1 + 1 + 1;  // copies, bmm x2, scale, mask, contiguous
+  double bwd_kernels = 4 + 1 + 2 * rep + 1;      // bmm x4, scale, sums, v copy
+  if (m.attention_sinks) {
+    const double row = s + 1;
+    const double wide = 2 * row >= kSharedMemoryPerBlock ? 1 : 0;
+    fwd += (4 * hq * s + 4 * hq) + (2 * hq * row + 10 * hq) + (4 * hq * row + 2 * hq) +
+           (4 + 4 * wide) * hq * row;
+    bwd += (6 * hq * s + 2 * hq) + (6 + 2 * wide) * hq * row + 4 * hq * row +
+           (2 * hq * row + 2 * hq) + 2 * hq * row + (4 * hq * row + 10 * hq) + 6 * hq * row +
+           2 * hq;
+    fwd_kernels += 4;
+    bwd_kernels += 2 + 1 + 2 + 2 + 1 + 1 + 1;
+  } else {
+    const double wide = 4 * s >= kSharedMemoryPerBlock ? 1 : 0;
+    fwd += (6 + 8 + 8 * wide + 6) * hq * s;
+    bwd += (6 + 12 + 4 * wide + 6) * hq * s;
+    fwd_kernels += 3;
+    bwd_kernels += 3;
+    if (m.attn_logit_softcap > 0) {
+      fwd += 12 * hq * s;
+      bwd += 14 * hq * s;
+      fwd_kernels += 3;
+      bwd_kernels += 3;
+    }
+  }
+  b.Traffic(fwd, bwd, fwd_kernels, bwd_kernels);
+  AddModule(
+      b, "attn_core",
+      OpSeconds({.gemm_flops = square, .elementwise_bytes = fwd * b.t, .kernels = fwd_kernels},
+                b.hw),
+      false);
+  if (m.attention_sinks) {
+    b.cost.attn_forward_transient = static_cast<uint64_t>(std::max(
+        0.0,
+        (2 * hq * s + 2 * hq * (s + 1) + rep * 4 * hkv * d - 2 * hq * d - 2 * m.hidden) * b.t));
+    b.cost.attn_backward_transient = static_cast<uint64_t>(std::max(
+        0.0, (6 * hq * (s + 1) + 2 * hq * d - 2 * hq * (s + 1) - 2 * hq * d - 2 * hq * d) * b.t));
+  } else {
+    b.cost.attn_forward_transient = static_cast<uint64_t>(std::max(
+        0.0, (6 * hq * s - 2 * hq * s + rep * 4 * hkv * d - 2 * hq * d - 2 * m.hidden) * b.t));
+    b.cost.attn_backward_transient = static_cast<uint64_t>(
+        std::max(0.0, (8 * hq * s + 2 * hq * d - 2 * hq * s - 2 * hq * d - 2 * hq * d) * b.t));
+  }
+}
+
 void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim, s = b.s;
@@ -364,6 +467,13 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   // Per head tensor (q and k; v's gradient comes from attention in the projection's layout).
   if (m.family == "llama4_text") {
     Llama4PositionWork(b, nope);
+  } else if (m.family == "gpt_oss") {
+    // gpt-oss (_apply_rotary_emb, modeling_gpt_oss.py) rotates the two halves instead: four
+    // half-width muls (r2 w2 per half element: 8), `first * cos - second * sin` and `second *
+    // cos + first * sin` (r4 w2 over halves: 3 + 3), the cat r2 w2 = 18, 7 kernels; backward the
+    // four muls (8), the two gradients' sums (6), neg (2), chunk's cat of the halves (4) and the
+    // layout copy (4) = 24, 9 kernels.
+    b.Traffic(18 * (hq + hkv) * d, 24 * (hq + hkv) * d, 14, 18);
   } else {
     b.Traffic(20 * (hq + hkv) * d, 34 * (hq + hkv) * d, 10, 20);
   }
@@ -375,21 +485,29 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
     // q/k/v biases: added in the GEMM epilogue forward; backward sums each gradient over tokens.
     b.Traffic(0, 2 * (hq + 2 * hkv) * d, 0, 3);
   }
-  // Causal flash skips the blocks above the diagonal (a query sees half the sequence on
-  // average); a masked kernel and eager attention compute the whole square.
-  AttentionCore(b, hq, d, d, masked || b.dialect.eager ? s : 0.5 * s);
+  // o_proj's bias (gpt-oss): its gradient summed over tokens (r 2h).
+  if (m.o_bias) b.Traffic(0, 2 * h, 0, 1);
   if (b.dialect.eager) {
-    // softmax (r 4, w 4 per score), its bf16 copy, the mask add: about 20 bytes per score.
-    b.Traffic(20 * hq * s, 24 * hq * s, 0, 0);
+    EagerScores(b);
+    return;
   }
-  // Forward: the projections before RoPE and RoPE's temporaries (eager: the scores' fp32
-  // softmax input as well); backward: dq, dk, dv and the fp32 dq accumulator of the flash
-  // backward (flash-attention's mha_bwd), or eager's score gradients.
-  const double eager_scores = b.dialect.eager ? 8 * hq * s : 0;
+  if (masked) {
+    // A mask costs its conversion on every call (convert_boolean_attn_mask: where over the
+    // bool [b, 1, s, s] mask, r1 w2 per pair) and, with k and v repeated (repeat_kv: hkv < hq),
+    // their copies (r2 w2 of the expanded hq*d each); backward, repeat_kv's sums (r 2hq*d w
+    // 2hkv*d each) and v's gradient copied back to the projection's layout (r2 w2 of hkv*d).
+    const double rep = hkv < hq ? 1 : 0;
+    b.Traffic(rep * 8 * hq * d + 3 * s, rep * (4 * hq * d + 8 * hkv * d), 2 * rep + 1, 3 * rep);
+  }
+  // Causal flash skips the blocks above the diagonal (a query sees half the sequence on
+  // average); a masked kernel computes the whole square.
+  AttentionCore(b, hq, d, d, masked ? s : 0.5 * s);
+  // Forward: the projections before RoPE and RoPE's temporaries; backward: dq, dk, dv and the
+  // fp32 dq accumulator of the flash backward (flash-attention's mha_bwd).
   b.cost.attn_forward_transient =
-      static_cast<uint64_t>((2 * (hq + 2 * hkv) * d + 4 * hq * d + eager_scores) * b.t);
+      static_cast<uint64_t>((2 * (hq + 2 * hkv) * d + 4 * hq * d) * b.t);
   b.cost.attn_backward_transient =
-      static_cast<uint64_t>((2 * (hq + 2 * kv) * d + 4 * hq * d + 4 * hq + eager_scores) * b.t);
+      static_cast<uint64_t>((2 * (hq + 2 * kv) * d + 4 * hq * d + 4 * hq) * b.t);
 }
 
 void MlaAttention(HfLayer& b, const LayerSpec& spec) {
@@ -720,6 +838,23 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
         b.Save("moe.dispatched", "", (m.expert_bias ? 4 : 3) * 8 * k + 2 * k + 2 * h * k, offsets);
         b.Save("moe.gate_up", "", 4 * fe * k);
         act = 10 * fe * k;
+        // GptOssExperts (modeling_gpt_oss.py) beyond the SwiGLU counted below, bytes per token.
+        // Forward: the two clamps (r2 w2 of fe each), `gate * alpha`, sigmoid, `up + 1` (r2 w2),
+        // and the two muls (r4 w2) = 32 fe per routed expert against SwiGLU's 10; the biases
+        // gathered by expert id (gate_up r 2 w 2 of 2fe + the ids, down r 2 w 2 of h) and added
+        // in place (r4 w2): +42 fe + 10 h + 16 per routed expert; the router is top-k of the
+        // biased logits and a softmax over k (2 kernels, not the 6 of softmax over E, top-k,
+        // renormalise and cast), and the dispatch casts once less: 4 kernels more. Backward:
+        // the five muls' gradients (r4 w2), the alpha mul's (r2 w2), sigmoid's (r4 w2), the
+        // clamps' where (r2 + bool r1 w2) and their le/ge/and masks (r2 w1, r1 r1 w1), the sum
+        // of gate's two gradients (r4 w2), the interleaved slices' zeros and copies (w4 + r2 w2
+        // each) summed (r4 w2 of 2fe) = 96 fe against SwiGLU's 26: +70 fe, 16 kernels; the two
+        // biases' gradients are index_put(accumulate) by expert id (the values r, the ids
+        // sorted: 256 B per key, Note [Kernel bytes]; 11 kernels each and a zero fill):
+        // +4 fe + 2 h + 2 x 264 per routed expert.
+        if (m.expert_bias) {
+          b.Traffic((42 * fe + 10 * h + 16) * k, (70 * fe + 4 * fe + 2 * h + 528) * k, 4, 16 + 24);
+        }
         break;
       case HfRouter::kLlama4:
         b.Save("moe.router", "", 8 * k + 4 * e + 2 * e);
@@ -801,6 +936,37 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
   }
 }
 
+// Note [hf masks]
+// The decoder's forward builds one mask per layer type it needs, once (Gemma2Model /
+// Gemma3TextModel / GptOssModel.forward: causal_mask_mapping), and hands it to every layer of
+// that type; none is saved by autograd (an add with a tensor that needs no gradient saves
+// nothing), so they are freed when the model's forward returns, before the LM head.
+//  Eager (masking_utils.eager_mask): a [b, 1, s, s] mask in the activations' dtype (bf16: 2
+//    bytes per pair) whatever the length; Gemma 2 and gpt-oss build both the full and the
+//    sliding one, whichever layer types the model has.
+//  SDPA (sdpa_mask): none for full causal layers (is_causal instead); a bool [b, 1, s, s]
+//    (1 byte per pair) for sliding-window layers once s >= the window (Gemma 3 builds it
+//    whatever its layer types), for chunked layers once s > the chunk
+//    (_ignore_causal_mask_sdpa); each layer then keeps its own converted copy (attn.mask).
+// Under gradient checkpointing the layers' checkpoints hold their inputs, masks included,
+// until their backward: the masks then live through the backward, which the layer costs cannot
+// say (a recompute option has no step-level term); the test names that gap.
+double HfMaskBytes(const ModelConfig& m, double s) {
+  const bool eager = DialectFor(m).eager;
+  bool sliding = false, chunked = false;
+  for (const LayerSpec& l : m.layers) {
+    if (l.attention != AttentionKind::kAttention || l.cross_attention) continue;
+    sliding |= l.span == AttentionSpan::kSliding;
+    chunked |= l.span == AttentionSpan::kChunked;
+  }
+  if (eager) return 2 * 2 * s * s;
+  double bytes = 0;
+  sliding |= m.family == "gemma3_text" && m.sliding_window > 0;
+  if (sliding && s >= m.sliding_window) bytes += s * s;
+  if (chunked && s > m.attention_chunk) bytes += s * s;
+  return bytes;
+}
+
 }  // namespace
 
 absl::Status ValidateHfRun(const ModelConfig& /*model*/, const RunSettings& run) {
@@ -841,6 +1007,11 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
         static_cast<uint64_t>(std::llround(2.0 * m.hidden * tokens));
     return b.cost;
   }
+  const auto saved_so_far = [&b] {
+    uint64_t bytes = 0;
+    for (const SavedTensor& t : b.cost.saved) bytes += t.bytes;
+    return bytes;
+  };
   switch (spec.cross_attention ? AttentionKind::kAttention : spec.attention) {
     case AttentionKind::kAttention:
       if (spec.cross_attention) {
@@ -858,8 +1029,21 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
       LinearAttention(b, spec);
       break;
   }
+  const uint64_t attention_saved = saved_so_far();
   Ffn(b, spec);
+  if (b.dialect.eager && spec.attention == AttentionKind::kAttention && !spec.cross_attention) {
+    // Note [hf eager attention]: the FFN's input norms count in the attention part of the saved
+    // bytes (outside ffn_saved_bytes) but do not exist yet at the forward's moment and no more
+    // at the backward's.
+    const uint64_t norms = saved_so_far() - attention_saved - b.cost.ffn_saved_bytes;
+    b.cost.attn_forward_transient -= std::min(norms, b.cost.attn_forward_transient);
+    b.cost.attn_backward_transient -= std::min(norms, b.cost.attn_backward_transient);
+  }
   OlmoPhi3Terms(b, spec);
+  // The step's attention masks live while the model's forward runs (Note [hf masks]).
+  const double masks = HfMaskBytes(m, b.s) * b.sequences;
+  b.cost.attn_forward_transient += static_cast<uint64_t>(masks);
+  b.cost.ffn_forward_transient += static_cast<uint64_t>(masks);
   const double dense_params = static_cast<double>(DenseLayerParams(m, spec));
   const double expert_params = static_cast<double>(RoutedExpertParams(m, spec));
   // Router and attention weights are dense GEMMs; expert GEMMs are counted by Ffn.
@@ -903,13 +1087,17 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   c.embedding_grad_bytes =
       m.tied_embeddings ? 0 : static_cast<uint64_t>(v * h * static_cast<double>(run.grad_bytes));
   // Held throughout the step: the two cuBLAS workspaces and RoPE's cos/sin (2 x 2d per token;
-  // OLMo: fp32, one pair per layer type, Note [hf OLMo and Phi-3]).
+  // OLMo: fp32, one pair per layer type, Note [hf OLMo and Phi-3]). Gemma 3 computes one bf16
+  // pair per layer type present too (Gemma3TextModel.forward: the local and the global rotary
+  // tables, position_embeddings[layer_type]), each kept by RoPE's muls.
   const HfDialect dialect = DialectFor(m);
+  bool sliding = false, full = false;
+  for (const LayerSpec& l : m.layers) (l.span == AttentionSpan::kSliding ? sliding : full) = true;
   double rope_bytes = 4 * d;
   if (dialect.fp32_rope) {
-    bool sliding = false, full = false;
-    for (const LayerSpec& l : m.layers) (l.span == AttentionSpan::kSliding ? sliding : full) = true;
     rope_bytes = 8 * d * (sliding && full ? 2 : 1);
+  } else if (m.family == "gemma3_text") {
+    rope_bytes = 4 * d * ((sliding ? 1 : 0) + (full ? 1 : 0));
   }
   c.fixed.other +=
       static_cast<uint64_t>(kCublasWorkspaces * kCublasWorkspaceBytes + rope_bytes * t);
@@ -923,9 +1111,14 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
     c.fixed.other += static_cast<uint64_t>(2 * h * vision + 2 * t * m.vision_tokens + 2 * t);
   }
   // The tail: final norm (8h + 4; the fp32 weight mul keeps its fp32 input: 10h + 4, Note [hf
-  // dialects]) + the loss's 14V + labels (16) per token (Note [hf profile]).
-  const double final_norm = (dialect.norm == HfNorm::kGptOss ? 10 : 8) * h + 4;
-  c.tail_bytes = static_cast<uint64_t>(std::llround((final_norm + 14 * v + 16) * t));
+  // dialects]) + the loss's 14V + labels (16) per token (Note [hf profile]). Final-logit
+  // soft-capping (Gemma2ForCausalLM / Gemma3ForCausalLM.forward: logits / cap, tanh, * cap)
+  // keeps tanh's bf16 output through the loss's backward: 2V more at its peak (the model output
+  // holds the capped logits, the 2V already counted).
+  const bool softcap = m.final_logit_softcap > 0;
+  const double final_norm = (dialect.norm == HfNorm::kLlama ? 8 : 10) * h + 4;
+  c.tail_bytes =
+      static_cast<uint64_t>(std::llround((final_norm + 14 * v + (softcap ? 2 * v : 0) + 16) * t));
   const NormWork norm = NormWorkOf(dialect.norm);
   // LM head: one GEMM forward, two backward (one chunk covers every token, so the logits are
   // not recomputed). The loss (ForCausalLMLoss, loss/loss_utils.py), bytes per token: float()
@@ -934,20 +1127,26 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   // nll_loss's zeros w 4V and scatter; log_softmax's (the row sum of the gradient, then
   // r 8V w 4V) r 12V w 4V; float()'s r 4V w 2V: 48V, ~12 kernels with the label pad and shift.
   // The final norm (NormWorkOf): Llama's 36h forward, 92h backward, 8 + 15 kernels.
-  c.tail_time = OpTimeOf({.gemm_flops = 3 * 2 * h * v * t,
-                          .elementwise_bytes = (48 * v + (norm.fwd + norm.bwd) * h) * t,
-                          .kernels = 3 + 12 + norm.fwd_kernels + norm.bwd_kernels},
-                         hw);
+  // Soft-capping: div, tanh and mul r2 w2 each forward; backward the mul's r2 w2, tanh_backward
+  // r4 w2, the div's r2 w2: 26V, 6 kernels.
+  c.tail_time = OpTimeOf(
+      {.gemm_flops = 3 * 2 * h * v * t,
+       .elementwise_bytes = (48 * v + (softcap ? 26 * v : 0) + (norm.fwd + norm.bwd) * h) * t,
+       .kernels = 3 + 12 + norm.fwd_kernels + norm.bwd_kernels + (softcap ? 6 : 0)},
+      hw);
   c.tail_seconds = c.tail_time.total();
   // Embedding: the gather forward (r 2h w 2h); backward (embedding_dense_backward) zeroes the
   // V x h gradient, sorts the ids and sums each id's rows in fp32 (r 2h, w+r 8h, w 2h). A tied
   // weight's second gradient is added into the LM head's by AccumulateGrad (`grad += new`:
   // r 4Vh w 2Vh).
   const double tied_accumulate = m.tied_embeddings ? 6 * v * h : 0;
-  c.embedding_time =
-      OpTimeOf({.elementwise_bytes = 4 * h * t + 2 * v * h + 12 * h * t + tied_accumulate,
-                .kernels = 8.0 + (m.tied_embeddings ? 1 : 0)},
-               hw);
+  // Gemma's embeddings are scaled by sqrt(h) (Gemma2TextScaledWordEmbedding / Gemma3's: `*
+  // embed_scale`): r2 w2 forward and in its gradient.
+  const double scaled = m.family == "gemma2" || m.family == "gemma3_text" ? 1 : 0;
+  c.embedding_time = OpTimeOf({.elementwise_bytes = 4 * h * t + 2 * v * h + 12 * h * t +
+                                                    tied_accumulate + scaled * 8 * h * t,
+                               .kernels = 8.0 + (m.tied_embeddings ? 1 : 0) + 2 * scaled},
+                              hw);
   c.embedding_seconds = c.embedding_time.total();
 }
 

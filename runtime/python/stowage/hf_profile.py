@@ -63,6 +63,21 @@ allocation and free in order; every length runs the same ops in the same order
 exactly through the three lengths. HfMeasurement.at(s) replays the log with the sizes at s:
 the peaks of that step, which tests check against a step measured at s directly.
 
+Note [One side of every threshold]
+Two things change a step at a length in a way no polynomial follows, and both happen at a
+length the config or the step fixes: (1) SDPA gets a mask only from a length on: a sliding-
+window layer when s >= sliding_window (masking_utils._ignore_causal_mask_sdpa: no skip once
+kv_length >= local_attention_size), a chunked layer when s > attention_chunk_size — the mask
+and the kernel that takes it (with its saved copy) appear there; eager attention masks at every
+length, so only SDPA models have these; (2) a softmax row over the keys that reaches 48 KiB
+switches to the kernel that reads it three times (Note [Kernel bytes]): the work jumps, not the
+bytes (eager attention's fp32 scores at 12288 keys, gpt-oss's bf16 scores with the sink
+column at 24575). So the measured lengths and the length a profile is for must lie on one side
+of each: measure_hf(config, seq_len=N) picks its lengths between the thresholds around N (the
+defaults scaled by a power of two, or 1 : 1.5 : 2 where the interval is narrow), and
+HfMeasurement.at() refuses a length across one from them. The softmax thresholds come from the
+step itself: rows that grow with the length, at two lengths, give the row's offset from s.
+
 Depth: one layer per distinct layer kind (the module tree's class names, parameter shapes and
 attention_type), in model order; the others are dropped from model.model.layers before the step.
 Weights are counted over the full-depth model (fake, so free): the text decoder and its LM
@@ -333,6 +348,8 @@ class LiveBytes(TorchDispatchMode):
         self.work: dict[Any, OpWork] = {}
         self.modules: list[Any] = []
         self.module_work: dict[Any, OpWork] = {}
+        # (row length, element size) of every softmax (Note [One side of every threshold]).
+        self.softmax_rows: set[tuple[int, int]] = set()
 
     def set_phase(self, phase: Any) -> None:
         self.phase = phase
@@ -378,6 +395,11 @@ class LiveBytes(TorchDispatchMode):
         for t in _tensors(out):
             if t.layout is torch.strided:
                 self._track(t, inputs)
+        name = func._overloadpacket.__name__
+        if name in _SOFTMAX or name in _SOFTMAX_BACKWARD:
+            x, dim = args[0], args[1] if name in _SOFTMAX else args[2]
+            if x.dim() > 0:
+                self.softmax_rows.add((int(x.shape[dim]), x.element_size()))
         w = op_work(func, args, kwargs, out)
         if w is not None:
             self.work.setdefault(self.phase, OpWork()).add(w)
@@ -500,6 +522,7 @@ class StepTrace:
     grads: dict[Any, list[int]]  # "loss", "embedding", ("layer", j): their gradients' ids
     work: dict[Any, OpWork]
     module_work: dict[Any, OpWork]  # (("forward", j), child name) -> its forward work
+    softmax_rows: set = dataclasses.field(default_factory=set)  # (row, element size)
 
 
 @dataclasses.dataclass
@@ -658,7 +681,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
             h.remove()
     return StepTrace(seq_len=seq_len, events=mode.events, sizes=mode.sizes, saved=saved,
                      inputs=inputs, outputs=outputs, grads=grads, work=mode.work,
-                     module_work=mode.module_work)
+                     module_work=mode.module_work, softmax_rows=mode.softmax_rows)
 
 
 class _gpu_sdpa:
@@ -738,24 +761,51 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     grads = [grad.get(("layer", j), 0) for j in range(n)]
     in0 = sizes[trace.inputs[0]]
     other = entered[("forward", 0)] - entered["embedding"] - in0
+    # What of `other` the forward frees (the attention masks: the decoder builds them once and
+    # no layer saves them, Note [hf masks] in planner/framework_hf.cc) is not alive in the loss
+    # and the backward of this step, but a checkpointed step's layers hold them until their
+    # backward, and the planner holds `other` all step: the loss's and backward's own bytes are
+    # taken net of what stays only, so both policies plan at least what their step holds.
+    held = other - _freed_before_backward(trace, sizes)
     points = []
     for j in range(n):
         fwd, bwd = ("forward", j), ("backward", j)
         in_b, out_b = sizes[trace.inputs[j]], sizes[trace.outputs[j]]
         saves_input = any(name == "input" for name, _b, _m in tensors[j])
         before = other + sum(resident[:j])
-        bwd_own = (peaks[bwd] - before - grad.get("loss", 0) - sum(grads[j + 1:]) - grads[j])
+        bwd_own = (peaks[bwd] - held - sum(resident[:j]) - grad.get("loss", 0) -
+                   sum(grads[j + 1:]) - grads[j])
         points.append(LayerPoint(
             input_bytes=in_b, output_bytes=out_b, saved=tensors[j],
             retained_bytes=marks[("forward_end", j)] - entered[fwd],
             forward_own_bytes=max(0, peaks[fwd] - before),
             backward_own_bytes=max(0, bwd_own - (in_b if saves_input else 0)),
             grad_bytes=grads[j]))
-    loss_peak = peaks["loss"] - other - sum(resident) - points[-1].output_bytes
+    loss_peak = peaks["loss"] - held - sum(resident) - points[-1].output_bytes
     return StepPoint(
         seq_len=trace.seq_len, layers=points, other_bytes=other,
         loss_peak_bytes=max(0, loss_peak), loss_grad_bytes=grad.get("loss", 0),
         embedding_grad_bytes=grad.get("embedding", 0), peak_bytes=peak)
+
+
+def _freed_before_backward(trace: StepTrace, sizes: Sequence[int]) -> int:
+    """Bytes made before the first layer (other than its input) and freed before the first
+    layer's backward starts."""
+    made: set[int] = set()
+    phase: Any = None
+    freed = 0
+    for kind, x in trace.events:
+        if kind == "p":
+            phase = x
+            if isinstance(x, tuple) and x[0] == "backward":
+                break
+        elif kind == "a" and phase == "embedding" and x != trace.inputs[0]:
+            made.add(x)
+        elif kind == "f" and x in made:
+            made.discard(x)
+            if phase != "embedding":  # a temporary of the embedding is not in `other`
+                freed += sizes[x]
+    return freed
 
 
 @dataclasses.dataclass
@@ -871,10 +921,22 @@ class HfMeasurement:
     hf: HfModel
     lengths: list[int]
     traces: list[StepTrace]
+    # Note [One side of every threshold]: (length, what happens there).
+    thresholds: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+
+    def covers(self, seq_len: int) -> bool:
+        """Whether `seq_len` lies on the measured lengths' side of every threshold."""
+        return all((seq_len >= t) == (self.lengths[0] >= t) for t, _ in self.thresholds)
 
     def at(self, seq_len: int) -> StepTrace:
         """The step at `seq_len` tokens: each allocation's size and each phase's work fitted
         through the measured lengths (Note [Replaying the step])."""
+        for t, what in self.thresholds:
+            if (seq_len >= t) != (self.lengths[0] >= t):
+                raise PlanError(
+                    f"seq_len {seq_len} is on the other side of {what} at {t} tokens from the "
+                    f"measured lengths {self.lengths}: measure with seq_len={seq_len} "
+                    "(Note [One side of every threshold])")
         t0 = self.traces[0]
         ls = self.lengths
         sizes = [max(0, round(extrapolate([(s, t.sizes[i]) for s, t in zip(ls, self.traces)],
@@ -905,17 +967,86 @@ def _check_same_step(traces: Sequence[StepTrace]) -> None:
                 "allocation by allocation; choose other --lengths")
 
 
-def measure_hf(config: Any, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
-               dtype: torch.dtype = torch.bfloat16, fake: bool = True) -> HfMeasurement:
-    """Runs one step of the model of `config` (a config.json path or dict) at each length."""
+def mask_thresholds(hf: HfModel) -> list[tuple[int, str]]:
+    """Where SDPA starts to get a mask (Note [One side of every threshold]); none for eager
+    attention, which masks at every length."""
+    cfg = hf.model.config
+    if getattr(cfg, "_attn_implementation", "sdpa") != "sdpa":
+        return []
+    types = set(getattr(cfg, "layer_types", None) or [])
+    out = []
+    window = getattr(cfg, "sliding_window", None)
+    if window and ("sliding_attention" in types or not types and
+                   getattr(cfg, "use_sliding_window", True)):
+        out.append((int(window), "the sliding window (SDPA's mask from here on)"))
+    chunk = getattr(cfg, "attention_chunk_size", None)
+    if chunk and "chunked_attention" in types:
+        out.append((int(chunk) + 1, "the attention chunk (SDPA's mask beyond it)"))
+    return out
+
+
+def softmax_thresholds(traces: Sequence[StepTrace]) -> list[tuple[int, str]]:
+    """Lengths where a softmax row that grows with the length reaches 48 KiB (Note [One side of
+    every threshold]): a row present at each length as s + c with one constant c."""
+    if len(traces) < 2:
+        return []
+    out = []
+    first, second = traces[0], traces[1]
+    for row, size in sorted(first.softmax_rows):
+        c = row - first.seq_len
+        if (second.seq_len + c, size) in second.softmax_rows and c > -first.seq_len:
+            t = -(-_SHARED_MEMORY_PER_BLOCK // size) - c
+            if t > 0:
+                out.append((t, f"a softmax row of 48 KiB ({size}-byte elements)"))
+    return sorted(set(out))
+
+
+def lengths_between(thresholds: Sequence[tuple[int, str]], seq_len: int,
+                    default: Sequence[int] = DEFAULT_LENGTHS) -> list[int]:
+    """Three lengths with `seq_len` between the same thresholds: `default` scaled by the power
+    of two nearest 1 that fits, else 1 : 1.5 : 2 from the interval's start."""
+    lo = max([t for t, _ in thresholds if t <= seq_len], default=1)
+    hi = min([t for t, _ in thresholds if t > seq_len], default=None)
+
+    def fits(ls: Sequence[int]) -> bool:
+        return all(lo <= x and (hi is None or x < hi) for x in ls) and len(set(ls)) == len(ls)
+
+    for k in sorted(range(-12, 13), key=abs):
+        for base in (tuple(default), (256, 384, 512)):
+            ls = [int(x * 2.0 ** k) for x in base]
+            if fits(ls):
+                return ls
+    ls = [lo, lo + (lo + 1) // 2, 2 * lo]
+    if fits(ls):
+        return ls
+    raise PlanError(f"no three lengths between the thresholds {lo} and {hi} around seq_len "
+                    f"{seq_len}; pass lengths=")
+
+
+def measure_hf(config: Any, *, lengths: Optional[Sequence[int]] = None,
+               seq_len: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
+               fake: bool = True) -> HfMeasurement:
+    """Runs one step of the model of `config` (a config.json path or dict) at each length:
+    `lengths`, or lengths on seq_len's side of every threshold (Note [One side of every
+    threshold]; the defaults when seq_len is not given)."""
+    hf = build_hf_model(config, dtype=dtype, fake=fake)
+    windows = mask_thresholds(hf)
+    chosen = lengths is None
+    if chosen:
+        lengths = DEFAULT_LENGTHS if seq_len is None else lengths_between(windows, seq_len)
     lengths = sorted(set(int(s) for s in lengths))
     if len(lengths) < 2 or lengths[0] < 1:
         raise PlanError(f"lengths are {lengths}; allowed: at least two distinct positive lengths "
                         "(three fit a constant term too)")
-    hf = build_hf_model(config, dtype=dtype, fake=fake)
     traces = [trace_step(hf, s) for s in lengths]
-    _check_same_step(traces)
-    return HfMeasurement(hf=hf, lengths=lengths, traces=traces)
+    thresholds = sorted(set(windows + softmax_thresholds(traces)))
+    m = HfMeasurement(hf=hf, lengths=lengths, traces=traces, thresholds=thresholds)
+    if chosen and seq_len is not None and not m.covers(seq_len):
+        # A softmax threshold between the defaults and seq_len: measure on its side.
+        m.lengths = lengths = lengths_between(thresholds, seq_len)
+        m.traces = [trace_step(hf, s) for s in lengths]
+    _check_same_step(m.traces)
+    return m
 
 
 def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
@@ -975,12 +1106,13 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
         model_parameters=m.hf.parameters)
 
 
-def profile_hf(config: Any, seq_len: int, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
+def profile_hf(config: Any, seq_len: int, *, lengths: Optional[Sequence[int]] = None,
                dtype: torch.dtype = torch.bfloat16, fake: bool = True) -> "ModelProfile":
     """measure_hf + to_model_profile: the profile `stowage plan --profile` reads."""
     if seq_len < 1:
         raise PlanError(f"seq_len is {seq_len}; allowed: at least 1")
-    return to_model_profile(measure_hf(config, lengths=lengths, dtype=dtype, fake=fake), seq_len)
+    return to_model_profile(
+        measure_hf(config, lengths=lengths, seq_len=seq_len, dtype=dtype, fake=fake), seq_len)
 
 
 __all__ = ["HfMeasurement", "LiveBytes", "OpWork", "StepTrace", "build_hf_model", "evaluate",

@@ -474,16 +474,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="a config.json (model_type and the family's fields)")
     parser.add_argument("--seq-len", type=int, default=4096, metavar="N",
                         help="tokens per sequence the profile is for (4096)")
-    parser.add_argument("--lengths", default=",".join(map(str, _hf().DEFAULT_LENGTHS)),
-                        metavar="A,B,C",
-                        help="the sequence lengths measured and fitted through (%(default)s)")
+    parser.add_argument("--lengths", default=None, metavar="A,B,C",
+                        help="the sequence lengths measured and fitted through (default: "
+                             f"{','.join(map(str, _hf().DEFAULT_LENGTHS))}, scaled to lie on "
+                             "--seq-len's side of the sliding window and of softmax rows of "
+                             "48 KiB)")
     parser.add_argument("--real", action="store_true",
                         help="run real CPU tensors instead of fake ones (small configs only)")
     parser.add_argument("--out", metavar="FILE", help="write the profile here (default stdout)")
     args = parser.parse_args(argv)
     hf = _hf()
     try:
-        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+        lengths = (None if args.lengths is None else
+                   [int(x) for x in args.lengths.split(",") if x.strip()])
     except ValueError:
         parser.error(f"--lengths is {args.lengths!r}; allowed: comma-separated integers")
     try:
