@@ -1114,11 +1114,13 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   // dialects]) + the loss's 14V + labels (16) per token (Note [hf profile]). Final-logit
   // soft-capping (Gemma2ForCausalLM / Gemma3ForCausalLM.forward: logits / cap, tanh, * cap)
   // keeps tanh's bf16 output through the loss's backward: 2V more at its peak (the model output
-  // holds the capped logits, the 2V already counted).
+  // holds the capped logits, the 2V already counted). fp32 logits (MllamaForCausalLM): the
+  // output holds them (4V) and the loss's `logits.float()` is that tensor: 16V.
   const bool softcap = m.final_logit_softcap > 0;
   const double final_norm = (dialect.norm == HfNorm::kLlama ? 8 : 10) * h + 4;
+  const double loss = m.fp32_logits ? 16 : 14;
   c.tail_bytes =
-      static_cast<uint64_t>(std::llround((final_norm + 14 * v + (softcap ? 2 * v : 0) + 16) * t));
+      static_cast<uint64_t>(std::llround((final_norm + loss * v + (softcap ? 2 * v : 0) + 16) * t));
   const NormWork norm = NormWorkOf(dialect.norm);
   // LM head: one GEMM forward, two backward (one chunk covers every token, so the logits are
   // not recomputed). The loss (ForCausalLMLoss, loss/loss_utils.py), bytes per token: float()

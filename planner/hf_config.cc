@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -827,6 +828,10 @@ absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std
   m.name = name;
   m.family = fam->family;
   m.notes.push_back(absl::StrCat("read as family ", fam->family, " (from ", from, ")"));
+  // Mllama's text config alone is MllamaForCausalLM's, which returns fp32 logits;
+  // MllamaForConditionalGeneration's are bf16.
+  m.fp32_logits = std::string_view(fam->family) == "mllama_text_model" &&
+                  (arch == "MllamaForCausalLM" || (arch.empty() && !nested));
   if (nested) {
     m.notes.push_back(absl::StrCat("only the text decoder (text_config, ", fam->family,
                                    ") is planned; other towers in the config are not counted"));

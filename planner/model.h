@@ -92,6 +92,9 @@ struct ModelConfig {
   // max_num_tiles x ((image_size / patch_size)^2 + 1) patches); 0: a text-only step, in which
   // transformers skips those layers (MllamaTextModel.forward).
   int vision_tokens = 0;
+  // The LM head's logits leave the model in fp32 (MllamaForCausalLM.forward:
+  // `self.lm_head(hidden_states).float()`); other classes hand the loss bf16 logits.
+  bool fp32_logits = false;
   int norms_per_layer = 2;  // RMSNorms on the residual path of one layer (Gemma 2/3: 4)
   // Multi-token prediction modules (DeepSeek-V3, GLM-4.5, GLM-5): each is one more decoder layer
   // of the last layer's kind plus two norms, a 2*hidden -> hidden projection and a final norm.

@@ -139,6 +139,14 @@ FAMILIES = {
                         num_local_experts=16, num_experts_per_tok=1,
                         interleave_moe_layer_step=2, attention_chunk_size=8192,
                         use_qk_norm=True, vocab_size=202048, tie_word_embeddings=False),
+    # Llama-3.2-11B-Vision's text decoder (MllamaForCausalLM: fp32 logits), four layers with
+    # cross-attention at 1 and 3 over one image of MllamaVisionConfig's 4 tiles x 1025 patches
+    # (the planner's and hf_profile's default, Note [hf cross-attention]).
+    "mllama_text_model": dict(model_type="mllama_text_model", hidden_size=4096,
+                              intermediate_size=14336, num_hidden_layers=4,
+                              num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                              cross_attention_layers=[1, 3], pad_token_id=128004,
+                              rope_theta=500000.0, tie_word_embeddings=False),
     # Text decoders of multimodal wrappers (hf_profile builds the image-text-to-text model, whose
     # text-only step runs the decoder; the planner plans only that): Qwen2.5-VL-7B (Qwen2's
     # layer, multimodal RoPE), Qwen3-VL-8B (Qwen3's), Qwen3-VL-30B-A3B (Qwen3-MoE's). One
@@ -192,7 +200,7 @@ FAMILIES = {
 # from a family checked at two only in terms linear in the tokens (python_torch2_cpu's time).
 LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,), "phi3": (4096,),
            "olmo2": (4096,), "qwen2_5_vl": (4096,), "qwen3_vl": (4096,), "qwen3_vl_moe": (4096,),
-           "llama4_text": (4096,)}
+           "llama4_text": (4096,), "mllama_text_model": (4096,)}
 
 HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1",
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",

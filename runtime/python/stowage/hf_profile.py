@@ -472,6 +472,13 @@ def _model_class(cfg: Any) -> tuple[Any, type]:
         model_class = auto._model_mapping.get(type(cfg), None)
         if model_class is not None:
             return auto, model_class
+    # A text config whose causal LM is registered under its wrapper's config (MllamaTextConfig:
+    # MllamaForCausalLM).
+    import transformers
+    name = type(cfg).__name__.replace("TextConfig", "ForCausalLM")
+    model_class = getattr(transformers, name, None)
+    if model_class is not None and getattr(model_class, "config_class", None) is type(cfg):
+        return model_class, model_class
     raise PlanError(f"transformers has no causal LM or image-text-to-text model for "
                     f"{type(cfg).__name__}: not a decoder stowage.hf_profile knows")
 
@@ -573,6 +580,28 @@ def _hidden(x: Any) -> torch.Tensor:
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
+def _cross_attention_inputs(model: nn.Module, seq_len: int) -> dict[str, torch.Tensor]:
+    """What Mllama's text decoder gets from MllamaForConditionalGeneration besides the tokens
+    (Note [hf cross-attention] in planner/framework_hf.cc): one image's projected vision states,
+    max_num_tiles tiles of (image_size / patch_size)^2 + 1 tokens (the vision config's, or
+    MllamaVisionConfig's defaults for a text config), that every text token sees, and the masks
+    _prepare_cross_attention_mask makes of it. Nothing for a model without cross-attention."""
+    text = model.config.get_text_config()
+    if not getattr(text, "cross_attention_layers", None):
+        return {}
+    from transformers.models.mllama.configuration_mllama import MllamaVisionConfig
+    from transformers.models.mllama.modeling_mllama import _prepare_cross_attention_mask
+    vision = getattr(model.config, "vision_config", None) or MllamaVisionConfig()
+    tiles = vision.max_num_tiles
+    per_tile = (vision.image_size // vision.patch_size) ** 2 + 1
+    dtype = next(model.parameters()).dtype
+    states = torch.randn(1, tiles * per_tile, text.hidden_size, dtype=dtype)
+    mask, rows = _prepare_cross_attention_mask(
+        torch.ones(1, seq_len, 1, tiles, dtype=torch.int64), per_tile, dtype)
+    return dict(cross_attention_states=states, cross_attention_mask=mask,
+                full_text_row_masked_out_mask=rows)
+
+
 def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
     decoder = _decoder(model)
     layers = list(decoder.layers)
@@ -667,7 +696,8 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
             mode.set_phase("embedding")
             # As a training loop holds it (and shared/reference/measured/measure_hf.py): the
             # output, with its bf16 logits, stays alive through the backward.
-            out = model(input_ids=ids, labels=ids, use_cache=False)
+            out = model(input_ids=ids, labels=ids, use_cache=False,
+                        **_cross_attention_inputs(model, seq_len))
             out.loss.backward()
             del out
             grads: dict[Any, list[int]] = {}
@@ -840,7 +870,8 @@ def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bo
             # Gemma 2, gpt-oss: the class refuses SDPA (soft-capping, sinks) and transformers
             # runs eager attention, as the hf profile's recipe does (Note [hf dialects]).
             cfg._attn_implementation = "eager"
-        model = auto.from_config(cfg, dtype=dtype)
+        model = (auto.from_config(cfg, dtype=dtype) if auto is not model_class else
+                 model_class._from_config(cfg, dtype=dtype))
     model.train()
     decoder = _decoder(model)
     text = _text_parameters(model, decoder)
