@@ -503,9 +503,9 @@ absl::StatusOr<LayerCost> BuildMtpLayer(const ModelConfig& m, const HardwareProf
 // what CheckStepCostBounds adds up.
 absl::StatusOr<uint64_t> LayerCeiling(const LayerCost& l) {
   uint64_t total = 0;
-  for (uint64_t part :
-       {l.saved_bytes, l.attn_forward_transient, l.ffn_forward_transient, l.attn_backward_transient,
-        l.ffn_backward_transient, l.input_bytes, l.output_bytes}) {
+  for (uint64_t part : {l.saved_bytes, l.attn_forward_transient, l.ffn_forward_transient,
+                        l.attn_backward_transient, l.ffn_backward_transient,
+                        l.ffn_inputs_backward_bytes, l.input_bytes, l.output_bytes, l.grad_bytes}) {
     auto sum = AddOrError(total, part, absl::StrCat("the bytes of layer ", l.index));
     if (!sum.ok()) return sum.status();
     total = *sum;
@@ -602,16 +602,34 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
                              {"fixed gradients", step.fixed.gradients},
                              {"fixed optimizer state", step.fixed.optimizer},
                              {"communication buffers", step.fixed.comm_buffers},
-                             {"the LM head and loss working set", step.tail_bytes}}) {
+                             {"the LM head and loss working set", step.tail_bytes},
+                             {"the LM head's gradients", step.tail_grad_bytes},
+                             {"the embedding's gradients", step.embedding_grad_bytes}}) {
     if (absl::Status s = add(bytes, what); !s.ok()) return s;
+  }
+  if (step.held_logits_bytes > step.tail_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the held logits are ", step.held_logits_bytes,
+                     " bytes; allowed: at most the LM head and loss working set (", step.tail_bytes,
+                     "), of which they are part"));
   }
   auto finite = [](double x) { return x >= 0 && x < 1e300; };  // NaN fails both
   for (const LayerCost& l : step.layers) {
     const std::string what = absl::StrCat("layer ", l.index);
-    for (uint64_t part :
-         {l.input_bytes, l.output_bytes, l.saved_bytes, l.attn_forward_transient,
-          l.ffn_forward_transient, l.attn_backward_transient, l.ffn_backward_transient}) {
+    for (uint64_t part : {l.input_bytes, l.output_bytes, l.saved_bytes, l.attn_forward_transient,
+                          l.ffn_forward_transient, l.attn_backward_transient,
+                          l.ffn_backward_transient, l.ffn_inputs_backward_bytes, l.grad_bytes}) {
       if (part > kMaxTensorBytes) return add(part, absl::StrCat("a byte count of ", what));
+    }
+    // Note [Gradient timing]: the gradients made by a peak are some of the layer's.
+    if (l.ffn_peak_grad_bytes > l.grad_bytes || l.attn_peak_grad_bytes > l.grad_bytes ||
+        l.ffn_inputs_grad_bytes > l.grad_bytes ||
+        (!step.gradients_in_backward && l.grad_bytes > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " makes ", l.grad_bytes, " gradient bytes in its backward, ", l.ffn_peak_grad_bytes,
+          " by its FFN peak and ", l.attn_peak_grad_bytes,
+          " by its attention peak; allowed: at most the layer's, and none unless gradients are "
+          "created during backward"));
     }
     // The sums EvaluateOption subtracts from must be what they claim: a wrapped sum (tensors
     // of [2^64-1, 1] "adding up" to 0) would turn into a huge difference there.
@@ -978,7 +996,9 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   c.embedding_seconds = c.embedding_time.total();
   if (hf) ApplyHfStep(m, hw, run, c);
   if (!first_stage) c.embedding_seconds = 0, c.embedding_grad_bytes = 0;
-  if (!last_stage) c.tail_seconds = 0, c.tail_bytes = 0, c.tail_grad_bytes = 0;
+  if (!last_stage) {
+    c.tail_seconds = 0, c.tail_bytes = 0, c.tail_grad_bytes = 0, c.held_logits_bytes = 0;
+  }
   c.comm = BuildStepComm(m, hw, run, c.layers, stage);
   for (size_t i = 0; i < c.layers.size(); ++i) {
     c.layers[i].forward_comm_seconds = c.comm.layers[i].forward_exposed_seconds;
@@ -1001,6 +1021,23 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   return c;
 }
 
+// Note [Gradient timing]
+// When a layer's parameter gradients exist. Megatron-Core allocates its contiguous gradient
+// buffers before the step (fixed memory; LayerCost::grad_bytes is 0). Eager PyTorch creates each
+// weight's gradient when autograd runs the backward node of the op that used the weight (the
+// mm or grouped_mm backward computes it with the input's gradient, and AccumulateGrad takes it
+// as the parameter's .grad, set_to_none); within a layer the engine runs the nodes in reverse
+// order of their creation in forward. So at a moment of a layer's backward the gradients made
+// are those of the weights used after that moment's op in forward: at the FFN/MoE part's peak
+// (the SwiGLU mul's backward, Note [hf FFN backward]) down_proj's, not gate/up's nor any of the
+// attention's; at the attention part's peak (the core's backward) the whole FFN/MoE block's and
+// o_proj's, not the q/k/v projections'. The recipe states them per layer kind
+// (LayerCost::ffn_peak_grad_bytes, attn_peak_grad_bytes; framework_hf.cc Note [hf gradient
+// timing], which adds the FFN's input projections' backward as a third moment: Mixtral's
+// gate_up_proj gradient, 1.75 GiB, is made there); the backward peak below is the largest of
+// the moments with its gradients, the
+// rest of the layer's gradients exist from its backward's end, and what the step holds around
+// the layer is BackwardHeldBytes (simulator.h), the one sum the simulator and the optimizer use.
 OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
   OptionCost c;
   const int k = std::max(1, o.chunks);
@@ -1019,8 +1056,11 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
     return std::max(attn_part + l.attn_forward_transient, attn_part + ffn_part + ffn_fwd) +
            l.output_bytes;
   };
+  // Note [Gradient timing]: each part's peak with the gradients made by then.
   auto backward_with = [&](uint64_t ffn_part) {
-    return std::max(attn_saved + ffn_part + ffn_bwd, attn_saved + l.attn_backward_transient) +
+    return std::max({attn_saved + ffn_part + ffn_bwd + l.ffn_peak_grad_bytes,
+                     attn_saved + l.ffn_inputs_backward_bytes + l.ffn_inputs_grad_bytes,
+                     attn_saved + l.attn_backward_transient + l.attn_peak_grad_bytes}) +
            l.output_bytes + l.input_bytes;
   };
   const uint64_t keep_forward = forward_with(attn_saved, l.ffn_saved_bytes);

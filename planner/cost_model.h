@@ -126,8 +126,21 @@ struct LayerCost {
   double chunk_overhead_seconds = 0;  // per extra FFN/MoE chunk, per pass
   double forward_flops = 0;
   // Parameter gradients this layer's backward creates (StepCost::gradients_in_backward): they
-  // exist from its backward to the end of the step.
+  // exist from its backward to the end of the step. Of them, those made by the moment its FFN/MoE
+  // part's backward peaks and by the moment its attention part's backward peaks (eager PyTorch
+  // makes a weight's gradient when autograd runs its module's backward: Note [Gradient timing]
+  // in cost_model.cc); EvaluateOption counts them in the backward peak, the rest exist from the
+  // backward's end. Both are 0 when gradients exist before the step.
   uint64_t grad_bytes = 0;
+  uint64_t ffn_peak_grad_bytes = 0;
+  uint64_t attn_peak_grad_bytes = 0;
+  // A third moment of the backward, between those two: the FFN/MoE input projections' backward
+  // (gate/up), when their weight gradients are made (ffn_inputs_grad_bytes, the FFN block's
+  // gradients made by then) beside what of the FFN is still alive (ffn_inputs_backward_bytes:
+  // its saved tensors not yet released, the gradients of the projections' output and input).
+  // 0 where the recipe has no such moment (Megatron: gradients exist before the step).
+  uint64_t ffn_inputs_backward_bytes = 0;
+  uint64_t ffn_inputs_grad_bytes = 0;
   // Microbatches of this layer a pipeline stage holds at once (1F1B: stage s of p holds
   // min(p - s, M)); the simulator keeps the other m - 1 microbatches' resident bytes on the GPU
   // throughout and m copies of its host bytes in host memory. 1 without pipelining.
@@ -189,6 +202,11 @@ struct StepCost {
   bool gradients_in_backward = false;
   uint64_t tail_grad_bytes = 0;
   uint64_t embedding_grad_bytes = 0;
+  // Of tail_bytes, what the caller holds from the LM head's forward to the end of the step: the
+  // model output's logits (transformers returns them and the training loop keeps the output
+  // while it runs the backward). 0 where nothing outlives the loss (Megatron's vocab-parallel
+  // loss returns the loss only).
+  uint64_t held_logits_bytes = 0;
   // --optimizer-offload: the optimizer state in host memory and the once-per-step copies
   // (gradients D2H, weights H2D) that do not overlap the forward and backward.
   uint64_t optimizer_host_bytes = 0;
@@ -248,8 +266,10 @@ struct OptionCost {
   // The save is issued when the forward starts (offload_input: the input exists already), not
   // when it ends (offload_saved: tensors are saved as the forward makes them).
   bool save_at_forward_start = false;
-  uint64_t forward_peak = 0;   // the layer's own bytes during its forward (input included)
-  uint64_t backward_peak = 0;  // the layer's own bytes during its recompute + backward
+  uint64_t forward_peak = 0;  // the layer's own bytes during its forward (input included)
+  // The layer's own bytes at the peak of its recompute + backward: its working set and the
+  // parameter gradients its backward has made by then (LayerCost::ffn_peak_grad_bytes).
+  uint64_t backward_peak = 0;
   double forward_seconds = 0;
   double recompute_seconds = 0;
   double backward_seconds = 0;

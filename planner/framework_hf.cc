@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "planner/op_time.h"
 
@@ -55,7 +56,8 @@ namespace {
 //    (tests/python/test_hf_measured_profile.py, live bytes of recompute steps of Mistral and
 //    Mixtral).
 //  Gradients: created by autograd when backward reaches each parameter (bf16 with
-//    --grad-dtype bf16), so none exist at the loss's peak; they accumulate layer by layer.
+//    --grad-dtype bf16), so none exist at the loss's peak; they accumulate layer by layer, and
+//    within a layer module by module (Note [hf gradient timing]).
 //  Workspaces: one cuBLAS workspace per (handle, stream); the forward runs on the Python
 //    thread's handle, backward on the autograd engine's device thread with its own handle, and
 //    each workspace is 32 MiB on sm90+ (CublasHandlePool.cpp, getChosenWorkspaceSize).
@@ -814,6 +816,10 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     // and the mul's two, 6f, once down_proj's node has released the product it saved (2f).
     b.cost.ffn_forward_transient = static_cast<uint64_t>(2 * h * b.t);
     b.cost.ffn_backward_transient = static_cast<uint64_t>(4 * f * b.t);
+    // Note [hf gradient timing]: at up_proj's and gate_proj's backward the mul and silu have
+    // released what they saved; alive are the gradients of gate's and up's outputs (2f each)
+    // and the two input gradients they make (2h each), one moment's worth of each at most.
+    b.cost.ffn_inputs_backward_bytes = static_cast<uint64_t>((4 * f + 4 * h) * b.t);
   } else {
     const double e = m.experts, k = m.experts_per_token, fe = m.moe_intermediate;
     const double offsets = 4 * e;  // grouped_mm's int32 expert offsets, per layer
@@ -928,6 +934,21 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     b.cost.ffn_backward_transient =
         static_cast<uint64_t>(std::max(0.0, (6 * fe * routed - released) * b.t));
     b.cost.ffn_forward_transient = static_cast<uint64_t>((4 * h * routed + 2 * e) * b.t);
+    // Note [hf gradient timing]: at the up projection's backward (gate_up_proj's gradient made)
+    // the gate, the product and the weighted output are released; alive are what was saved
+    // before the experts (the router's, the dispatch's gathered states and indices, and a shared
+    // expert that ran before the router), the gradient of [gate; up] (4fe per routed expert) and
+    // of the gathered states (2h per routed expert).
+    double before_experts = 0;
+    for (size_t i = first; i < b.cost.saved.size(); ++i) {
+      const std::string& name = b.cost.saved[i].name;
+      if (name == "moe.router" || name == "moe.dispatched" ||
+          (m.shared_expert_gate && absl::StartsWith(name, "moe.shared."))) {
+        before_experts += static_cast<double>(b.cost.saved[i].bytes);
+      }
+    }
+    b.cost.ffn_inputs_backward_bytes =
+        static_cast<uint64_t>(before_experts + (4 * fe + 2 * h) * routed * b.t);
   }
   if (spec.cross_attention) b.Save("ffn.gated_out", "", 2 * h, 2);  // Note [hf cross-attention]
   if (post_norms) b.Norm("ffn.post_norm", h, 1, false);
@@ -965,6 +986,68 @@ double HfMaskBytes(const ModelConfig& m, double s) {
   if (sliding && s >= m.sliding_window) bytes += s * s;
   if (chunked && s > m.attention_chunk) bytes += s * s;
   return bytes;
+}
+
+// Note [hf gradient timing]
+// Which of a layer's parameter gradients exist at its two backward peaks (Note [Gradient timing]
+// in cost_model.cc: autograd runs the layer's nodes in reverse order of their creation in
+// forward, and a weight's gradient is made by the backward of the op that used it). The forward
+// order is the decoder layer's: LlamaDecoderLayer.forward (modeling_llama.py; Mistral's,
+// Mixtral's, Qwen's the same) runs input_layernorm, self_attn (q/k/v_proj, q/k norms, RoPE,
+// the core, o_proj), the residual add, post_attention_layernorm, mlp, the residual add.
+//  - FFN/MoE peak, the SwiGLU mul's backward (Note [hf FFN backward]): made are the weights used
+//    after the mul: down_proj (LlamaMLP.forward: down_proj(act_fn(gate_proj(x)) * up_proj(x)));
+//    in an MoE block the experts' down_proj (grouped_mm_experts_forward, integrations/moe.py:
+//    the up grouped_mm, the gate, the down grouped_mm, the routing-weight mul), the shared
+//    expert's gate when its product is taken after the experts (Qwen2MoeSparseMoeBlock), the
+//    shared experts when they run after the routed ones (DeepseekV3MoE, Glm4MoeMoE,
+//    Llama4TextMoe: `hidden_states + self.shared_experts(residuals)`; the Qwen blocks with a
+//    gated shared expert call it before the router), and a post-feedforward norm (Gemma).
+//    Not made: gate/up (gate_up_proj), the router, the FFN's norms, all of the attention.
+//  - Attention peak, the core's backward (SDPA's, eager attention's scores, the linear
+//    attention's chunks): made are the whole FFN/MoE block, the norms after the attention, and
+//    what runs after the core (AttentionOutputParams: o_proj; linear attention's output norm
+//    and out_proj). Not made: the q/k/v (or MLA's latent and up) projections, the q/k norms,
+//    the input norm, the convs and gates before the core.
+// Mistral at 4096 tokens: gate/up (224 MiB) and the attention's 80 MiB are not made at the FFN
+// peak; Mixtral: the experts' gate_up_proj, 1.75 GiB (tests/python/test_hf_measured_profile.py).
+//  - FFN/MoE input projections' backward (gate/up; a third moment, between the two, where
+//    gate_up_proj's gradient is made): those of the FFN peak and gate/up's (the experts'
+//    gate_up_proj); not the router, nor a shared expert that ran before it.
+struct HfGradTiming {
+  double by_ffn_peak = 0;  // parameters
+  double by_ffn_inputs = 0;
+  double by_attn_peak = 0;
+};
+
+HfGradTiming HfGradientsMade(const ModelConfig& m, const LayerSpec& spec) {
+  const double h = m.hidden;
+  HfGradTiming t;
+  if (spec.cross_attention && m.vision_tokens == 0) return t;  // skipped: nothing runs
+  // Gemma 2/3: post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm.
+  const double norms_after_attention = std::max(0, m.norms_per_layer - 1) * h;
+  const double post_ffn_norm = m.norms_per_layer == 4 ? h : 0;
+  if (spec.ffn == FfnKind::kDense) {
+    t.by_ffn_peak = h * m.intermediate + (m.mlp_bias ? h : 0) + post_ffn_norm;
+    t.by_ffn_inputs =
+        t.by_ffn_peak + 2 * h * m.intermediate + (m.mlp_bias ? 2 * m.intermediate : 0);
+  } else {
+    t.by_ffn_peak = static_cast<double>(m.experts) * h * m.moe_intermediate +
+                    (m.expert_bias ? static_cast<double>(m.experts) * h : 0) + post_ffn_norm;
+    if (m.shared_expert_gate) {
+      t.by_ffn_peak += h;  // the gate: its shared expert ran before the router
+    } else {
+      t.by_ffn_peak += 3 * h * m.shared_intermediate;
+    }
+    const double down = static_cast<double>(m.experts) * h * m.moe_intermediate +
+                        (m.expert_bias ? static_cast<double>(m.experts) * h : 0);
+    t.by_ffn_inputs = t.by_ffn_peak + static_cast<double>(RoutedExpertParams(m, spec)) - down;
+  }
+  t.by_attn_peak = static_cast<double>(FfnDenseParams(m, spec)) +
+                   static_cast<double>(RoutedExpertParams(m, spec)) + norms_after_attention +
+                   static_cast<double>(AttentionOutputParams(m, spec));
+  if (spec.cross_attention) t.by_attn_peak += 2;  // the two tanh gates, after the core
+  return t;
 }
 
 }  // namespace
@@ -1070,8 +1153,12 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
                                    .kernels = b.bwd_kernels},
                                   hw);
   b.cost.backward_seconds = b.cost.backward_time.total();
-  b.cost.grad_bytes =
-      static_cast<uint64_t>((dense_params + expert_params) * static_cast<double>(run.grad_bytes));
+  const double grad_dtype = static_cast<double>(run.grad_bytes);
+  b.cost.grad_bytes = static_cast<uint64_t>((dense_params + expert_params) * grad_dtype);
+  const HfGradTiming made = HfGradientsMade(m, spec);
+  b.cost.ffn_peak_grad_bytes = static_cast<uint64_t>(made.by_ffn_peak * grad_dtype);
+  b.cost.ffn_inputs_grad_bytes = static_cast<uint64_t>(made.by_ffn_inputs * grad_dtype);
+  b.cost.attn_peak_grad_bytes = static_cast<uint64_t>(made.by_attn_peak * grad_dtype);
   return b.cost;
 }
 
@@ -1122,6 +1209,12 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   c.tail_bytes =
       static_cast<uint64_t>(std::llround((final_norm + loss * v + (softcap ? 2 * v : 0) + 16) * t));
   const NormWork norm = NormWorkOf(dialect.norm);
+  // Of them the logits (bf16, 2V; MllamaForCausalLM's fp32, 4V) outlive the loss:
+  // LlamaForCausalLM.forward (and every *ForCausalLM) returns CausalLMOutputWithPast(loss=loss,
+  // logits=logits), and the training loop holds that output while it runs
+  // `out.loss.backward()` (the measured runs' measure_hf.py: `out = model(...);
+  // out.loss.backward()`, `del out` after it).
+  c.held_logits_bytes = static_cast<uint64_t>(std::llround((m.fp32_logits ? 4 : 2) * v * t));
   // LM head: one GEMM forward, two backward (one chunk covers every token, so the logits are
   // not recomputed). The loss (ForCausalLMLoss, loss/loss_utils.py), bytes per token: float()
   // r 2V w 4V; log_softmax over V = 1e5+ columns (cunn_SoftMaxForward: a row does not fit in

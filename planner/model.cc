@@ -210,9 +210,8 @@ uint64_t DenseLayerParams(const ModelConfig& m, const LayerSpec& layer) {
       // output gate (modeling_qwen3_next.py Qwen3NextAttention).
       const uint64_t q = uint64_t(m.heads) * m.head_dim * (m.attention_output_gate ? 2 : 1);
       const uint64_t kv = uint64_t(m.kv_heads) * m.head_dim;
-      p += h * q + 2 * h * kv + uint64_t(m.heads) * m.head_dim * h;
+      p += h * q + 2 * h * kv + AttentionOutputParams(m, layer);
       if (m.qkv_bias) p += q + 2 * kv;
-      if (m.o_bias) p += h;
       if (m.qk_norm == QkNorm::kPerHead) p += 2 * uint64_t(m.head_dim);
       if (m.qk_norm == QkNorm::kWhole) p += uint64_t(m.heads) * m.head_dim + kv;
       if (m.attention_sinks) p += m.heads;  // modeling_gpt_oss.py GptOssAttention.sinks
@@ -235,7 +234,7 @@ uint64_t DenseLayerParams(const ModelConfig& m, const LayerSpec& layer) {
                : h * m.heads * qk;
       p += h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank +
            uint64_t(m.kv_lora_rank) * m.heads * (m.qk_nope_head_dim + m.v_head_dim);
-      p += uint64_t(m.heads) * m.v_head_dim * h;
+      p += AttentionOutputParams(m, layer);
       break;
     }
     case AttentionKind::kKda: {
@@ -247,7 +246,7 @@ uint64_t DenseLayerParams(const ModelConfig& m, const LayerSpec& layer) {
       p += h * m.linear_head_dim + uint64_t(m.linear_head_dim) * inner + inner + m.linear_heads;
       p += h * m.linear_heads;
       p += h * m.linear_head_dim + uint64_t(m.linear_head_dim) * inner;
-      p += m.linear_head_dim + inner * h;
+      p += AttentionOutputParams(m, layer);
       break;
     }
     case AttentionKind::kGdn: {
@@ -259,24 +258,44 @@ uint64_t DenseLayerParams(const ModelConfig& m, const LayerSpec& layer) {
       const uint64_t value = uint64_t(m.gdn_value_heads) * m.gdn_value_head_dim;
       p += h * (2 * key + 2 * value) + h * 2 * m.gdn_value_heads;
       p += (2 * key + value) * m.short_conv_kernel + 2 * uint64_t(m.gdn_value_heads);
-      p += m.gdn_value_head_dim + value * h;
+      p += AttentionOutputParams(m, layer);
       break;
     }
   }
-  if (layer.ffn == FfnKind::kDense) {
-    p += 3 * h * m.intermediate;
-    if (m.mlp_bias) p += 2 * uint64_t(m.intermediate) + h;
-  } else {
-    p += h * m.experts + 3 * h * m.shared_intermediate;
-    if (m.router_bias) p += m.experts;  // modeling_gpt_oss.py GptOssTopKRouter.bias
-    if (m.shared_expert_gate) p += h;   // modeling_qwen2_moe.py shared_expert_gate
-  }
+  p += FfnDenseParams(m, layer);
   if (m.hc_mult > 1) {
     // Two hyper-connections per layer, each mapping hc_mult*hidden to n*n + 2n coefficients.
     const uint64_t n = m.hc_mult;
     p += 2 * (n * h) * (n * n + 2 * n);
   }
   return p;
+}
+
+uint64_t FfnDenseParams(const ModelConfig& m, const LayerSpec& layer) {
+  const uint64_t h = m.hidden;
+  if (layer.ffn == FfnKind::kDense) {
+    return 3 * h * m.intermediate + (m.mlp_bias ? 2 * uint64_t(m.intermediate) + h : 0);
+  }
+  uint64_t p = h * m.experts + 3 * h * m.shared_intermediate;
+  if (m.router_bias) p += m.experts;  // modeling_gpt_oss.py GptOssTopKRouter.bias
+  if (m.shared_expert_gate) p += h;   // modeling_qwen2_moe.py shared_expert_gate
+  return p;
+}
+
+uint64_t AttentionOutputParams(const ModelConfig& m, const LayerSpec& layer) {
+  const uint64_t h = m.hidden;
+  switch (layer.attention) {
+    case AttentionKind::kAttention:
+      return uint64_t(m.heads) * m.head_dim * h + (m.o_bias ? h : 0);
+    case AttentionKind::kMla:
+    case AttentionKind::kDsa:
+      return uint64_t(m.heads) * m.v_head_dim * h;
+    case AttentionKind::kKda:  // o_norm over head_dim, o_proj
+      return m.linear_head_dim + uint64_t(m.linear_heads) * m.linear_head_dim * h;
+    case AttentionKind::kGdn:  // the gated RMSNorm over head_v_dim, out_proj
+      return m.gdn_value_head_dim + uint64_t(m.gdn_value_heads) * m.gdn_value_head_dim * h;
+  }
+  return 0;
 }
 
 uint64_t RoutedExpertParams(const ModelConfig& m, const LayerSpec& layer) {

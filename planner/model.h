@@ -185,6 +185,11 @@ absl::StatusOr<ModelConfig> ReadHfConfigFile(const std::string& path);
 // split by TP), and the routed experts (split by EP).
 uint64_t DenseLayerParams(const ModelConfig& model, const LayerSpec& layer);
 uint64_t RoutedExpertParams(const ModelConfig& model, const LayerSpec& layer);
+// Parts of DenseLayerParams: the FFN/MoE block's dense parameters (the MLP, or the router, shared
+// experts and their gate), and the attention's output side, what runs after its core (o_proj and
+// its bias; linear attention's output norm and out_proj).
+uint64_t FfnDenseParams(const ModelConfig& model, const LayerSpec& layer);
+uint64_t AttentionOutputParams(const ModelConfig& model, const LayerSpec& layer);
 // Embedding, LM head (unless tied) and final norm.
 uint64_t EmbeddingParams(const ModelConfig& model);
 // One multi-token-prediction module, all of it but its routed experts / its routed experts (the

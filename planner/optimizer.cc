@@ -27,10 +27,13 @@ namespace {
 //    save waited for, a prefetch issued), so the levels it reaches do not depend on copy
 //    timing. With R = resident, H = host bytes, F/Bk = the option's forward/backward working
 //    set, E = the other in-flight microbatches' resident bytes (sum of (m_k - 1) R_k, m_k =
-//    LayerCost::in_flight_microbatches) and G_j = the gradients alive in backward of j:
+//    LayerCost::in_flight_microbatches) and G_j = what the step holds in the backward of j
+//    besides j's own bytes (the held logits and the gradients made so far; Bk_j counts those
+//    j's backward has made by its peak: BackwardHeldBytes, Note [Gradient timing]):
 //      forward of i:   fixed + E + R_<i + H_{i-L+1..i-1} + F_i
 //      backward of j:  fixed + E + R_<j + H_{j-d..j-1} + Bk_j + G_j
-//      LM head/loss:   fixed + E + R_all + H_{n-L..n-1} + max(tail, tail gradients)
+//      LM head/loss:   fixed + E + R_all + H_{n-L..n-1} + max(tail, G_{n-1})
+//      step's end:     fixed + E + G_end (every gradient, the held logits)
 //    are reached by every plan, and together with one level reached only when a forward waits
 //    for a save (fixed + E + R_<=i + H_{i-L+1..i}) they are the peak. So the memory a plan needs
 //    is a sum of prefix resident bytes and terms of a window of W = max(L - 1, d) layers.
@@ -221,17 +224,12 @@ class Model {
     }
     keys_ = 1;
     for (int t = 0; t < window_; ++t) keys_ *= classes_;
-    // Gradients alive in the backward of j (eager PyTorch): the LM head's and layers j..n-1.
-    grads_.assign(n_ + 1, 0);
-    if (step.gradients_in_backward) {
-      grads_[n_] = static_cast<double>(step.tail_grad_bytes);
-      for (int j = n_ - 1; j >= 0; --j) {
-        grads_[j] = grads_[j + 1] + static_cast<double>(step.layers[j].grad_bytes);
-      }
-    }
-    tail_need_ = static_cast<double>(step.gradients_in_backward
-                                         ? std::max(step.tail_bytes, step.tail_grad_bytes)
-                                         : step.tail_bytes);
+    // Held in the backward of j besides j's own bytes (the logits, the gradients made so far:
+    // Note [Gradient timing] in cost_model.cc), and after the last backward.
+    const BackwardHeld held = BackwardHeldBytes(step);
+    held_.assign(held.in_layer.begin(), held.in_layer.end());
+    at_end_ = static_cast<double>(held.at_end);
+    tail_need_ = std::max(static_cast<double>(step.tail_bytes), held_.empty() ? 0 : held_.back());
     // Each option's cost: compute plus its share of the copy-wait bounds.
     std::vector<double> fmax(n_, 0), bmax(n_, 0);
     for (int i = 0; i < n_; ++i) {
@@ -351,13 +349,16 @@ class Model {
     }
     const OptionCost& c = cand_[i][k].cost;
     double need = std::max(static_cast<double>(c.forward_peak) + fwd,
-                           static_cast<double>(c.backward_peak) + bwd + grads_[i]);
+                           static_cast<double>(c.backward_peak) + bwd + held_[i]);
     // The last layer carries the LM head and loss: every resident byte (its own too) and the
-    // saves of the last L layers are on the GPU beside them.
+    // saves of the last L layers are on the GPU beside them (and then beside what the tail
+    // leaves for the backward).
     if (i == n_ - 1) {
       need =
           std::max(need, static_cast<double>(c.resident_bytes + c.host_bytes) + fwd + tail_need_);
     }
+    // After the first layer's backward only what the step holds is left (no prefix).
+    if (i == 0) need = std::max(need, at_end_);
     return need;
   }
 
@@ -367,10 +368,10 @@ class Model {
   int n_, d_, lag_;
   std::vector<LayerProtocol> protocol_;  // OffloadProtocol for d_
   int window_ = 0, classes_ = 1, keys_ = 1;
-  double room_ = 0, tail_need_ = 0, fixed_seconds_ = 0;
+  double room_ = 0, tail_need_ = 0, at_end_ = 0, fixed_seconds_ = 0;
   std::vector<std::vector<int>> cls_;
   std::vector<std::vector<uint64_t>> hosts_;
-  std::vector<double> grads_;
+  std::vector<double> held_;  // BackwardHeldBytes(step).in_layer
   std::vector<std::vector<double>> cost_;
 };
 
@@ -680,11 +681,7 @@ class Search {
   Search(const StepCost& step, const OptimizerOptions& o,
          std::vector<std::vector<Candidate>> candidates)
       : step_(step), o_(o), cand_(std::move(candidates)), n_(static_cast<int>(cand_.size())) {
-    grads_.assign(n_ + 1, 0);
-    if (step.gradients_in_backward) {
-      grads_[n_] = step.tail_grad_bytes;
-      for (int j = n_ - 1; j >= 0; --j) grads_[j] = grads_[j + 1] + step.layers[j].grad_bytes;
-    }
+    held_ = BackwardHeldBytes(step);
     // One set of fronts bounds every distance first (a window of one layer, the least prefetched
     // bytes, the least backward waits); a distance gets its own only when that bound does not
     // settle it (Refine).
@@ -1266,14 +1263,15 @@ class Search {
     }
     const uint64_t a = CheckedAdd(c.forward_peak, fwd).value_or(~0ull);
     const uint64_t b =
-        CheckedAdd(CheckedAdd(c.backward_peak, bwd).value_or(~0ull), grads_[i]).value_or(~0ull);
+        CheckedAdd(CheckedAdd(c.backward_peak, bwd).value_or(~0ull), held_.in_layer[i])
+            .value_or(~0ull);
     uint64_t need = std::max(a, b);
     if (i == n_ - 1) {  // the LM head and loss (Model::Need)
-      const uint64_t tail = step_.gradients_in_backward
-                                ? std::max(step_.tail_bytes, step_.tail_grad_bytes)
-                                : step_.tail_bytes;
-      need = std::max(need, c.resident_bytes + c.host_bytes + fwd + tail);
+      const uint64_t tail = std::max(step_.tail_bytes, held_.in_layer[i]);
+      need =
+          std::max(need, CheckedAdd(c.resident_bytes + c.host_bytes + fwd, tail).value_or(~0ull));
     }
+    if (i == 0) need = std::max(need, held_.at_end);
     return need;
   }
 
@@ -1344,7 +1342,7 @@ class Search {
   const OptimizerOptions& o_;
   std::vector<std::vector<Candidate>> cand_;
   int n_;
-  std::vector<uint64_t> grads_;
+  BackwardHeld held_;
   std::unique_ptr<Model> shared_model_;
   std::unique_ptr<Fronts> shared_;  // bounds every distance
   int least_ = 1, most_ = 1;        // the prefetch distances' range

@@ -39,7 +39,8 @@ namespace {
 // the side of a higher peak, never a lower one.
 //  - gradients_in_backward (eager PyTorch, stowage.hf_profile): no gradients in fixed memory;
 //    loss.grad_bytes from the end of the loss, each layer's grad_bytes from the start of its
-//    backward, embedding.grad_bytes at the end (StepCost::gradients_in_backward).
+//    backward (its peak: Note [Gradient timing] in cost_model.cc; the backward_peak_bytes are
+//    net of all of them), embedding.grad_bytes at the end (StepCost::gradients_in_backward).
 //  - a time given as op work becomes OpSeconds(work, hardware) on the hardware planned for; a
 //    profile without a link copies at the hardware's rates.
 
@@ -497,7 +498,9 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
     l.attn_backward_transient = sat(own_backward, l.saved_bytes + l.output_bytes + l.input_bytes);
     l.forward_seconds = seconds(pl.forward_seconds, pl.forward_work);
     l.backward_seconds = seconds(pl.backward_seconds, pl.backward_work);
-    l.grad_bytes = pl.grad_bytes;
+    // Its own backward bytes were measured net of all its gradients (Note [Measured hf] in
+    // stowage/hf_profile.py): all of them count at its peak.
+    l.grad_bytes = l.ffn_peak_grad_bytes = l.attn_peak_grad_bytes = pl.grad_bytes;
     c.layers.push_back(std::move(l));
   }
   for (size_t i = 0; i < c.layers.size(); ++i) c.layers[i].index = static_cast<int>(i);

@@ -55,6 +55,21 @@ std::vector<LayerProtocol> ProtocolFor(const StepCost& step, const std::vector<O
   return out;
 }
 
+BackwardHeld BackwardHeldBytes(const StepCost& step) {
+  const int n = static_cast<int>(step.layers.size());
+  const bool grads = step.gradients_in_backward;
+  auto sum = [](uint64_t a, uint64_t b) { return CheckedAdd(a, b).value_or(~0ull); };
+  BackwardHeld held;
+  held.in_layer.assign(n, 0);
+  uint64_t level = sum(step.held_logits_bytes, grads ? step.tail_grad_bytes : 0);
+  for (int j = n - 1; j >= 0; --j) {
+    held.in_layer[j] = level;
+    level = sum(level, grads ? step.layers[j].grad_bytes : 0);
+  }
+  held.at_end = sum(level, grads ? step.embedding_grad_bytes : 0);
+  return held;
+}
+
 SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
                    int prefetch_distance, bool record) {
   return Simulate(step, costs, ProtocolFor(step, costs, prefetch_distance), record);
@@ -141,9 +156,15 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   const double tail_end = now + step.tail_seconds;
   add(tail_start, static_cast<int64_t>(step.tail_bytes), -1, Phase::kTail);
   add(tail_end, -static_cast<int64_t>(step.tail_bytes), -2, Phase::kTail);
-  // Gradients created in backward (eager PyTorch) stay to the end of the step.
-  const bool grads = step.gradients_in_backward;
-  if (grads) add(tail_end, static_cast<int64_t>(step.tail_grad_bytes), -2, Phase::kBackward);
+  // Note [Gradient timing] (cost_model.cc): the held logits and the gradients made in backward
+  // (eager PyTorch) stay to the end of the step; the level around each layer's backward is
+  // BackwardHeldBytes', which a layer's backward raises by its gradients when it ends.
+  const BackwardHeld held = BackwardHeldBytes(step);
+  auto held_at = [&](int j) {  // j = -1: at the end of the step
+    return static_cast<int64_t>(std::min<uint64_t>(j >= 0 && j < n ? held.in_layer[j] : held.at_end,
+                                                   std::numeric_limits<int64_t>::max()));
+  };
+  if (n > 0) add(tail_end, held_at(n - 1), -2, Phase::kBackward);
   if (record) r.compute.push_back({Phase::kTail, -1, tail_start, tail_end, 0});
   r.compute_seconds += step.tail_seconds + step.embedding_seconds;
   now = tail_end;
@@ -174,19 +195,16 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
     const double end = start + c.recompute_seconds + c.backward_seconds;
     add(start,
         static_cast<int64_t>(c.backward_peak) -
-            static_cast<int64_t>(c.resident_bytes + c.host_bytes) +
-            (grads && j < static_cast<int>(step.layers.size())
-                 ? static_cast<int64_t>(step.layers[j].grad_bytes)
-                 : 0),
+            static_cast<int64_t>(c.resident_bytes + c.host_bytes),
         j, Phase::kBackward);
     add(end, -static_cast<int64_t>(c.backward_peak), -2, Phase::kBackward);
+    add(end, held_at(j - 1) - held_at(j), -2, Phase::kBackward);
     const double stall = start - reach;
     r.exposed_copy_seconds += stall;
     if (record) r.compute.push_back({Phase::kBackward, j, start, end, stall});
     now = reach = end;
   }
   const double step_end = now;
-  if (grads) add(step_end, static_cast<int64_t>(step.embedding_grad_bytes), -2, Phase::kBackward);
   // --optimizer-offload: the step's gradient and weight copies run after the backward.
   r.step_seconds = step_end + step.embedding_seconds * 2 / 3 + step.optimizer_copy_seconds +
                    step.comm.step_exposed_seconds;

@@ -109,6 +109,20 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
                    int prefetch_distance, bool record);
 SimResult Simulate(const StepCost& step, const Schedule& schedule, bool record);
 
+// Note [Gradient timing] (cost_model.cc): what the step holds through its backward besides the
+// layers' resident, in-flight and prefetched bytes. in_layer[j]: in the backward of layer j
+// besides j's own bytes (OptionCost::backward_peak, which counts the gradients j's backward has
+// made by its peak) — the logits the caller holds (StepCost::held_logits_bytes) and, where
+// gradients are made in backward, the LM head's and those of layers j + 1 .. n - 1; in_layer[n-1]
+// is also what the tail leaves. at_end: after the last backward (layer 0's, then the
+// embedding's): the logits and every gradient. The simulator's levels and the optimizer's memory
+// bounds (Note [Exact search]) are both made of these sums.
+struct BackwardHeld {
+  std::vector<uint64_t> in_layer;
+  uint64_t at_end = 0;
+};
+BackwardHeld BackwardHeldBytes(const StepCost& step);
+
 }  // namespace stowage::planner
 
 #endif  // STOWAGE_PLANNER_SIMULATOR_H_

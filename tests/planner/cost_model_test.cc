@@ -191,6 +191,33 @@ TEST(CostModel, OptionsTradeMemoryForTime) {
   EXPECT_LT(selective.recompute_seconds, recompute.recompute_seconds);
 }
 
+// Note [Gradient timing]: a backward peak is the largest of the layer's three moments, each
+// with the gradients made by then: the FFN part's (saved + its transient + down_proj's), the FFN
+// input projections' (what of the FFN is alive then + gate/up's too), the attention part's
+// (its transient + the FFN block's and o_proj's).
+TEST(CostModel, BackwardPeakCountsTheGradientsMadeByEachMoment) {
+  LayerCost l;
+  l.saved = {{"attn", "", 100}, {"ffn", "", 200}};
+  l.saved_bytes = 300;
+  l.ffn_saved_bytes = 200;
+  l.input_bytes = l.output_bytes = 10;
+  l.ffn_backward_transient = 50;
+  l.ffn_inputs_backward_bytes = 120;
+  l.attn_backward_transient = 30;
+  l.grad_bytes = 1000;
+  l.ffn_peak_grad_bytes = 100;
+  l.ffn_inputs_grad_bytes = 600;
+  l.attn_peak_grad_bytes = 900;
+  // Moments: 100 + 200 + 50 + 100 = 450; 100 + 120 + 600 = 820; 100 + 30 + 900 = 1030; + 20.
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kKeep, 0, 1}).backward_peak, 1050u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kRecompute, 0, 1}).backward_peak, 1050u);
+  l.attn_peak_grad_bytes = 600;  // the FFN input projections' moment binds: 820 + 20
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kOffloadSaved, 0, 1}).backward_peak, 840u);
+  l.ffn_peak_grad_bytes = l.ffn_inputs_grad_bytes = l.attn_peak_grad_bytes = 0;
+  l.ffn_inputs_backward_bytes = 0;  // no timing: the working sets alone, 350 + 20
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kKeep, 0, 1}).backward_peak, 370u);
+}
+
 TEST(CostModel, BadRunSettingsNameTheFlag) {
   const ModelConfig m = *ModelPreset("glm-5.3-flash");
   RunSettings run;

@@ -118,6 +118,63 @@ TEST(Optimizer, EqualsExhaustiveSearchOnRandomInstances) {
   EXPECT_GT(with_offload, 0);
 }
 
+// Eager PyTorch's gradient timing (Note [Gradient timing] in cost_model.cc): gradients made in
+// the backward, some of each layer's by each of its backward moments, the rest at its end, the
+// held logits through the backward. The search's memory terms (BackwardHeldBytes) must be the
+// simulator's levels: with budgets near the peaks it equals exhaustive search and is proven,
+// with large gradients that make the step's end or the tail's leftovers the peak in some trials.
+TEST(Optimizer, EqualsExhaustiveSearchWithGradientsMadeInBackward) {
+  std::mt19937_64 rng(20261201);
+  auto bytes = [&](uint64_t lo, uint64_t hi) {
+    return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+  };
+  int feasible = 0, peak_at_end = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int layers = std::uniform_int_distribution<int>(2, 4)(rng);
+    StepCost step = RandomStep(rng, layers);
+    step.gradients_in_backward = true;
+    step.tail_grad_bytes = bytes(0, 300);
+    step.embedding_grad_bytes = bytes(0, 600);
+    step.held_logits_bytes = bytes(0, step.tail_bytes);
+    for (LayerCost& l : step.layers) {
+      l.grad_bytes = bytes(0, trial % 3 == 0 ? 3000 : 600);
+      l.ffn_peak_grad_bytes = bytes(0, l.grad_bytes);
+      l.ffn_inputs_grad_bytes = bytes(l.ffn_peak_grad_bytes, l.grad_bytes);
+      l.attn_peak_grad_bytes = bytes(l.ffn_inputs_grad_bytes, l.grad_bytes);
+      l.ffn_inputs_backward_bytes = bytes(0, 900);
+    }
+    ASSERT_TRUE(CheckStepCostBounds(step).ok());
+    OptimizerOptions o;
+    o.chunk_counts = trial % 3 == 1 ? std::vector<int>{1, 2} : std::vector<int>{1};
+    o.prefetch_distances = {1, 2};
+    o.node_limit = 1'000'000'000;
+    const uint64_t low = PeakOf(step, LayerPolicy::kOffloadInput, 1);
+    const uint64_t high = PeakOf(step, LayerPolicy::kKeep, 1);
+    o.gpu_budget_bytes =
+        low + static_cast<uint64_t>(std::uniform_real_distribution<double>(-0.1, 1.0)(rng) *
+                                    static_cast<double>(high - low));
+    uint64_t inputs = 0;
+    for (const LayerCost& l : step.layers) inputs += l.saved_bytes;
+    o.host_budget_bytes =
+        trial % 4 == 0 ? ~0ull : std::uniform_int_distribution<uint64_t>(0, inputs)(rng);
+    const OptimizeResult exhaustive = ExhaustiveSearch(step, o);
+    const OptimizeResult found = Optimize(step, o);
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ", ", layers, " layers, budget ", o.gpu_budget_bytes,
+                              ", host ", o.host_budget_bytes));
+    ASSERT_EQ(found.feasible, exhaustive.feasible);
+    if (!exhaustive.feasible) continue;
+    ++feasible;
+    EXPECT_TRUE(found.proven_optimal);
+    EXPECT_NEAR(found.sim.step_seconds, exhaustive.sim.step_seconds,
+                1e-9 * exhaustive.sim.step_seconds);
+    EXPECT_LE(found.lower_bound_seconds, exhaustive.sim.step_seconds * (1 + 1e-12));
+    EXPECT_LE(found.sim.peak_bytes, o.gpu_budget_bytes);
+    peak_at_end += found.sim.peak_bytes == step.fixed.total() + BackwardHeldBytes(step).at_end;
+  }
+  EXPECT_GT(feasible, 20);
+  EXPECT_GT(peak_at_end, 0);  // the step's end binds in some trials
+}
+
 // The search's bound is valid: cut short after a handful of nodes, the bound it reports never
 // exceeds the optimum exhaustive search finds, and a plan it calls proven is that optimum.
 TEST(Optimizer, ReportedBoundNeverExceedsTheExhaustiveOptimum) {

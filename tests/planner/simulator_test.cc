@@ -37,6 +37,43 @@ OptionCost Layer(uint64_t resident, uint64_t host, double fwd = 1, double rec = 
   return c;
 }
 
+// Note [Gradient timing]: gradients made in the backward (eager PyTorch). Each layer's
+// backward_peak counts the gradients it has made by its peak; the rest come at its end; the tail
+// leaves the held logits and the LM head's gradients; the embedding's come last. By hand, with
+// the LM head's 7 B of gradients, 40 B of held logits in a 100 B tail, layer gradients 30 B
+// (layer 0) and 50 B (layer 1), embedding 11 B:
+//   forward: 10, 30; tail: 130; tail end: 30 + 40 + 7 = 77, and at that instant the backward
+//   of 1 starts: 77 - 20 + 80 = 137; its end: 137 - 80 + 50 = 107 (= 10 + 97), and the backward
+//   of 0 starts: 107 - 10 + 65 = 162 (the peak); its end: 162 - 65 + 30 + 11 = 138. (The
+//   timeline merges the events of one instant.)
+TEST(Simulator, GradientsAndHeldLogitsThroughTheBackward) {
+  StepCost step = Toy(2);
+  step.tail_bytes = 100;
+  step.held_logits_bytes = 40;
+  step.gradients_in_backward = true;
+  step.tail_grad_bytes = 7;
+  step.embedding_grad_bytes = 11;
+  step.layers[0].grad_bytes = 30;
+  step.layers[1].grad_bytes = 50;
+  const BackwardHeld held = BackwardHeldBytes(step);
+  EXPECT_EQ(held.in_layer, (std::vector<uint64_t>{97, 47}));
+  EXPECT_EQ(held.at_end, 138u);
+  const SimResult r =
+      Simulate(step, {Layer(10, 0, 1, 0, 2, 0, 65), Layer(20, 0, 1, 0, 2, 0, 80)}, 1, true);
+  EXPECT_EQ(r.peak_bytes, 162u);
+  EXPECT_EQ(r.peak_at, "backward of layer 0");
+  std::vector<uint64_t> levels;
+  for (const MemoryPoint& p : r.timeline) levels.push_back(p.bytes);
+  EXPECT_EQ(levels, (std::vector<uint64_t>{0, 10, 30, 130, 137, 162, 138}));
+  // Without gradients made in backward only the held logits stay (40 B to the end).
+  step.gradients_in_backward = false;
+  step.layers[0].grad_bytes = step.layers[1].grad_bytes = 0;
+  const SimResult plain =
+      Simulate(step, {Layer(10, 0, 1, 0, 2, 0, 65), Layer(20, 0, 1, 0, 2, 0, 80)}, 1, true);
+  EXPECT_EQ(plain.timeline.back().bytes, 40u);
+  EXPECT_EQ(plain.peak_bytes, 130u);  // the tail; the backward of 1: 30 + 40 - 20 + 80 = 130
+}
+
 TEST(Simulator, KeepEverythingIsComputeOnly) {
   const StepCost step = Toy(2);
   const SimResult r = Simulate(step, {Layer(10, 0), Layer(20, 0)}, 1, true);

@@ -781,7 +781,10 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     figure is the measured peak less those terms, and whatever else is alive then and unknown
     to the simulator counts in it: the embedding output, which transformers' decoder keeps
     (`inputs_embeds`) through every layer's forward; the model output's logits, which the
-    training loop holds through the backward."""
+    training loop holds through the backward (the analytic hf recipe names them,
+    StepCost::held_logits_bytes). A layer's gradients count in full from its backward's peak
+    (profile.cc), where the analytic recipe times them module by module (Note [hf gradient
+    timing] in planner/framework_hf.cc)."""
     sizes = trace.sizes if sizes is None else sizes
     entered, peaks, marks, peak = replay(trace.events, sizes)
     grad = {k: sum(sizes[i] for i in ids) for k, ids in trace.grads.items()}
