@@ -78,6 +78,11 @@ absl::Status ReadRun(const json::Object& o, RunSettings& run) {
       !s.ok())
     return s;
   if (run.grad_bytes == 3) return r->Invalid("grad_bytes", "2 (bf16) or 4 (fp32)");
+  // MTP depths trained, as --mtp-layers (Note [MTP layers]); absent: the config's count.
+  if (absl::Status s =
+          r->ReadOptional("mtp_layers", run.mtp_layers, json::Range<int>{0, kPlanMaxMtpLayers});
+      !s.ok())
+    return s;
   // Whose code runs the layers and the optimizer's state, as the CLI's --framework and
   // --optimizer and the plan's run.framework / run.optimizer spell them.
   std::string framework, optimizer;

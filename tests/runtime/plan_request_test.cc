@@ -140,6 +140,34 @@ TEST(PlanRequest, ModelConfigsPlanToo) {
   EXPECT_EQ(plan->cp, 2);
 }
 
+// Note [MTP layers]: "mtp_layers" means what --mtp-layers means — absent, the config's count
+// (GLM-5.3-Flash trains one MTP layer after its 45); 0, none; under hf, an error naming it.
+TEST(PlanRequest, MtpLayersAsTheFlag) {
+  Json request = {{"model", "glm-5.3-flash"},
+                  {"hardware", "b200"},
+                  {"run", {{"seq_len", 65536}, {"cp", 8}, {"ep", 8}, {"gpus", 64}}}};
+  const Answer trained = Call(false, request);
+  ASSERT_EQ(trained.status, STOWAGE_OK) << trained.text;
+  auto with_mtp = stowage::ParsePlanJson(trained.text);
+  ASSERT_TRUE(with_mtp.ok()) << with_mtp.status();
+  ASSERT_EQ(with_mtp->layers.size(), 46u);
+  EXPECT_EQ(with_mtp->layers.back().name, "mtp.0");
+  request["run"]["mtp_layers"] = 0;
+  const Answer none = Call(false, request);
+  ASSERT_EQ(none.status, STOWAGE_OK) << none.text;
+  auto without = stowage::ParsePlanJson(none.text);
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(without->layers.size(), 45u);
+  EXPECT_LT(without->predicted.fixed_device_bytes, with_mtp->predicted.fixed_device_bytes);
+  request["run"]["mtp_layers"] = 1;
+  request["run"]["framework"] = "hf";
+  const Answer hf = Call(false, request);
+  EXPECT_EQ(hf.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(hf.text, HasSubstr("mtp-layers"));
+  request["run"]["mtp_layers"] = -1;
+  EXPECT_EQ(Call(false, request).status, STOWAGE_ERROR_INVALID_ARGUMENT);
+}
+
 TEST(PlanRequest, BadRequestsAreInvalidArguments) {
   const std::string broken = "{\"profile\": ";
   char* out = nullptr;
