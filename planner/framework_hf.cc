@@ -177,29 +177,38 @@ HfDialect DialectFor(const ModelConfig& m) {
 // backward, and kernels. LlamaRMSNorm.forward: forward to(fp32) r2 w4, pow r4 w4, mean r4, (+eps,
 // rsqrt: per row), mul r4 w4, to(bf16) r4 w2, weight mul r2 w2 = 36, 8 kernels. Backward, in
 // autograd's order: the weight mul's two gradients (g * x r4 w2 summed over tokens r2; g * weight
-// r2 w2), to(bf16)'s (r2 w4), the rsqrt mul's (g * r r4 w4; (g * x).sum(-1) r8 w4 + r4), mean's
-// expand / width (w4), pow's (x.pow(1) r4 w4, * 2 r4 w4, * g r8 w4), the sum of x32's two
-// gradients (r8 w4), to(fp32)'s (r4 w2) = 92, 15 kernels. The gpt-oss / OLMo 2/3 norm multiplies
+// r2 w2), to(bf16)'s (r2 w4), the rsqrt mul's (g * r r4 w4; (g * x).sum(-1) r8 w4 + r4), rsqrt's
+// backward on the rows (pow, two muls), mean's backward dividing the gradient expanded over the
+// row (r4 w4: the measured profile reads an expanded input per element, stowage/hf_profile.py
+// op_work), pow's (x.pow(1) r4 w4, * 2 r4 w4, * g r8 w4), the sum of x32's two gradients (r8
+// w4), to(fp32)'s (r4 w2) = 96, 16 kernels (the live ops of DeepSeek-V2's norms at 4096 tokens:
+// 96.02 per element). The gpt-oss / OLMo 2/3 norm multiplies
 // by the weight in fp32 and casts after (`(self.weight * hidden_states).to(input_dtype)`):
 // forward the mul r4 w4 and the cast r4 w2 instead of r4 w2 and r2 w2 (+4); backward the cast's
 // gradient to fp32 (r2 w4) first, then the mul's two in fp32 (g * weight r4 w4; g * x r8 w4,
-// summed over tokens r4) instead of (r2 w2; r4 w2, r2) (+12), one kernel more.
+// summed over tokens r4) instead of (r2 w2; r4 w2, r2) (+12), one kernel more. Every kind's
+// figures are LiveBytes' op work (stowage/hf_profile.py) on the real modules' forward and
+// backward (LlamaRMSNorm, DeepseekV2RMSNorm: 96.01 B, 16 kernels backward; GptOssRMSNorm,
+// Olmo2RMSNorm, Gemma2/3RMSNorm: 108.02 B, 17), bf16 [1024, 4096] on the CPU.
 struct NormWork {
   double fwd, bwd, fwd_kernels, bwd_kernels;
 };
 // Gemma's norm (Gemma2/3RMSNorm, Qwen3-Next's: `_norm(x.float()) * (1.0 + weight.float())`)
 // runs the same fp32 weight mul after an fp32 copy of the weight and its `1 +` (two kernels more
-// forward); counted per op on the live bytes of Gemma 2 (tests/python/test_hf_measured_profile.py
-// AgreementTest): 40 forward, 108 backward, 10 and 17 kernels.
+// forward); its backward measures as the gpt-oss norm's: 40 forward, 108 backward, 10 and 17
+// kernels.
 NormWork NormWorkOf(HfNorm norm) {
-  if (norm == HfNorm::kGptOss) return {40, 104, 8, 16};
+  if (norm == HfNorm::kGptOss) return {40, 108, 8, 17};
   if (norm == HfNorm::kGemma) return {40, 108, 10, 17};
-  return {36, 92, 8, 15};
+  return {36, 96, 8, 16};
 }
 
 // Whether the router hands the experts fp32 weights (Ffn: the weighted output is then fp32).
+// DeepSeek-V2's router too: its softmax is fp32 and `topk_weights * routed_scaling_factor`
+// stays fp32 (DeepseekV2TopkRouter.forward; the weighting mul is bf16 x fp32 -> fp32).
 bool HfFp32RoutingWeights(const ModelConfig& m, const HfDialect& d) {
-  return m.family == "mixtral" || d.router == HfRouter::kDeepSeekSigmoid;
+  return m.family == "mixtral" || d.router == HfRouter::kDeepSeekSigmoid ||
+         d.router == HfRouter::kDeepSeekSoftmax;
 }
 
 struct HfLayer {
@@ -214,8 +223,11 @@ struct HfLayer {
   double grouped_flops = 0;  // forward, expert GEMMs
   double tokens_per_expert = 0;
   double core_flops = 0;  // forward, attention core
-  double fwd_bytes = 0;   // forward element-wise bytes per token
-  double bwd_bytes = 0;   // backward element-wise bytes per token
+  // Backward attention FLOPs beyond 2.5x the forward's: q/k and v head dims that differ (MLA).
+  double core_backward_extra = 0;
+  double no_grad_gemm_flops = 0;  // forward GEMMs under torch.no_grad: no backward GEMMs
+  double fwd_bytes = 0;           // forward element-wise bytes per token
+  double bwd_bytes = 0;           // backward element-wise bytes per token
   double fwd_kernels = 0, bwd_kernels = 0;
 
   // `per_layer` bytes do not grow with tokens (a weight's fp32 copy, grouped_mm's offsets).
@@ -280,6 +292,10 @@ bool HfMasked(const HfLayer& b, const LayerSpec& spec) {
 void AttentionCore(HfLayer& b, double heads, double dqk, double dv, double keys) {
   const double core = 2 * heads * (dqk + dv) * keys * b.t;
   b.core_flops += core;
+  // The backward recomputes S = QK^T (dqk) and makes dV = P^T dO (dv), dP = dO V^T (dv),
+  // dQ = dS K and dK = dS^T Q (dqk each): 2 (3 dqk + 2 dv) per pair, 2.5x the forward's when
+  // dqk = dv (stowage/hf_profile.py _attention_flops counts the same).
+  b.core_backward_extra += 2 * heads * (3 * dqk + 2 * dv) * keys * b.t - 2.5 * core;
   b.fwd_kernels += 1;
   b.bwd_kernels += 3;  // flash backward: preprocess, main, dq conversion
   AddModule(b, "attn_core", OpSeconds({.attention_forward_flops = core, .kernels = 1}, b.hw),
@@ -512,6 +528,64 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
       static_cast<uint64_t>((2 * (hq + 2 * kv) * d + 4 * hq * d + 4 * hq) * b.t);
 }
 
+// Note [hf MLA]
+// DeepSeek-V2/V3 (Kimi-K2), DeepSeek-V3.2 and GLM-5 attention as transformers 5.23 runs it
+// (DeepseekV3Attention.forward / expand_kv, modeling_deepseek_v3.py; DeepseekV2Attention and
+// apply_rotary_emb, modeling_deepseek_v2.py; GlmMoeDsaAttention and GlmMoeDsaIndexer,
+// modeling_glm_moe_dsa.py), counted from the live ops of each family at 4096 tokens
+// (tests/python/test_hf_measured_profile.py AgreementTest). Sizes per token: hq heads, r the
+// rope dims, n the nope dims, dqk = n + r, dv, kvl / ql the latent ranks, h hidden.
+//  Kernel (stowage/hf_profile.py Note [SDPA on the GPU]): dqk and dv differ, so the CPU would
+//    run SDPA's math path; on an H200 torch 2.11 runs cuDNN for 192/128 (and head dims up to
+//    128), the memory-efficient kernel otherwise (GLM-5: 256, masked). cuDNN writes its output
+//    in the query's layout (alloc_with_matching_layout, cudnn/MHA.cpp): the query is a cat,
+//    [b, h, s, d] contiguous, so `attn_output.transpose(1, 2).contiguous()` copies it and
+//    o_proj keeps the copy (2 hq dv) while cuDNN keeps the output; r 2 w 2 per element forward.
+//  RoPE on q_rot and the one-head k_rot, bytes per element of hq + 1 heads: DeepSeek-V2's
+//    complex rotation (xq.float(), view_as_complex, the complex mul with freqs_cis, type_as):
+//    forward 20 (+ 4 per rope dim per tensor for freqs), backward 28 (+ the conjugated freqs'
+//    copy and its mul, 16 per dim in all). The interleaved rotation (apply_rotary_pos_emb_
+//    interleave: even/odd slices, four muls, a sub, an add and a cat): forward 18 (+ 8 per dim
+//    for cos/sin), backward 30 (+ 8): the four muls' gradients, neg, two adds, two
+//    slice_backwards (zeros + copy) and their sum.
+//  Forward: the query's cat (r 2 w 2 per element of hq dqk), expand_kv's new_empty filled by
+//    two copy_ (6 per element of hq dqk, counted as the destination, source and result), the
+//    residual add (6h). Backward: the two copy_'s CopySlices (12 hq dqk), k_rot's slice clone,
+//    zero fill and copy (12 hq r), k_nope's clone (4 hq n), the expand's sum over heads
+//    (2 hq r + 2r), kv_b_proj's split (cat) and its transpose copy (8 hq (n + dv)), the
+//    latent's split (4 (kvl + r)), the query's split (cat) and its transpose copy (8 hq dqk),
+//    and the sums of the normed and the layer input's two gradients (12h).
+//  DSA indexer (GlmMoeDsaIndexer.forward, under torch.no_grad: no backward, nothing kept; its
+//    weights get no gradient GEMMs): `matmul(q.float(), k.float())` makes [b, s, H, s] fp32
+//    scores (H index heads, d index dims), `* softmax_scale` a second, relu a third: two are
+//    alive at once (8 H s, the layer's forward transient); then the weighted sum over heads
+//    (a GEMM), the causal masked_fill, top-k and the bool top-k mask folded into the additive
+//    attention mask (GlmMoeDsaAttention.forward). Bytes per token: rope 18 (H + 1) d_rope
+//    + 8 d_rope, the cats 4 (H + 1) d, q's and k's fp32 casts 6 (H + 1) d, the score mul and
+//    relu 16 H s, the weights' cast and scale 14 H, ~mask 2s, masked_fill 9s, top-k 4s + 12 k,
+//    the indices' casts 24 k, the top-k mask (new_ones s, scatter 2s + 8k, ~ 2s), its fold into
+//    the causal mask (3s) and the additive mask (3s); k_norm's LayerNorm 4d.
+bool HfCudnnAttention(double dqk, double dv) {
+  // check_cudnn_tensor_shapes (sdp_utils.cpp, torch 2.11) on sm90 with cuDNN 9.19.
+  const bool aligned = std::fmod(dqk, 8) == 0 && std::fmod(dv, 8) == 0;
+  return aligned && (std::max(dqk, dv) <= 128 || (dqk == 192 && dv == 128));
+}
+
+void MlaTraffic(HfLayer& b, bool cudnn) {
+  const ModelConfig& m = b.m;
+  const double h = m.hidden, hq = m.heads, r = m.qk_rope_head_dim, n = m.qk_nope_head_dim;
+  const double dqk = n + r, dv = m.v_head_dim, kvl = m.kv_lora_rank;
+  if (m.family == "deepseek_v2") {
+    b.Traffic(20 * (hq + 1) * r + 8 * r, 28 * (hq + 1) * r + 16 * r, 6, 10);
+  } else {
+    b.Traffic(18 * (hq + 1) * r + 8 * r, 30 * (hq + 1) * r + 8 * r, 14, 24);
+  }
+  b.Traffic(10 * hq * dqk + 6 * h + (cudnn ? 4 * hq * dv : 0),
+            12 * hq * dqk + 12 * hq * r + 4 * hq * n + 2 * hq * r + 2 * r + 8 * hq * (n + dv) +
+                4 * (kvl + r) + 8 * hq * dqk + 12 * h,
+            4 + (cudnn ? 1 : 0), 14);
+}
+
 void MlaAttention(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden, hq = m.heads, ql = m.q_lora_rank, kvl = m.kv_lora_rank;
@@ -533,17 +607,37 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
     b.Save("attn.mask", "", s);
     b.Save("attn.mask_additive", "attn_core", s);
   }
-  b.Save("attn.core_out", "", 2 * hq * dv);  // kept by o_proj
+  // The kernel an H200 runs (Note [hf MLA]): cuDNN writes its output in the query's layout,
+  // [b, h, s, d] for MLA's cat, so the call's `.transpose(1, 2).contiguous()` copies it and
+  // o_proj keeps the copy (attn.o_proj_in); the kernel's own output is then kept only inside
+  // the call, which a recompute drops. The memory-efficient kernel (GLM-5's masked 256 dims)
+  // writes [b, s, h, d]: no copy, o_proj keeps the kernel's output.
+  const bool cudnn = HfCudnnAttention(dqk, dv);
+  b.Save("attn.core_out", cudnn ? "attn_core" : "", 2 * hq * dv);
+  if (cudnn) b.Save("attn.o_proj_in", "", 2 * hq * dv);
   b.Save("attn.softmax_lse", "attn_core", 4 * hq);
-  b.fwd_bytes += 20 * hq * m.qk_rope_head_dim + 6 * h + 8 * hq * dqk;  // RoPE, cats, residual
-  b.bwd_bytes += 20 * hq * m.qk_rope_head_dim + 12 * h + 8 * hq * dqk;
-  b.fwd_kernels += 16;
-  b.bwd_kernels += 20;
+  if (m.family == "kimi_linear") {
+    // KimiMLAAttention (NoPE MLA of Kimi Linear): not re-derived against the live ops here.
+    b.fwd_bytes += 20 * hq * m.qk_rope_head_dim + 6 * h + 8 * hq * dqk;
+    b.bwd_bytes += 20 * hq * m.qk_rope_head_dim + 12 * h + 8 * hq * dqk;
+    b.fwd_kernels += 16;
+    b.bwd_kernels += 20;
+  } else {
+    MlaTraffic(b, cudnn);
+  }
   AttentionCore(b, hq, dqk, dv, masked ? s : 0.5 * s);
   if (spec.attention == AttentionKind::kDsa) {
-    // The indexer's scores of every query against every key, forward only (no_grad).
-    b.core_flops += 2 * m.index_heads * m.index_head_dim * s * b.t;
-    b.cost.attn_forward_transient = static_cast<uint64_t>(4 * m.index_heads * s * b.t);
+    // The indexer (Note [hf MLA]), forward only: its scores and their weighted sum over heads
+    // as GEMMs, its weights' GEMMs without a backward.
+    const double hi = m.index_heads, di = m.index_head_dim, k = m.index_topk;
+    const double scores = 2 * hi * di * s * b.t + 2 * hi * s * b.t;
+    const double q_in = ql > 0 ? ql : h;
+    b.gemm_flops += scores;
+    b.no_grad_gemm_flops += scores + 2 * (q_in * hi * di + h * di + h * hi) * b.t;
+    b.Traffic(18 * (hi + 1) * m.qk_rope_head_dim + 8 * m.qk_rope_head_dim + 10 * (hi + 1) * di +
+                  16 * hi * s + 14 * hi + 26 * s + 44 * k + 4 * di,
+              0, 34, 0);
+    b.cost.attn_forward_transient = static_cast<uint64_t>(8 * hi * s * b.t);
   }
   b.cost.attn_forward_transient += static_cast<uint64_t>((2 * hq * dqk + 4 * hq * dv) * b.t);
   b.cost.attn_backward_transient =
@@ -892,8 +986,8 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     // scatter (w 4E), softmax's backward (r 8E w 4E) and cast (r 4E w 2E); the router's two GEMMs;
     // the sum of the normed input's two gradients (router and experts: r 4h w 2h).
     const double r = routed;
-    // Mixtral, DeepSeek-V3 and GLM keep the routing weights fp32 (their routers never cast them;
-    // Qwen's and DeepSeek-V2's do): the weighting mul promotes the expert output to fp32, so the
+    // Mixtral, DeepSeek-V2/V3 and GLM keep the routing weights fp32 (their routers never cast
+    // them; Qwen's does): the weighting mul promotes the expert output to fp32, so the
     // un-permute gather and the sum over k move fp32 and a cast to bf16 follows. Forward: mul
     // w 4hk (+2hk), gather r 4hk w 4hk (+4hk), sum r 4hk w 4h (+2hk +2h), cast r 4h w 2h (+6h).
     // Backward: the cast's gradient (r 2h w 4h), the index_put's zeros, expanded-gradient copy
@@ -1145,13 +1239,14 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
                                   .kernels = b.fwd_kernels},
                                  hw);
   b.cost.forward_seconds = b.cost.forward_time.total();
-  b.cost.backward_time = OpTimeOf({.gemm_flops = 2 * b.gemm_flops,
-                                   .attention_backward_flops = 2.5 * b.core_flops,
-                                   .grouped_gemm_flops = 2 * b.grouped_flops,
-                                   .tokens_per_expert = b.tokens_per_expert,
-                                   .elementwise_bytes = b.bwd_bytes * tokens,
-                                   .kernels = b.bwd_kernels},
-                                  hw);
+  b.cost.backward_time =
+      OpTimeOf({.gemm_flops = 2 * (b.gemm_flops - b.no_grad_gemm_flops),
+                .attention_backward_flops = 2.5 * b.core_flops + b.core_backward_extra,
+                .grouped_gemm_flops = 2 * b.grouped_flops,
+                .tokens_per_expert = b.tokens_per_expert,
+                .elementwise_bytes = b.bwd_bytes * tokens,
+                .kernels = b.bwd_kernels},
+               hw);
   b.cost.backward_seconds = b.cost.backward_time.total();
   const double grad_dtype = static_cast<double>(run.grad_bytes);
   b.cost.grad_bytes = static_cast<uint64_t>((dense_params + expert_params) * grad_dtype);

@@ -195,12 +195,49 @@ FAMILIES = {
                     num_hidden_layers=2, num_attention_heads=64, num_key_value_heads=8,
                     head_dim=64, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
                     sliding_window=128, attention_bias=True, tie_word_embeddings=False),
+    # DeepSeek-V2-Lite: MLA without q-LoRA (192/128 head dims: cuDNN on the H200, Note [SDPA on
+    # the GPU]), complex RoPE, 64 experts top-6 with two shared, softmax router.
+    "deepseek_v2": dict(model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
+                        moe_intermediate_size=1408, num_hidden_layers=2, num_attention_heads=16,
+                        num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, topk_method="greedy",
+                        vocab_size=102400, tie_word_embeddings=False),
+    # Kimi-K2 (DeepseekV3ForCausalLM): MLA with q-LoRA, interleaved RoPE, 384 experts top-8,
+    # sigmoid router.
+    "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=7168, intermediate_size=18432,
+                        moe_intermediate_size=2048, num_hidden_layers=2, num_attention_heads=64,
+                        num_key_value_heads=64, q_lora_rank=1536, kv_lora_rank=512,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        n_routed_experts=384, num_experts_per_tok=8, n_shared_experts=1,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, vocab_size=163840,
+                        tie_word_embeddings=False),
+    # GLM-4.5-Air: GQA with partial RoPE, 128 experts top-8 and one shared.
+    "glm4_moe": dict(model_type="glm4_moe", hidden_size=4096, intermediate_size=10944,
+                     moe_intermediate_size=1408, num_hidden_layers=2, num_attention_heads=96,
+                     num_key_value_heads=8, head_dim=128, partial_rotary_factor=0.5,
+                     n_routed_experts=128, num_experts_per_tok=8, n_shared_experts=1,
+                     first_k_dense_replace=1, n_group=1, topk_group=1, use_qk_norm=False,
+                     vocab_size=151552, tie_word_embeddings=False),
+    # GLM-5.1: MLA with q-LoRA (256/256 head dims) and the DSA indexer on every layer, 256
+    # experts top-8. index_topk 128 (GLM-5: 2048) keeps min(index_topk, s) on one side of the
+    # measuring lengths (GlmMoeDsaIndexer.forward): the fit is per allocation.
+    "glm_moe_dsa": dict(model_type="glm_moe_dsa", hidden_size=6144, intermediate_size=12288,
+                        moe_intermediate_size=2048, num_hidden_layers=2, num_attention_heads=64,
+                        num_key_value_heads=64, q_lora_rank=2048, kv_lora_rank=512,
+                        qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
+                        n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, index_n_heads=32,
+                        index_head_dim=128, index_topk=128, vocab_size=154880,
+                        tie_word_embeddings=False),
 }
 # The lengths AgreementTest runs each family at: two by default; one where the family differs
 # from a family checked at two only in terms linear in the tokens (python_torch2_cpu's time).
 LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,), "phi3": (4096,),
            "olmo2": (4096,), "qwen2_5_vl": (4096,), "qwen3_vl": (4096,), "qwen3_vl_moe": (4096,),
-           "llama4_text": (4096,), "mllama_text_model": (4096,)}
+           "llama4_text": (4096,), "mllama_text_model": (4096,), "deepseek_v2": (4096,),
+           "deepseek_v3": (4096,), "glm4_moe": (4096,), "glm_moe_dsa": (4096,)}
 
 HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1",
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
@@ -267,6 +304,22 @@ MEASURED_GAPS = {
                        "them (the analytic recipe times it: Note [hf gradient timing])",
 }
 
+# Where the measured profile is below the truth by more than 1%, and why (the planner's structure
+# again; the test fails once it is not): (family, policy, tokens) -> the reason.
+MEASURED_BELOW = {
+    ("glm_moe_dsa", "recompute", 4096):
+        "the peak is in the backward of layer 0, while its recompute runs the DSA indexer again: "
+        "its two fp32 [s, H, s] score tensors (8Hs per token, 4 GiB here) are alive on top of "
+        "layer 1's gradients, the loss's and the logits, and a recomputed layer's backward peak "
+        "(EvaluateOption, planner/cost_model.cc kRecompute: backward_with) has no forward "
+        "transient in it (-6.2%, 3.04 GiB)",
+    ("deepseek_v3", "recompute", 4096):
+        "the peak is in the embedding backward, with every gradient made and the model output's "
+        "bf16 logits (2V per token, 1.25 GiB) alive; the measured profile counts the logits in "
+        "the layers' backward own bytes (Note [Measured hf]), and the simulator adds the "
+        "embedding gradient only once the backward has ended (-1.3%, 1.0 GiB)",
+}
+
 # Where `--framework hf` misses what transformers' code holds by more than 1% (the live bytes
 # say so; the test fails once the recipe is fixed: then drop the entry). (family, policy, tokens
 # or None for every length) -> the term. Mistral 4096 recompute, Mixtral (both lengths) and
@@ -284,6 +337,21 @@ ANALYTIC_GAPS = {
     # recompute, 16384 keep: -6.0%, -5.8%, -4.1%) left this table with the held logits:
     # -0.18%, -0.44%, +0.06%.
     ("gemma2", "recompute", 16384): "the checkpointed masks, at the backward of layer 1 (-1.05%)",
+    # GLM-4.5's partial RoPE (apply_rotary_pos_emb, modeling_glm4_moe.py) cats the rotated and
+    # the passed-through halves: q is [b, h, s, d]-contiguous, SDPA's output takes the query's
+    # layout (cuDNN on the H200, flash on the CPU), `.transpose(1, 2).contiguous()` copies it,
+    # and o_proj keeps the copy: 2*hq*d per token, 96 MiB a layer here; the recipe has no
+    # partial-RoPE term (the config's partial_rotary_factor is not read).
+    ("glm4_moe", "keep", 4096): "the attention output's copy for o_proj under partial RoPE: "
+                                "2 x 96 MiB = 0.1875 GiB (-1.05%)",
+    ("glm_moe_dsa", "keep", 4096): "(a) and (b) above, at the backward of layer 1 (MoE): layer "
+                                   "1's gradients not yet made there +0.31 GiB, the logits "
+                                   "-1.18 GiB; +0.38 GiB of that moment's working set not "
+                                   "accounted for (-1.04%)",
+    ("deepseek_v3", "recompute", 4096): "the peak is in the embedding backward with the logits "
+                                        "alive (MEASURED_BELOW): 1.25 GiB (-1.7%)",
+    ("glm_moe_dsa", "recompute", 4096): "the recompute's indexer transient (MEASURED_BELOW) "
+                                        "(-7.4%)",
 }
 
 
@@ -475,7 +543,10 @@ class AgreementTest(unittest.TestCase):
                                     f"{100 * (measured - truth) / truth:+6.2f}% "
                                     f"{100 * (measured - analytic) / analytic:+6.2f}% "
                                     f"{ta:8.4f} {tb:8.4f} {100 * (tb - ta) / ta:+6.1f}%")
-                        if (family, seq_len) in MEASURED_GAPS:
+                        below = MEASURED_BELOW.get((family, force, seq_len))
+                        if below is not None:
+                            self.assertLess(measured, truth * 0.99, f"{rows[-1]}: {below}")
+                        elif (family, seq_len) in MEASURED_GAPS:
                             # Conservative: never below the truth, within 3%.
                             self.assertGreaterEqual(measured, truth, rows[-1])
                             self.assertLessEqual((measured - truth) / truth, 0.03,

@@ -25,20 +25,29 @@ t*k rows), not in shapes. `fake=False` runs real CPU tensors instead (tests comp
 
 Note [SDPA on the GPU]
 SDPA picks a kernel per call (Note [SDPA Runtime Dispatch], aten/src/ATen/native/transformers/
-cuda/sdp_utils.cpp; the CPU's in sdp_utils_cpp.cpp). Where q/k and v head dims differ (MLA:
-qk_nope + qk_rope = 192 against v_head_dim = 128) the two devices part: the CPU has flash and
-math only, and its flash kernel needs one head dim for q, k and v (check_head_dim_size_cpp), so
-the CPU runs the math decomposition, which keeps the s x s scores and their softmax. On an H200
-torch 2.11's CUDA order is cuDNN, flash, memory-efficient, math (check_prefer_cudnn_attention:
-cuDNN runtime > 9.15 on sm90 or sm10x; the cu130 wheel ships cuDNN 9.19); flash refuses unequal
-head dims (check_head_dim_size_flash), cuDNN takes d_qk 192 with d_v 128 on sm90
-(check_cudnn_tensor_shapes) and the memory-efficient kernel takes any head dims divisible by 8
-(check_head_dim_size_mem_efficient). The cuDNN and the memory-efficient kernels keep the same set
-for backward (tools/autograd/derivatives.yaml): q, k, v, the output, the fp32 logsumexp and the
-additive mask, which SDPA converts from bool in the query's dtype (convert_boolean_attn_mask). So
-on fake tensors such a call runs aten._scaled_dot_product_efficient_attention's meta kernel: the
-bytes the GPU keeps, not the CPU's math path. Real CPU tensors (fake=False) have no such kernel
-and measure what the CPU runs.
+cuda/sdp_utils.cpp; the CPU's in sdp_utils_cpp.cpp), and where the CPU's choice keeps other
+bytes than the GPU's, a fake step runs the GPU's kernel (its meta function) instead. On an H200,
+torch 2.11 tries cuDNN, flash, memory-efficient, math in that order (check_prefer_cudnn_attention:
+cuDNN runtime > 9.15 on sm90; the cu130 wheel ships cuDNN 9.19). cuDNN takes head dims up to 128,
+or d_qk 192 with d_v 128 on sm90 with cuDNN >= 9.11 (check_cudnn_tensor_shapes; the 9.22 d256
+branch of later versions is not in 2.11's library: no 92200 constant, no d256 message), any
+layout, and a mask; flash takes no mask and one head dim up to 256 (check_head_dim_size_flash);
+the memory-efficient kernel takes any head dims divisible by 8. Where the CPU differs:
+ - q/k and v head dims differ (MLA: qk_nope + qk_rope against v_head_dim): the CPU flash kernel
+   needs one head dim (check_head_dim_size_cpp), so the CPU runs the math decomposition, which
+   keeps the s x s scores and their softmax. The GPU runs cuDNN for DeepSeek's 192/128 (else
+   the memory-efficient kernel). cuDNN writes its output in the query's layout
+   (alloc_with_matching_layout, aten/src/ATen/native/cudnn/MHA.cpp); MLA's query is a cat, so
+   [b, h, s, d] contiguous, and transformers' `.transpose(1, 2).contiguous()` copies it for
+   o_proj, which keeps the copy while cuDNN keeps the output.
+ - a mask cuDNN refuses (GLM-5's DSA layers: head dim 256) with a query that is not in
+   [b, s, h, d] layout: the GPU runs the memory-efficient kernel, whose output is [b, s, h, d]
+   whatever the query's, so nothing is copied for o_proj; the CPU flash kernel writes the
+   query's layout, and the copy is made.
+cuDNN and the memory-efficient kernel keep q, k, v, the output, the fp32 logsumexp and the
+additive mask, which SDPA converts from bool in the query's dtype (convert_boolean_attn_mask)
+(tools/autograd/derivatives.yaml). Real CPU tensors (fake=False) have neither kernel and measure
+what the CPU runs.
 
 Note [Saved by allocation]
 What autograd saves is told apart by allocation (LiveBytes' ids), not by storage address: a
@@ -260,16 +269,9 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
         # Forward (q, k, v, dropout, is_causal, ...); backward (grad_out, q, k, v, out, lse,
         # dropout, is_causal, ...): is_causal is the first bool argument.
         tensors = args[1:4] if backward else args[0:3]
-        if "efficient" in name:
-            # (q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, ...); backward
-            # (grad_out, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask,
-            # is_causal, ...): the first bool is not is_causal.
-            at = 11 if backward else 6
-            causal = kwargs.get("is_causal", args[at] if len(args) > at else False)
-        else:
-            flags = [a for a in args if isinstance(a, bool)] + [
-                v for k, v in kwargs.items() if k == "is_causal"]
-            causal = bool(flags and flags[0])
+        names = [a.name for a in func._schema.arguments]
+        at = names.index("is_causal")
+        causal = kwargs.get("is_causal", args[at] if len(args) > at else False)
         fwd, bwd = _attention_flops(tensors, bool(causal))
         if backward:
             w.attention_backward_flops = bwd
@@ -730,21 +732,43 @@ class _gpu_sdpa:
               is_causal: bool = False, scale: Optional[float] = None,
               enable_gqa: bool = False) -> torch.Tensor:
         from torch._subclasses.fake_tensor import FakeTensor
-        if (not isinstance(query, FakeTensor) or query.shape[-1] == value.shape[-1] or
-                query.shape[1] != key.shape[1] or query.dim() != 4):
+        kernel = None
+        if isinstance(query, FakeTensor) and query.dim() == 4 and query.shape[1] == key.shape[1]:
+            kernel = _h200_sdpa_kernel(query, value, attn_mask is not None)
+        if kernel is None:
             return self.saved(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         bias = None
         if attn_mask is not None:
-            if attn_mask.dtype == torch.bool:
+            bias = attn_mask
+            if attn_mask.dtype == torch.bool:  # convert_boolean_attn_mask
                 bias = torch.where(attn_mask.logical_not(), float("-inf"),
                                    torch.zeros((), dtype=query.dtype))
-            else:
-                bias = attn_mask
             bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
         lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        if kernel == "cudnn":
+            return torch.ops.aten._scaled_dot_product_cudnn_attention(
+                query, key, value, bias, lse, dropout_p, is_causal, False, scale=scale)[0]
         return torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, lse, dropout_p, is_causal, scale=scale)[0]
+
+
+def _h200_sdpa_kernel(query: torch.Tensor, value: torch.Tensor, masked: bool) -> Optional[str]:
+    """Note [SDPA on the GPU]: the kernel torch 2.11 runs on an H200 ("cudnn" or "efficient")
+    where it keeps other bytes than the CPU's kernel, else None (the CPU's call is the GPU's)."""
+    dqk, dv = query.shape[-1], value.shape[-1]
+    # check_cudnn_tensor_shapes on sm90 with cuDNN 9.11-9.22: both head dims <= 128, or
+    # exactly 192 and 128; multiples of 8.
+    cudnn = dqk % 8 == 0 and dv % 8 == 0 and (max(dqk, dv) <= 128 or (dqk, dv) == (192, 128))
+    if dqk != dv:
+        return "cudnn" if cudnn else ("efficient" if dqk % 8 == 0 and dv % 8 == 0 else None)
+    # Equal head dims: the CPU's flash kernel keeps what the GPU's keeps and writes its output
+    # in the query's layout, as cuDNN does; with a mask that cuDNN refuses the GPU runs the
+    # memory-efficient kernel, whose output is [b, s, h, d] whatever the query's layout.
+    bshd = query.stride(1) == query.shape[-1] and query.stride(2) == query.shape[1] * query.shape[-1]
+    if masked and not cudnn and not bshd and dqk % 8 == 0:
+        return "efficient"
+    return None
 
 
 class _one_sequence:
