@@ -571,7 +571,7 @@ bool HfCudnnAttention(double dqk, double dv) {
   return aligned && (std::max(dqk, dv) <= 128 || (dqk == 192 && dv == 128));
 }
 
-void MlaTraffic(HfLayer& b, bool cudnn) {
+void MlaTraffic(HfLayer& b, bool copied) {
   const ModelConfig& m = b.m;
   const double h = m.hidden, hq = m.heads, r = m.qk_rope_head_dim, n = m.qk_nope_head_dim;
   const double dqk = n + r, dv = m.v_head_dim, kvl = m.kv_lora_rank;
@@ -580,10 +580,10 @@ void MlaTraffic(HfLayer& b, bool cudnn) {
   } else {
     b.Traffic(18 * (hq + 1) * r + 8 * r, 30 * (hq + 1) * r + 8 * r, 14, 24);
   }
-  b.Traffic(10 * hq * dqk + 6 * h + (cudnn ? 4 * hq * dv : 0),
+  b.Traffic(10 * hq * dqk + 6 * h + (copied ? 4 * hq * dv : 0),
             12 * hq * dqk + 12 * hq * r + 4 * hq * n + 2 * hq * r + 2 * r + 8 * hq * (n + dv) +
                 4 * (kvl + r) + 8 * hq * dqk + 12 * h,
-            4 + (cudnn ? 1 : 0), 14);
+            4 + (copied ? 1 : 0), 14);
 }
 
 void MlaAttention(HfLayer& b, const LayerSpec& spec) {
@@ -610,11 +610,12 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
   // The kernel an H200 runs (Note [hf MLA]): cuDNN writes its output in the query's layout,
   // [b, h, s, d] for MLA's cat, so the call's `.transpose(1, 2).contiguous()` copies it and
   // o_proj keeps the copy (attn.o_proj_in); the kernel's own output is then kept only inside
-  // the call, which a recompute drops. The memory-efficient kernel (GLM-5's masked 256 dims)
+  // the call, which a recompute drops. Kimi Linear's MLA query is a transposed projection
+  // ([b, s, h, d] already): no copy. The memory-efficient kernel (GLM-5's masked 256 dims)
   // writes [b, s, h, d]: no copy, o_proj keeps the kernel's output.
-  const bool cudnn = HfCudnnAttention(dqk, dv);
-  b.Save("attn.core_out", cudnn ? "attn_core" : "", 2 * hq * dv);
-  if (cudnn) b.Save("attn.o_proj_in", "", 2 * hq * dv);
+  const bool copied = HfCudnnAttention(dqk, dv) && m.family != "kimi_linear";
+  b.Save("attn.core_out", copied ? "attn_core" : "", 2 * hq * dv);
+  if (copied) b.Save("attn.o_proj_in", "", 2 * hq * dv);
   b.Save("attn.softmax_lse", "attn_core", 4 * hq);
   if (m.family == "kimi_linear") {
     // KimiMLAAttention (NoPE MLA of Kimi Linear): not re-derived against the live ops here.
@@ -623,7 +624,7 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
     b.fwd_kernels += 16;
     b.bwd_kernels += 20;
   } else {
-    MlaTraffic(b, cudnn);
+    MlaTraffic(b, copied);
   }
   AttentionCore(b, hq, dqk, dv, masked ? s : 0.5 * s);
   if (spec.attention == AttentionKind::kDsa) {

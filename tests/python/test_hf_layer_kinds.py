@@ -12,10 +12,10 @@ under `--force keep`, at two sequence lengths, within 0.5%.
 
 One substitution, where the CPU cannot run the kernel the GPUs run: SDPA with different q/k and
 v head dims (MLA: qk_nope + qk_rope vs v_head_dim) has no CPU flash kernel, and CPU's math
-fallback keeps an fp32 copy of q, k, v and of the attention matrix. On the GPUs the same call
-runs the memory-efficient kernel, which saves q, k, v (the caller's tensors), the output, the
-fp32 logsumexp and the additive mask (aten derivatives.yaml,
-_scaled_dot_product_efficient_attention). For those calls the test counts exactly that set, from
+fallback keeps an fp32 copy of q, k, v and of the attention matrix. On an H200 the same call
+runs cuDNN (or the memory-efficient kernel; stowage/hf_profile.py Note [SDPA on the GPU]), which
+saves q, k, v (the caller's tensors), the output, the fp32 logsumexp and the additive mask (aten
+derivatives.yaml), its output in the query's layout (cuDNN) or [b, s, h, d]. For those calls the test counts exactly that set, from
 the real tensors of the call (`gpu_sdpa_saves`); everything outside the kernel is measured. Calls
 with equal head dims run the CPU flash kernel, which saves the same set, and are measured as
 they are. CTest passes the CLI as STOWAGE_CLI."""
@@ -37,6 +37,9 @@ try:
     HAVE = int(torch.__version__.split(".")[0]) >= 2
 except ImportError:  # Debian's torch 1.13 interpreter has no transformers
     HAVE = False
+
+if HAVE:
+    from stowage import hf_profile as H
 
 SEQ_LENS = (128, 512)
 # The torch fallbacks of gated DeltaNet and KDA run a Python loop per chunk (and KDA one per
@@ -199,19 +202,30 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa_as_on_gpu(query, key, value, attn_mask=None, *args, **kwargs):
-        # CPU's flash kernel lays its output out as the query is laid out; the GPU kernels
-        # always write [b, s, h, d]. A query in that layout (a transposed projection) gives
-        # the GPU's layout on CPU too and is measured as it is.
-        if query.shape[-1] == value.shape[-1] and query.transpose(1, 2).is_contiguous():
+        # CPU's flash kernel lays its output out as the query is laid out; the GPU's flash and
+        # memory-efficient kernels write [b, s, h, d]. A query in that layout (a transposed
+        # projection) gives the GPU's layout on CPU too and is measured as it is.
+        unequal = query.shape[-1] != value.shape[-1]
+        if not unequal and query.transpose(1, 2).is_contiguous():
             return sdpa(query, key, value, attn_mask, *args, **kwargs)
+        # Unequal head dims (MLA): the kernel an H200 runs (stowage.hf_profile Note [SDPA on
+        # the GPU]); cuDNN writes the query's layout (alloc_with_matching_layout), so a query
+        # made by a cat ([b, h, s, d] contiguous) gets an output the caller's
+        # `.transpose(1, 2).contiguous()` copies for o_proj.
+        query_layout = unequal and H._h200_sdpa_kernel(
+            query, value, attn_mask is not None) == "cudnn" and query.is_contiguous()
         in_kernel[0] = True
         try:
             out = sdpa(query, key, value, attn_mask, *args, **kwargs)
         finally:
             in_kernel[0] = False
-        # The GPU kernels write the output as [b, s, h, d] and return it transposed, so the
-        # caller's `.transpose(1, 2).contiguous()` copies nothing (o_proj saves this storage).
-        out = out.transpose(1, 2).contiguous().transpose(1, 2)
+        if query_layout:
+            out = out.contiguous()
+        else:
+            # The GPU kernel writes the output as [b, s, h, d] and returns it transposed, so
+            # the caller's `.transpose(1, 2).contiguous()` copies nothing (o_proj saves this
+            # storage).
+            out = out.transpose(1, 2).contiguous().transpose(1, 2)
         if in_checkpoint[0]:
             return out  # a checkpointed call keeps none of what the kernel saves
         for t in gpu_sdpa_saves(query, key, value, attn_mask, out):
