@@ -312,7 +312,7 @@ MEASURED_BELOW = {
         "its two fp32 [s, H, s] score tensors (8Hs per token, 4 GiB here) are alive on top of "
         "layer 1's gradients, the loss's and the logits, and a recomputed layer's backward peak "
         "(EvaluateOption, planner/cost_model.cc kRecompute: backward_with) has no forward "
-        "transient in it (-6.2%, 3.04 GiB)",
+        "transient in it (-6.2%, 3.02 GiB)",
     ("deepseek_v3", "recompute", 4096):
         "the peak is in the embedding backward, with every gradient made and the model output's "
         "bf16 logits (2V per token, 1.25 GiB) alive; the measured profile counts the logits in "
@@ -344,14 +344,10 @@ ANALYTIC_GAPS = {
     # partial-RoPE term (the config's partial_rotary_factor is not read).
     ("glm4_moe", "keep", 4096): "the attention output's copy for o_proj under partial RoPE: "
                                 "2 x 96 MiB = 0.1875 GiB (-1.05%)",
-    ("glm_moe_dsa", "keep", 4096): "(a) and (b) above, at the backward of layer 1 (MoE): layer "
-                                   "1's gradients not yet made there +0.31 GiB, the logits "
-                                   "-1.18 GiB; +0.38 GiB of that moment's working set not "
-                                   "accounted for (-1.04%)",
-    ("deepseek_v3", "recompute", 4096): "the peak is in the embedding backward with the logits "
-                                        "alive (MEASURED_BELOW): 1.25 GiB (-1.7%)",
+    # glm_moe_dsa 4096 keep (-1.04%) and deepseek_v3 4096 recompute (-1.7%) left this table with
+    # the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
     ("glm_moe_dsa", "recompute", 4096): "the recompute's indexer transient (MEASURED_BELOW) "
-                                        "(-7.4%)",
+                                        "(-5.2%)",
 }
 
 
@@ -561,7 +557,9 @@ class AgreementTest(unittest.TestCase):
                                                 ANALYTIC_GAPS.get((family, force, None)))
                         if gap is None:
                             self.assertLessEqual(abs(analytic - truth) / truth, 0.01, rows[-1])
-                            if (family, seq_len) not in MEASURED_GAPS:
+                            # A measured profile known to miss the truth is not held to the
+                            # analytic plan that meets it.
+                            if (family, seq_len) not in MEASURED_GAPS and below is None:
                                 self.assertLessEqual(abs(measured - analytic) / analytic, 0.01,
                                                      rows[-1])
                         else:
