@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,51 @@ bool ParseCounts(const std::string& list, const char* name, std::vector<int>& ou
   return true;
 }
 
+// What planning every stage of a pipeline found: nodes and proofs summed, the worst stage's gap,
+// the slowest stage's simulated step, the highest peak and host bytes.
+struct StagesPlanned {
+  int64_t nodes = 0;
+  int proven = 0;
+  bool fits = true;
+  double worst_gap = 0, slowest = 0;
+  uint64_t peak = 0, host = 0;
+};
+
+// Plans every stage of `run` `repeats` times, one Timing per repeat appended to `times`; what
+// the last repeat found. nullopt (after saying why) when a stage's cost cannot be built.
+std::optional<StagesPlanned> PlanEveryStage(const planner::ModelConfig& model,
+                                            const planner::RunSettings& run,
+                                            const planner::HardwareProfile& hardware,
+                                            const planner::OptimizerOptions& options,
+                                            int64_t repeats, std::vector<Timing>& times) {
+  StagesPlanned found;
+  for (int64_t r = 0; r < repeats; ++r) {
+    found = StagesPlanned();
+    bool ok = true;
+    times.push_back(Time([&] {
+      for (int stage = 0; stage < run.pp && ok; ++stage) {
+        auto step = planner::BuildStepCost(model, hardware, run, stage);
+        if (!step.ok()) {
+          std::fprintf(stderr, "stowage bench plan: %s\n",
+                       std::string(step.status().message()).c_str());
+          ok = false;
+          return;
+        }
+        const planner::OptimizeResult result = planner::Optimize(*step, options);
+        found.fits &= result.feasible;
+        found.nodes += result.nodes;
+        found.proven += result.proven_optimal;
+        found.worst_gap = std::max(found.worst_gap, GapPercent(result));
+        found.slowest = std::max(found.slowest, result.sim.step_seconds);
+        found.peak = std::max(found.peak, result.sim.peak_bytes);
+        found.host = std::max(found.host, result.sim.host_bytes);
+      }
+    }));
+    if (!ok) return std::nullopt;
+  }
+  return found;
+}
+
 // Deep models: Llama-3-8B's layer repeated N times, split over P pipeline stages (1F1B, P
 // microbatches: stage s holds P - s in flight), every stage planned. The layers x stages
 // curve of Note [Bounded work] in planner/optimizer.cc: a stage has about N/P layers and P stages
@@ -130,38 +176,10 @@ int BenchDepth(const std::string& list, const std::string& stage_list,
       run.pp_layout.assign(p, n / p);
       for (int s = 0; s < n % p; ++s) ++run.pp_layout[p - 1 - s];
       std::vector<Timing> times;
-      int64_t nodes = 0;
-      int proven = 0;
-      bool fits = true;
-      double worst_gap = 0, slowest = 0;
-      uint64_t peak = 0, host = 0;
-      for (int64_t r = 0; r < repeats; ++r) {
-        nodes = proven = 0;
-        fits = true;
-        worst_gap = slowest = 0;
-        peak = host = 0;
-        bool ok = true;
-        times.push_back(Time([&] {
-          for (int stage = 0; stage < p && ok; ++stage) {
-            auto step = planner::BuildStepCost(model, hardware, run, stage);
-            if (!step.ok()) {
-              std::fprintf(stderr, "stowage bench plan: %s\n",
-                           std::string(step.status().message()).c_str());
-              ok = false;
-              return;
-            }
-            const planner::OptimizeResult result = planner::Optimize(*step, options);
-            fits &= result.feasible;
-            nodes += result.nodes;
-            proven += result.proven_optimal;
-            worst_gap = std::max(worst_gap, GapPercent(result));
-            slowest = std::max(slowest, result.sim.step_seconds);
-            peak = std::max(peak, result.sim.peak_bytes);
-            host = std::max(host, result.sim.host_bytes);
-          }
-        }));
-        if (!ok) return kExitUnmet;
-      }
+      const std::optional<StagesPlanned> found =
+          PlanEveryStage(model, run, hardware, options, repeats, times);
+      if (!found.has_value()) return kExitUnmet;
+      const auto& [nodes, proven, fits, worst_gap, slowest, peak, host] = *found;
       const Timing t = Median(times);
       if (!fits) {
         std::printf("%7d  %6d  %9.1f  %9.1f  %8.1f  %8lld  %7s  %8s  %12s\n", n, p, t.wall_ms,
@@ -188,39 +206,10 @@ int BenchPipelineRow(const planner::ModelConfig& model, const planner::RunSettin
   options.gpu_budget_bytes = hardware.UsableBytes();
   options.host_budget_bytes = hardware.DefaultHostBudgetPerGpu();
   std::vector<Timing> times;
-  int64_t nodes = 0;
-  int proven = 0;
-  double worst_gap = 0, slowest = 0;
-  uint64_t peak = 0, host = 0;
-  for (int64_t r = 0; r < repeats; ++r) {
-    bool ok = true;
-    nodes = 0;
-    proven = 0;
-    worst_gap = 0;
-    slowest = 0;
-    peak = 0;
-    host = 0;
-    times.push_back(Time([&] {
-      for (int stage = 0; stage < run.pp && ok; ++stage) {
-        auto step = planner::BuildStepCost(model, hardware, run, stage);
-        if (!step.ok()) {
-          std::fprintf(stderr, "stowage bench plan: %s\n",
-                       std::string(step.status().message()).c_str());
-          ok = false;
-          return;
-        }
-        const planner::OptimizeResult result = planner::Optimize(*step, options);
-        ok = result.feasible;
-        nodes += result.nodes;
-        proven += result.proven_optimal;
-        worst_gap = std::max(worst_gap, GapPercent(result));
-        slowest = std::max(slowest, result.sim.step_seconds);
-        peak = std::max(peak, result.sim.peak_bytes);
-        host = std::max(host, result.sim.host_bytes);
-      }
-    }));
-    if (!ok) return kExitUnmet;
-  }
+  const std::optional<StagesPlanned> found =
+      PlanEveryStage(model, run, hardware, options, repeats, times);
+  if (!found.has_value() || !found->fits) return kExitUnmet;
+  const auto& [nodes, proven, fits, worst_gap, slowest, peak, host] = *found;
   const Timing t = Median(times);
   std::printf("%10s  %9.1f  %9.1f  %8lld  %7s  %7.3f%%  %12s  %12s  %9.6f\n", hardware.name.c_str(),
               t.wall_ms, t.cpu_ms, static_cast<long long>(nodes),
