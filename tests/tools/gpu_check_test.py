@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import unittest
+from typing import Optional
 
 SOURCE_DIR = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GPU_CHECK = os.path.join(SOURCE_DIR, "tools", "gpu-check")
@@ -55,9 +56,25 @@ def gpu_check(*args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def runner(root: str, *args: str) -> subprocess.CompletedProcess:
+def runner(root: str, *args: str, env: Optional[dict] = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, os.path.join(root, "run"), *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env=env)
+
+
+def without_site_packages(tmp: str) -> dict:
+    """An environment whose `python3` is this interpreter without site-packages (`-S`).
+
+    The runner probes the environment before the first step (torch's import among them) and
+    counts that against the budget; on a loaded machine importing torch took more than a
+    small test budget, so a test of the runner's own timing gave a different answer under
+    load. Without site-packages the torch probe fails at once and the steps still run."""
+    bin_dir = os.path.join(tmp, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    shim = os.path.join(bin_dir, "python3")
+    with open(shim, "w") as f:
+        f.write(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    os.chmod(shim, 0o755)
+    return dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
 
 
 @unittest.skipIf(packageable(), packageable())
@@ -250,6 +267,7 @@ class StepRunnerTest(unittest.TestCase):
         self.out = os.path.join(self.tmp, "out")
         os.makedirs(self.root)
         shutil.copy(RUNNER, os.path.join(self.root, "run"))
+        self.env = without_site_packages(self.tmp)
 
     def tearDown(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -277,7 +295,7 @@ class StepRunnerTest(unittest.TestCase):
             {"name": "skips", "argv": ["{python}", "-c", "raise SystemExit(77)"], "timeout_s": 30,
              "skip_return_code": 77},
         ])
-        out = runner(self.root, self.out)
+        out = runner(self.root, self.out, env=self.env)
         self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
         got = self.results()
         self.assertEqual(got["hangs"]["status"], "timeout")
@@ -294,14 +312,14 @@ class StepRunnerTest(unittest.TestCase):
         self.assertIn("hanging", report)  # and so is what a killed step printed
 
     def test_the_budget_cuts_and_skips_steps(self) -> None:
-        # The budget counts from the start, the environment probes (torch's import) included:
-        # 25 s leave the first step more than the runner's minimum on a loaded machine.
+        # The budget counts from the start, the environment probes included; without
+        # site-packages they take well under a second, so 25 s leave the first step its cut.
         self.write_steps([
             {"name": "long", "argv": ["{python}", "-c", "import time; time.sleep(300)"],
              "timeout_s": 200},
             {"name": "never", "argv": ["{python}", "-c", "pass"], "timeout_s": 10},
         ], budget=25)
-        out = runner(self.root, self.out)
+        out = runner(self.root, self.out, env=self.env)
         self.assertEqual(out.returncode, 1, out.stdout + out.stderr)
         got = self.results()
         self.assertEqual(got["long"]["status"], "timeout")
@@ -310,7 +328,7 @@ class StepRunnerTest(unittest.TestCase):
 
     def test_the_report_goes_to_OUT_and_bad_arguments_fail_clearly(self) -> None:
         self.write_steps([{"name": "ok", "argv": ["{python}", "-c", "pass"], "timeout_s": 30}])
-        env = dict(os.environ, OUT=self.out)
+        env = dict(self.env, OUT=self.out)
         out = subprocess.run([sys.executable, os.path.join(self.root, "run")], env=env,
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
@@ -320,7 +338,7 @@ class StepRunnerTest(unittest.TestCase):
                              capture_output=True, text=True, timeout=120)
         self.assertEqual(out.returncode, 2)
         self.assertIn("give the report folder", out.stderr)
-        out = runner(self.root, "--only", "nothing-matches", self.out)
+        out = runner(self.root, "--only", "nothing-matches", self.out, env=self.env)
         self.assertEqual(out.returncode, 2)
         self.assertIn("matches no step", out.stderr)
 
