@@ -505,7 +505,9 @@ absl::StatusOr<uint64_t> LayerCeiling(const LayerCost& l) {
   uint64_t total = 0;
   for (uint64_t part : {l.saved_bytes, l.attn_forward_transient, l.ffn_forward_transient,
                         l.attn_backward_transient, l.ffn_backward_transient,
-                        l.ffn_inputs_backward_bytes, l.input_bytes, l.output_bytes, l.grad_bytes}) {
+                        l.ffn_inputs_backward_bytes, l.input_bytes, l.output_bytes, l.grad_bytes,
+                        // Note [Recompute moment]: the rerun's output gradient beside its forward.
+                        l.output_bytes, l.checkpoint_held_bytes}) {
     auto sum = AddOrError(total, part, absl::StrCat("the bytes of layer ", l.index));
     if (!sum.ok()) return sum.status();
     total = *sum;
@@ -1038,6 +1040,28 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
 // the moments with its gradients, the
 // rest of the layer's gradients exist from its backward's end, and what the step holds around
 // the layer is BackwardHeldBytes (simulator.h), the one sum the simulator and the optimizer use.
+//
+// Note [Recompute moment]
+// A recomputed layer reruns its forward inside its backward, and the rerun's transients are live
+// on top of what the backward holds then. Megatron-Core's CheckpointFunction (tensor_parallel/
+// random.py, reentrant; TransformerEngine's te_checkpoint the same) reruns the whole layer
+// forward when autograd reaches the checkpoint's node, then runs the layer's backward over its
+// outputs with the output gradients passed in. torch.utils.checkpoint without reentrance (the
+// one transformers' gradient_checkpointing_enable uses, `use_reentrant=False`; torch 2.11
+// checkpoint.py _checkpoint_hook.unpack_hook) reruns the forward at the first unpack of a saved
+// tensor, i.e. at the layer's first backward node that needs one (down_proj's, or the MoE
+// weighting mul's: the residual add saves nothing), before any of the layer's gradients is
+// made, and stops it once the last saved tensor is regenerated (early_stop, default True:
+// _recomputation_hook raises _StopRecomputationError), each regenerated tensor then freed at its
+// unpack as a kept one is at its node. Either way the rerun's moment holds what the forward held
+// at its peak (forward_with: the saved tensors made so far, the transients, the residual stream)
+// and the output's gradient (output_bytes) beside it; the forward-only transients (GLM-5's DSA
+// indexer: two fp32 [s, H, s] score tensors, 4 GiB a layer at 4096 tokens, Note [hf MLA] in
+// framework_hf.cc) make it the backward's peak. The backward's own moments follow, with what the
+// checkpoint holds beyond its input until its backward ends (LayerCost::checkpoint_held_bytes:
+// under hf the step's masks, Note [hf masks]), which the rerun counts already as the forward
+// did. A measured layer's rerun is its measured forward (own forward bytes) with the output's
+// gradient: the same moment read off the measured step (profile.cc Note [Measured layers]).
 OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
   OptionCost c;
   const int k = std::max(1, o.chunks);
@@ -1092,9 +1116,11 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
       c.recompute_seconds = c.forward_seconds - l.forward_comm_seconds + l.recompute_comm_seconds;
       c.comm_seconds += l.recompute_comm_seconds;  // the recompute's collectives run again
       // Forward saves nothing but the input; the recompute in backward regenerates the FFN/MoE
-      // part chunk by chunk.
+      // part chunk by chunk. Note [Recompute moment]: the backward's peak is the larger of its
+      // own moments, with what the checkpoint holds through them, and the rerun forward's.
       c.forward_peak = forward_with(l.input_bytes, 0);
-      c.backward_peak = backward_with(l.ffn_saved_bytes / k);
+      c.backward_peak = std::max(backward_with(l.ffn_saved_bytes / k) + l.checkpoint_held_bytes,
+                                 forward_with(attn_saved, l.ffn_saved_bytes / k) + l.output_bytes);
       break;
     case LayerPolicy::kOffloadSaved:
       c.host_bytes = l.saved_bytes;

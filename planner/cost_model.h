@@ -141,6 +141,11 @@ struct LayerCost {
   // 0 where the recipe has no such moment (Megatron: gradients exist before the step).
   uint64_t ffn_inputs_backward_bytes = 0;
   uint64_t ffn_inputs_grad_bytes = 0;
+  // What the layer's checkpoint holds beyond its input from its forward until its backward ends
+  // when the layer is recomputed, that its forward transients count while the forward runs
+  // (transformers: the step's attention masks, passed to every checkpointed layer; Note
+  // [Recompute moment] in cost_model.cc). 0 where the checkpoint holds its input only.
+  uint64_t checkpoint_held_bytes = 0;
   // Microbatches of this layer a pipeline stage holds at once (1F1B: stage s of p holds
   // min(p - s, M)); the simulator keeps the other m - 1 microbatches' resident bytes on the GPU
   // throughout and m copies of its host bytes in host memory. 1 without pipelining.

@@ -190,9 +190,7 @@ HfDialect DialectFor(const ModelConfig& m) {
 // figures are LiveBytes' op work (stowage/hf_profile.py) on the real modules' forward and
 // backward (LlamaRMSNorm, DeepseekV2RMSNorm: 96.01 B, 16 kernels backward; GptOssRMSNorm,
 // Olmo2RMSNorm, Gemma2/3RMSNorm: 108.02 B, 17), bf16 [1024, 4096] on the CPU.
-struct NormWork {
-  double fwd, bwd, fwd_kernels, bwd_kernels;
-};
+using NormWork = HfNormWork;
 // Gemma's norm (Gemma2/3RMSNorm, Qwen3-Next's: `_norm(x.float()) * (1.0 + weight.float())`)
 // runs the same fp32 weight mul after an fp32 copy of the weight and its `1 +` (two kernels more
 // forward); its backward measures as the gpt-oss norm's: 40 forward, 108 backward, 10 and 17
@@ -226,8 +224,11 @@ struct HfLayer {
   // Backward attention FLOPs beyond 2.5x the forward's: q/k and v head dims that differ (MLA).
   double core_backward_extra = 0;
   double no_grad_gemm_flops = 0;  // forward GEMMs under torch.no_grad: no backward GEMMs
-  double fwd_bytes = 0;           // forward element-wise bytes per token
-  double bwd_bytes = 0;           // backward element-wise bytes per token
+  // The DSA indexer's moment (Note [hf MLA]): the saved bytes made before it and what is alive
+  // beyond them, for the whole micro-batch; 0 without an indexer.
+  double indexer_level = 0;
+  double fwd_bytes = 0;  // forward element-wise bytes per token
+  double bwd_bytes = 0;  // backward element-wise bytes per token
   double fwd_kernels = 0, bwd_kernels = 0;
 
   // `per_layer` bytes do not grow with tokens (a weight's fp32 copy, grouped_mm's offsets).
@@ -558,13 +559,23 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
 //  DSA indexer (GlmMoeDsaIndexer.forward, under torch.no_grad: no backward, nothing kept; its
 //    weights get no gradient GEMMs): `matmul(q.float(), k.float())` makes [b, s, H, s] fp32
 //    scores (H index heads, d index dims), `* softmax_scale` a second, relu a third: two are
-//    alive at once (8 H s, the layer's forward transient); then the weighted sum over heads
+//    alive at once (8 H s); then the weighted sum over heads
 //    (a GEMM), the causal masked_fill, top-k and the bool top-k mask folded into the additive
 //    attention mask (GlmMoeDsaAttention.forward). Bytes per token: rope 18 (H + 1) d_rope
 //    + 8 d_rope, the cats 4 (H + 1) d, q's and k's fp32 casts 6 (H + 1) d, the score mul and
 //    relu 16 H s, the weights' cast and scale 14 H, ~mask 2s, masked_fill 9s, top-k 4s + 12 k,
 //    the indices' casts 24 k, the top-k mask (new_ones s, scatter 2s + 8k, ~ 2s), its fold into
 //    the causal mask (3s) and the additive mask (3s); k_norm's LayerNorm 4d.
+//  The indexer's moment (the layer's forward peak, and its rerun's under recompute: Note
+//    [Recompute moment] in cost_model.cc) comes after the query's cat and expand_kv, before the
+//    mask and the attention call: alive are the saved tensors made so far (the norms, the
+//    latents, q, k and kv_b_proj's output), q_b_proj's output (2 hq dqk, which q_pass and q_rot
+//    still view), the rotated q_rot and k_rot (2 (hq + 1) r), kv_a_proj's output (2 (kvl + r),
+//    viewed by kv_pass and k_rot), the indexer's q and k with their rotated parts and cats
+//    (4 H di + 4 di + 2 (H + 1) r) and the two score tensors (8 H s); the layer's mask, its
+//    additive copy, the call's output and logsumexp and the FFN's norm do not exist yet. Live
+//    bytes of glm_moe_dsa's layer 0 rerun at 4096 tokens: 5095.5 MiB made by the rerun, as
+//    counted (tests/python/test_hf_measured_profile.py AgreementTest, recompute).
 bool HfCudnnAttention(double dqk, double dv) {
   // check_cudnn_tensor_shapes (sdp_utils.cpp, torch 2.11) on sm90 with cuDNN 9.19.
   const bool aligned = std::fmod(dqk, 8) == 0 && std::fmod(dv, 8) == 0;
@@ -600,6 +611,8 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
   // CheckpointWithoutOutput discards its outputs' storage and refills it before backward
   // (cost_model.cc); transformers and the stowage wrapper have no such mechanism.
   b.Save("attn.qkv", "", 4 * hq * dqk + 2 * hq * (m.qk_nope_head_dim + dv));
+  double saved_before_indexer = 0;
+  for (const SavedTensor& t : b.cost.saved) saved_before_indexer += static_cast<double>(t.bytes);
   const bool masked = HfMasked(b, spec);
   if (masked) {
     // SDPA's additive copy of the layer's bool mask; under recompute the checkpoint holds the
@@ -638,9 +651,13 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
     b.Traffic(18 * (hi + 1) * m.qk_rope_head_dim + 8 * m.qk_rope_head_dim + 10 * (hi + 1) * di +
                   16 * hi * s + 14 * hi + 26 * s + 44 * k + 4 * di,
               0, 34, 0);
-    b.cost.attn_forward_transient = static_cast<uint64_t>(8 * hi * s * b.t);
+    const double r = m.qk_rope_head_dim;
+    b.indexer_level =
+        saved_before_indexer + (8 * hi * s + 2 * hq * dqk + 2 * (hq + 1) * r + 2 * (kvl + r) +
+                                4 * hi * di + 4 * di + 2 * (hi + 1) * r) *
+                                   b.t;
   }
-  b.cost.attn_forward_transient += static_cast<uint64_t>((2 * hq * dqk + 4 * hq * dv) * b.t);
+  b.cost.attn_forward_transient = static_cast<uint64_t>((2 * hq * dqk + 4 * hq * dv) * b.t);
   b.cost.attn_backward_transient =
       static_cast<uint64_t>((4 * hq * dqk + 2 * hq * dv + 4 * hq * dqk) * b.t);
 }
@@ -1064,9 +1081,13 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
 //    (1 byte per pair) for sliding-window layers once s >= the window (Gemma 3 builds it
 //    whatever its layer types), for chunked layers once s > the chunk
 //    (_ignore_causal_mask_sdpa); each layer then keeps its own converted copy (attn.mask).
-// Under gradient checkpointing the layers' checkpoints hold their inputs, masks included,
-// until their backward: the masks then live through the backward, which the layer costs cannot
-// say (a recompute option has no step-level term); the test names that gap.
+// Under gradient checkpointing the layers' checkpoints hold their inputs, masks included
+// (GradientCheckpointingLayer.__call__ binds them into the partial its checkpoint reruns), until
+// their backward: a recomputed layer's backward has the masks alive
+// (LayerCost::checkpoint_held_bytes, Note [Recompute moment] in cost_model.cc). Held by every
+// checkpoint, they are freed after the lowest recomputed layer's backward; a layer cost cannot
+// say that they are alive also in the loss and in a kept layer's backward above a recomputed
+// one (no option has a step-level term), so those moments are planned without them.
 double HfMaskBytes(const ModelConfig& m, double s) {
   const bool eager = DialectFor(m).eager;
   bool sliding = false, chunked = false;
@@ -1218,10 +1239,19 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
     b.cost.attn_backward_transient -= std::min(norms, b.cost.attn_backward_transient);
   }
   OlmoPhi3Terms(b, spec);
+  if (b.indexer_level > 0) {
+    // Note [hf MLA]: the indexer's moment over every saved tensor the attention part counts
+    // (the FFN's norm included), when it is the part's peak.
+    const double attn_saved = static_cast<double>(saved_so_far() - b.cost.ffn_saved_bytes);
+    b.cost.attn_forward_transient =
+        std::max(b.cost.attn_forward_transient,
+                 static_cast<uint64_t>(std::max(0.0, b.indexer_level - attn_saved)));
+  }
   // The step's attention masks live while the model's forward runs (Note [hf masks]).
   const double masks = HfMaskBytes(m, b.s) * b.sequences;
   b.cost.attn_forward_transient += static_cast<uint64_t>(masks);
   b.cost.ffn_forward_transient += static_cast<uint64_t>(masks);
+  b.cost.checkpoint_held_bytes = static_cast<uint64_t>(masks);
   const double dense_params = static_cast<double>(DenseLayerParams(m, spec));
   const double expert_params = static_cast<double>(RoutedExpertParams(m, spec));
   // Router and attention weights are dense GEMMs; expert GEMMs are counted by Ffn.
@@ -1257,6 +1287,8 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   b.cost.attn_peak_grad_bytes = static_cast<uint64_t>(made.by_attn_peak * grad_dtype);
   return b.cost;
 }
+
+HfNormWork NormWorkOf(const ModelConfig& model) { return NormWorkOf(DialectFor(model).norm); }
 
 void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSettings& run,
                  StepCost& c) {
@@ -1317,7 +1349,7 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   // shared memory, so max, sum and write each read it) r 12V w 4V; nll_loss; backward
   // nll_loss's zeros w 4V and scatter; log_softmax's (the row sum of the gradient, then
   // r 8V w 4V) r 12V w 4V; float()'s r 4V w 2V: 48V, ~12 kernels with the label pad and shift.
-  // The final norm (NormWorkOf): Llama's 36h forward, 92h backward, 8 + 15 kernels.
+  // The final norm (NormWorkOf): Llama's 36h forward, 96h backward, 8 + 16 kernels.
   // Soft-capping: div, tanh and mul r2 w2 each forward; backward the mul's r2 w2, tanh_backward
   // r4 w2, the div's r2 w2: 26V, 6 kernels.
   c.tail_time = OpTimeOf(

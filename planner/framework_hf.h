@@ -20,6 +20,15 @@ absl::Status ValidateHfRun(const ModelConfig& model, const RunSettings& run);
 LayerCost BuildHfLayer(const ModelConfig& model, const HardwareProfile& hardware,
                        const RunSettings& run, int index, double tokens);
 
+// An RMSNorm's element-wise work in the model family's code, per element of its width: bytes read
+// + written forward and backward, and kernels (NormWorkOf in framework_hf.cc says how each is
+// counted). Pinned against the real transformers norms by tests/planner/data/hf_norm_work.json
+// (tests/planner/layer_kinds_test.cc, tests/python/test_hf_norm_work.py).
+struct HfNormWork {
+  double fwd, bwd, fwd_kernels, bwd_kernels;
+};
+HfNormWork NormWorkOf(const ModelConfig& model);
+
 // The step-level parts of the hf profile: the final norm, LM head and loss (the tail), the
 // embedding, parameter gradients created during backward, the cuBLAS workspaces and the RoPE
 // tables. Fixed memory's weights and optimizer state are already counted in `step`.

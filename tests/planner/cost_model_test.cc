@@ -218,6 +218,38 @@ TEST(CostModel, BackwardPeakCountsTheGradientsMadeByEachMoment) {
   EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kKeep, 0, 1}).backward_peak, 370u);
 }
 
+// Note [Recompute moment]: a recomputed layer's backward peak holds its rerun forward (the
+// forward's peak and the output's gradient: GLM-5's DSA indexer scores under hf), and its own
+// backward moments with what its checkpoint holds (hf: the step's masks).
+TEST(CostModel, RecomputedBackwardPeakHoldsTheRerunForward) {
+  LayerCost l;
+  l.saved = {{"attn", "", 100}, {"ffn", "", 200}};
+  l.saved_bytes = 300;
+  l.ffn_saved_bytes = 200;
+  l.input_bytes = l.output_bytes = 10;
+  l.attn_forward_transient = 500;
+  l.ffn_forward_transient = 40;
+  l.attn_backward_transient = 30;
+  l.ffn_backward_transient = 50;
+  // Backward moments: max(100 + 200 + 50, 100 + 30) + 20 = 370. The rerun: max(100 + 500,
+  // 100 + 200 + 40) + 10 (the residual stream) + 10 (the output's gradient) = 620.
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kKeep, 0, 1}).backward_peak, 370u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kOffloadSaved, 0, 1}).backward_peak, 370u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kRecompute, 0, 1}).backward_peak, 620u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kOffloadInput, 0, 1}).backward_peak, 620u);
+  // Two FFN chunks: the rerun's FFN part 100 + 20, still below the attention's 600.
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kRecompute, 0, 2}).backward_peak, 620u);
+  l.attn_forward_transient = 0;  // the FFN's moment binds the rerun: 100 + 200 + 40 + 20
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kRecompute, 0, 1}).backward_peak, 370u);
+  l.ffn_forward_transient = 100;
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kRecompute, 0, 1}).backward_peak, 420u);
+  // What the checkpoint holds counts at the backward's own moments only (the rerun's forward
+  // transients count it already): 370 + 300 over the rerun's 420.
+  l.checkpoint_held_bytes = 300;
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kRecompute, 0, 1}).backward_peak, 670u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kKeep, 0, 1}).backward_peak, 370u);
+}
+
 TEST(CostModel, BadRunSettingsNameTheFlag) {
   const ModelConfig m = *ModelPreset("glm-5.3-flash");
   RunSettings run;

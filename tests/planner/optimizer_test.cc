@@ -272,11 +272,12 @@ TEST(Optimizer, PricedBoundsOnIdenticalLayersNeverExceedTheExhaustiveOptimum) {
 // the bound counts each restore's excess over the backward compute between its prefetch and its
 // restore in full (Note [Backward waits]: one H2D engine in issue order, waits only at restores),
 // not divided by d + 1. Cut short after two nodes the reported bound never exceeds the exhaustive
-// optimum; run to completion the search equals it.
+// optimum; run to completion the search equals it. (60 instances: with a recomputed layer's
+// rerun in its backward peak, Note [Recompute moment], 40 left only 5 that wait.)
 TEST(Optimizer, BackwardWaitBoundNeverExceedsTheExhaustiveOptimum) {
   std::mt19937_64 rng(20261206);
   int waiting = 0;
-  for (int trial = 0; trial < 40; ++trial) {
+  for (int trial = 0; trial < 60; ++trial) {
     StepCost step = RandomStep(rng, std::uniform_int_distribution<int>(3, 5)(rng));
     step.h2d_bytes_per_second = step.d2h_bytes_per_second / 5;
     step.bidir_h2d_bytes_per_second = step.h2d_bytes_per_second * 0.9;
@@ -305,7 +306,7 @@ TEST(Optimizer, BackwardWaitBoundNeverExceedsTheExhaustiveOptimum) {
       }
     }
   }
-  EXPECT_GT(waiting, 5);  // the class exercises copy waits
+  EXPECT_GT(waiting, 5) << waiting;  // the class exercises copy waits
 }
 
 // Issue 14's deep model: Llama-3-8B's layer 1,000 times on a B200 at 4K tokens, where the host

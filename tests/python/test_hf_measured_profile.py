@@ -308,11 +308,13 @@ MEASURED_GAPS = {
 # again; the test fails once it is not): (family, policy, tokens) -> the reason.
 MEASURED_BELOW = {
     ("glm_moe_dsa", "recompute", 4096):
-        "the peak is in the backward of layer 0, while its recompute runs the DSA indexer again: "
-        "its two fp32 [s, H, s] score tensors (8Hs per token, 4 GiB here) are alive on top of "
-        "layer 1's gradients, the loss's and the logits, and a recomputed layer's backward peak "
-        "(EvaluateOption, planner/cost_model.cc kRecompute: backward_with) has no forward "
-        "transient in it (-6.2%, 3.02 GiB)",
+        "the peak is in the backward of layer 0, while its recompute runs the DSA indexer again "
+        "(its two fp32 [s, H, s] score tensors, 4 GiB here) with layer 1's gradients, the loss's "
+        "and the model output's bf16 logits alive; the rerun's moment is the measured forward "
+        "with the output's gradient (Note [Recompute moment] in planner/cost_model.cc: -6.15% "
+        "-> -2.40% with it), and the logits (2V per token, 1.18 GiB) are no term of the "
+        "measured profile, which counts them in the layers' own backward bytes only (Note "
+        "[Measured hf]): the rerun's moment has them not (-2.40%, 1.18 GiB)",
     ("deepseek_v3", "recompute", 4096):
         "the peak is in the embedding backward, with every gradient made and the model output's "
         "bf16 logits (2V per token, 1.25 GiB) alive; the measured profile counts the logits in "
@@ -329,14 +331,14 @@ MEASURED_BELOW = {
 # planner/framework_hf.cc); Llama 4 recompute went from +4.17% to +0.68% (the 0.21 GiB its entry
 # left unattributed).
 ANALYTIC_GAPS = {
-    # Gemma 2 at 16384 with recompute peaks in the backward of layer 1 with the step's two s x s
-    # masks alive, which the layers' checkpoints hold under checkpointing (Note [hf masks] in
-    # planner/framework_hf.cc: the layer costs put them in the forward only): 1.00 GiB of them
-    # was -6.8% of the live bytes with the logits not held; with the logits held (Note
-    # [Gradient timing] in planner/cost_model.cc) -1.05% is left. gpt_oss (4096 and 16384
-    # recompute, 16384 keep: -6.0%, -5.8%, -4.1%) left this table with the held logits:
-    # -0.18%, -0.44%, +0.06%.
-    ("gemma2", "recompute", 16384): "the checkpointed masks, at the backward of layer 1 (-1.05%)",
+    # Gemma 2 at 16384 with recompute (-6.8%, then -1.05% with the logits held) peaks in the
+    # backward of layer 1 with the step's two s x s masks alive, which the layers' checkpoints
+    # hold: it left this table with them counted in a recomputed layer's backward
+    # (LayerCost::checkpoint_held_bytes, Note [hf masks] in planner/framework_hf.cc): +0.37%;
+    # gpt_oss recompute -0.18% -> +0.18% at 4096, -0.44% -> +0.44% at 16384 by the same masks.
+    # glm_moe_dsa 4096 recompute (-5.2%) left it with the rerun forward's indexer scores in the
+    # backward peak (Note [Recompute moment] in planner/cost_model.cc): 0.00%. gpt_oss (4096
+    # and 16384 recompute, 16384 keep: -6.0%, -5.8%, -4.1%) left it with the held logits.
     # GLM-4.5's partial RoPE (apply_rotary_pos_emb, modeling_glm4_moe.py) cats the rotated and
     # the passed-through halves: q is [b, h, s, d]-contiguous, SDPA's output takes the query's
     # layout (cuDNN on the H200, flash on the CPU), `.transpose(1, 2).contiguous()` copies it,
@@ -346,8 +348,6 @@ ANALYTIC_GAPS = {
                                 "2 x 96 MiB = 0.1875 GiB (-1.05%)",
     # glm_moe_dsa 4096 keep (-1.04%) and deepseek_v3 4096 recompute (-1.7%) left this table with
     # the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
-    ("glm_moe_dsa", "recompute", 4096): "the recompute's indexer transient (MEASURED_BELOW) "
-                                        "(-5.2%)",
 }
 
 
