@@ -427,31 +427,30 @@ class Fronts {
           const double own = m_.room() - m_.Need(i, k, key);
           const double cost = m_.Cost(i, k);
           if (own < 0) continue;
-          if (mult == 1 && Plain(i + 1, next_key)) {
-            const double top = std::min(own, most[i]);
-            auto group = std::find_if(groups.begin(), groups.begin() + used, [&](const Group& g) {
-              return g.next_key == next_key && g.resident == r;
-            });
-            if (group == groups.begin() + used) {
-              if (used == groups.size()) groups.emplace_back();
-              group = groups.begin() + used++;
-              group->next_key = next_key;
-              group->resident = r;
-              group->options.clear();
-            }
-            group->options.push_back({k, top, cost});
-            continue;
+          // Options sharing the next front and the resident bytes differ only in their own
+          // room and cost (Note [Plain runs], Note [Option groups]).
+          const bool plain = mult == 1 && Plain(i + 1, next_key);
+          auto group = std::find_if(groups.begin(), groups.begin() + used, [&](const Group& g) {
+            return g.next_key == next_key && g.resident == r;
+          });
+          if (group == groups.begin() + used) {
+            if (used == groups.size()) groups.emplace_back();
+            group = groups.begin() + used++;
+            group->next_key = next_key;
+            group->resident = r;
+            group->plain = plain;
+            group->options.clear();
           }
-          sorted_runs = false;
-          for (size_t q = 0; q < next.size(); ++q) {
-            const Label& l = next[q];
-            const double extra = l.extra + (mult - 1) * r;
-            const double slack = std::min({l.slack - mult * r, own - extra, most[i]});
-            if (slack < 0) continue;
-            all.push_back({slack, extra, l.cost + cost, k, static_cast<int>(q)});
+          group->options.push_back({k, plain ? std::min(own, most[i]) : own, cost});
+        }
+        for (size_t g = 0; g < used; ++g) {
+          if (groups[g].plain) {
+            PlainRun(i, groups[g], all, runs);
+          } else {
+            sorted_runs = false;
+            ExtraRun(i, groups[g], mult, most[i], all);
           }
         }
-        for (size_t g = 0; g < used; ++g) PlainRun(i, groups[g], all, runs);
         used = 0;
         work_ += static_cast<double>(all.size());  // the labels made (Note [Bounded work])
         if (sorted_runs) {
@@ -534,12 +533,13 @@ class Fronts {
   struct Group {
     int next_key = 0;
     double resident = 0;
-    std::vector<GroupOption> options;
+    bool plain = true;  // no extra in the layer or the next front: a run (Note [Plain runs])
+    std::vector<GroupOption> options;  // top: min(own room, most) if plain, else the own room
   };
 
-  // Appends group's run (Note [Plain runs]) continuing the front of layer i + 1.
-  void PlainRun(int i, Group& group, std::vector<Label>& all, std::vector<size_t>& runs) const {
-    std::vector<GroupOption>& o = group.options;
+  // Keeps the options of `o` no other beats in top and cost (Note [Plain runs]): top falling,
+  // cost falling; returns how many.
+  static size_t Staircase(std::vector<GroupOption>& o) {
     std::sort(o.begin(), o.end(), [](const GroupOption& a, const GroupOption& b) {
       return a.top != b.top ? a.top > b.top : a.cost < b.cost;
     });
@@ -547,6 +547,43 @@ class Fronts {
     for (const GroupOption& option : o) {
       if (kept == 0 || option.cost < o[kept - 1].cost) o[kept++] = option;
     }
+    return kept;
+  }
+
+  // Note [Option groups]
+  // With extra (in-flight multipliers m > 1), option k of a group (the same next front and
+  // resident bytes r) continuing label l gives extra e = l.extra + (m - 1) r — the same for every
+  // option of the group — slack min(A, own_k - e) with A = min(l.slack - m r, most), and cost
+  // l.cost + c_k. Of the group's staircase (own falling, cost falling), the options whose own
+  // room admits A all give slack A and e, so the cheapest of them beats the rest; the cheaper
+  // options below it give less slack for less cost and stay. So each label of the next front
+  // yields the staircase's options from the cheapest up to the first that admits A — the labels
+  // Prune would keep of the group's product with the next front, made without the others (on the
+  // bench's deep Llama stages usually one per label, where every option of the group gave one).
+  void ExtraRun(int i, Group& group, double mult, double most, std::vector<Label>& all) const {
+    std::vector<GroupOption>& o = group.options;
+    const size_t kept = Staircase(o);
+    const std::vector<Label>& next = At(i + 1, group.next_key);
+    const double r = group.resident;
+    for (size_t q = 0; q < next.size(); ++q) {
+      const Label& l = next[q];
+      const double extra = l.extra + (mult - 1) * r;
+      const double a = std::min(l.slack - mult * r, most);
+      if (a < 0) continue;
+      // Cheapest first: the staircase from its end (least own room, least cost).
+      for (size_t j = kept; j-- > 0;) {
+        const double slack = std::min(a, o[j].top - extra);
+        if (slack < 0) continue;
+        all.push_back({slack, extra, l.cost + o[j].cost, o[j].k, static_cast<int>(q)});
+        if (o[j].top - extra >= a) break;
+      }
+    }
+  }
+
+  // Appends group's run (Note [Plain runs]) continuing the front of layer i + 1.
+  void PlainRun(int i, Group& group, std::vector<Label>& all, std::vector<size_t>& runs) const {
+    std::vector<GroupOption>& o = group.options;
+    const size_t kept = Staircase(o);
     const std::vector<Label>& next = At(i + 1, group.next_key);
     const double r = group.resident;
     runs.push_back(all.size());
@@ -1032,7 +1069,7 @@ class Search {
       const double over_host =
           static_cast<double>(sim.host_bytes) - static_cast<double>(o_.host_budget_bytes);
       if (over_gpu <= 0 && over_host <= 0) {
-        for (const Distance& other : distances_) TryLeaf(pick, other.d);
+        TryEveryDistance(pick);
         return;
       }
       if (over_gpu > 0) gpu_cap -= over_gpu;
@@ -1096,19 +1133,28 @@ class Search {
 
   // Step 2: the fronts' best plans, and uniform plans (every layer input offloaded while the
   // host budget lasts, the rest and the last layers recomputed; each chunk count).
+  // Note [Seeds]
+  // Each seed is a simulation of every layer, so they stop as soon as the incumbent is proven
+  // (what follows could only be faster by less than kProvenTolerance); a plan that offloads
+  // nothing is simulated once for all distances (the distance changes only an offloading layer's
+  // protocol fields); and a plan simulated only to become the incumbent is not simulated when its
+  // bound cannot beat it (Note [Plan bounds]). Where no budget binds (the bench's deep Llama up to
+  // 300 layers) the fronts' first plan is proven after one simulation, where 52 were made before
+  // on every stage.
   void Seed() {
     for (const std::vector<int>& pick : shared_->Plans(kFrontPlans)) {
-      for (Distance& other : distances_) {
-        const SimResult sim = TryLeaf(pick, other.d);
+      const bool done = TryEveryDistance(pick, [&](Distance& dist, const SimResult& sim) {
         if (sim.peak_bytes <= o_.gpu_budget_bytes) {
-          other.relaxed_upper = std::min(other.relaxed_upper, sim.step_seconds);
+          dist.relaxed_upper = std::min(dist.relaxed_upper, sim.step_seconds);
         }
-      }
+      });
+      if (done) return;
     }
     for (const std::vector<int>& pick : priced_plans_) {
-      for (const Distance& other : distances_) TryLeaf(pick, other.d);
+      if (TryEveryDistance(pick)) return;
     }
     RoundPrices();
+    if (Proven()) return;
     for (int chunks : o_.chunk_counts) {
       for (int keep_last : {0, 1, 2}) {
         std::vector<int> pick(n_, -1);
@@ -1132,10 +1178,51 @@ class Search {
           host += m * cand_[i][pick[i]].cost.host_bytes;
         }
         if (std::find(pick.begin(), pick.end(), -1) != pick.end()) continue;
-        for (const Distance& dist : distances_) TryLeaf(pick, dist.d);
+        if (TryEveryDistance(pick)) return;
       }
     }
   }
+
+  // `pick` simulated at every distance (once when it offloads nothing), `seen(distance, its
+  // simulation)` for each; whether the incumbent is then proven, which ends the seeds (Note
+  // [Seeds]).
+  template <typename F>
+  bool TryEveryDistance(const std::vector<int>& pick, F&& seen) {
+    bool offloads = false;
+    for (int i = 0; i < n_ && !offloads; ++i) offloads = cand_[i][pick[i]].cost.host_bytes > 0;
+    std::optional<SimResult> once;
+    for (Distance& dist : distances_) {
+      if (!offloads && once.has_value()) {
+        seen(dist, *once);
+        continue;
+      }
+      const SimResult sim = TryLeaf(pick, dist.d);
+      seen(dist, sim);
+      if (!offloads) once = sim;
+      if (Proven()) return true;
+    }
+    return false;
+  }
+  // The same for a plan simulated only to become the incumbent: not at all when it cannot
+  // (Note [Plan bounds]).
+  bool TryEveryDistance(const std::vector<int>& pick) {
+    if (CannotWin(PlanBound(pick))) return false;
+    return TryEveryDistance(pick, [](Distance&, const SimResult&) {});
+  }
+
+  // Note [Plan bounds]
+  // The shared model's costs bound every plan, not only the fronts' least: the simulated step of
+  // `pick` at any of the distances is at least the fixed seconds plus the sum of its options'
+  // Model::Cost (compute plus the copy-wait bounds of Note [Forward waits] and Note [Backward
+  // waits], which hold for any plan, with the shared model's waits for the largest distance).
+  // A plan whose bound is no less than the incumbent's step cannot replace it, so the seeds and
+  // hill climbing do not simulate it (as the branch and bound prunes a child).
+  double PlanBound(const std::vector<int>& pick) const {
+    double sum = shared_model_->fixed_seconds();
+    for (int i = 0; i < n_; ++i) sum += shared_model_->Cost(i, pick[i]);
+    return sum;
+  }
+  bool CannotWin(double bound) const { return bound >= best_seconds_ * (1 - 1e-12); }
 
   // Hill climbing from the best plan: change one layer's option while that shortens the
   // simulated step. Only improves the incumbent, so the search's bound cuts more.
@@ -1146,15 +1233,17 @@ class Search {
     // takes the incumbent's past its room cannot fit, so it is not simulated.
     const double gpu_room = shared_model_->room() - shared_model_->tail_need();
     const double host_room = Model::HostRoom(step_, o_);
-    double gpu = 0, host = 0;
+    double gpu = 0, host = 0, bound = 0;
     auto totals = [&] {
       gpu = host = 0;
       for (int i = 0; i < n_; ++i) {
         gpu += LevelOf(i, best_pick_[i]);
         host += HostOf(i, best_pick_[i]);
       }
+      bound = PlanBound(best_pick_);
     };
     totals();
+    std::vector<int> pick;
     for (int pass = 0; pass < 8; ++pass) {
       bool improved = false;
       for (int i = 0; i < n_; ++i) {
@@ -1171,7 +1260,12 @@ class Search {
               host - HostOf(i, best_pick_[i]) + HostOf(i, kk) > host_room) {
             continue;
           }
-          std::vector<int> pick = best_pick_;
+          // Note [Plan bounds]: a change whose bound is no faster than the incumbent cannot win.
+          if (CannotWin(bound - shared_model_->Cost(i, best_pick_[i]) +
+                        shared_model_->Cost(i, kk))) {
+            continue;
+          }
+          pick = best_pick_;
           pick[i] = static_cast<int>(k);
           const double before = best_seconds_;
           TryLeaf(pick, best_distance_);

@@ -393,6 +393,49 @@ TEST(Optimizer, InFlightMicrobatchesMultiplyLayerMemory) {
   EXPECT_EQ(Simulate(step, offload, false).host_bytes, 3 * step.layers[0].input_bytes);
 }
 
+// Note [Option groups] (optimizer.cc): with microbatches in flight, the options of a layer that
+// differ only in their chunk count (the same resident bytes, a smaller working set for more
+// compute) yield, per label of the next front, only the cheapest up to the first whose own room
+// admits the label's slack. Several chunk counts and budgets near the offloading peak, so that a
+// layer's own working set binds and the dearer chunk counts are needed; the search equals
+// exhaustive search, and some optimal plans chunk.
+TEST(Optimizer, ChunkCountsWithMicrobatchesInFlightEqualExhaustiveSearch) {
+  std::mt19937_64 rng(20261207);
+  int feasible = 0, chunked = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    StepCost step = RandomStep(rng, std::uniform_int_distribution<int>(2, 3)(rng));
+    const int m = std::uniform_int_distribution<int>(2, 4)(rng);
+    for (LayerCost& l : step.layers) l.in_flight_microbatches = m;
+    OptimizerOptions o;
+    o.chunk_counts = {1, 2, 4};
+    o.prefetch_distances = {1, 2};
+    o.node_limit = 1'000'000'000;
+    const uint64_t low = PeakOf(step, LayerPolicy::kOffloadInput, 4);
+    const uint64_t high = PeakOf(step, LayerPolicy::kKeep, 1);
+    o.gpu_budget_bytes =
+        low + static_cast<uint64_t>(std::uniform_real_distribution<double>(0, 0.5)(rng) *
+                                    static_cast<double>(high - low));
+    o.host_budget_bytes = trial % 4 == 0 ? 1000 : ~0ull;
+    const OptimizeResult exhaustive = ExhaustiveSearch(step, o);
+    const OptimizeResult found = Optimize(step, o);
+    SCOPED_TRACE(
+        absl::StrCat("trial ", trial, ", ", step.layers.size(), " layers, ", m, " in flight"));
+    ASSERT_EQ(found.feasible, exhaustive.feasible);
+    if (!exhaustive.feasible) continue;
+    ++feasible;
+    EXPECT_TRUE(found.proven_optimal);
+    EXPECT_NEAR(found.sim.step_seconds, exhaustive.sim.step_seconds,
+                1e-9 * exhaustive.sim.step_seconds);
+    EXPECT_LE(found.sim.peak_bytes, o.gpu_budget_bytes);
+    EXPECT_LE(found.sim.host_bytes, o.host_budget_bytes);
+    bool chunks = false;
+    for (const LayerOption& option : exhaustive.schedule.options) chunks |= option.chunks > 1;
+    chunked += chunks;
+  }
+  EXPECT_GT(feasible, 15);
+  EXPECT_GT(chunked, 3);  // the class needs the dearer chunk counts
+}
+
 // Few layers, many microbatches in flight and a GPU budget that only offloading meets: the stage
 // class of DeepSeek-V3 on h800 at PP 16 (below). Copies are slow beside compute, so the plan waits
 // for its saves; the bound must count those waits in full (Note [Forward waits]) for the search
