@@ -130,10 +130,8 @@ namespace {
 // (OptimizeResult::lower_bound_seconds). Models deeper than kMaxLayers are refused before any of
 // this (CheckStepCostBounds).
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// A front holds at most kFrontLabels / layers labels (within [kMinFront, kMaxFront]): the fronts'
-// work is then at most proportional to the layers (Note [Bounded work]).
-constexpr double kFrontLabels = 3e6;
-constexpr int kMinFront = 512;
+// A front holds at most kMaxFront labels, at any depth: the fronts' work per layer is then at most
+// windows x options x kMaxFront label updates (Note [Bounded work]).
 constexpr int kMaxFront = 4096;
 // The window of host-byte classes kept exactly; older prefetched bytes are left out of the
 // backward term for d > kMaxWindow (a relaxation: the bound stays valid).
@@ -388,12 +386,7 @@ class Fronts {
 
   // `cap`: labels per front (0: Note [Bounded work]'s).
   explicit Fronts(const Model& model, int cap = 0)
-      : m_(model),
-        n_(model.n()),
-        cap_(static_cast<size_t>(cap > 0
-                                     ? cap
-                                     : std::clamp(static_cast<int>(kFrontLabels / std::max(1, n_)),
-                                                  kMinFront, kMaxFront))) {
+      : m_(model), n_(model.n()), cap_(static_cast<size_t>(cap > 0 ? cap : kMaxFront)) {
     fronts_.assign(static_cast<size_t>(n_ + 1) * m_.keys(), {});
     plain_.assign(fronts_.size(), 1);
     for (int key = 0; key < m_.keys(); ++key) {
@@ -641,7 +634,10 @@ class Fronts {
   }
 
   void Prune(std::vector<Label>& all, bool sorted, std::vector<Label>& out, char& plain) {
-    if (!sorted) std::sort(all.begin(), all.end(), Before);
+    if (!sorted) {
+      std::sort(all.begin(), all.end(),
+                [](const Label& a, const Label& b) { return Before(a, b); });
+    }
     bool has_extra = false;
     for (const Label& l : all) has_extra |= l.extra > 0;
     out.clear();
@@ -657,13 +653,29 @@ class Fronts {
       // A label is beaten when one before it (no less slack) has no more extra and cost: the
       // least cost at extra <= l.extra among those kept. `stairs` holds the kept labels' (extra,
       // cost) staircase (cost falling as extra grows), so that is one lookup, not a scan.
-      std::map<double, double> stairs;
+      // (A sorted array: a front's staircase is short, and a tree allocated a node per label.)
+      std::vector<std::pair<double, double>>& stairs = stairs_;
+      stairs.clear();
       for (const Label& l : all) {
-        auto at = stairs.upper_bound(l.extra);
-        if (at != stairs.begin() && std::prev(at)->second <= l.cost) continue;
+        const size_t at =
+            static_cast<size_t>(std::upper_bound(stairs.begin(), stairs.end(), l.extra,
+                                                 [](double e, const std::pair<double, double>& s) {
+                                                   return e < s.first;
+                                                 }) -
+                                stairs.begin());
+        if (at > 0 && stairs[at - 1].second <= l.cost) continue;
         out.push_back(l);
-        while (at != stairs.end() && at->second >= l.cost) at = stairs.erase(at);
-        stairs[l.extra] = l.cost;
+        size_t end = at;
+        while (end < stairs.size() && stairs[end].second >= l.cost) ++end;
+        if (at > 0 && stairs[at - 1].first == l.extra) {
+          stairs[at - 1].second = l.cost;
+          stairs.erase(stairs.begin() + at, stairs.begin() + end);
+        } else if (at == end) {
+          stairs.insert(stairs.begin() + at, {l.extra, l.cost});
+        } else {
+          stairs[at] = {l.extra, l.cost};
+          stairs.erase(stairs.begin() + at + 1, stairs.begin() + end);
+        }
       }
     }
     plain = !has_extra;
@@ -691,18 +703,22 @@ class Fronts {
   std::vector<char> plain_;  // the front has no extra (every m_k = 1 in its plans)
   double work_ = 0;
   bool thinned_ = false;
+  std::vector<std::pair<double, double>> stairs_;  // Prune's scratch
 };
 
 // Bounds on the work besides the fronts (Note [Bounded work]).
-constexpr double kImproveSimulatedLayers = 3e5;
-constexpr double kRefineWork = 2e7;  // label updates of the per-distance fronts
+// Hill climbing simulates the whole model at most kImproveSimulations times; the per-distance
+// fronts Refine builds do at most kRefineFactor times the shared fronts' label updates together
+// (one distance's window of kMaxWindow layers at four host-byte classes, 4^2; the branch and bound
+// builds the fronts of the distances it searches).
+constexpr double kImproveSimulations = 32;
+constexpr double kRefineFactor = 16;
 constexpr double kSearchSimulatedLayers = 4e5;
 constexpr int kFrontPlans = 4;  // the root front's cheapest plans simulated per distance
 // Pricing the host budget (Note [Host price]): at most kPriceSteps fronts of kPriceFront labels,
 // until the interval of prices is within kPriceTolerance of the price.
 constexpr int kPriceSteps = 10;
 constexpr int kPriceFront = 8;
-constexpr double kPriceWork = 2e6;  // label updates of those fronts, all steps together
 constexpr double kPriceTolerance = 1e-2;
 // Note [Two prices]: D is evaluated at most kPriceSteps + 3 + kGoldenSteps times (the golden
 // section's interval shrinks to 0.618^64, about 1e-13, of itself); prices within kTieTolerance of a
@@ -750,7 +766,7 @@ class Search {
   // so fronts over the priced costs, less p B (Model's host_price), bound every plan within the
   // budgets. PriceHost walks p from a first guess, doubling it until the fronts' plan fits the
   // room, then halving the interval between a price whose plan is over the room and one whose
-  // plan is within (kPriceSteps fronts, kPriceWork label updates at most). The plans within the
+  // plan is within (kPriceSteps fronts at most). The plans within the
   // room, and the plan within the room taking the over-room plan's choice for as many layers as the
   // room takes (in layer order and in reverse), are candidates for step 2. Priced fronts of many
   // identical layers are long (the price makes options that tied at no cost differ), so these
@@ -786,13 +802,11 @@ class Search {
     }
     double low = 0, high = -1;  // prices whose plan is over / within the room
     std::vector<int> low_plan = over[0], high_plan;
-    double work = 0;
     for (int step = 0; step < steps; ++step) {
       const double p = high < 0 ? price : (low + high) / 2;
       const Model model(step_, o_, cand_, least_, kDefaultSaveLag, 1, most_, p);
       const Fronts fronts(model, kPriceFront);
       bound = std::max(bound, fronts.Root() + model.fixed_seconds());
-      work += fronts.work();
       std::vector<std::vector<int>> plans = fronts.Plans(1);
       if (plans.empty()) break;  // nothing fits the GPU at this price (nor at any other)
       if (HostOf(plans[0]) > room) {
@@ -805,7 +819,6 @@ class Search {
         priced_plans_.push_back(plans[0]);
       }
       if (high >= 0 && high - low <= kPriceTolerance * high) break;
-      if (work > kPriceWork) break;
     }
     if (high_plan.empty()) return;
     for (bool forward : {true, false}) {
@@ -874,13 +887,7 @@ class Search {
       ++count[lines];
     }
     std::vector<std::pair<std::vector<Line>, double>> groups;
-    double lines_total = 0;
-    for (auto& [lines, n] : count) {
-      groups.push_back({lines, static_cast<double>(n)});
-      lines_total += static_cast<double>(lines.size());
-    }
-    // Note [Bounded work]: each evaluation of D walks every distinct layer's lines.
-    if (lines_total * kTwoPriceEvaluations > kPriceWork) return;
+    for (auto& [lines, n] : count) groups.push_back({lines, static_cast<double>(n)});
     // D(l, p) and the best l for p (slope of D in l: sum of the chosen a less G).
     std::vector<std::pair<double, double>> breaks;  // (l, the slope's drop there)
     auto best_for = [&](double p, double* best_l) {
@@ -1105,7 +1112,7 @@ class Search {
       // Note [Bounded work]: a refinement costs about (its windows / the shared one's) times the
       // shared fronts' work.
       const double work = shared_->work() * std::pow(shared_model_->classes(), kMaxWindow - 1);
-      if (refine_work_ + work > kRefineWork) continue;
+      if (refine_work_ + work > kRefineFactor * shared_->work()) continue;
       refine_work_ += work;
       Build(dist);
       for (const std::vector<int>& pick : dist.fronts->Plans(kFrontPlans)) TryLeaf(pick, dist.d);
@@ -1248,7 +1255,7 @@ class Search {
       bool improved = false;
       for (int i = 0; i < n_; ++i) {
         for (size_t k = 0; k < cand_[i].size(); ++k) {
-          if (simulated_layers_ - start > kImproveSimulatedLayers || Proven()) return;
+          if (simulated_layers_ - start >= kImproveSimulations * n_ || Proven()) return;
           if (static_cast<int>(k) == best_pick_[i]) continue;
           // Without copy waits only less compute can shorten the step.
           if (best_stall_ == 0 && cand_[i][k].cost.compute_seconds() >=
