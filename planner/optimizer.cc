@@ -82,9 +82,9 @@ namespace {
 // On the reference model the bound is attained: the compute-optimal plan under these memory
 // terms waits for no copy, so step 1's plan is the optimum and step 3 never runs. On small
 // random instances the branch and bound runs to completion and equals exhaustive search
-// (optimizer_test.cc). Deep models (about 1,000 layers and more) may hit the fronts' cap and
-// report a gap; with a binding host budget the two prices bound them within 0.01% (1,000 layers:
-// 207.616 s against the 207.616 s plan; it was 207.228 s against 207.711 s before them).
+// (optimizer_test.cc). Deep models where both budgets bind report a gap: the two prices bound them
+// within 0.06% (1,000 layers: 207.616 s against the 207.616 s plan; it was 207.228 s against
+// 207.711 s before them), the rest being the rounding of the layers the relaxation splits.
 
 // Note [Forward waits]
 // Why the forward waits are at least the sum of the excesses e_i = h_i - (the compute between
@@ -113,22 +113,35 @@ namespace {
 // the bound divided each excess by d + 1; it was valid, and weaker by that factor.
 
 // Note [Bounded work]
-// Fronts cost layers x windows x options x front length label updates (a front's cap shrinks with
-// depth so that layers x cap stays within kFrontLabels, down to kMinFront, max(L - 1, d) <=
-// kMaxWindow layers of window): linear in depth. The shared fronts are always built; per-distance
-// refinements only while they fit kRefineWork label updates. Before them the tables of a bucketed
-// knapsack cost layers x buckets^2 (1,000 layers took 11.7 s). The rest is bounded too: hill
-// climbing stops after kImproveSimulatedLayers layer-simulations, the branch and bound after
-// node_limit nodes or kSearchSimulatedLayers layer-simulations. Two exact filters keep these from
-// running where they cannot gain (what took 1,000 layers from 27 to 180 ms of CPU): hill climbing
-// does not simulate a change that takes the incumbent past either room of Note [Two prices] (no
-// plan there fits), and a distance's own fronts are not built when a plan the shared fronts found
-// within the GPU budget (the host ignored) is no slower than the bound known: those fronts relax
-// the host budget too, so they bound no more than that plan's step. The two prices cost one pass
-// over the distinct layers per evaluation, kTwoPriceEvaluations of them. None of these changes what
-// a completed search proves; a search cut short reports the plan it found, unproven, with its bound
-// (OptimizeResult::lower_bound_seconds). Models deeper than kMaxLayers are refused before any of
-// this (CheckStepCostBounds).
+// Every part of the search does work at most proportional to the layers, with a constant per layer
+// that does not depend on the depth (`stowage bench plan --layers` prints the curve):
+//  - Fronts: layers x windows x options x front length label updates, where a front holds at most
+//    kMaxFront labels at any depth and max(L - 1, d) <= kMaxWindow layers of window. (A cap of
+//    3e6 labels shared by all layers made fronts shorter, and deep models' bounds weaker, the
+//    deeper the model; no real instance's front comes near kMaxFront: the reference model's are
+//    256 labels, DeepSeek-V3's stages 60, the bench's deep Llama stages 27.) The shared fronts are
+//    always built; Refine's per-distance fronts while they cost no more than kRefineFactor times
+//    the shared fronts; the branch and bound builds those of the distances it searches. Before the
+//    fronts the tables of a bucketed knapsack cost layers x buckets^2 (1,000 layers took 11.7 s).
+//  - Simulations, each linear in the layers (Note [Events in time order] in simulator.cc): a
+//    bounded number of seeds (Note [Seeds]), hill climbing at most kImproveSimulations, the
+//    branch and bound at most node_limit nodes (each costing options x window, whatever the depth)
+//    and kSearchSimulatedLayers layer-simulations of leaves in all.
+//  - The host price: at most kPriceSteps fronts of kPriceFront labels; the two prices
+//    kTwoPriceEvaluations passes over the distinct layers' options.
+// Exact filters keep these from running where they cannot gain: hill climbing does not simulate a
+// change that takes the incumbent past either room of Note [Two prices] (no plan there fits) or
+// whose bound cannot beat it (Note [Plan bounds]), and a distance's own fronts are not built when
+// a plan the shared fronts found within the GPU budget (the host ignored) is no slower than the
+// bound known: those fronts relax the host budget too, so they bound no more than that plan's
+// step. None of these changes what a completed search proves; a search cut short reports the plan
+// it found, unproven, with its bound (OptimizeResult::lower_bound_seconds). Models deeper than
+// kMaxLayers are refused before any of this (CheckStepCostBounds).
+// What the constant per layer is depends on what binds, not on the depth: where no budget binds
+// the fronts are a few labels and one simulation proves the plan; where the GPU and the host
+// budget both bind (the bench's Llama from about 500 layers) the fronts are about 24 labels, the
+// two prices and the priced front run, and the stage is left unproven within its gap after hill
+// climbing and node_limit nodes of branch and bound (a fixed cost per stage, not per layer).
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // A front holds at most kMaxFront labels, at any depth: the fronts' work per layer is then at most
 // windows x options x kMaxFront label updates (Note [Bounded work]).

@@ -154,7 +154,9 @@ int BenchDepth(const std::string& list, const std::string& stage_list,
   options.host_budget_bytes = hardware.DefaultHostBudgetPerGpu();
   std::printf(
       "llama-3-8b layers x N over P stages (1f1b, P microbatches) on %s, 4096 tokens, CP 1, 4096 "
-      "GPUs; %lld runs per row\n\n",
+      "GPUs; %lld runs per row\n"
+      "us/layer = cpu ms / N: the P stages of N/P layers each plan N layers in all (layers per "
+      "stage x stages), so a flat column is planning time linear in layers x stages\n\n",
       hardware.name.c_str(), static_cast<long long>(repeats));
   std::printf("%7s  %6s  %9s  %9s  %8s  %8s  %7s  %8s  %12s  %12s  %9s\n", "layers", "stages",
               "wall ms", "cpu ms", "us/layer", "nodes", "proven", "gap", "peak", "host/GPU",
