@@ -135,6 +135,28 @@ constexpr double kSharedMemoryPerBlock = 48 * 1024;
 // layer's. Checked against autograd with the call checkpointed by
 // tests/python/test_hf_layer_kinds.py (RecomputedCoreTest).
 
+// Note [hf FFN act]
+// The ffn_act / moe_act recompute modules are the SwiGLU activation rerun in backward under
+// torch.utils.checkpoint: a decoder MLP's `act_fn(gate_proj(x)) * up_proj(x)` (LlamaMLP.forward
+// and its copies), the experts' `_apply_gate` (integrations/moe.py _default_apply_gate:
+// `act_fn(gate) * up`; GptOssExperts._apply_gate: the clamps, `gate * sigmoid(gate * alpha)`,
+// `(up + 1) * glu`), Llama 4's bmm experts' `up * act_fn(gate)` (Llama4TextExperts.forward). As
+// with attn_core (Note [hf attn_core]) the checkpoint drops what the activation keeps inside
+// (the activation's output, kept by the mul: 2 bytes per element; gpt-oss's clamped, scaled and
+// sigmoid tensors and the glu: 8) and holds its inputs (gate and up, or [gate; up]: kept anyway
+// by the activation and the mul), and it cannot drop its output, the product, which the down
+// projection (nn.Linear, the down grouped_mm, bmm) saves outside it: 2 bytes per element stay.
+// Megatron's ffn_act / moe_act free the product too (CheckpointWithoutOutput discards its
+// output's storage and refills it before backward, cost_model.cc); transformers has no such
+// mechanism. Shared experts have no module. Checked against autograd with the activation
+// checkpointed by tests/python/test_hf_layer_kinds.py (RecomputedActTest: the old recipe freed
+// the product too, 2f or 2 fe per routed expert too much, on every family it ran).
+// Rerunning a selective module peaks below the backward moment its part already has: the rerun
+// regenerates the module's saved tensors (as kept) and its output once more, freed at once,
+// beside the output's gradient, while the part's own backward moment (Note [hf FFN backward],
+// the attention core's) holds those and the gradients it makes; so EvaluateOption charges a
+// selective recompute keep's backward peak.
+
 enum class HfNorm { kLlama, kGemma, kGptOss };
 enum class HfRouter { kQwen, kDeepSeekSoftmax, kDeepSeekSigmoid, kGptOss, kLlama4 };
 
@@ -916,7 +938,13 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
   // gradients (r 4h w 2h); 3 GEMMs forward, 6 backward.
   auto swiglu = [&](double f, const char* prefix, const char* module) {
     b.Save(absl::StrCat(prefix, ".gate_up"), "", 4 * f);
-    b.Save(absl::StrCat(prefix, ".act"), module, 4 * f);
+    if (*module != '\0') {
+      // Note [hf FFN act]: the module frees the activation's output, not the product.
+      b.Save(absl::StrCat(prefix, ".act"), module, 2 * f);
+      b.Save(absl::StrCat(prefix, ".act_out"), "", 2 * f);
+    } else {
+      b.Save(absl::StrCat(prefix, ".act"), module, 4 * f);
+    }
     b.Traffic(10 * f, 18 * f + 6 * h, 2 + 3, 4 + 6);
   };
   if (spec.ffn == FfnKind::kDense) {
@@ -982,9 +1010,12 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
         per_expert = b.t;
         break;
     }
-    b.Save("moe.act", "moe_act", act);
-    if (b.dialect.router != HfRouter::kLlama4) b.Save("moe.expert_out", "", 2 * h * k);
     const double routed = b.dialect.router == HfRouter::kLlama4 ? e : k;
+    // Note [hf FFN act]: moe_act frees what the activation keeps inside, not the product the
+    // down projection keeps (2 fe per routed expert).
+    b.Save("moe.act", "moe_act", act - 2 * fe * routed);
+    b.Save("moe.act_out", "", 2 * fe * routed);
+    if (b.dialect.router != HfRouter::kLlama4) b.Save("moe.expert_out", "", 2 * h * k);
     // grouped_mm_experts_forward (integrations/moe.py), bytes per token (k routed experts; Llama 4
     // runs all E). Forward: the router GEMM, softmax to fp32 r 2E w 4E, top-k r 4E, the top-k
     // renormalisation and cast (4 kernels, per-row sizes); torch.sort of the t*k int64 expert ids

@@ -151,13 +151,19 @@ def gpu_sdpa_saves(query, key, value, attn_mask, out) -> list[torch.Tensor | int
 
 
 def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = None,
-                             checkpoint_core: bool = False) -> list[int]:
+                             checkpoint_core: bool = False,
+                             checkpoint_act: bool = False) -> list[int]:
     """Bytes autograd saves inside each decoder layer's forward, each storage counted once, in
     the layer that first saves it; `log` collects (layer, shape, dtype, bytes) of each.
     `checkpoint_core`: every attention interface call (sdpa_attention_forward, or the family's
     eager_attention_forward) runs under torch.utils.checkpoint, as the planner's attn_core
     module reruns it (Note [hf attn_core]); what the call saves inside is then dropped, and the
-    tensors it was called with are held by the checkpoint until backward."""
+    tensors it was called with are held by the checkpoint until backward. `checkpoint_act`:
+    every SwiGLU activation (the experts' _apply_gate, integrations/moe.py or the family's own;
+    a decoder layer's MLP's `act_fn(gate_proj(x)) * up_proj(x)`; Llama 4's bmm experts'
+    `up * act_fn(gate)`) runs under torch.utils.checkpoint, as the planner's ffn_act / moe_act
+    module reruns it (Note [hf FFN act] in planner/framework_hf.cc); shared experts are not
+    rerun (no module)."""
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type])
     cfg._attn_implementation = "eager" if model_type in EAGER else "sdpa"
@@ -265,6 +271,37 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
                 in_checkpoint[0] = False
         return run
 
+    def checkpointed_act(call):
+        def run(*inputs):
+            for t in inputs:  # held by the checkpoint for the rerun
+                if current[0] >= 0:
+                    kernel_held.append(t)
+                    packed.append((current[0], weakref.ref(t)))
+            return torch.utils.checkpoint.checkpoint(call, *inputs, use_reentrant=False)
+        return run
+
+    if checkpoint_act:
+        for layer in layers:
+            mlp = getattr(layer, "mlp", None) or getattr(layer, "feed_forward", None)
+            experts = getattr(mlp, "experts", None)
+            if experts is not None and hasattr(experts, "_apply_gate"):
+                experts._apply_gate = checkpointed_act(experts._apply_gate)
+            elif experts is not None and type(experts).__name__ == "Llama4TextExperts":
+                def bmm_experts(x, e=experts):  # Llama4TextExperts.forward, the act rerun
+                    x = x.view(e.gate_up_proj.shape[0], -1, e.hidden_size)
+                    gate, up = torch.bmm(x, e.gate_up_proj).chunk(2, dim=-1)
+                    act = checkpointed_act(lambda g, u: u * e.act_fn(g))(gate, up)
+                    return torch.bmm(act, e.down_proj).view(-1, e.hidden_size)
+                experts.forward = bmm_experts
+            elif experts is None and hasattr(mlp, "gate_proj"):
+                # LlamaMLP.forward and its copies (Llama4TextMLP names it activation_fn), the
+                # act rerun.
+                fn = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn")
+
+                def dense(x, f=mlp, fn=fn):
+                    act = checkpointed_act(lambda g, u: fn(g) * u)(f.gate_proj(x), f.up_proj(x))
+                    return f.down_proj(act)
+                mlp.forward = dense
     from transformers.modeling_utils import AttentionInterface
     modeling = sys.modules[type(model).__module__]
     interfaces = AttentionInterface._global_mapping
@@ -355,6 +392,59 @@ def planned_core_recompute_per_layer(model_type: str, seq_len: int) -> list[int]
                       {"policy": "selective_recompute", "recompute_modules": ["attn_core"]})
     result = json.loads(planner._call("stowage_plan_evaluate", dict(request, layers=layers)))
     return [layer["device_saved_bytes"] for layer in result["plan"]["layers"]]
+
+
+def planned_act_recompute_per_layer(model_type: str, seq_len: int) -> list[int]:
+    """Each layer's device_saved_bytes that the planner predicts under hf when every layer
+    recomputes its ffn_act (dense) or moe_act (MoE) module and keeps the rest."""
+    from stowage import planner
+    request = {"model": dict(CONFIGS[model_type], model_type=model_type), "hardware": "h200",
+               "run": {"seq_len": seq_len, "micro_batch": 1, "tp": 1, "cp": 1, "ep": 1,
+                       "gpus": 1, "sharding": "no_shard", "framework": "hf",
+                       "optimizer": "none", "grad_bytes": 2, "loss_chunk_tokens": 0}}
+    n = CONFIGS[model_type]["num_hidden_layers"]
+    keep = json.loads(planner._call("stowage_plan_evaluate",
+                                    dict(request, layers=[{"policy": "keep"}] * n)))
+    layers = [{"policy": "selective_recompute",
+               "recompute_modules": ["moe_act" if "moe" in layer["type"] else "ffn_act"]}
+              for layer in keep["plan"]["layers"]]
+    result = json.loads(planner._call("stowage_plan_evaluate", dict(request, layers=layers)))
+    return [layer["device_saved_bytes"] for layer in result["plan"]["layers"]]
+
+
+# Families the act recompute check runs: a SiLU and a GELU MLP, the default experts' gate,
+# gpt-oss's own (clamped, sigmoid-gated), Llama 4's bmm experts, DeepSeek-V3's dense layer and
+# experts beside a shared expert.
+RECOMPUTED_ACT = ("mistral", "gemma2", "gpt_oss", "llama4_text", "deepseek_v3")
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class RecomputedActTest(unittest.TestCase):
+    """ffn_act / moe_act free exactly what the activation no longer holds when it is rerun:
+    the layer's saved bytes with the activation checkpointed, measured, equal the planner's
+    prediction for the layer recomputing the module (Note [hf FFN act])."""
+
+    def test_checkpointed_activation_holds_what_the_planner_says(self) -> None:
+        if not os.environ.get("STOWAGE_LIBRARY"):
+            self.skipTest("STOWAGE_LIBRARY is not set to a built libstowage.so")
+        only = os.environ.get("STOWAGE_HF_KINDS")
+        for model_type in RECOMPUTED_ACT:
+            if only and model_type not in only.split(","):
+                continue
+            seq_len = SEQ_LENS[0]
+            with self.subTest(model=model_type, seq_len=seq_len):
+                measured = measured_saved_per_layer(model_type, seq_len, checkpoint_act=True)
+                planned = planned_act_recompute_per_layer(model_type, seq_len)
+                if os.environ.get("STOWAGE_HF_KINDS_VERBOSE"):
+                    print(model_type, seq_len, "act recompute planned",
+                          [round(p / seq_len, 2) for p in planned], "measured",
+                          [round(m / seq_len, 2) for m in measured])
+                self.assertEqual(len(planned), len(measured))
+                for i, (m, p) in enumerate(zip(measured, planned)):
+                    self.assertAlmostEqual(
+                        p / seq_len, m / seq_len, delta=0.005 * m / seq_len,
+                        msg=f"{model_type} layer {i} with its activation recomputed: planned "
+                            f"{p / seq_len:.2f} B/token, autograd held {m / seq_len:.2f} B/token")
 
 
 # Families the recompute check runs: every attention kind with an attn_core module (SDPA with
