@@ -22,25 +22,37 @@ namespace {
 //    its tensors, its seconds the module's measured forward time. "input" is the layer's input
 //    when the layer saves it.
 //  - the layer's own bytes during its forward are its input plus forward_peak_bytes (measured
-//    over what was allocated before, the input included there); the attention-part transient is
-//    what that exceeds the saved tensors and the output by. During its backward they are
-//    backward_peak_bytes plus the input when the layer saved it (the input was counted in
-//    "before"); the transient is what that exceeds the saved tensors, the output's gradient and
-//    the input's gradient by. Both are clamped at 0: a layer that saves its own output would
-//    otherwise count it twice.
+//    over what was allocated before, the input included there); the forward transient is what
+//    that exceeds the saved tensors and the output by, on top of all of them (EvaluateOption's
+//    FFN moment of the forward: its FFN transient sits on both parts' saved tensors, so a
+//    rerun's forward, a recompute's and the keep forward read the same measured level).
+//  - the backward is EvaluateOption's moments read off one measured step: its start (every saved
+//    tensor, the output's and input's gradients, no weight gradient made: the FFN moment with
+//    no FFN transient, ffn_peak_grad_bytes 0) and its measured peak. At that peak the backward
+//    has released backward_peak_released_bytes of the saved tensors (the FFN part's place:
+//    EvaluateOption's backward runs it first and does not count it at the attention moment, so
+//    it becomes ffn_saved_bytes; measured layers are never chunked, so nothing divides it) and
+//    made backward_peak_grad_bytes of its gradients (attn_peak_grad_bytes). The own bytes there
+//    are backward_peak_bytes plus the input when the layer saved it (the input was counted in
+//    "before"); the attention transient is what they exceed the saved tensors still held, the
+//    output's gradient and the input's gradient by. Both transients are clamped at 0: a layer
+//    that saves its own output would otherwise count it twice. A version-1 profile states
+//    neither: nothing released and every gradient at the peak, as its figures were measured.
 //  - no FFN part: a measured layer is one unit, so chunking does not apply (chunk count 1) and
 //    recompute reruns the whole forward (forward_seconds).
 //  - the tail is the loss: its bytes are the last layer's output plus loss.peak_bytes (the
 //    output is no layer's resident bytes once that layer's forward ends), its seconds
-//    loss.seconds; there is no embedding.
+//    loss.seconds; there is no embedding. Of them, loss.held_logits_bytes stay to the step's
+//    end (StepCost::held_logits_bytes: BackwardHeldBytes holds them through every layer's
+//    backward and at the end, where the embedding's gradient is made).
 //  - fixed memory counts in the peak (weights, gradients, optimizer state, the sample input), so
 //    a GPU budget is the whole device as for a config.
 // Layer 0's input is the sample input, also fixed memory: counting it again in layer 0 errs on
 // the side of a higher peak, never a lower one.
 //  - gradients_in_backward (eager PyTorch, stowage.hf_profile): no gradients in fixed memory;
-//    loss.grad_bytes from the end of the loss, each layer's grad_bytes from the start of its
-//    backward (its peak: Note [Gradient timing] in cost_model.cc; the backward_peak_bytes are
-//    net of all of them), embedding.grad_bytes at the end (StepCost::gradients_in_backward).
+//    loss.grad_bytes from the end of the loss, each layer's backward_peak_grad_bytes at its
+//    backward's peak and all its grad_bytes from its backward's end (Note [Gradient timing] in
+//    cost_model.cc), embedding.grad_bytes at the end (StepCost::gradients_in_backward).
 //  - a time given as op work becomes OpSeconds(work, hardware) on the hardware planned for; a
 //    profile without a link copies at the hardware's rates.
 
@@ -108,7 +120,17 @@ void WriteTime(json::Json& j, const std::string& prefix, double seconds,
   }
 }
 
-absl::Status ReadLayer(const json::Json& value, const std::string& source, int index,
+// A field schema version 2 added: refused in a version-1 profile (whose figures keep the
+// meaning they had), optional from version 2 on; `out` keeps its default when absent.
+absl::Status ReadAddedInVersion2(const json::Object& o, const std::string& key, int version,
+                                 uint64_t& out) {
+  if (version < 2 && o.Has(key)) {
+    return o.Invalid(key, "absent in a schema_version 1 profile (schema_version 2 added it)");
+  }
+  return o.ReadOptional(key, out, Upto(kMaxBytes));
+}
+
+absl::Status ReadLayer(const json::Json& value, const std::string& source, int index, int version,
                        bool gradients_in_backward, ProfileLayer& out) {
   const std::string path = absl::StrCat("layers[", index, "]");
   auto layer = json::Object::Of(value, source, path);
@@ -133,6 +155,21 @@ absl::Status ReadLayer(const json::Json& value, const std::string& source, int i
                      "0 unless the profile's gradients_in_backward is true (otherwise the "
                      "gradients are fixed_bytes.gradients)");
   }
+  // Absent: every gradient at the peak (backward_peak_bytes net of all of them), as in version 1.
+  out.backward_peak_grad_bytes = out.grad_bytes;
+  if (absl::Status s =
+          ReadAddedInVersion2(o, "backward_peak_grad_bytes", version, out.backward_peak_grad_bytes);
+      !s.ok())
+    return s;
+  if (out.backward_peak_grad_bytes > out.grad_bytes) {
+    return o.Invalid("backward_peak_grad_bytes",
+                     absl::StrCat("at most the layer's grad_bytes (", out.grad_bytes,
+                                  "): the gradients its backward has made by its peak"));
+  }
+  if (absl::Status s = ReadAddedInVersion2(o, "backward_peak_released_bytes", version,
+                                           out.backward_peak_released_bytes);
+      !s.ok())
+    return s;
 
   if (o.Has("modules")) {
     auto modules = o.Array("modules");
@@ -188,6 +225,11 @@ absl::Status ReadLayer(const json::Json& value, const std::string& source, int i
     total = *sum;
     out.saved.push_back(std::move(st));
   }
+  if (out.backward_peak_released_bytes > total) {
+    return o.Invalid("backward_peak_released_bytes",
+                     absl::StrCat("at most the layer's saved bytes (", total,
+                                  "): those its backward has released by its peak"));
+  }
   return absl::OkStatus();
 }
 
@@ -207,7 +249,7 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
     return o.Invalid("format", absl::StrCat("\"", kProfileFormat, "\""));
   }
   if (absl::Status s = o.Read("schema_version", p.schema_version,
-                              {kProfileSchemaVersion, kProfileSchemaVersion});
+                              {kOldestProfileSchemaVersion, kProfileSchemaVersion});
       !s.ok())
     return s;
   if (absl::Status s = o.ReadOptional("generator", p.generator); !s.ok()) return s;
@@ -253,6 +295,15 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
   if (absl::Status s = loss->Read("peak_bytes", p.loss_peak_bytes, Upto(kMaxBytes)); !s.ok())
     return s;
   if (absl::Status s = ReadTime(*loss, "", p.loss_seconds, p.loss_work); !s.ok()) return s;
+  if (absl::Status s =
+          ReadAddedInVersion2(*loss, "held_logits_bytes", p.schema_version, p.held_logits_bytes);
+      !s.ok())
+    return s;
+  if (p.held_logits_bytes > p.loss_peak_bytes) {
+    return loss->Invalid("held_logits_bytes",
+                         absl::StrCat("at most loss.peak_bytes (", p.loss_peak_bytes,
+                                      "): the part of the loss's bytes the caller holds"));
+  }
   if (absl::Status s = o.ReadOptional("gradients_in_backward", p.gradients_in_backward); !s.ok())
     return s;
   if (absl::Status s = loss->ReadOptional("grad_bytes", p.loss_grad_bytes, Upto(kMaxBytes));
@@ -306,8 +357,8 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
   if ((*layers)->size() > 100000) return o.Invalid("layers", "at most 100000 layers");
   for (size_t i = 0; i < (*layers)->size(); ++i) {
     ProfileLayer layer;
-    if (absl::Status s =
-            ReadLayer((**layers)[i], src, static_cast<int>(i), p.gradients_in_backward, layer);
+    if (absl::Status s = ReadLayer((**layers)[i], src, static_cast<int>(i), p.schema_version,
+                                   p.gradients_in_backward, layer);
         !s.ok())
       return s;
     p.layers.push_back(std::move(layer));
@@ -351,7 +402,7 @@ absl::StatusOr<LayerProfileSet> ReadProfileFile(const std::string& path) {
 std::string ProfileToJson(const LayerProfileSet& p) {
   json::Json j;
   j["format"] = kProfileFormat;
-  j["schema_version"] = p.schema_version;
+  j["schema_version"] = kProfileSchemaVersion;  // written in the current format
   j["generator"] = p.generator;
   j["device"] = p.device;
   j["measured_memory"] = p.measured_memory;
@@ -366,6 +417,7 @@ std::string ProfileToJson(const LayerProfileSet& p) {
                       {"other", p.fixed.other}};
   j["loss"] = {{"peak_bytes", p.loss_peak_bytes}};
   WriteTime(j["loss"], "", p.loss_seconds, p.loss_work);
+  j["loss"]["held_logits_bytes"] = p.held_logits_bytes;
   if (p.gradients_in_backward) {
     j["gradients_in_backward"] = true;
     j["loss"]["grad_bytes"] = p.loss_grad_bytes;
@@ -406,7 +458,11 @@ std::string ProfileToJson(const LayerProfileSet& p) {
                         {"backward_peak_bytes", l.backward_peak_bytes}};
     WriteTime(layer, "forward_", l.forward_seconds, l.forward_work);
     WriteTime(layer, "backward_", l.backward_seconds, l.backward_work);
-    if (p.gradients_in_backward) layer["grad_bytes"] = l.grad_bytes;
+    if (p.gradients_in_backward) {
+      layer["grad_bytes"] = l.grad_bytes;
+      layer["backward_peak_grad_bytes"] = l.backward_peak_grad_bytes;
+    }
+    layer["backward_peak_released_bytes"] = l.backward_peak_released_bytes;
     layer["modules"] = modules;
     layer["saved"] = saved;
     layers.push_back(std::move(layer));
@@ -494,17 +550,20 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
     // Note [Measured layers]: the layer's own bytes, split into the terms EvaluateOption adds.
     const uint64_t own_forward = pl.input_bytes + pl.forward_peak_bytes;
     const uint64_t own_backward = pl.backward_peak_bytes + (saves_input ? pl.input_bytes : 0);
-    l.attn_forward_transient = sat(own_forward, l.saved_bytes + l.output_bytes);
-    l.attn_backward_transient = sat(own_backward, l.saved_bytes + l.output_bytes + l.input_bytes);
+    l.ffn_forward_transient = sat(own_forward, l.saved_bytes + l.output_bytes);
+    l.ffn_saved_bytes = pl.backward_peak_released_bytes;
+    l.attn_backward_transient =
+        sat(own_backward, l.saved_bytes - l.ffn_saved_bytes + l.output_bytes + l.input_bytes);
     l.forward_seconds = seconds(pl.forward_seconds, pl.forward_work);
     l.backward_seconds = seconds(pl.backward_seconds, pl.backward_work);
-    // Its own backward bytes were measured net of all its gradients (Note [Measured hf] in
-    // stowage/hf_profile.py): all of them count at its peak.
-    l.grad_bytes = l.ffn_peak_grad_bytes = l.attn_peak_grad_bytes = pl.grad_bytes;
+    l.grad_bytes = pl.grad_bytes;
+    l.attn_peak_grad_bytes = pl.backward_peak_grad_bytes;
+    l.ffn_peak_grad_bytes = 0;  // the backward's start: none made yet
     c.layers.push_back(std::move(l));
   }
   for (size_t i = 0; i < c.layers.size(); ++i) c.layers[i].index = static_cast<int>(i);
   c.tail_bytes = p.layers.back().output_bytes + p.loss_peak_bytes;
+  c.held_logits_bytes = p.held_logits_bytes;
   c.tail_seconds = seconds(p.loss_seconds, p.loss_work);
   c.embedding_seconds = seconds(p.embedding_seconds, p.embedding_work);
   c.gradients_in_backward = p.gradients_in_backward;

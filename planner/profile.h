@@ -20,7 +20,11 @@
 
 namespace stowage::planner {
 
-inline constexpr int kProfileSchemaVersion = 1;
+// 2 added what a layer's backward peak holds of its gradients and saved tensors
+// (ProfileLayer::backward_peak_grad_bytes, backward_peak_released_bytes) and the logits the caller
+// holds (LayerProfileSet::held_logits_bytes); a version-1 profile is read as it always meant.
+inline constexpr int kProfileSchemaVersion = 2;
+inline constexpr int kOldestProfileSchemaVersion = 1;
 inline constexpr char kProfileFormat[] = "stowage-layer-profile";
 // Selective recompute searches every subset of a layer's modules: a bound keeps that small.
 inline constexpr int kMaxProfileModules = 8;
@@ -57,6 +61,11 @@ struct ProfileLayer {
   std::optional<OpWork> backward_work = std::nullopt;
   // Parameter gradients this layer's backward creates (LayerProfileSet::gradients_in_backward).
   uint64_t grad_bytes = 0;
+  // The moment the backward peaks (Note [Measured layers] in profile.cc): of grad_bytes, those
+  // made by then (backward_peak_bytes is net of them; absent in the file: all of them), and of
+  // the saved tensors' bytes, those the backward has released by then (absent: none).
+  uint64_t backward_peak_grad_bytes = 0;
+  uint64_t backward_peak_released_bytes = 0;
 };
 
 struct LayerProfileSet {
@@ -79,6 +88,10 @@ struct LayerProfileSet {
   // output), and seconds for forward + backward.
   uint64_t loss_peak_bytes = 0;
   double loss_seconds = 0;
+  // Of loss_peak_bytes, what the caller holds from the loss to the step's end (the model
+  // output's logits: StepCost::held_logits_bytes); the layers' backward_peak_bytes are net of
+  // it. Absent: 0 (what the loss leaves alive counts in the layers' own bytes, if at all).
+  uint64_t held_logits_bytes = 0;
   std::optional<OpWork> loss_work = std::nullopt;
   // Eager PyTorch creates each parameter's gradient when backward reaches it (StepCost::
   // gradients_in_backward): the LM head's at the end of the loss (loss_grad_bytes), each layer's

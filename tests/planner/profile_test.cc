@@ -117,8 +117,8 @@ TEST(ProfileReader, ErrorsNameThePathTheValueAndTheRule) {
   j["link"]["d2h_bytes_per_second"] = 0;
   EXPECT_THAT(ErrorOf(j), HasSubstr("'link.d2h_bytes_per_second' has value 0"));
   j = TinyProfile();
-  j["schema_version"] = 2;
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'schema_version' has value 2"));
+  j["schema_version"] = 3;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'schema_version' has value 3; allowed: an integer in [1, 2]"));
   j = TinyProfile();
   j["format"] = "stowage-plan";
   EXPECT_THAT(ErrorOf(j), HasSubstr("\"stowage-layer-profile\""));
@@ -212,6 +212,168 @@ TEST(ProfileReader, OpWorkErrors) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("'gradients_in_backward'"));
 }
 
+// Schema version 2: the moment a layer's backward peaks (the gradients made by then, the saved
+// bytes released by then) and the logits the caller holds past the loss.
+Json Version2Profile() {
+  Json j = OffGpuProfile();
+  j["schema_version"] = 2;
+  j["loss"]["held_logits_bytes"] = 20;
+  j["layers"][0]["backward_peak_grad_bytes"] = 15;
+  j["layers"][0]["backward_peak_released_bytes"] = 300;
+  return j;
+}
+
+TEST(ProfileReader, Version2ReadsTheBackwardPeaksMomentAndTheHeldLogits) {
+  const LayerProfileSet p = Parse(Version2Profile());
+  EXPECT_EQ(p.schema_version, 2);
+  EXPECT_EQ(p.held_logits_bytes, 20u);
+  EXPECT_EQ(p.layers[0].backward_peak_grad_bytes, 15u);
+  EXPECT_EQ(p.layers[0].backward_peak_released_bytes, 300u);
+  // Absent in a version-2 layer: what version 1 meant (every gradient at the peak, nothing
+  // released).
+  EXPECT_EQ(p.layers[1].backward_peak_grad_bytes, 40u);
+  EXPECT_EQ(p.layers[1].backward_peak_released_bytes, 0u);
+  const LayerProfileSet again = *ParseProfileJson(ProfileToJson(p), "round trip");
+  EXPECT_EQ(ProfileToJson(again), ProfileToJson(p));
+  EXPECT_EQ(again.layers[0].backward_peak_released_bytes, 300u);
+}
+
+TEST(ProfileReader, AVersion1ProfileKeepsItsMeaning) {
+  // Written before version 2 (OffGpuProfile says schema_version 1): every gradient of a layer at
+  // its backward peak, nothing released, no held logits; written back as version 2 with those
+  // figures stated, it plans the same.
+  const LayerProfileSet old = Parse(OffGpuProfile());
+  EXPECT_EQ(old.schema_version, 1);
+  EXPECT_EQ(old.held_logits_bytes, 0u);
+  for (const ProfileLayer& l : old.layers) {
+    EXPECT_EQ(l.backward_peak_grad_bytes, l.grad_bytes);
+    EXPECT_EQ(l.backward_peak_released_bytes, 0u);
+  }
+  const std::string text = ProfileToJson(old);
+  EXPECT_THAT(text, HasSubstr("\"schema_version\": 2"));
+  const LayerProfileSet rewritten = *ParseProfileJson(text, "rewritten");
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  auto a = BuildStepCostFromProfile(old, h200);
+  auto b = BuildStepCostFromProfile(rewritten, h200);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (LayerPolicy policy : {LayerPolicy::kKeep, LayerPolicy::kRecompute}) {
+    Schedule s;
+    s.options.assign(a->layers.size(), {policy, 0, 1});
+    EXPECT_EQ(Simulate(*a, s, false).peak_bytes, Simulate(*b, s, false).peak_bytes);
+  }
+  // The version-1 layer 0 peaks at saved 600 + transient 200 + output 100 + input 100 with all
+  // of its 40 gradient bytes.
+  EXPECT_EQ(EvaluateOption(a->layers[0], {LayerPolicy::kKeep, 0, 1}).backward_peak, 1040u);
+}
+
+TEST(ProfileReader, Version2FieldErrors) {
+  Json j = Version2Profile();
+  j["layers"][0]["backward_peak_grad_bytes"] = 41;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("field 'layers[0].backward_peak_grad_bytes' has value 41; "
+                                    "allowed: at most the layer's grad_bytes (40)"));
+  j = Version2Profile();
+  j["layers"][0]["backward_peak_grad_bytes"] = -1;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].backward_peak_grad_bytes' has value -1"));
+  j = Version2Profile();
+  j["layers"][0]["backward_peak_released_bytes"] = 601;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].backward_peak_released_bytes' has value 601; "
+                                    "allowed: at most the layer's saved bytes (600)"));
+  j = Version2Profile();
+  j["loss"]["held_logits_bytes"] = 51;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'loss.held_logits_bytes' has value 51; allowed: at most "
+                                    "loss.peak_bytes (50)"));
+  j = Version2Profile();
+  j["loss"]["held_logits_bytes"] = 2.5;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'loss.held_logits_bytes' has value 2.5"));
+  // Gradients made by the peak need gradients made in backward.
+  j = Version2Profile();
+  j["gradients_in_backward"] = false;
+  j["loss"].erase("grad_bytes");
+  j["embedding"]["grad_bytes"] = 0;
+  for (Json& l : j["layers"]) l.erase("grad_bytes");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].backward_peak_grad_bytes' has value 15; allowed: "
+                                    "at most the layer's grad_bytes (0)"));
+  // A version-1 profile has none of them: its figures mean what they always did.
+  for (const char* field : {"backward_peak_grad_bytes", "backward_peak_released_bytes"}) {
+    j = Version2Profile();
+    j["schema_version"] = 1;
+    j["loss"].erase("held_logits_bytes");
+    if (std::string(field) == "backward_peak_grad_bytes") {
+      j["layers"][0].erase("backward_peak_released_bytes");
+    } else {
+      j["layers"][0].erase("backward_peak_grad_bytes");
+    }
+    EXPECT_THAT(ErrorOf(j), HasSubstr(absl::StrCat("field 'layers[0].", field, "' has value ")));
+    EXPECT_THAT(ErrorOf(j), HasSubstr("absent in a schema_version 1 profile"));
+  }
+  j = OffGpuProfile();
+  j["loss"]["held_logits_bytes"] = 20;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'loss.held_logits_bytes' has value 20; allowed: absent in "
+                                    "a schema_version 1 profile"));
+}
+
+TEST(ProfileStepCost, TheBackwardPeaksMomentWorkedOutByHand) {
+  // Layer 0: saved 600 (input 100, fc1.0 300, act 200), output 100, input 100; own backward
+  // bytes at the peak: backward_peak_bytes 900 + the saved input 100 = 1000, with 300 of the
+  // saved bytes released and 15 of its 40 gradient bytes made.
+  const LayerProfileSet p = Parse(Version2Profile());
+  auto step = BuildStepCostFromProfile(p, *HardwarePreset("h200"));
+  ASSERT_TRUE(step.ok()) << step.status();
+  const LayerCost& l0 = step->layers[0];
+  EXPECT_EQ(l0.ffn_saved_bytes, 300u);
+  EXPECT_EQ(l0.grad_bytes, 40u);
+  EXPECT_EQ(l0.attn_peak_grad_bytes, 15u);
+  EXPECT_EQ(l0.ffn_peak_grad_bytes, 0u);
+  // 1000 = the 300 saved bytes still held + transient + output 100 + input 100.
+  EXPECT_EQ(l0.attn_backward_transient, 500u);
+  const OptionCost keep = EvaluateOption(l0, {LayerPolicy::kKeep, 0, 1});
+  // The larger of the start (all 600 saved + 100 + 100, no gradient: 800) and the peak (300 +
+  // 500 + 100 + 100 + 15 gradient bytes: 1015); version 1 charged 1040.
+  EXPECT_EQ(keep.backward_peak, 1015u);
+  // The forward reads the same measured level whatever the backward released: 800.
+  EXPECT_EQ(keep.forward_peak, 800u);
+  EXPECT_EQ(EvaluateOption(l0, {LayerPolicy::kRecompute, 0, 1}).forward_peak, 300u);
+  // Released before the peak, more than it holds: the start binds.
+  LayerCost early = l0;
+  early.attn_backward_transient = 0;
+  EXPECT_EQ(EvaluateOption(early, {LayerPolicy::kKeep, 0, 1}).backward_peak, 800u);
+
+  // The held logits: 20 of the loss's bytes through the whole backward and at the end.
+  EXPECT_EQ(step->held_logits_bytes, 20u);
+  const BackwardHeld held = BackwardHeldBytes(*step);
+  // In layer 1's backward: the logits 20 and the LM head's gradients 70; in layer 0's also
+  // layer 1's 40; at the end all of them and the embedding's 30.
+  EXPECT_EQ(held.in_layer[1], 90u);
+  EXPECT_EQ(held.in_layer[0], 130u);
+  EXPECT_EQ(held.at_end, 20u + 70 + 40 + 40 + 30);
+  // The step under keep, over fixed 1100 (weights 1000, other 100, no gradients): layer 0's
+  // backward holds its own 1015 and the 130 around it; layer 1's its own 480 (saved 300, output
+  // 40, input 100, all 40 of its gradients: version-1 figures) beside layer 0's resident 600
+  // and the 90 around it, the step's peak; the loss 90 beside both layers' resident 900.
+  Schedule keep_all;
+  keep_all.options.assign(2, {LayerPolicy::kKeep, 0, 1});
+  const SimResult r = Simulate(*step, keep_all, true);
+  EXPECT_EQ(r.peak_bytes, 1100u + 600 + 90 + 480);
+  EXPECT_EQ(r.peak_at, "backward of layer 1");
+  auto level_at = [&](double t) {
+    uint64_t level = 0;
+    for (const MemoryPoint& m : r.timeline) {
+      if (m.seconds <= t) level = m.bytes;
+    }
+    return level;
+  };
+  for (const ComputeInterval& c : r.compute) {
+    if (c.phase == Phase::kBackward && c.layer == 0) {
+      EXPECT_EQ(level_at(c.start), 1100u + 130 + 1015);
+      // From its end on: the logits and every gradient, the embedding's 30 included (at_end).
+      EXPECT_EQ(level_at(c.end), 1100u + 20 + 70 + 40 + 40 + 30);
+    }
+    if (c.phase == Phase::kTail) {
+      EXPECT_EQ(level_at(c.start), 1100u + 900 + 90);
+    }
+  }
+}
+
 TEST(ProfileStepCost, OpWorkBecomesSecondsOnTheHardwarePlannedFor) {
   const LayerProfileSet p = Parse(OffGpuProfile());
   const HardwareProfile h200 = *HardwarePreset("h200");
@@ -258,14 +420,18 @@ TEST(ProfileStepCost, WorkedOutByHand) {
   ASSERT_EQ(l0.modules.size(), 1u);
   EXPECT_EQ(l0.modules[0].name, "fc1");
   EXPECT_EQ(l0.modules[0].saved_bytes, 300u);
-  // Own forward bytes: input 100 + peak 700 = 800 = saved 600 + transient + output 100.
-  EXPECT_EQ(l0.attn_forward_transient, 100u);
+  // Own forward bytes: input 100 + peak 700 = 800 = saved 600 + transient + output 100, the
+  // transient on top of every saved tensor (Note [Measured layers]).
+  EXPECT_EQ(l0.ffn_forward_transient, 100u);
+  EXPECT_EQ(l0.attn_forward_transient, 0u);
   // Own backward bytes: peak 900 + the saved input 100 = 1000 = saved 600 + transient + output
   // gradient 100 + input gradient 100.
   EXPECT_EQ(l0.attn_backward_transient, 200u);
   // Layer 1 saves more than it peaks at (it does not save its input): clamped at 0.
-  EXPECT_EQ(step->layers[1].attn_forward_transient, 0u);
+  EXPECT_EQ(step->layers[1].ffn_forward_transient, 0u);
   EXPECT_EQ(step->layers[1].attn_backward_transient, 0u);
+  // Version 1: the caller holds nothing past the loss.
+  EXPECT_EQ(step->held_logits_bytes, 0u);
 
   const OptionCost keep = EvaluateOption(l0, {LayerPolicy::kKeep, 0, 1});
   EXPECT_EQ(keep.resident_bytes, 600u);

@@ -544,6 +544,10 @@ class LayerPoint:
     forward_own_bytes: int  # the planner's own forward bytes, input included
     backward_own_bytes: int  # the planner's own backward bytes (Note [Measured hf])
     grad_bytes: int
+    # At its backward's peak (Note [The backward peak's moment]): of grad_bytes, those made by
+    # then; of saved_bytes, those its backward has released by then.
+    peak_grad_bytes: int = 0
+    peak_released_bytes: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -560,6 +564,9 @@ class StepPoint:
     loss_grad_bytes: int
     embedding_grad_bytes: int
     peak_bytes: int       # the step's live-bytes peak (weights and token ids not included)
+    # What the loss made and the caller holds to the step's end: the model output's logits
+    # (Note [The backward peak's moment]).
+    held_logits_bytes: int = 0
 
 
 def _grad_owner(model: nn.Module, decoder: nn.Module) -> dict[int, Any]:
@@ -701,6 +708,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
             out = model(input_ids=ids, labels=ids, use_cache=False,
                         **_cross_attention_inputs(model, seq_len))
             out.loss.backward()
+            mode.mark("backward_end")  # what is alive here and not after: the caller's output
             del out
             grads: dict[Any, list[int]] = {}
             for p in model.parameters():
@@ -804,13 +812,31 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     far (the loss's, those of layers after j, j's own) plus j's own backward bytes. So each own
     figure is the measured peak less those terms, and whatever else is alive then and unknown
     to the simulator counts in it: the embedding output, which transformers' decoder keeps
-    (`inputs_embeds`) through every layer's forward; the model output's logits, which the
-    training loop holds through the backward (the analytic hf recipe names them,
-    StepCost::held_logits_bytes). A layer's gradients count in full from its backward's peak
-    (profile.cc), where the analytic recipe times them module by module (Note [hf gradient
-    timing] in planner/framework_hf.cc)."""
+    (`inputs_embeds`) through every layer's forward. The model output's logits, which the
+    training loop holds through the backward, are the profile's own term (loss.held_logits_bytes,
+    StepCost::held_logits_bytes as the analytic hf recipe names them), and so are the gradients
+    a layer has made by its backward's peak (Note [The backward peak's moment]).
+
+    Note [The backward peak's moment]
+    Eager PyTorch makes a layer's weight gradients while its backward runs (AccumulateGrad, in
+    reverse forward order: Note [hf gradient timing] in planner/framework_hf.cc) and releases
+    each saved tensor once the node that saved it has run. So at the moment the layer's
+    backward peaks some of its gradients exist and some of its saved tensors are gone: Mixtral's
+    (4096 tokens) is in its attention's backward, with the MoE block's gradients made (2.62 of
+    the layer's 2.70 GiB, gate_up_proj's 1.75 GiB among them) and 0.94 of its 1.33 GiB of saved
+    tensors released. That moment (the first at which the phase reaches its
+    peak; the gradients only grow within it) is read off the replay: the layer's gradients
+    alive then (peak_grad_bytes) and the bytes of its saved tensors freed by then
+    (peak_released_bytes). The planner puts them where the analytic recipe puts its moments'
+    (profile.cc Note [Measured layers]): the own backward bytes are net of the gradients made by
+    the peak only, and the released tensors are not counted at it. What the loss made and is
+    still alive when the backward ends, gradients aside, is what the caller holds to the step's
+    end (the model output's logits): alive in every layer's backward and at the end, where the
+    embedding's gradient is made, so each layer's own bytes are net of it and the profile
+    states it once (held_logits_bytes)."""
     sizes = trace.sizes if sizes is None else sizes
     entered, peaks, marks, peak = replay(trace.events, sizes)
+    moments, held_logits = _backward_moments(trace, sizes)
     grad = {k: sum(sizes[i] for i in ids) for k, ids in trace.grads.items()}
     n = len(trace.inputs)
     tensors = [[(name, sizes[i], module) for name, i, module in trace.saved[j]] for j in range(n)]
@@ -830,19 +856,73 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
         in_b, out_b = sizes[trace.inputs[j]], sizes[trace.outputs[j]]
         saves_input = any(name == "input" for name, _b, _m in tensors[j])
         before = other + sum(resident[:j])
+        peak_grad, released = moments[j]
         bwd_own = (peaks[bwd] - held - sum(resident[:j]) - grad.get("loss", 0) -
-                   sum(grads[j + 1:]) - grads[j])
+                   sum(grads[j + 1:]) - peak_grad - held_logits)
         points.append(LayerPoint(
             input_bytes=in_b, output_bytes=out_b, saved=tensors[j],
             retained_bytes=marks[("forward_end", j)] - entered[fwd],
             forward_own_bytes=max(0, peaks[fwd] - before),
             backward_own_bytes=max(0, bwd_own - (in_b if saves_input else 0)),
-            grad_bytes=grads[j]))
+            grad_bytes=grads[j], peak_grad_bytes=peak_grad, peak_released_bytes=released))
     loss_peak = peaks["loss"] - held - sum(resident) - points[-1].output_bytes
     return StepPoint(
         seq_len=trace.seq_len, layers=points, other_bytes=other,
         loss_peak_bytes=max(0, loss_peak), loss_grad_bytes=grad.get("loss", 0),
-        embedding_grad_bytes=grad.get("embedding", 0), peak_bytes=peak)
+        embedding_grad_bytes=grad.get("embedding", 0), peak_bytes=peak,
+        held_logits_bytes=held_logits)
+
+
+def _backward_moments(trace: StepTrace, sizes: Sequence[int]
+                      ) -> tuple[list[tuple[int, int]], int]:
+    """Note [The backward peak's moment]: per layer, (its gradients alive, its saved tensors'
+    bytes freed) at the first moment its backward phase reaches its peak, as replay() finds
+    the peak; and the bytes the loss made that are alive when the backward ends, gradients
+    aside (the caller's output)."""
+    n = len(trace.inputs)
+    grad_of = {i: ("layer", k[1]) for k, ids in trace.grads.items()
+               if isinstance(k, tuple) for i in ids}
+    gradient = {i for ids in trace.grads.values() for i in ids}
+    saved_of = {i: j for j in range(n) for _name, i, _m in trace.saved[j]}
+    grads_alive = [0] * n
+    freed = [0] * n
+    best: dict[int, int] = {}
+    moments = [(0, 0)] * n
+    alive: set[int] = set()
+    phase: Any = None
+    held_logits = 0
+
+    def at_peak(live: int) -> None:
+        if isinstance(phase, tuple) and phase[0] == "backward":
+            j = phase[1]
+            if live > best.get(j, -1):
+                best[j] = live
+                moments[j] = (grads_alive[j], freed[j])
+
+    live = 0
+    loss_made: set[int] = set()
+    for kind, x in trace.events:
+        if kind == "a":
+            live += sizes[x]
+            alive.add(x)
+            if phase == "loss":
+                loss_made.add(x)
+            if x in grad_of:
+                grads_alive[grad_of[x][1]] += sizes[x]
+            at_peak(live)
+        elif kind == "f":
+            live -= sizes[x]
+            alive.discard(x)
+            if x in grad_of:
+                grads_alive[grad_of[x][1]] -= sizes[x]
+            if x in saved_of:
+                freed[saved_of[x]] += sizes[x]
+        elif kind == "p":
+            phase = x
+            at_peak(live)
+        elif x == "backward_end":
+            held_logits = sum(sizes[i] for i in alive & loss_made if i not in gradient)
+    return moments, held_logits
 
 
 def _freed_before_backward(trace: StepTrace, sizes: Sequence[int]) -> int:
@@ -1134,6 +1214,8 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
                      for name in listed],
             forward_peak_bytes=max(0, point.forward_own_bytes - point.input_bytes),
             backward_peak_bytes=max(0, point.backward_own_bytes), grad_bytes=point.grad_bytes,
+            backward_peak_grad_bytes=point.peak_grad_bytes,
+            backward_peak_released_bytes=point.peak_released_bytes,
             forward_work=trace.work.get(fwd, OpWork()).to_dict(),
             backward_work=trace.work.get(("backward", k), OpWork()).to_dict()))
     layers = []
@@ -1145,7 +1227,10 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
             modules=[dataclasses.replace(x) for x in kk["modules"]],
             forward_peak_bytes=kk["forward_peak_bytes"],
             backward_peak_bytes=kk["backward_peak_bytes"], forward_seconds=0.0,
-            backward_seconds=0.0, grad_bytes=kk["grad_bytes"], forward_work=kk["forward_work"],
+            backward_seconds=0.0, grad_bytes=kk["grad_bytes"],
+            backward_peak_grad_bytes=kk["backward_peak_grad_bytes"],
+            backward_peak_released_bytes=kk["backward_peak_released_bytes"],
+            forward_work=kk["forward_work"],
             backward_work=kk["backward_work"]))
     loss = trace.work.get("loss", OpWork())
     embedding = OpWork()
@@ -1154,7 +1239,8 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
     return ModelProfile(
         layers=layers, device="cpu (fake tensors)" if m.hf.fake else "cpu",
         weights_bytes=m.hf.weights_bytes, gradients_bytes=0, other_bytes=step.other_bytes,
-        loss_peak_bytes=step.loss_peak_bytes, measured_memory=False, tokens=seq_len,
+        loss_peak_bytes=step.loss_peak_bytes, held_logits_bytes=step.held_logits_bytes,
+        measured_memory=False, tokens=seq_len,
         gradients_in_backward=True, loss_grad_bytes=step.loss_grad_bytes,
         loss_work=loss.to_dict(), embedding_grad_bytes=step.embedding_grad_bytes,
         embedding_work=embedding.to_dict(), d2h_bytes_per_second=0.0, h2d_bytes_per_second=0.0,

@@ -32,7 +32,9 @@ from .layers import (_hidden, _storage_ptr, offload_nbytes, offloadable, residen
 from .plan import PlanError
 
 FORMAT = "stowage-layer-profile"
-SCHEMA_VERSION = 1
+# 2: layers[i].backward_peak_grad_bytes, .backward_peak_released_bytes and
+# loss.held_logits_bytes (absent: what a version-1 profile means).
+SCHEMA_VERSION = 2
 # The planner tries every subset of a layer's modules for selective recompute (planner/profile.h
 # kMaxProfileModules); the modules that save the most are listed, the rest count as the layer's.
 MAX_MODULES = 8
@@ -68,6 +70,10 @@ class LayerProfile:
     backward_seconds: float
     # Parameter gradients this layer's backward creates (ModelProfile.gradients_in_backward).
     grad_bytes: int = 0
+    # At the backward's peak: of grad_bytes, those made by then (None: all of them, the
+    # backward_peak_bytes are net of every one); of the saved bytes, those released by then.
+    backward_peak_grad_bytes: Optional[int] = None
+    backward_peak_released_bytes: int = 0
     # Instead of seconds: op work per pass (OpWork fields), converted by the planner.
     forward_work: Optional[dict[str, float]] = None
     backward_work: Optional[dict[str, float]] = None
@@ -91,6 +97,9 @@ class ModelProfile:
     other_bytes: int  # held throughout: the sample input
     loss_peak_bytes: int = 0
     loss_seconds: float = 0.0
+    # Of loss_peak_bytes, what the caller holds to the step's end (the model output's logits);
+    # the layers' backward_peak_bytes are net of it.
+    held_logits_bytes: int = 0
     d2h_bytes_per_second: float = 10e9
     h2d_bytes_per_second: float = 10e9
     measured_memory: bool = False  # peaks measured by the CUDA allocator, not estimated
@@ -142,6 +151,8 @@ class ModelProfile:
             "loss": timed({"peak_bytes": int(self.loss_peak_bytes)}, "", self.loss_seconds,
                           self.loss_work),
         }
+        if self.held_logits_bytes:
+            d["loss"]["held_logits_bytes"] = int(self.held_logits_bytes)
         if self.gradients_in_backward:
             d["gradients_in_backward"] = True
             d["loss"]["grad_bytes"] = int(self.loss_grad_bytes)
@@ -163,6 +174,10 @@ class ModelProfile:
             timed(out, "backward_", l.backward_seconds, l.backward_work)
             if self.gradients_in_backward:
                 out["grad_bytes"] = int(l.grad_bytes)
+                if l.backward_peak_grad_bytes is not None:
+                    out["backward_peak_grad_bytes"] = int(l.backward_peak_grad_bytes)
+            if l.backward_peak_released_bytes:
+                out["backward_peak_released_bytes"] = int(l.backward_peak_released_bytes)
             out["modules"] = [timed({"name": m.name}, "", m.seconds, m.work) for m in l.modules]
             out["saved"] = [{"name": t.name, "bytes": int(t.bytes), "module": t.module}
                             for t in l.saved]
@@ -191,6 +206,8 @@ class ModelProfile:
             backward_peak_bytes=l["backward_peak_bytes"],
             forward_seconds=l.get("forward_seconds", 0.0),
             backward_seconds=l.get("backward_seconds", 0.0), grad_bytes=l.get("grad_bytes", 0),
+            backward_peak_grad_bytes=l.get("backward_peak_grad_bytes"),
+            backward_peak_released_bytes=l.get("backward_peak_released_bytes", 0),
             forward_work=l.get("forward_work"), backward_work=l.get("backward_work"))
             for l in d["layers"]]
         fixed = d["fixed_bytes"]
@@ -200,6 +217,7 @@ class ModelProfile:
             layers=layers, device=d.get("device", ""), weights_bytes=fixed["weights"],
             gradients_bytes=fixed.get("gradients", 0), other_bytes=fixed.get("other", 0),
             loss_peak_bytes=d["loss"]["peak_bytes"], loss_seconds=d["loss"].get("seconds", 0.0),
+            held_logits_bytes=d["loss"].get("held_logits_bytes", 0),
             d2h_bytes_per_second=link.get("d2h_bytes_per_second", 0.0),
             h2d_bytes_per_second=link.get("h2d_bytes_per_second", 0.0),
             measured_memory=d["measured_memory"], tokens=d["tokens"],
