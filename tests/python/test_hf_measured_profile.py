@@ -303,19 +303,13 @@ MEASURED_GAPS: dict = {}
 
 # Where the measured profile is below the truth by more than 1%, and why (the planner's structure
 # again; the test fails once it is not): (family, policy, tokens) -> the reason.
-MEASURED_BELOW = {
-    ("glm_moe_dsa", "recompute", 4096):
-        "the peak is in the backward of layer 0, while its recompute runs the DSA indexer again "
-        "(its two fp32 [s, H, s] score tensors, 4 GiB here) with layer 1's gradients, the loss's "
-        "and the model output's bf16 logits alive; the rerun's moment is the measured forward "
-        "with the output's gradient (Note [Recompute moment] in planner/cost_model.cc: -6.15% "
-        "-> -2.40% with it), and the logits (2V per token, 1.18 GiB) are no term of the "
-        "measured profile, which counts them in the layers' own backward bytes only (Note "
-        "[Measured hf]): the rerun's moment has them not (-2.40%, 1.18 GiB)",
-}
-# deepseek_v3 4096 recompute (-1.32%) was here: its peak is at the step's end with every gradient
-# made and the model output's logits alive, which the profile counted in the layers' own
-# backward bytes only; it states them now (loss.held_logits_bytes): -0.07%.
+MEASURED_BELOW: dict = {}
+# Both rows that were here peak with the model output's logits alive beyond the loss, which the
+# profile counted in the layers' own backward bytes only; it states them now
+# (loss.held_logits_bytes, Note [The backward peak's moment] in stowage/hf_profile.py):
+# deepseek_v3 4096 recompute (at the step's end, every gradient made) -1.32% -> -0.07%;
+# glm_moe_dsa 4096 recompute (layer 0's rerun with the DSA indexer's scores, Note [Recompute
+# moment] in planner/cost_model.cc: -6.15% -> -2.40%) -2.40% -> 0.00%.
 
 # Where `--framework hf` misses what transformers' code holds by more than 1% (the live bytes
 # say so; the test fails once the recipe is fixed: then drop the entry). (family, policy, tokens
