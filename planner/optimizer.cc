@@ -119,7 +119,7 @@ namespace {
 //    kMaxFront labels at any depth and max(L - 1, d) <= kMaxWindow layers of window. (A cap of
 //    3e6 labels shared by all layers made fronts shorter, and deep models' bounds weaker, the
 //    deeper the model; no real instance's front comes near kMaxFront: the reference model's are
-//    256 labels, DeepSeek-V3's stages 60, the bench's deep Llama stages 27.) The shared fronts are
+//    256 labels, DeepSeek-V3's stages 62, the bench's deep Llama stages 27.) The shared fronts are
 //    always built; Refine's per-distance fronts while they cost no more than kRefineFactor times
 //    the shared fronts; the branch and bound builds those of the distances it searches. Before the
 //    fronts the tables of a bucketed knapsack cost layers x buckets^2 (1,000 layers took 11.7 s).
