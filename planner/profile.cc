@@ -38,6 +38,10 @@ namespace {
 //    output's gradient and the input's gradient by. Both transients are clamped at 0: a layer
 //    that saves its own output would otherwise count it twice. A version-1 profile states
 //    neither: nothing released and every gradient at the peak, as its figures were measured.
+//  - checkpoint_held_bytes: what the layer's checkpoint holds beyond its input until its
+//    backward ends when the layer is recomputed (Note [Recompute moment] in cost_model.cc);
+//    its forward_peak_bytes count it while the forward runs (transformers' masks: made before
+//    the first layer, freed when the forward ends, so not in fixed_bytes.other).
 //  - no FFN part: a measured layer is one unit, so chunking does not apply (chunk count 1) and
 //    recompute reruns the whole forward (forward_seconds).
 //  - the tail is the loss: its bytes are the last layer's output plus loss.peak_bytes (the
@@ -168,6 +172,10 @@ absl::Status ReadLayer(const json::Json& value, const std::string& source, int i
   }
   if (absl::Status s = ReadAddedInVersion2(o, "backward_peak_released_bytes", version,
                                            out.backward_peak_released_bytes);
+      !s.ok())
+    return s;
+  if (absl::Status s =
+          ReadAddedInVersion2(o, "checkpoint_held_bytes", version, out.checkpoint_held_bytes);
       !s.ok())
     return s;
 
@@ -376,8 +384,8 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
     add(b);
   }
   for (const ProfileLayer& l : p.layers) {
-    for (uint64_t b :
-         {l.input_bytes, l.output_bytes, l.forward_peak_bytes, l.backward_peak_bytes, l.grad_bytes})
+    for (uint64_t b : {l.input_bytes, l.output_bytes, l.forward_peak_bytes, l.backward_peak_bytes,
+                       l.grad_bytes, l.checkpoint_held_bytes})
       add(b);
     for (const ProfileSavedTensor& t : l.saved) add(t.bytes);
   }
@@ -463,6 +471,7 @@ std::string ProfileToJson(const LayerProfileSet& p) {
       layer["backward_peak_grad_bytes"] = l.backward_peak_grad_bytes;
     }
     layer["backward_peak_released_bytes"] = l.backward_peak_released_bytes;
+    layer["checkpoint_held_bytes"] = l.checkpoint_held_bytes;
     layer["modules"] = modules;
     layer["saved"] = saved;
     layers.push_back(std::move(layer));
@@ -559,6 +568,7 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
     l.grad_bytes = pl.grad_bytes;
     l.attn_peak_grad_bytes = pl.backward_peak_grad_bytes;
     l.ffn_peak_grad_bytes = 0;  // the backward's start: none made yet
+    l.checkpoint_held_bytes = pl.checkpoint_held_bytes;
     c.layers.push_back(std::move(l));
   }
   for (size_t i = 0; i < c.layers.size(); ++i) c.layers[i].index = static_cast<int>(i);

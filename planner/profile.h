@@ -66,6 +66,10 @@ struct ProfileLayer {
   // the saved tensors' bytes, those the backward has released by then (absent: none).
   uint64_t backward_peak_grad_bytes = 0;
   uint64_t backward_peak_released_bytes = 0;
+  // What the layer's checkpoint holds beyond its input from its forward until its backward ends
+  // when it is recomputed, counted in forward_peak_bytes while its forward runs (LayerCost::
+  // checkpoint_held_bytes; transformers: the step's masks). Absent: 0.
+  uint64_t checkpoint_held_bytes = 0;
 };
 
 struct LayerProfileSet {

@@ -220,6 +220,7 @@ Json Version2Profile() {
   j["loss"]["held_logits_bytes"] = 20;
   j["layers"][0]["backward_peak_grad_bytes"] = 15;
   j["layers"][0]["backward_peak_released_bytes"] = 300;
+  j["layers"][1]["checkpoint_held_bytes"] = 25;
   return j;
 }
 
@@ -233,6 +234,8 @@ TEST(ProfileReader, Version2ReadsTheBackwardPeaksMomentAndTheHeldLogits) {
   // released).
   EXPECT_EQ(p.layers[1].backward_peak_grad_bytes, 40u);
   EXPECT_EQ(p.layers[1].backward_peak_released_bytes, 0u);
+  EXPECT_EQ(p.layers[1].checkpoint_held_bytes, 25u);
+  EXPECT_EQ(p.layers[0].checkpoint_held_bytes, 0u);
   const LayerProfileSet again = *ParseProfileJson(ProfileToJson(p), "round trip");
   EXPECT_EQ(ProfileToJson(again), ProfileToJson(p));
   EXPECT_EQ(again.layers[0].backward_peak_released_bytes, 300u);
@@ -294,18 +297,18 @@ TEST(ProfileReader, Version2FieldErrors) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].backward_peak_grad_bytes' has value 15; allowed: "
                                     "at most the layer's grad_bytes (0)"));
   // A version-1 profile has none of them: its figures mean what they always did.
-  for (const char* field : {"backward_peak_grad_bytes", "backward_peak_released_bytes"}) {
-    j = Version2Profile();
-    j["schema_version"] = 1;
-    j["loss"].erase("held_logits_bytes");
-    if (std::string(field) == "backward_peak_grad_bytes") {
-      j["layers"][0].erase("backward_peak_released_bytes");
-    } else {
-      j["layers"][0].erase("backward_peak_grad_bytes");
-    }
-    EXPECT_THAT(ErrorOf(j), HasSubstr(absl::StrCat("field 'layers[0].", field, "' has value ")));
-    EXPECT_THAT(ErrorOf(j), HasSubstr("absent in a schema_version 1 profile"));
+  for (const char* field :
+       {"backward_peak_grad_bytes", "backward_peak_released_bytes", "checkpoint_held_bytes"}) {
+    j = OffGpuProfile();
+    j["layers"][1][field] = 5;
+    EXPECT_THAT(ErrorOf(j), HasSubstr(absl::StrCat("field 'layers[1].", field,
+                                                   "' has value 5; "
+                                                   "allowed: absent in a schema_version 1 "
+                                                   "profile")));
   }
+  j = Version2Profile();
+  j["layers"][1]["checkpoint_held_bytes"] = -25;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].checkpoint_held_bytes' has value -25"));
   j = OffGpuProfile();
   j["loss"]["held_logits_bytes"] = 20;
   EXPECT_THAT(ErrorOf(j), HasSubstr("'loss.held_logits_bytes' has value 20; allowed: absent in "
@@ -337,6 +340,15 @@ TEST(ProfileStepCost, TheBackwardPeaksMomentWorkedOutByHand) {
   LayerCost early = l0;
   early.attn_backward_transient = 0;
   EXPECT_EQ(EvaluateOption(early, {LayerPolicy::kKeep, 0, 1}).backward_peak, 800u);
+
+  // Layer 1's checkpoint holds 25 beyond its input through its recomputed backward (the
+  // step's masks): its backward moments with it, or its rerun forward (saved 300 and output 40,
+  // over its own 200) with the output's gradient 40, whichever is more.
+  const LayerCost& l1 = step->layers[1];
+  EXPECT_EQ(l1.checkpoint_held_bytes, 25u);
+  EXPECT_EQ(EvaluateOption(l1, {LayerPolicy::kKeep, 0, 1}).backward_peak, 480u);
+  EXPECT_EQ(EvaluateOption(l1, {LayerPolicy::kRecompute, 0, 1}).backward_peak,
+            std::max<uint64_t>(480 + 25, 340 + 40));
 
   // The held logits: 20 of the loss's bytes through the whole backward and at the end.
   EXPECT_EQ(step->held_logits_bytes, 20u);

@@ -567,6 +567,8 @@ class StepPoint:
     # What the loss made and the caller holds to the step's end: the model output's logits
     # (Note [The backward peak's moment]).
     held_logits_bytes: int = 0
+    # Of other_bytes, what the forward frees (the step's masks, which a checkpoint holds).
+    forward_freed_bytes: int = 0
 
 
 def _grad_owner(model: nn.Module, decoder: nn.Module) -> dict[int, Any]:
@@ -847,15 +849,16 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     # What of `other` the forward frees (the attention masks: the decoder builds them once and
     # no layer saves them, Note [hf masks] in planner/framework_hf.cc) is not alive in the loss
     # and the backward of this step, but a checkpointed step's layers hold them until their
-    # backward, and the planner holds `other` all step: the loss's and backward's own bytes are
-    # taken net of what stays only, so both policies plan at least what their step holds.
+    # backward. As the analytic recipe counts them: in every layer's forward (its own bytes are
+    # over what stays only) and in its checkpoint (checkpoint_held_bytes); the profile's fixed
+    # bytes are what stays.
     held = other - _freed_before_backward(trace, sizes)
     points = []
     for j in range(n):
         fwd, bwd = ("forward", j), ("backward", j)
         in_b, out_b = sizes[trace.inputs[j]], sizes[trace.outputs[j]]
         saves_input = any(name == "input" for name, _b, _m in tensors[j])
-        before = other + sum(resident[:j])
+        before = held + sum(resident[:j])
         peak_grad, released = moments[j]
         bwd_own = (peaks[bwd] - held - sum(resident[:j]) - grad.get("loss", 0) -
                    sum(grads[j + 1:]) - peak_grad - held_logits)
@@ -868,6 +871,7 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     loss_peak = peaks["loss"] - held - sum(resident) - points[-1].output_bytes
     return StepPoint(
         seq_len=trace.seq_len, layers=points, other_bytes=other,
+        forward_freed_bytes=other - held,
         loss_peak_bytes=max(0, loss_peak), loss_grad_bytes=grad.get("loss", 0),
         embedding_grad_bytes=grad.get("embedding", 0), peak_bytes=peak,
         held_logits_bytes=held_logits)
@@ -1216,6 +1220,7 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
             backward_peak_bytes=max(0, point.backward_own_bytes), grad_bytes=point.grad_bytes,
             backward_peak_grad_bytes=point.peak_grad_bytes,
             backward_peak_released_bytes=point.peak_released_bytes,
+            checkpoint_held_bytes=step.forward_freed_bytes,
             forward_work=trace.work.get(fwd, OpWork()).to_dict(),
             backward_work=trace.work.get(("backward", k), OpWork()).to_dict()))
     layers = []
@@ -1230,6 +1235,7 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
             backward_seconds=0.0, grad_bytes=kk["grad_bytes"],
             backward_peak_grad_bytes=kk["backward_peak_grad_bytes"],
             backward_peak_released_bytes=kk["backward_peak_released_bytes"],
+            checkpoint_held_bytes=kk["checkpoint_held_bytes"],
             forward_work=kk["forward_work"],
             backward_work=kk["backward_work"]))
     loss = trace.work.get("loss", OpWork())
@@ -1238,7 +1244,8 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
         embedding.add(trace.work.get(phase, OpWork()))
     return ModelProfile(
         layers=layers, device="cpu (fake tensors)" if m.hf.fake else "cpu",
-        weights_bytes=m.hf.weights_bytes, gradients_bytes=0, other_bytes=step.other_bytes,
+        weights_bytes=m.hf.weights_bytes, gradients_bytes=0,
+        other_bytes=step.other_bytes - step.forward_freed_bytes,
         loss_peak_bytes=step.loss_peak_bytes, held_logits_bytes=step.held_logits_bytes,
         measured_memory=False, tokens=seq_len,
         gradients_in_backward=True, loss_grad_bytes=step.loss_grad_bytes,

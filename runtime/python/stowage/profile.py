@@ -32,8 +32,8 @@ from .layers import (_hidden, _storage_ptr, offload_nbytes, offloadable, residen
 from .plan import PlanError
 
 FORMAT = "stowage-layer-profile"
-# 2: layers[i].backward_peak_grad_bytes, .backward_peak_released_bytes and
-# loss.held_logits_bytes (absent: what a version-1 profile means).
+# 2: layers[i].backward_peak_grad_bytes, .backward_peak_released_bytes, .checkpoint_held_bytes
+# and loss.held_logits_bytes (absent: what a version-1 profile means).
 SCHEMA_VERSION = 2
 # The planner tries every subset of a layer's modules for selective recompute (planner/profile.h
 # kMaxProfileModules); the modules that save the most are listed, the rest count as the layer's.
@@ -74,6 +74,9 @@ class LayerProfile:
     # backward_peak_bytes are net of every one); of the saved bytes, those released by then.
     backward_peak_grad_bytes: Optional[int] = None
     backward_peak_released_bytes: int = 0
+    # What the layer's checkpoint holds beyond its input when it is recomputed, that its
+    # forward_peak_bytes count while its forward runs (transformers: the step's masks).
+    checkpoint_held_bytes: int = 0
     # Instead of seconds: op work per pass (OpWork fields), converted by the planner.
     forward_work: Optional[dict[str, float]] = None
     backward_work: Optional[dict[str, float]] = None
@@ -178,6 +181,8 @@ class ModelProfile:
                     out["backward_peak_grad_bytes"] = int(l.backward_peak_grad_bytes)
             if l.backward_peak_released_bytes:
                 out["backward_peak_released_bytes"] = int(l.backward_peak_released_bytes)
+            if l.checkpoint_held_bytes:
+                out["checkpoint_held_bytes"] = int(l.checkpoint_held_bytes)
             out["modules"] = [timed({"name": m.name}, "", m.seconds, m.work) for m in l.modules]
             out["saved"] = [{"name": t.name, "bytes": int(t.bytes), "module": t.module}
                             for t in l.saved]
@@ -208,6 +213,7 @@ class ModelProfile:
             backward_seconds=l.get("backward_seconds", 0.0), grad_bytes=l.get("grad_bytes", 0),
             backward_peak_grad_bytes=l.get("backward_peak_grad_bytes"),
             backward_peak_released_bytes=l.get("backward_peak_released_bytes", 0),
+            checkpoint_held_bytes=l.get("checkpoint_held_bytes", 0),
             forward_work=l.get("forward_work"), backward_work=l.get("backward_work"))
             for l in d["layers"]]
         fixed = d["fixed_bytes"]
