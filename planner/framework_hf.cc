@@ -69,7 +69,9 @@ constexpr double kSharedMemoryPerBlock = 48 * 1024;
 
 // Note [Step time]
 // Each pass of a layer is an OpWork timed by OpSeconds (planner/op_time.h, Note [Op time]):
-// dense GEMMs, grouped expert GEMMs at the tokens per expert, causal attention forward and
+// dense GEMMs, grouped expert GEMMs at the tokens per expert (transformers' grouped_mm experts:
+// torch._grouped_mm, at its own rate, Note [torch._grouped_mm rate] in hardware.cc; its forward
+// and its backward's two calls, twice the forward's FLOPs), causal attention forward and
 // backward (2.5x the forward's FLOPs), element-wise kernels by the bytes they read and write,
 // and each kernel's fixed cost. Element-wise bytes per token are counted per op below (read +
 // write); backward moves about twice the forward's.
@@ -240,7 +242,7 @@ struct HfLayer {
   HfDialect dialect;
   LayerCost cost;
   double gemm_flops = 0;     // forward, dense GEMMs
-  double grouped_flops = 0;  // forward, expert GEMMs
+  double grouped_flops = 0;  // forward, expert GEMMs: torch._grouped_mm (Note [Step time])
   double tokens_per_expert = 0;
   double core_flops = 0;  // forward, attention core
   // Backward attention FLOPs beyond 2.5x the forward's: q/k and v head dims that differ (MLA).
@@ -1295,7 +1297,7 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   b.cost.forward_flops = b.gemm_flops + b.grouped_flops + b.core_flops;
   b.cost.forward_time = OpTimeOf({.gemm_flops = b.gemm_flops,
                                   .attention_forward_flops = b.core_flops,
-                                  .grouped_gemm_flops = b.grouped_flops,
+                                  .torch_grouped_mm_flops = b.grouped_flops,
                                   .tokens_per_expert = b.tokens_per_expert,
                                   .elementwise_bytes = b.fwd_bytes * tokens,
                                   .kernels = b.fwd_kernels},
@@ -1304,7 +1306,7 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   b.cost.backward_time =
       OpTimeOf({.gemm_flops = 2 * (b.gemm_flops - b.no_grad_gemm_flops),
                 .attention_backward_flops = 2.5 * b.core_flops + b.core_backward_extra,
-                .grouped_gemm_flops = 2 * b.grouped_flops,
+                .torch_grouped_mm_flops = 2 * b.grouped_flops,
                 .tokens_per_expert = b.tokens_per_expert,
                 .elementwise_bytes = b.bwd_bytes * tokens,
                 .kernels = b.bwd_kernels},

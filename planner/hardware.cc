@@ -40,14 +40,67 @@ constexpr uint64_t kMiB = 1ull << 20;
 //    figs. 5-6; FLOPs counted as here: causal halved, backward 2.5x forward). cuDNN because
 //    torch >= 2.9 SDPA prefers it on sm90/sm100 with cuDNN > 9.15 (sdp_utils.cpp
 //    check_prefer_cudnn_attention), as does TransformerEngine's fused attention on Hopper.
-//  - grouped_gemm_efficiency = gemm_efficiency: torch._grouped_mm and TE's grouped GEMM run
-//    CUTLASS sm90 tile kernels like dense GEMMs; grouped_gemm_half_tokens 64: with 128-row tiles
-//    each expert pads its last tile by half a tile on average, so t tokens cost t + 64 rows.
+//  - grouped_gemm_efficiency = gemm_efficiency: TE's GroupedLinear under megatron
+//    (general_grouped_gemm, transformer_engine/pytorch/module/grouped_linear.py) runs one cuBLAS
+//    GEMM per expert on several streams, the dense GEMMs' kernels; grouped_gemm_half_tokens 64:
+//    with 128-row tiles each expert pads its last tile by half a tile on average, so t tokens
+//    cost t + 64 rows. torch._grouped_mm (hf) is another kernel, with its own rate: Note
+//    [torch._grouped_mm rate].
 //  - elementwise_efficiency: 1.0 of the H200's measured stream copy (the probe's 3930 GB/s is
 //    what an element-wise copy kernel reaches); for datasheet HBM rates, H200's measured share of
 //    its datasheet 4.8 TB/s, 3930 / 4800 = 0.82.
 //  - kernel_seconds 3 us: the launch-to-launch time of a null kernel on recent GPUs and drivers
 //    (NVIDIA developer forums, "Too much time for kernel launch latency", 2022).
+
+// Note [torch._grouped_mm rate]
+// What transformers' grouped_mm experts (integrations/moe.py grouped_mm_experts_forward: the
+// default experts implementation, 5.17 and 5.23) run on an H200 under torch 2.11, and at what rate.
+//  - The kernel. torch._grouped_mm on bf16 inputs and output on sm90 takes the "fast path, no
+//    d2h sync" (aten/src/ATen/native/cuda/GroupedBlas.cpp _grouped_mm_cuda) into
+//    bf16bf16_grouped_mm (native/cuda/GroupMM.cu): one prepare_grouped_gemm_data kernel (one
+//    block writes each group's pointers, strides and problem size from `offs`), then a CUTLASS
+//    3.x ptr-array grouped GEMM (GemmUniversal over GroupProblemShape, TMA, warp-specialized,
+//    persistent). dispatch_bf16_grouped_kernel_on_tile_size takes the rows per group M (total /
+//    groups), N and K: if M <= 128 or N <= 128, the pingpong schedule with 64x128x128 tiles;
+//    otherwise the cooperative schedule, 128x256x64 tiles, 2x1x1 clusters. The torch 2.11 cu130
+//    wheel carries exactly these two bf16 sm90 kernels (its libtorch_cuda.so symbols:
+//    MainloopSm90ArrayTmaGmmaWarpSpecialized<4 stages, 2x1x1, Pingpong> at 64x128x128 and
+//    <4, 2x1x1, Cooperative> at 128x256x64), and no cuBLASLt grouped path (newer sources
+//    try one first when built with CUDA >= 13.3). The backward (tools/autograd/derivatives.yaml:
+//    _grouped_mm_mat1_backward, _grouped_mm_mat2_backward) is two more _grouped_mm calls, not a
+//    loop of mm: the input gradient grad [S, N] x W [E, N, K] (2-D x 3-D) and the weight gradient,
+//    K-grouped 2-D x 2-D (grad^T [N, S] x x [S, K] -> [E, N, K], each group's reduction over its
+//    own rows), the same CUTLASS kernels. Seen on CPU in this torch's autograd of a Qwen3-MoE
+//    block: forward 2 _grouped_mm, backward 4. At the measured Qwen3-MoE case (8192 tokens, top-8,
+//    128 experts: 512 rows per expert; h 2048, fe 768) every one of the six calls per layer has M =
+//    512 or 2048 rows and N >= 768: all run the cooperative 128x256x64 kernel.
+//  - The rate. The one public measurement of that kernel at these shapes: tgale96/grouped_gemm
+//    PR #37 (Knarf04/grouped_gemm run.log, H100 SXM, CUTLASS 4 sm90 ptr-array cooperative,
+//    128x256x64 tiles, 1x2x1 clusters), Qwen3-30B-A3B's gate/up projection: 128 experts, K 2048,
+//    N 1536, 65,536 rows, forward + input gradient + weight gradient timed together (profiler
+//    device time per step). Its "Forward TFLOPs" column divides forward FLOPs by that whole
+//    step, so the kernel rate is its "Fwd+Bwd" column: 481.6 TFLOP/s with 512 rows per expert
+//    ("uniform"), 454.6 with counts from 69 to 1892 at the same mean ("mild skew"), 462.9 from
+//    117 to 3277. Each step also runs out.sum() (reads the [65536, 1536] bf16 output, 201 MB) and
+//    grad.contiguous() (writes 201 MB): 402.7 MB at H100's element-wise rate (3.35 TB/s x 0.82,
+//    Note [Op rates]) is 0.147 ms, taken out. The hf case's counts are routed (not multiples of
+//    the 128-row tile), as in the skewed rows: 1.2369e12 FLOPs in 2.721 - 0.147 ms = 480.5
+//    TFLOP/s at 512 rows per expert. With the half-tile padding of the rate model (t / (t + 64)
+//    at 512: 0.889): torch_grouped_mm_efficiency = 480.5 / 989 / 0.889 = 0.547, half 64. (The
+//    uniform row, 2.421 ms = 510.8 TFLOP/s with no padding at all, is 6% faster than the skewed
+//    one where the model's padding says 11%: the model is anchored where the hf case sits,
+//    routed counts at 512 rows, not extrapolated from aligned ones.) H100 SXM and H200 share
+//    the SMs and clocks; at 480 TFLOP/s the gate/up forward moves ~1.3 GB in 0.86 ms, 44% of
+//    H100's HBM rate, so the H200's faster HBM is not expected to move it (tools/gpu-check's
+//    bench_grouped_mm.py measures it on the H200). Cross-checks: ByteDance-Seed/VeOmni PR #460
+//    (H100, a torch._grouped_mm MoE forward at h 2048, ffn 768, 128 experts, top-8, 32K tokens:
+//    242 TFLOP/s counting the whole forward, routing and gathers included: a lower bound);
+//    pytorch/ao PR #2490 (H100, 512 rows per expert but K 5120 / N 8192, forward only: 6.87e11
+//    FLOPs in 1.31 ms = 524 TFLOP/s; its printed tops count every group's FLOPs E times).
+//    The forward, input-gradient and weight-gradient passes are not measured apart at these
+//    shapes (down's forward has K 768, a third of the k-loop per tile); one share covers all
+//    three until bench_grouped_mm.py's per-pass table says otherwise. B200/GB200 run another
+//    kernel (sm100, 64x128x128 1-SM MMA), unmeasured at these shapes: they keep the default.
 
 // Note [Topology]
 // What the communication model (planner/communication.h) needs: how many GPUs one NVLink
@@ -301,6 +354,10 @@ absl::Status ValidateHardwareProfile(const HardwareProfile& p) {
   STOWAGE_HW_RETURN_IF_ERROR(
       InRange("grouped_gemm_half_tokens", p.grouped_gemm_half_tokens, kHalfTokens));
   STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("torch_grouped_mm_efficiency", p.torch_grouped_mm_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      InRange("torch_grouped_mm_half_tokens", p.torch_grouped_mm_half_tokens, kHalfTokens));
+  STOWAGE_HW_RETURN_IF_ERROR(
       InRange("elementwise_efficiency", p.elementwise_efficiency, kFraction));
   STOWAGE_HW_RETURN_IF_ERROR(InRange("kernel_seconds", p.kernel_seconds, kKernelSeconds));
   STOWAGE_HW_RETURN_IF_ERROR(
@@ -361,6 +418,8 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
   j["flash_backward_efficiency"] = p.flash_backward_efficiency;
   j["grouped_gemm_efficiency"] = p.grouped_gemm_efficiency;
   j["grouped_gemm_half_tokens"] = p.grouped_gemm_half_tokens;
+  j["torch_grouped_mm_efficiency"] = p.torch_grouped_mm_efficiency;
+  j["torch_grouped_mm_half_tokens"] = p.torch_grouped_mm_half_tokens;
   j["elementwise_efficiency"] = p.elementwise_efficiency;
   j["kernel_seconds"] = p.kernel_seconds;
   j["d2h_bytes_per_second"] = p.d2h_bytes_per_second;
@@ -424,6 +483,10 @@ absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& text
       j.ReadOptional("grouped_gemm_efficiency", p.grouped_gemm_efficiency, kFraction));
   STOWAGE_HW_RETURN_IF_ERROR(
       j.ReadOptional("grouped_gemm_half_tokens", p.grouped_gemm_half_tokens, kHalfTokens));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("torch_grouped_mm_efficiency", p.torch_grouped_mm_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("torch_grouped_mm_half_tokens", p.torch_grouped_mm_half_tokens, kHalfTokens));
   STOWAGE_HW_RETURN_IF_ERROR(
       j.ReadOptional("elementwise_efficiency", p.elementwise_efficiency, kFraction));
   STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("kernel_seconds", p.kernel_seconds, kKernelSeconds));

@@ -37,10 +37,10 @@ struct HardwareProfile {
   // Per-op-class rates, the ones planner/op_time.h turns work into seconds with (Note [Op time]
   // in op_time.cc; each preset says where its figures come from; `stowage calibrate` measures
   // them): the share of dense_bf16_flops large dense GEMMs reach; the shares a fused causal
-  // attention kernel reaches forward and backward; the share grouped expert GEMMs reach with
-  // many tokens per expert and the tokens per expert at which they reach half of it; the share
-  // of hbm_bytes_per_second memory-bound kernels reach; and the time one kernel costs however
-  // little it does.
+  // attention kernel reaches forward and backward; the share grouped expert GEMMs (TE's, under
+  // megatron) reach with many tokens per expert and the tokens per expert at which they reach
+  // half of it; the share of hbm_bytes_per_second memory-bound kernels reach; and the time one
+  // kernel costs however little it does.
   // Defaults (the presets', and a JSON profile's that omits a field): derived for H200 in
   // Note [Op rates] (hardware.cc), with elementwise_efficiency relative to a datasheet HBM rate.
   double gemm_efficiency = 746.0 / 989.0;
@@ -48,6 +48,12 @@ struct HardwareProfile {
   double flash_backward_efficiency = 516.0 / 989.0;
   double grouped_gemm_efficiency = 746.0 / 989.0;
   double grouped_gemm_half_tokens = 64;
+  // torch._grouped_mm, which transformers' grouped_mm experts run under --framework hf, is its
+  // own kernel (CUTLASS sm90 ptr-array, not TE's cuBLAS grouped GEMM), so it has its own share
+  // and half-rate point, same saturating form; the default is derived from a public H100
+  // measurement in Note [torch._grouped_mm rate] (hardware.cc).
+  double torch_grouped_mm_efficiency = 480.5 / 989.0 / (512.0 / (512.0 + 64.0));
+  double torch_grouped_mm_half_tokens = 64;
   double elementwise_efficiency = 3930.0 / 4800.0;
   double kernel_seconds = 3e-6;
   // Pinned host link, large chunks, one direction at a time.

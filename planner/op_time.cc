@@ -12,7 +12,8 @@ namespace stowage::planner {
 //  - grouped expert GEMMs: an expert with t tokens is a [t, h] x [h, f] problem; below a few
 //    hundred rows a tile wave cannot fill the SMs, so the rate saturates as
 //    grouped_gemm_efficiency * t / (t + grouped_gemm_half_tokens), half of it at
-//    t = grouped_gemm_half_tokens;
+//    t = grouped_gemm_half_tokens; torch._grouped_mm's the same way with its own pair of fields
+//    (another kernel: Note [torch._grouped_mm rate] in hardware.cc);
 //  - memory-bound kernels: bytes moved / (hbm_bytes_per_second * elementwise_efficiency);
 //  - every kernel: kernel_seconds more — launch, ramp-up and tail, which a kernel pays however
 //    little it does (an empty kernel takes about this long back to back), so a module of many
@@ -35,6 +36,11 @@ double GroupedGemmFlops(const HardwareProfile& hw, double tokens_per_expert) {
          (tokens_per_expert + hw.grouped_gemm_half_tokens);
 }
 
+double TorchGroupedMmFlops(const HardwareProfile& hw, double tokens_per_expert) {
+  return hw.dense_bf16_flops * hw.torch_grouped_mm_efficiency * tokens_per_expert /
+         (tokens_per_expert + hw.torch_grouped_mm_half_tokens);
+}
+
 OpTime OpTimeOf(const OpWork& w, const HardwareProfile& hw) {
   OpTime t;
   if (w.gemm_flops > 0) t.gemm = w.gemm_flops / (hw.dense_bf16_flops * hw.gemm_efficiency);
@@ -49,6 +55,9 @@ OpTime OpTimeOf(const OpWork& w, const HardwareProfile& hw) {
   if (w.grouped_gemm_flops >
       0) {  // at 0 tokens per expert: infinite, which the step-cost bounds catch
     t.grouped_gemm = w.grouped_gemm_flops / GroupedGemmFlops(hw, w.tokens_per_expert);
+  }
+  if (w.torch_grouped_mm_flops > 0) {
+    t.grouped_gemm += w.torch_grouped_mm_flops / TorchGroupedMmFlops(hw, w.tokens_per_expert);
   }
   if (w.elementwise_bytes > 0) {
     t.elementwise = w.elementwise_bytes / (hw.hbm_bytes_per_second * hw.elementwise_efficiency);

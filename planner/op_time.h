@@ -21,8 +21,12 @@ struct OpWork {
   double attention_forward_flops = 0;
   double attention_backward_flops = 0;
   // Grouped (per-expert) GEMMs and the tokens each expert sees in them: small per-expert
-  // problems cannot fill the tensor cores, so their rate depends on tokens_per_expert.
+  // problems cannot fill the tensor cores, so their rate depends on tokens_per_expert. One field
+  // per kernel, each at its own rate: TE's grouped GEMM (megatron) and torch._grouped_mm (hf:
+  // transformers' grouped_mm experts, and what a measured hf profile counts as aten._grouped_mm);
+  // tokens_per_expert is the rows per group of both.
   double grouped_gemm_flops = 0;
+  double torch_grouped_mm_flops = 0;
   double tokens_per_expert = 0;
   // Memory-bound kernels (norms, activations, RoPE, casts, softmax over the vocabulary, ...):
   // the bytes they move.
@@ -48,11 +52,14 @@ struct OpTime {
 // The rate grouped expert GEMMs reach at `tokens_per_expert` tokens per expert:
 // dense_bf16_flops * grouped_gemm_efficiency * t / (t + grouped_gemm_half_tokens).
 double GroupedGemmFlops(const HardwareProfile& hw, double tokens_per_expert);
+// The same for torch._grouped_mm, with torch_grouped_mm_efficiency and
+// torch_grouped_mm_half_tokens (Note [torch._grouped_mm rate] in hardware.cc).
+double TorchGroupedMmFlops(const HardwareProfile& hw, double tokens_per_expert);
 
 // Note [Op time] in op_time.cc: dense GEMMs at dense_bf16_flops * gemm_efficiency, attention
 // forward / backward at flash_forward_efficiency / flash_backward_efficiency of it, grouped
-// GEMMs at GroupedGemmFlops, memory-bound bytes at hbm_bytes_per_second *
-// elementwise_efficiency, plus kernel_seconds per kernel.
+// GEMMs at GroupedGemmFlops or TorchGroupedMmFlops (both in OpTime::grouped_gemm), memory-bound
+// bytes at hbm_bytes_per_second * elementwise_efficiency, plus kernel_seconds per kernel.
 OpTime OpTimeOf(const OpWork& work, const HardwareProfile& hw);
 double OpSeconds(const OpWork& work, const HardwareProfile& hw);
 

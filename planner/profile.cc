@@ -79,15 +79,17 @@ absl::Status ReadWork(const json::Object& o, const std::string& key, OpWork& out
                              {"attention_forward_flops", &out.attention_forward_flops},
                              {"attention_backward_flops", &out.attention_backward_flops},
                              {"grouped_gemm_flops", &out.grouped_gemm_flops},
+                             {"torch_grouped_mm_flops", &out.torch_grouped_mm_flops},
                              {"tokens_per_expert", &out.tokens_per_expert},
                              {"elementwise_bytes", &out.elementwise_bytes},
                              {"kernels", &out.kernels}}) {
     if (absl::Status s = w->ReadOptional(name, *field, Upto(kMaxWork)); !s.ok()) return s;
   }
-  if (out.grouped_gemm_flops > 0 && !(out.tokens_per_expert > 0)) {
+  if ((out.grouped_gemm_flops > 0 || out.torch_grouped_mm_flops > 0) &&
+      !(out.tokens_per_expert > 0)) {
     return w->Invalid("tokens_per_expert",
-                      "a number above 0 when grouped_gemm_flops is (the grouped GEMM rate "
-                      "depends on it)");
+                      "a number above 0 when grouped_gemm_flops or torch_grouped_mm_flops is "
+                      "(the grouped GEMM rate depends on it)");
   }
   return absl::OkStatus();
 }
@@ -110,6 +112,7 @@ json::Json WorkToJson(const OpWork& w) {
           {"attention_forward_flops", w.attention_forward_flops},
           {"attention_backward_flops", w.attention_backward_flops},
           {"grouped_gemm_flops", w.grouped_gemm_flops},
+          {"torch_grouped_mm_flops", w.torch_grouped_mm_flops},
           {"tokens_per_expert", w.tokens_per_expert},
           {"elementwise_bytes", w.elementwise_bytes},
           {"kernels", w.kernels}};

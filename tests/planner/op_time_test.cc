@@ -65,6 +65,35 @@ TEST(OpTime, GroupedGemmSaturatesInTokensPerExpert) {
             std::numeric_limits<double>::infinity());
 }
 
+// TE's grouped GEMM (megatron) and torch._grouped_mm (hf) are two kernels: each at its own
+// share and half point, both counted as grouped-GEMM time.
+TEST(OpTime, TorchGroupedMmAtItsOwnRate) {
+  HardwareProfile hw = Round();
+  hw.torch_grouped_mm_efficiency = 0.5;
+  hw.torch_grouped_mm_half_tokens = 300;
+  // 100 rows per group: 0.5 x 1e15 x 100 / 400 = 1.25e14 FLOP/s; TE's stays 4e14.
+  EXPECT_DOUBLE_EQ(TorchGroupedMmFlops(hw, 100), 1.25e14);
+  EXPECT_DOUBLE_EQ(GroupedGemmFlops(hw, 100), 4e14);
+  EXPECT_DOUBLE_EQ(OpSeconds({.torch_grouped_mm_flops = 1.25e11, .tokens_per_expert = 100}, hw),
+                   1e-3);
+  const OpTime both = OpTimeOf(
+      {.grouped_gemm_flops = 4e11, .torch_grouped_mm_flops = 1.25e11, .tokens_per_expert = 100},
+      hw);
+  EXPECT_DOUBLE_EQ(both.grouped_gemm, 2e-3);
+  EXPECT_DOUBLE_EQ(both.total(), 2e-3);
+  EXPECT_EQ(OpSeconds({.torch_grouped_mm_flops = 1, .tokens_per_expert = 0}, hw),
+            std::numeric_limits<double>::infinity());
+}
+
+// Note [torch._grouped_mm rate]: at 512 rows per expert the H200 preset's torch._grouped_mm
+// rate is the 480.5 TFLOP/s derived from the public H100 measurement (routed counts, all three
+// passes), well below TE's class there (746 x 512 / 576 = 663).
+TEST(OpTime, PresetTorchGroupedMmRateIsTheDerivedOne) {
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  EXPECT_NEAR(TorchGroupedMmFlops(h200, 512), 480.5e12, 1e9);
+  EXPECT_NEAR(GroupedGemmFlops(h200, 512), 746e12 * 512 / 576, 1e9);
+}
+
 TEST(OpTime, ClassesAddAndTheBreakdownSumsToTheTotal) {
   const HardwareProfile hw = Round();
   const OpWork work{.gemm_flops = 1e12,

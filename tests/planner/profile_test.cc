@@ -159,11 +159,9 @@ Json OffGpuProfile() {
     l.erase("forward_seconds");
     l.erase("backward_seconds");
     l["forward_work"] = {{"gemm_flops", 1e12}, {"attention_forward_flops", 2e11}, {"kernels", 10}};
-    l["backward_work"] = {{"gemm_flops", 2e12},
-                          {"attention_backward_flops", 5e11},
-                          {"grouped_gemm_flops", 1e12},
-                          {"tokens_per_expert", 256},
-                          {"elementwise_bytes", 1e9}};
+    l["backward_work"] = {{"gemm_flops", 2e12},         {"attention_backward_flops", 5e11},
+                          {"grouped_gemm_flops", 1e12}, {"torch_grouped_mm_flops", 3e11},
+                          {"tokens_per_expert", 256},   {"elementwise_bytes", 1e9}};
     l["grad_bytes"] = 40;
   }
   j["layers"][0]["modules"][0].erase("seconds");
@@ -184,6 +182,7 @@ TEST(ProfileReader, OpWorkGradientsInBackwardAndNoLink) {
   EXPECT_EQ(p.model_parameters, 500u);
   ASSERT_TRUE(p.layers[0].backward_work.has_value());
   EXPECT_DOUBLE_EQ(p.layers[0].backward_work->tokens_per_expert, 256);
+  EXPECT_DOUBLE_EQ(p.layers[0].backward_work->torch_grouped_mm_flops, 3e11);
   ASSERT_TRUE(p.layers[0].modules[0].work.has_value());
   EXPECT_FALSE(p.layers[0].modules[1].work.has_value());
   const LayerProfileSet again = *ParseProfileJson(ProfileToJson(p), "round trip");
@@ -197,6 +196,9 @@ TEST(ProfileReader, OpWorkErrors) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("absent when 'forward_work' gives the time as op work"));
   j = OffGpuProfile();
   j["layers"][1]["backward_work"].erase("tokens_per_expert");
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].backward_work.tokens_per_expert'"));
+  // torch._grouped_mm FLOPs alone need the rows per group too.
+  j["layers"][1]["backward_work"].erase("grouped_gemm_flops");
   EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].backward_work.tokens_per_expert'"));
   j = OffGpuProfile();
   j["layers"][0]["forward_work"]["gemm_flops"] = -1;

@@ -123,7 +123,8 @@ MAX_SAVED = 48
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 WORK_FIELDS = ("gemm_flops", "attention_forward_flops", "attention_backward_flops",
-               "grouped_gemm_flops", "tokens_per_expert", "elementwise_bytes", "kernels")
+               "grouped_gemm_flops", "torch_grouped_mm_flops", "tokens_per_expert",
+               "elementwise_bytes", "kernels")
 
 
 def _key(t: torch.Tensor) -> int:
@@ -201,15 +202,20 @@ class OpWork:
     attention_forward_flops: float = 0
     attention_backward_flops: float = 0
     grouped_gemm_flops: float = 0
+    # aten._grouped_mm: its own kernel and rate (planner/hardware.cc Note [torch._grouped_mm rate])
+    torch_grouped_mm_flops: float = 0
     tokens_per_expert: float = 0  # grouped GEMM rows per group, FLOP-weighted
     elementwise_bytes: float = 0
     kernels: float = 0
 
+    def grouped(self) -> float:
+        return self.grouped_gemm_flops + self.torch_grouped_mm_flops
+
     def add(self, other: "OpWork") -> None:
-        grouped = self.grouped_gemm_flops + other.grouped_gemm_flops
+        grouped = self.grouped() + other.grouped()
         if grouped > 0:
-            self.tokens_per_expert = (self.tokens_per_expert * self.grouped_gemm_flops +
-                                      other.tokens_per_expert * other.grouped_gemm_flops) / grouped
+            self.tokens_per_expert = (self.tokens_per_expert * self.grouped() +
+                                      other.tokens_per_expert * other.grouped()) / grouped
         for f in WORK_FIELDS:
             if f != "tokens_per_expert":
                 setattr(self, f, getattr(self, f) + getattr(other, f))
@@ -280,7 +286,7 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
     elif name == "_grouped_mm":
         offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
         groups = offs.numel() if isinstance(offs, torch.Tensor) else 1
-        w.grouped_gemm_flops, w.tokens_per_expert = _grouped_flops(args[0], args[1], groups)
+        w.torch_grouped_mm_flops, w.tokens_per_expert = _grouped_flops(args[0], args[1], groups)
     elif name in _SOFTMAX:
         x = args[0]
         w.elementwise_bytes = _row_passes(x, args[1], 3) * _bytes(x) + sum(
