@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/json_reader.h"
 
@@ -568,6 +569,88 @@ absl::StatusOr<HardwareProfile> ReadHardwareProfileFile(const std::string& path)
   if (!profile.ok()) return profile.status();
   if (profile->name.empty()) profile->name = path;
   return profile;
+}
+
+absl::StatusOr<SaturatingRate> FitSaturatingRate(
+    const std::vector<std::pair<double, double>>& points) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto [t, rate] : points) {
+    if (!(t > 0) || !(rate > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("saturating fit: point (", t, ", ", rate,
+                                                     "): tokens per expert and rate must be > 0"));
+    }
+    const double x = 1.0 / t, y = 1.0 / rate;
+    sx += x, sy += y, sxx += x * x, sxy += x * y;
+  }
+  const double n = static_cast<double>(points.size());
+  const double spread = n * sxx - sx * sx;
+  if (points.size() < 2 || !(spread > 1e-12 * n * sxx)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "saturating fit: ", points.size(), " point(s); needs two distinct tokens per expert"));
+  }
+  const double slope = (n * sxy - sx * sy) / spread;
+  const double intercept = (sy - slope * sx) / n;
+  if (!(intercept > 0) || slope < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("saturating fit: the rate does not rise to a limit with tokens per expert "
+                     "(1/R = ",
+                     intercept, ", half/R = ", slope, ")"));
+  }
+  return SaturatingRate{.flops_per_second = 1.0 / intercept, .half_tokens = slope / intercept};
+}
+
+absl::StatusOr<std::string> ApplyTorchGroupedMmRates(const std::string& text,
+                                                     const std::string& source,
+                                                     HardwareProfile& profile) {
+  absl::StatusOr<json::Json> parsed = json::Parse(text, source);
+  if (!parsed.ok()) return parsed.status();
+  absl::StatusOr<json::Object> root = json::Object::Of(*parsed, source);
+  if (!root.ok()) return root.status();
+  std::string kernel;
+  STOWAGE_HW_RETURN_IF_ERROR(root->Read("kernel", kernel));
+  if (kernel != "torch._grouped_mm") return root->Invalid("kernel", "\"torch._grouped_mm\"");
+  absl::StatusOr<const json::Json*> array = root->Array("points");
+  if (!array.ok()) return array.status();
+  if ((*array)->size() > 64) return root->Invalid("points", "an array of at most 64 entries");
+  std::vector<std::pair<double, double>> routed;
+  for (size_t i = 0; i < (*array)->size(); ++i) {
+    absl::StatusOr<json::Object> e =
+        json::Object::Of((**array)[i], source, absl::StrCat(root->PathOf("points"), "[", i, "]"));
+    if (!e.ok()) return e.status();
+    std::string routing;
+    double rows = 0, rate = 0;
+    STOWAGE_HW_RETURN_IF_ERROR(e->Read("routing", routing));
+    if (routing != "routed" && routing != "aligned") {
+      return e->Invalid("routing", "\"routed\" or \"aligned\"");
+    }
+    STOWAGE_HW_RETURN_IF_ERROR(e->Read("rows_per_expert", rows, json::Range<double>{1, 1e6}));
+    STOWAGE_HW_RETURN_IF_ERROR(e->Read("flops_per_second", rate, kFlops));
+    // Routed counts are what a training step has (Note [torch._grouped_mm rate]); aligned ones
+    // are the public benchmark's "uniform" case, shown but not fitted.
+    if (routing == "routed") routed.emplace_back(rows, rate);
+  }
+  if (routed.empty()) {
+    return root->Invalid("points", "at least one entry with \"routing\": \"routed\"");
+  }
+  double share = 0, half = profile.torch_grouped_mm_half_tokens;
+  if (routed.size() == 1) {
+    const auto [t, rate] = routed[0];
+    share = rate / profile.dense_bf16_flops * (t + half) / t;
+  } else {
+    absl::StatusOr<SaturatingRate> fit = FitSaturatingRate(routed);
+    if (!fit.ok()) {
+      return absl::Status(fit.status().code(), absl::StrCat(source, ": ", fit.status().message()));
+    }
+    share = fit->flops_per_second / profile.dense_bf16_flops;
+    half = std::min(kHalfTokens.max, fit->half_tokens);
+  }
+  profile.torch_grouped_mm_efficiency = std::clamp(share, kFraction.min, kFraction.max);
+  profile.torch_grouped_mm_half_tokens = half;
+  return absl::StrFormat(
+      "torch._grouped_mm: %.3f share, half of it at %.0f rows/expert (%zu routed point%s; %.0f "
+      "TFLOP/s at 512)",
+      profile.torch_grouped_mm_efficiency, half, routed.size(), routed.size() == 1 ? "" : "s",
+      profile.dense_bf16_flops * profile.torch_grouped_mm_efficiency * 512 / (512 + half) / 1e12);
 }
 
 }  // namespace stowage::planner

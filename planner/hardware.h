@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -120,6 +121,27 @@ std::string HardwareProfileToJson(const HardwareProfile& profile);
 absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(
     const std::string& json, const std::string& source = "hardware profile");
 absl::StatusOr<HardwareProfile> ReadHardwareProfileFile(const std::string& path);
+
+// A saturating rate R * t / (t + half) (Note [Op time]) through measured (tokens per expert,
+// FLOP/s) points: least squares of 1 / rate = 1 / R + (half / R) / t. `stowage calibrate` fits
+// both grouped-GEMM classes with it. Needs two distinct t and points that rise with t (R > 0,
+// half >= 0); the error says which.
+struct SaturatingRate {
+  double flops_per_second = 0;  // R
+  double half_tokens = 0;
+};
+absl::StatusOr<SaturatingRate> FitSaturatingRate(
+    const std::vector<std::pair<double, double>>& points);
+
+// Folds what tools/bench_grouped_mm.py measured (its --out JSON: torch._grouped_mm over the six
+// passes of an MoE layer at several rows per expert) into `profile`: its routed points, fitted
+// by FitSaturatingRate, give torch_grouped_mm_efficiency (a share of profile.dense_bf16_flops,
+// at most 1) and torch_grouped_mm_half_tokens; one routed point gives the efficiency at the
+// profile's half. Read with base/json_reader.h: errors name `source`, the JSON path, the value
+// and the allowed range. Returns a line for calibrate's table.
+absl::StatusOr<std::string> ApplyTorchGroupedMmRates(const std::string& json,
+                                                     const std::string& source,
+                                                     HardwareProfile& profile);
 
 }  // namespace stowage::planner
 

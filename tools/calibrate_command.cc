@@ -7,7 +7,9 @@
 // of the preset's dense_bf16_flops), strided-batched GEMMs over 64 experts at several tokens
 // per expert (grouped_gemm_efficiency and grouped_gemm_half_tokens, fitted to
 // rate = R * t / (t + half)), a 16-byte stream copy (elementwise_efficiency), and empty kernels
-// back to back (kernel_seconds).
+// back to back (kernel_seconds). torch._grouped_mm, the hf experts' kernel, is another
+// kernel than the cuBLAS GEMMs timed here: --torch-grouped-mm folds in what
+// tools/bench_grouped_mm.py measured of it (torch_grouped_mm_efficiency, _half_tokens).
 //
 // Measured: pinned D2H / H2D bandwidth by chunk size (into the pinned NUMA-local arena, the
 // memory the runtime copies into), both directions at once, pageable bandwidth, arena setup
@@ -25,6 +27,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +80,10 @@ struct CalibrateSettings {
   uint64_t setup_bytes = 4 * kGiB;
   bool skip_malloc_host = false;
   bool compute_only = false;
+  // tools/bench_grouped_mm.py's measurement of torch._grouped_mm (its JSON), folded into the
+  // profile; empty: the --base preset's torch._grouped_mm rate is kept.
+  std::string torch_grouped_mm;
+  std::string torch_grouped_mm_json;
 };
 
 cli::FlagParser MakeParser() {
@@ -96,6 +103,10 @@ cli::FlagParser MakeParser() {
   parser.Add({"skip-malloc-host", "", "do not time cudaMallocHost (it is slow: ~0.4 s/GiB)", ""});
   parser.Add(
       {"compute-only", "", "measure only the compute rates; host-link fields from --base", ""});
+  parser.Add({"torch-grouped-mm", "PATH",
+              "torch._grouped_mm rates tools/bench_grouped_mm.py measured (its --out JSON), "
+              "written into torch_grouped_mm_efficiency / _half_tokens",
+              ""});
   return parser;
 }
 
@@ -131,6 +142,20 @@ absl::StatusOr<CalibrateSettings> ParseSettings(const cli::FlagParser& parser) {
   }
   s.skip_malloc_host = parser.GetBool("skip-malloc-host");
   s.compute_only = parser.GetBool("compute-only");
+  absl::StatusOr<std::string> torch_grouped_mm = parser.GetString("torch-grouped-mm", "");
+  if (!torch_grouped_mm.ok()) return torch_grouped_mm.status();
+  s.torch_grouped_mm = *torch_grouped_mm;
+  if (!s.torch_grouped_mm.empty()) {
+    // Read (and checked below) before any measuring, so a bad file costs no GPU time.
+    std::ifstream in(s.torch_grouped_mm, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--torch-grouped-mm: cannot open '", s.torch_grouped_mm, "'"));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    s.torch_grouped_mm_json = text.str();
+  }
   return s;
 }
 
@@ -245,8 +270,11 @@ std::string DeviceSlug(const char* name) {
 // training data does). The shares are of the --base preset's peak dense_bf16_flops and, for the
 // copy, of its hbm_bytes_per_second (raised to the measured rate when the copy beats it, which
 // then makes elementwise_efficiency 1). Strided-batched GEMMs with equal tokens per expert stand
-// in for the grouped GEMMs (torch._grouped_mm, TE GroupedLinear), which give each expert its own
-// count; the fit 1/rate = (1 + half / t) / R is least squares over the measured t. Fused
+// in for TE GroupedLinear's per-expert cuBLAS GEMMs, which give each expert its own count; the
+// fit 1/rate = (1 + half / t) / R is least squares over the measured t (planner::
+// FitSaturatingRate). torch._grouped_mm runs a CUTLASS kernel this binary does not link:
+// tools/bench_grouped_mm.py times it from PyTorch, and --torch-grouped-mm fits its points the
+// same way (planner::ApplyTorchGroupedMmRates; Note [torch._grouped_mm rate]). Fused
 // attention needs a kernel this build does not link (cuDNN / flash-attention), so the attention
 // rates stay the preset's, and the table says so.
 
@@ -387,8 +415,7 @@ absl::Status MeasureGemms(int device, Cublas& cublas, cudaStream_t stream,
                  rate / p.dense_bf16_flops);
   }
   p.gemm_efficiency = std::min(1.0, dense_sum / dense.size() / p.dense_bf16_flops);
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  int points = 0;
+  std::vector<std::pair<double, double>> points;
   for (int t : {32, 128, 512, kMaxTokens}) {
     absl::StatusOr<double> seconds = TimePerCall(stream, gemm(t, kWidth, kHidden, kExperts));
     if (!seconds.ok()) return seconds.status();
@@ -396,21 +423,17 @@ absl::Status MeasureGemms(int device, Cublas& cublas, cudaStream_t stream,
     std::fprintf(report, "%-34s %7.0f TF/s %8.3f\n",
                  absl::StrFormat("expert GEMMs, %d tokens/expert", t).c_str(), rate / 1e12,
                  rate / p.dense_bf16_flops);
-    const double x = 1.0 / t, y = 1.0 / rate;
-    sx += x, sy += y, sxx += x * x, sxy += x * y;
-    ++points;
+    points.emplace_back(t, rate);
   }
-  const double slope = (points * sxy - sx * sy) / (points * sxx - sx * sx);
-  const double intercept = (sy - slope * sx) / points;
-  if (intercept > 0 && slope >= 0) {
-    p.grouped_gemm_efficiency = std::min(1.0, 1.0 / intercept / p.dense_bf16_flops);
-    p.grouped_gemm_half_tokens = std::min(1e6, slope / intercept);
+  if (absl::StatusOr<planner::SaturatingRate> fit = planner::FitSaturatingRate(points); fit.ok()) {
+    p.grouped_gemm_efficiency = std::min(1.0, fit->flops_per_second / p.dense_bf16_flops);
+    p.grouped_gemm_half_tokens = std::min(1e6, fit->half_tokens);
     std::fprintf(report, "%-34s %8.3f share, half of it at %.0f tokens/expert\n",
                  "  fitted R * t / (t + half)", p.grouped_gemm_efficiency,
                  p.grouped_gemm_half_tokens);
   } else {
-    std::fprintf(report, "%-34s no saturating fit (slope %g): the --base preset's kept\n",
-                 "  fitted R * t / (t + half)", slope);
+    std::fprintf(report, "%-34s %s: the --base preset's kept\n", "  fitted R * t / (t + half)",
+                 std::string(fit.status().message()).c_str());
   }
   return absl::OkStatus();
 }
@@ -993,6 +1016,17 @@ int RunCalibrateCommand(int argc, char** argv) {
                  std::string(base.status().message()).c_str());
     return kExitUsage;
   }
+  std::string torch_grouped_mm_line;
+  if (!settings->torch_grouped_mm.empty()) {
+    absl::StatusOr<std::string> line = planner::ApplyTorchGroupedMmRates(
+        settings->torch_grouped_mm_json,
+        absl::StrCat("--torch-grouped-mm ", settings->torch_grouped_mm), *base);
+    if (!line.ok()) {
+      std::fprintf(stderr, "stowage calibrate: %s\n", std::string(line.status().message()).c_str());
+      return kExitUsage;
+    }
+    torch_grouped_mm_line = *line;
+  }
 #ifndef STOWAGE_HAVE_CUDA
   std::fprintf(
       stderr,
@@ -1021,6 +1055,10 @@ int RunCalibrateCommand(int argc, char** argv) {
     std::fprintf(stderr, "stowage calibrate: %s\n", profile.status().ToString().c_str());
     return profile.status().code() == absl::StatusCode::kUnavailable ? kExitUnavailable
                                                                      : kExitUnmet;
+  }
+  if (!torch_grouped_mm_line.empty()) {
+    std::fprintf(report, "%s (from %s)\n", torch_grouped_mm_line.c_str(),
+                 settings->torch_grouped_mm.c_str());
   }
   if (absl::Status valid = planner::ValidateHardwareProfile(*profile); !valid.ok()) {
     std::fprintf(stderr, "stowage calibrate: measured profile is not valid: %s\n",

@@ -31,7 +31,7 @@ if(EXISTS calibrate-should-not-exist.json)
 endif()
 
 run(0 calibrate --help)
-foreach(flag --device --base --out --min-chunk --max-chunk --setup-bytes)
+foreach(flag --device --base --out --min-chunk --max-chunk --setup-bytes --torch-grouped-mm)
   expect_in("${out}" "${flag}" "`stowage calibrate --help`")
 endforeach()
 
@@ -39,3 +39,14 @@ run(2 calibrate --no-such-flag)
 expect_in("${err}" "no-such-flag" "stderr for an unknown flag")
 run(2 calibrate --base not-a-gpu)
 run(2 calibrate --min-chunk 1M --max-chunk 64K)
+
+# tools/bench_grouped_mm.py's file is read and checked before any measuring: a bad one is a usage
+# error naming the flag and the field, GPU or not; a missing one names the path.
+file(WRITE bad-torch-grouped-mm.json
+     "{\"kernel\": \"torch._grouped_mm\", \"points\": [{\"rows_per_expert\": 512, "
+     "\"routing\": \"routed\", \"flops_per_second\": -1}]}")
+run(2 calibrate --torch-grouped-mm bad-torch-grouped-mm.json)
+expect_in("${err}" "--torch-grouped-mm bad-torch-grouped-mm.json" "stderr for a bad rates file")
+expect_in("${err}" "points[0].flops_per_second" "stderr for a bad rates file")
+run(2 calibrate --torch-grouped-mm no-such-rates.json)
+expect_in("${err}" "cannot open 'no-such-rates.json'" "stderr for a missing rates file")

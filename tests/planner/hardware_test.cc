@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nlohmann/json.hpp"
@@ -193,6 +194,94 @@ TEST(HardwareProfile, ValidateUsesTheReadersRanges) {
   p = *HardwarePreset("h200");
   p.gpus_per_numa_node = 0;
   EXPECT_THAT(ValidateHardwareProfile(p).message(), HasSubstr("'gpus_per_numa_node' is 0"));
+}
+
+// Points on R * t / (t + half) give back R and half; fewer than two distinct t, or rates that
+// fall with t, are errors saying so.
+TEST(FitSaturatingRate, RecoversTheCurveAndRefusesWhatIsNotOne) {
+  const double r = 5e14, half = 100;
+  std::vector<std::pair<double, double>> points;
+  for (double t : {50.0, 200.0, 800.0}) points.emplace_back(t, r * t / (t + half));
+  absl::StatusOr<SaturatingRate> fit = FitSaturatingRate(points);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->flops_per_second, r, 1e-9 * r);
+  EXPECT_NEAR(fit->half_tokens, half, 1e-9 * half);
+  EXPECT_THAT(FitSaturatingRate({{512, 4e14}}).status().message(), HasSubstr("two distinct"));
+  EXPECT_THAT(FitSaturatingRate({{512, 4e14}, {512, 5e14}}).status().message(),
+              HasSubstr("two distinct"));
+  EXPECT_THAT(FitSaturatingRate({{100, 5e14}, {1000, 2e14}}).status().message(),
+              HasSubstr("does not rise"));
+  EXPECT_THAT(FitSaturatingRate({{0, 5e14}, {1000, 2e14}}).status().message(),
+              HasSubstr("must be > 0"));
+}
+
+// tools/bench_grouped_mm.py's JSON, shaped as it writes it (fields the reader does not use
+// included): the routed points give the share and half; the aligned one is not fitted.
+std::string BenchJson(const std::vector<std::pair<double, double>>& routed) {
+  nlohmann::ordered_json j = {{"kernel", "torch._grouped_mm"},
+                              {"device", "NVIDIA H200"},
+                              {"torch", "2.11.0+cu130"},
+                              {"experts", 128},
+                              {"dense_mm_flops_per_second", 7e14}};
+  j["points"] = nlohmann::ordered_json::array();
+  for (auto [t, rate] : routed) {
+    j["points"].push_back({{"rows_per_expert", t},
+                           {"routing", "routed"},
+                           {"flops", 1e12},
+                           {"seconds", {{"gate_up.forward", 1e-3}}},
+                           {"flops_per_second", rate}});
+  }
+  j["points"].push_back(
+      {{"rows_per_expert", 512}, {"routing", "aligned"}, {"flops_per_second", 9e14}});
+  return j.dump(2);
+}
+
+TEST(TorchGroupedMmRates, RoutedPointsGiveTheShareAndHalf) {
+  HardwareProfile p = *HardwarePreset("h200");
+  const double r = 0.6 * p.dense_bf16_flops, half = 80;
+  std::vector<std::pair<double, double>> routed;
+  for (double t : {256.0, 512.0, 1024.0, 2048.0}) routed.emplace_back(t, r * t / (t + half));
+  absl::StatusOr<std::string> line = ApplyTorchGroupedMmRates(BenchJson(routed), "rates.json", p);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_NEAR(p.torch_grouped_mm_efficiency, 0.6, 1e-9);
+  EXPECT_NEAR(p.torch_grouped_mm_half_tokens, 80, 1e-6);
+  EXPECT_THAT(*line, HasSubstr("torch._grouped_mm: 0.600 share, half of it at 80 rows/expert"));
+  // TE's class is untouched, and the profile stays one the reader takes back.
+  EXPECT_DOUBLE_EQ(p.grouped_gemm_efficiency, HardwarePreset("h200")->grouped_gemm_efficiency);
+  absl::StatusOr<HardwareProfile> again = ParseHardwareProfileJson(HardwareProfileToJson(p));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_DOUBLE_EQ(again->torch_grouped_mm_efficiency, p.torch_grouped_mm_efficiency);
+
+  // One routed point: the share at the profile's half point (64): rate x (t + 64) / t.
+  HardwareProfile one = *HardwarePreset("h200");
+  ASSERT_TRUE(ApplyTorchGroupedMmRates(BenchJson({{512, 480.5e12}}), "one.json", one).ok());
+  EXPECT_NEAR(one.torch_grouped_mm_efficiency, 480.5e12 / one.dense_bf16_flops * 576 / 512, 1e-12);
+  EXPECT_DOUBLE_EQ(one.torch_grouped_mm_half_tokens, 64);
+}
+
+TEST(TorchGroupedMmRates, ErrorsNameTheFieldValueAndRange) {
+  HardwareProfile p = *HardwarePreset("h200");
+  const HardwareProfile before = p;
+  auto error = [&](const std::string& json) {
+    absl::StatusOr<std::string> line = ApplyTorchGroupedMmRates(json, "rates.json", p);
+    return line.ok() ? std::string("ok") : std::string(line.status().message());
+  };
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(BenchJson({{512, 4.8e14}}));
+  j["kernel"] = "cublas";
+  EXPECT_THAT(error(j.dump()), HasSubstr("rates.json: field 'kernel' has value \"cublas\""));
+  j = nlohmann::ordered_json::parse(BenchJson({{512, 4.8e14}}));
+  j["points"][0]["routing"] = "random";
+  EXPECT_THAT(error(j.dump()), HasSubstr("field 'points[0].routing' has value \"random\""));
+  j = nlohmann::ordered_json::parse(BenchJson({{512, 4.8e14}}));
+  j["points"][0]["flops_per_second"] = -1;
+  EXPECT_THAT(error(j.dump()), HasSubstr("field 'points[0].flops_per_second' has value -1"));
+  j = nlohmann::ordered_json::parse(BenchJson({{512, 4.8e14}}));
+  j["points"].erase(0);
+  EXPECT_THAT(error(j.dump()), HasSubstr("\"routing\": \"routed\""));
+  EXPECT_THAT(error(BenchJson({{256, 5e14}, {2048, 2e14}})), HasSubstr("does not rise"));
+  EXPECT_THAT(error("{"), HasSubstr("not valid JSON"));
+  // A failed read leaves the profile as it was.
+  EXPECT_DOUBLE_EQ(p.torch_grouped_mm_efficiency, before.torch_grouped_mm_efficiency);
 }
 
 }  // namespace

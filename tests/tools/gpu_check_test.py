@@ -119,8 +119,15 @@ class PackagedFolderTest(unittest.TestCase):
             else:
                 self.assertIn(t["name"], names)
         # Then the three fixed steps, in the order of the brief, and each listed by --dry-run.
-        self.assertEqual(names[-4:], ["calibrate", "plan with the calibrated profile",
+        self.assertEqual(names[-5:], ["bench_grouped_mm (torch._grouped_mm)", "calibrate",
+                                      "plan with the calibrated profile",
                                       "bench offload (cuda)", "bench_torch (anchor size)"])
+        # calibrate folds in the file the torch._grouped_mm benchmark writes.
+        by_name = {s["name"]: s for s in steps}
+        written = by_name["bench_grouped_mm (torch._grouped_mm)"]["argv"]
+        read = by_name["calibrate"]["argv"]
+        self.assertEqual(written[written.index("--out") + 1],
+                         read[read.index("--torch-grouped-mm") + 1])
         for s in steps:
             self.assertRegex(self.packaging.stdout,
                              r"\[\s*%d s\] .*%s" % (s["timeout_s"], re.escape(s["name"])))
@@ -133,7 +140,8 @@ class PackagedFolderTest(unittest.TestCase):
             if not run.is_base_system_library(needed):
                 self.assertIn(needed, libs)
         self.assertIn("libstowage.so", libs)
-        for rel in ("run", "steps.json", "tools/bench_torch.py", "tests/python/run_tests.py",
+        for rel in ("run", "steps.json", "tools/bench_torch.py", "tools/bench_grouped_mm.py",
+                    "tests/python/run_tests.py",
                     "tests/python/test_torch_gpu.py", "runtime/python/stowage/__init__.py"):
             self.assertTrue(os.path.isfile(os.path.join(self.root, rel)), rel)
         info = run.read_elf(os.path.join(self.root, "bin", "stowage"))
