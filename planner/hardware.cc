@@ -42,8 +42,9 @@ constexpr uint64_t kMiB = 1ull << 20;
 //    torch >= 2.9 SDPA prefers it on sm90/sm100 with cuDNN > 9.15 (sdp_utils.cpp
 //    check_prefer_cudnn_attention), as does TransformerEngine's fused attention on Hopper.
 //  - grouped_gemm_efficiency = gemm_efficiency: TE's GroupedLinear under megatron
-//    (general_grouped_gemm, transformer_engine/pytorch/module/grouped_linear.py) runs one cuBLAS
-//    GEMM per expert on several streams, the dense GEMMs' kernels; grouped_gemm_half_tokens 64:
+//    (general_grouped_gemm -> nvte_multi_tensor_gemm, transformer_engine/common/gemm/
+//    cublaslt_gemm.cu) runs one cuBLAS GEMM per expert on several streams, the dense GEMMs'
+//    kernels, unless NVTE_USE_CUTLASS_GROUPED_GEMM=1 (default off); grouped_gemm_half_tokens 64:
 //    with 128-row tiles each expert pads its last tile by half a tile on average, so t tokens
 //    cost t + 64 rows. torch._grouped_mm (hf) is another kernel, with its own rate: Note
 //    [torch._grouped_mm rate].
