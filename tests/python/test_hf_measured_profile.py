@@ -231,13 +231,67 @@ FAMILIES = {
                         first_k_dense_replace=1, n_group=1, topk_group=1, index_n_heads=32,
                         index_head_dim=128, index_topk=128, vocab_size=154880,
                         tie_word_embeddings=False),
+    # The linear-attention hybrids, through transformers' torch fallbacks of the chunk kernels
+    # (flash-linear-attention and causal-conv1d are not installed, as on the GPU machines: Note
+    # [hf linear attention] in planner/framework_hf.cc), whose Python loops over 64-token chunks
+    # are folded (Note [Loops in the step] in stowage/hf_profile.py). A linear layer and a full
+    # attention layer each. Qwen3-Next-80B-A3B: gated DeltaNet (16 key heads, 32 value heads of
+    # 128), gated attention with partial RoPE, 512 experts top-10 and a gated shared expert.
+    "qwen3_next": dict(model_type="qwen3_next", hidden_size=2048, intermediate_size=5120,
+                       num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                       num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                       linear_num_key_heads=16, linear_num_value_heads=32,
+                       linear_key_head_dim=128, linear_value_head_dim=128,
+                       linear_conv_kernel_dim=4, num_experts=512, num_experts_per_tok=10,
+                       moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                       decoder_sparse_step=1, partial_rotary_factor=0.25, vocab_size=151936,
+                       tie_word_embeddings=False),
+    # Qwen3.5's dense text decoder (transformers' Qwen3_5TextConfig defaults): in_proj_qkv and
+    # in_proj_z apart, a dense SwiGLU.
+    "qwen3_5_text": dict(model_type="qwen3_5_text", hidden_size=4096, intermediate_size=12288,
+                         num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                         num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+                         linear_num_key_heads=16, linear_num_value_heads=32,
+                         linear_key_head_dim=128, linear_value_head_dim=128,
+                         linear_conv_kernel_dim=4, vocab_size=248320, tie_word_embeddings=False),
+    # Qwen3.5-MoE's text decoder (Qwen3_5MoeTextConfig defaults): 256 experts top-8 and a gated
+    # shared expert.
+    "qwen3_5_moe_text": dict(model_type="qwen3_5_moe_text", hidden_size=2048,
+                             num_hidden_layers=2,
+                             layer_types=["linear_attention", "full_attention"],
+                             num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                             linear_num_key_heads=16, linear_num_value_heads=32,
+                             linear_key_head_dim=128, linear_value_head_dim=128,
+                             linear_conv_kernel_dim=4, num_experts=256, num_experts_per_tok=8,
+                             moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                             vocab_size=248320, tie_word_embeddings=False),
+    # Kimi-Linear-48B-A3B: KDA (32 heads of 128, short conv 4) with a dense FFN, and NoPE MLA
+    # (no q-LoRA, 192/128 head dims) with 256 experts top-8 and a shared expert.
+    "kimi_linear": dict(model_type="kimi_linear", hidden_size=2304, intermediate_size=9216,
+                        moe_intermediate_size=1024, num_hidden_layers=2,
+                        layer_types=["linear_attention", "full_attention"],
+                        num_attention_heads=32, num_key_value_heads=32, kv_lora_rank=512,
+                        q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                        v_head_dim=128, num_experts=256, num_experts_per_token=8,
+                        num_shared_experts=1, first_k_dense_replace=1, linear_num_heads=32,
+                        linear_head_dim=128, linear_conv_kernel_dim=4, vocab_size=163840,
+                        pad_token_id=0, tie_word_embeddings=False),
 }
 # The lengths AgreementTest runs each family at: two by default; one where the family differs
 # from a family checked at two only in terms linear in the tokens (python_torch2_cpu's time).
 LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,), "phi3": (4096,),
            "olmo2": (4096,), "qwen2_5_vl": (4096,), "qwen3_vl": (4096,), "qwen3_vl_moe": (4096,),
            "llama4_text": (4096,), "mllama_text_model": (4096,), "deepseek_v2": (4096,),
-           "deepseek_v3": (4096,), "glm4_moe": (4096,), "glm_moe_dsa": (4096,)}
+           "deepseek_v3": (4096,), "glm4_moe": (4096,), "glm_moe_dsa": (4096,),
+           "qwen3_next": (1024,), "qwen3_5_text": (1024,), "qwen3_5_moe_text": (1024,),
+           "kimi_linear": (1024,)}
+# The lengths measure_hf runs a family at where not its defaults: the linear-attention hybrids'
+# chunk loops run ceil(s / 64) times, and the bytes of a folded loop (Note [Loops in the step])
+# are linear in the length only from the sixth chunk on (over the first iterations the moment a
+# loop holds the most moves: GDN's backward peak grows by 38.6 MiB a chunk up to 4 chunks and by
+# 61.7 MiB from 6; hf_profile refuses a fit through a kink), so 6, 7 and 8 chunks.
+MEASURING = {"qwen3_next": (384, 448, 512), "qwen3_5_text": (384, 448, 512),
+             "qwen3_5_moe_text": (384, 448, 512), "kimi_linear": (384, 448, 512)}
 
 HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1",
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
@@ -311,6 +365,25 @@ MEASURED_BELOW: dict = {}
 # glm_moe_dsa 4096 recompute (layer 0's rerun with the DSA indexer's scores, Note [Recompute
 # moment] in planner/cost_model.cc: -6.15% -> -2.40%) -2.40% -> 0.00%.
 
+for _family, _logits in (("qwen3_next", "0.29"), ("qwen3_5_text", "0.47"),
+                         ("qwen3_5_moe_text", "0.47")):
+    for _force in ("keep", "recompute"):
+        MEASURED_BELOW[_family, _force, 1024] = (
+            "the peak is in the embedding backward, with every gradient made and the model "
+            f"output's bf16 logits (2V per token, {_logits} GiB) alive; the measured profile counts "
+            "the logits in the layers' backward own bytes (Note [Measured hf]), so after the "
+            "last layer's backward the plan's level has no logits (as deepseek_v3's)")
+
+# Where the two profiles' step times differ by more than 1%, and why: family -> the reason.
+STEP_GAPS = {
+    family: "the chunk loops of transformers' torch fallback (Note [hf linear attention] in "
+            "planner/framework_hf.cc): the recipe times them as a floor, three passes over "
+            "what the core keeps and 8 (GDN) or 16 (KDA) kernels per chunk forward, twice that "
+            "backward; the measured profile times the ops the fallback runs, each chunk's "
+            "small fp32 matmuls as GEMMs, every element-wise op's bytes and kernels (and "
+            "KDA's 63-step forward substitution), which the recipe does not count op by op"
+    for family in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear")}
+
 # Where `--framework hf` misses what transformers' code holds by more than 1% (the live bytes
 # say so; the test fails once the recipe is fixed: then drop the entry). (family, policy, tokens
 # or None for every length) -> the term. Mistral 4096 recompute, Mixtral (both lengths) and
@@ -337,6 +410,11 @@ ANALYTIC_GAPS = {
                                 "2 x 96 MiB = 0.1875 GiB (-1.05%)",
     # glm_moe_dsa 4096 keep (-1.04%) and deepseek_v3 4096 recompute (-1.7%) left this table with
     # the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
+    # Kimi Linear's KDA layer peaks in its backward: the recipe charges the core's gradients
+    # as large as everything the core keeps (attn_backward_transient = the core's bytes, Note
+    # [hf linear attention]), 0.5 GiB above what the fallback's backward holds at its most.
+    ("kimi_linear", "keep", 1024): "the KDA core's backward transient (+3.1%)",
+    ("kimi_linear", "recompute", 1024): "the KDA core's backward transient (+3.1%)",
 }
 
 
@@ -561,6 +639,42 @@ class FitTest(unittest.TestCase):
                                                delta=1e-9 * max(1.0, getattr(w, field)),
                                                msg=f"{phase} {field}")
 
+    def test_chunk_loops_fold_and_extrapolate(self) -> None:
+        # Note [Loops in the step]: the torch fallback of gated DeltaNet scans 64-token chunks in
+        # a Python loop, so each length runs other ops (it failed with "ran other ops"); folded,
+        # the step at 1024 tokens extrapolated from 384, 448 and 512 (MEASURING) is the step
+        # traced there, in every figure the planner reads.
+        config = dict(FAMILIES["qwen3_5_text"], num_hidden_layers=1,
+                      layer_types=["linear_attention"])
+        m = H.measure_hf(config, lengths=MEASURING["qwen3_5_text"])
+        self.assertTrue(m.traces[0].folded)
+
+        def figures(p: "H.StepPoint") -> tuple:
+            return ([(x.input_bytes, x.output_bytes, x.saved_bytes, x.retained_bytes,
+                      x.forward_own_bytes, x.backward_own_bytes, x.grad_bytes) for x in p.layers],
+                    p.other_bytes, p.loss_peak_bytes, p.loss_grad_bytes, p.embedding_grad_bytes,
+                    p.peak_bytes)
+
+        direct = H.trace_step(m.hf, 1024)
+        self.assertEqual(figures(H.evaluate(m.at(1024))), figures(H.evaluate(direct)))
+        extrapolated = m.at(1024)
+        for phase, w in direct.work.items():
+            for field in H.WORK_FIELDS:
+                self.assertAlmostEqual(getattr(extrapolated.work[phase], field),
+                                       getattr(w, field), delta=1e-9 * max(1.0, getattr(w, field)),
+                                       msg=f"{phase} {field}")
+
+    def test_a_loop_not_yet_linear_is_refused(self) -> None:
+        # A folded middle's bytes through the measured lengths must be linear in the length
+        # (GDN's and KDA's are not over their first five chunks): one that is not names itself
+        # rather than extrapolate a kink.
+        def step(s: int, v: int) -> "H.StepTrace":
+            return H.StepTrace(seq_len=s, events=[("a", 0), ("f", 0)], sizes=[v], saved=[],
+                               inputs=[], outputs=[], grads={}, work={}, module_work={},
+                               folded=[0])
+        self.assertIsNone(H._unfolded_kink([step(128, 10), step(192, 20), step(320, 40)]))
+        self.assertEqual(H._unfolded_kink([step(128, 10), step(192, 20), step(256, 25)]), 0)
+
     def test_lengths_must_be_two_distinct(self) -> None:
         with self.assertRaisesRegex(Exception, "at least two distinct"):
             H.measure_hf(TINY["llama"], lengths=(256, 256))
@@ -584,7 +698,8 @@ class AgreementTest(unittest.TestCase):
         for family, config in FAMILIES.items():
             if only and family not in only.split(","):
                 continue
-            m = H.measure_hf(config, seq_len=4096)
+            m = (H.measure_hf(config, lengths=MEASURING[family]) if family in MEASURING else
+                 H.measure_hf(config, seq_len=4096))
             full = H.build_hf_model(config, one_per_kind=False)
             for seq_len in LENGTHS.get(family, (4096, 16384)):
                 if not m.covers(seq_len):  # Note [One side of every threshold]
@@ -613,7 +728,11 @@ class AgreementTest(unittest.TestCase):
                         # Step time: the same op work by class on both sides (Note [Kernel
                         # bytes] in stowage/hf_profile.py; Note [Step time] in
                         # planner/framework_hf.cc), so the same seconds within 1%.
-                        self.assertLessEqual(abs(tb - ta) / ta, 0.01, rows[-1])
+                        step_gap = STEP_GAPS.get(family)
+                        if step_gap is None:
+                            self.assertLessEqual(abs(tb - ta) / ta, 0.01, rows[-1])
+                        else:
+                            self.assertGreater(abs(tb - ta) / ta, 0.01, f"{rows[-1]}: {step_gap}")
                         gap = ANALYTIC_GAPS.get((family, force, seq_len),
                                                 ANALYTIC_GAPS.get((family, force, None)))
                         if gap is None:

@@ -225,7 +225,25 @@ class OpWork:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+    """The tensors in an op's arguments or outputs, in order: tuples, lists and dicts walked
+    here (tree_flatten's registry lookups were a fifth of a measured step's time). No closure:
+    a self-referencing one is a reference cycle that would keep the tensors alive past their
+    last use until the collector runs, and LiveBytes would see them freed late."""
+    out: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (tuple, list)):
+            stack.extend(reversed(x))
+        elif isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+        elif x is not None and not isinstance(x, (int, float, bool, str, torch.dtype,
+                                                  torch.device, torch.layout,
+                                                  torch.memory_format)):
+            out.extend(t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor))
+    return out
 
 
 def _bytes(t: torch.Tensor) -> int:
@@ -350,6 +368,7 @@ class LiveBytes(TorchDispatchMode):
         self.peak = 0
         self.sizes: list[int] = []       # by allocation id
         self.allocated_in: list[Any] = []  # by allocation id: the phase that made it
+        self.made_by: list[str] = []     # by allocation id: the op that made it (Note [Loops])
         self.events: list[tuple[str, Any]] = []  # ("a", id), ("f", id), ("p", phase), ("m", x)
         self.live_ids: dict[int, int] = {}  # storage key -> allocation id, while alive
         self.phase: Any = None
@@ -373,6 +392,7 @@ class LiveBytes(TorchDispatchMode):
         if key not in self.live_ids:
             self.sizes.append(_nbytes(t))
             self.allocated_in.append(None)
+            self.made_by.append("")
             return len(self.sizes) - 1
         return self.live_ids[key]
 
@@ -382,7 +402,7 @@ class LiveBytes(TorchDispatchMode):
             self.live -= self.sizes[i]
             self.events.append(("f", i))
 
-    def _track(self, t: torch.Tensor, inputs: set) -> None:
+    def _track(self, t: torch.Tensor, inputs: set, op: str) -> None:
         storage = t.untyped_storage()
         key = storage._cdata
         if key in inputs or key in self.live_ids:
@@ -390,6 +410,7 @@ class LiveBytes(TorchDispatchMode):
         i = len(self.sizes)
         self.sizes.append(storage.nbytes())
         self.allocated_in.append(self.phase)
+        self.made_by.append(op)
         self.live_ids[key] = i
         self.events.append(("a", i))
         self.live += self.sizes[i]
@@ -400,10 +421,10 @@ class LiveBytes(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         inputs = {_key(t) for t in _tensors((args, kwargs)) if t.layout is torch.strided}
+        name = func._overloadpacket.__name__
         for t in _tensors(out):
             if t.layout is torch.strided:
-                self._track(t, inputs)
-        name = func._overloadpacket.__name__
+                self._track(t, inputs, name)
         if name in _SOFTMAX or name in _SOFTMAX_BACKWARD:
             x, dim = args[0], args[1] if name in _SOFTMAX else args[2]
             if x.dim() > 0:
@@ -538,6 +559,8 @@ class StepTrace:
     work: dict[Any, OpWork]
     module_work: dict[Any, OpWork]  # (("forward", j), child name) -> its forward work
     softmax_rows: set = dataclasses.field(default_factory=set)  # (row, element size)
+    made_by: list[str] = dataclasses.field(default_factory=list)  # by allocation id: its op
+    folded: list[int] = dataclasses.field(default_factory=list)  # Note [Loops in the step]
 
 
 @dataclasses.dataclass
@@ -729,7 +752,8 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
             h.remove()
     return StepTrace(seq_len=seq_len, events=mode.events, sizes=mode.sizes, saved=saved,
                      inputs=inputs, outputs=outputs, grads=grads, work=mode.work,
-                     module_work=mode.module_work, softmax_rows=mode.softmax_rows)
+                     module_work=mode.module_work, softmax_rows=mode.softmax_rows,
+                     made_by=mode.made_by)
 
 
 class _gpu_sdpa:
@@ -1115,6 +1139,293 @@ def _check_same_step(traces: Sequence[StepTrace]) -> None:
                 "allocation by allocation; choose other --lengths")
 
 
+# Note [Loops in the step]
+# transformers' torch fallbacks of the linear-attention kernels (torch_chunk_gated_delta_rule in
+# Qwen3-Next and Qwen3.5, chunk_kimi_delta_attention in Kimi Linear: Note [hf linear attention]
+# in planner/framework_hf.cc) scan the sequence in a Python loop over chunks of 64 tokens, so a
+# longer step runs more ops: the forward loop's body once more per chunk, and its backward,
+# which autograd interleaves with the iterations next to it, so the backward is no clean
+# repetition of one body. Such steps cannot be fitted allocation by allocation (Note [Replaying
+# the step]); they are folded first, into steps that are:
+#  - the events are split at the phase changes and marks, which every length has in the same
+#    order; in a part whose events (allocation by the op that made it, or a free) differ between
+#    the lengths, the common beginning and end are kept event by event, and what lies between,
+#    the loop (its "middle"), is folded;
+#  - a folded middle becomes: one allocation of its excursion (the most it holds above the bytes
+#    live when it starts) and its free; the frees of what was made before it; then one
+#    allocation per group of what it makes and outlives it, grouped by where it is freed (in
+#    which later middle, at which kept event, or never) and what refers to it (a layer's saved
+#    tensors by module, a layer's input or output, gradients by owner). The bytes live at every
+#    kept event, and every part's peak, are the unfolded step's.
+#  - a kept event must be the same thing at every length (a free of the last iteration's tensor
+#    is of a kept allocation at one length and of the middle's at a longer one): where one is
+#    not, the middle grows over it, until every kept event is.
+# The folded steps of every length have the same events, and each size (an excursion, a group's
+# bytes: the iterations' bytes, linear in the number of chunks and so in the length) is fitted
+# as any allocation is. Over the first few iterations the moment a loop holds the most can move
+# (GDN's and KDA's backward: up to the fifth chunk), so a folded size must be linear through
+# the measured lengths: measure_hf moves lengths it chose up until it is, and refuses lengths it
+# was given otherwise. A loop runs whole chunks of a fixed size (64 tokens): the fit is exact for
+# lengths that are multiples of it, as the defaults and AgreementTest's are. The folded middles'
+# saved tensors are listed per group ("<module>.<k>" names are renumbered by allocation).
+
+
+def _tokens(trace: StepTrace) -> list[tuple]:
+    ops = trace.made_by
+    return [("a", ops[x]) if k == "a" else ("f",) if k == "f" else (k, x)
+            for k, x in trace.events]
+
+
+class _Folding:
+    """One step's events with some ranges marked as middles (Note [Loops in the step]): what
+    each kept event and each middle's allocations are, in terms every length shares (kept
+    events by their index among the kept, middles by their part)."""
+
+    def __init__(self, trace: StepTrace, parts: Sequence[tuple[int, int]],
+                 middles: dict[int, tuple[int, int]]) -> None:
+        ev = trace.events
+        self.trace, self.parts, self.middles = trace, parts, middles
+        self.mid_of: list[Optional[int]] = [None] * len(ev)
+        for g, (a, e) in middles.items():
+            for i in range(a, e):
+                self.mid_of[i] = g
+        self.kept: list[int] = []  # event index of each kept event
+        self.kept_at: list[Optional[int]] = [None] * len(ev)
+        self.made_at: dict[int, int] = {}
+        self.freed_at: dict[int, int] = {}
+        for i, (k, x) in enumerate(ev):
+            if self.mid_of[i] is None:
+                self.kept_at[i] = len(self.kept)
+                self.kept.append(i)
+            if k == "a":
+                self.made_at[x] = i
+            elif k == "f":
+                self.freed_at[x] = i
+        self.refs: dict[int, list[tuple]] = {}
+        for j, entries in enumerate(trace.saved):
+            for name, x, module in entries:
+                self.refs.setdefault(x, []).append(("saved", j, module, name == "input"))
+        for what, ids in (("input", trace.inputs), ("output", trace.outputs)):
+            for j, x in enumerate(ids):
+                self.refs.setdefault(x, []).append((what, j))
+        for owner, ids in trace.grads.items():
+            for x in ids:
+                self.refs.setdefault(x, []).append(("grad", repr(owner)))
+
+    def fate(self, x: int) -> tuple:
+        f = self.freed_at.get(x)
+        if f is None:
+            return ("never",)
+        if self.mid_of[f] is not None:
+            return ("middle", self.mid_of[f])
+        return ("at", self.kept_at[f])
+
+    def group(self, x: int) -> tuple:
+        """A middle's allocation: its middle, its fate, what refers to it."""
+        g = self.mid_of[self.made_at[x]]
+        fate = self.fate(x)
+        if fate == ("middle", g):
+            fate = ("internal",)
+        return (g, fate, tuple(self.refs.get(x, ())))
+
+    def what(self, p: int) -> tuple:
+        """Kept event p in shared terms."""
+        k, x = self.trace.events[self.kept[p]]
+        if k == "a":
+            return ("a", self.fate(x))
+        if k == "f":
+            i = self.made_at.get(x)
+            if i is None or self.mid_of[i] is None:
+                return ("f", "kept", None if i is None else self.kept_at[i])
+            return ("f", "group", self.group(x))
+        return (k, x)
+
+    def absorb(self, p: int) -> tuple[int, int, int]:
+        """(part, start, end) of the middle that covers kept event p and its part's middle."""
+        i = self.kept[p]
+        g = next(g for g, (a, e) in enumerate(self.parts) if a <= i < e)
+        a, e = self.middles.get(g, (i, i + 1))
+        return g, min(a, i), max(e, i + 1)
+
+    def groups(self) -> dict[tuple, int]:
+        out: dict[tuple, int] = {}
+        for x, i in self.made_at.items():
+            if self.mid_of[i] is None:
+                continue
+            key = self.group(x)
+            if key[1] == ("internal",):
+                if key[2]:
+                    raise PlanError(f"an allocation the step refers to ({key[2]}) is freed in "
+                                    "the loop that made it: the loop cannot be folded")
+                continue
+            out[key] = out.get(key, 0) + self.trace.sizes[x]
+        return out
+
+    def fold(self, keys: Sequence[tuple]) -> StepTrace:
+        """The folded step, with the groups `keys` (every length's, in one order; a group
+        this length has none of is an allocation of 0 bytes)."""
+        trace, ev, sizes = self.trace, self.trace.events, self.trace.sizes
+        totals = self.groups()
+        new_sizes: list[int] = []
+        events: list[tuple[str, Any]] = []
+        nid: dict[int, int] = {}
+        pid: dict[tuple, int] = {}
+        folded: list[int] = []
+
+        def allocate(size: int) -> int:
+            new_sizes.append(size)
+            return len(new_sizes) - 1
+
+        for x in range(len(sizes)):  # made before the mode: no allocation event
+            if x not in self.made_at:
+                nid[x] = allocate(sizes[x])
+        i = 0
+        while i < len(ev):
+            g = self.mid_of[i]
+            if g is None:
+                k, x = ev[i]
+                if k == "a":
+                    nid[x] = allocate(sizes[x])
+                    events.append(("a", nid[x]))
+                elif k == "f":
+                    events.append(("f", nid[x] if x in nid else pid[self.group(x)]))
+                else:
+                    events.append((k, x))
+                i += 1
+                continue
+            a, e = self.middles[g]
+            live = top = 0
+            for k, x in ev[a:e]:
+                if k == "a":
+                    live += sizes[x]
+                    top = max(top, live)
+                elif k == "f":
+                    live -= sizes[x]
+            top_id = allocate(top)
+            folded.append(top_id)
+            events += [("a", top_id), ("f", top_id)]
+            # What was made before and is freed here: kept allocations in the order they were
+            # made, then the groups of earlier middles.
+            kept_freed = sorted(self.made_at[x] for k, x in ev[a:e]
+                                if k == "f" and self.mid_of[self.made_at[x]] is None)
+            events += [("f", nid[ev[j][1]]) for j in kept_freed]
+            events += [("f", pid[key]) for key in keys if key[1] == ("middle", g)]
+            for key in keys:
+                if key[0] == g:
+                    pid[key] = allocate(totals.get(key, 0))
+                    folded.append(pid[key])
+                    events.append(("a", pid[key]))
+            i = e
+
+        def new(x: int) -> int:
+            return nid[x] if x in nid else pid[self.group(x)]
+
+        saved = []
+        for j, entries in enumerate(trace.saved):
+            rows: dict[int, tuple[str, str]] = {}
+            for name, x, module in entries:
+                rows.setdefault(new(x), (name, module))
+            for key in keys:  # the groups it saves that this length has none of
+                for ref in key[2]:
+                    if ref[0] == "saved" and ref[1] == j:
+                        rows.setdefault(pid[key], ("input" if ref[3] else "", ref[2]))
+            counts: dict[str, int] = {}
+            out = []
+            for y in sorted(rows):
+                name, module = rows[y]
+                if name != "input":
+                    k = counts.get(module, 0)
+                    counts[module] = k + 1
+                    name = f"{module or 'layer'}.{k}"
+                out.append((name, y, module))
+            saved.append(out)
+        grads: dict[Any, list[int]] = {}
+        for owner, ids in trace.grads.items():
+            grads[owner] = sorted({new(x) for x in ids} |
+                                  {pid[key] for key in keys if ("grad", repr(owner)) in key[2]})
+        return dataclasses.replace(
+            trace, events=events, sizes=new_sizes, saved=saved,
+            inputs=[new(x) for x in trace.inputs], outputs=[new(x) for x in trace.outputs],
+            grads=grads, made_by=[], folded=folded)
+
+
+def _parts(traces: Sequence[StepTrace]) -> list[list[tuple[int, int]]]:
+    """Per trace, its parts: the event ranges between phase changes and marks, which every
+    length must have in the same order."""
+    out = []
+    marks0 = None
+    for t in traces:
+        bounds = [i for i, (k, _x) in enumerate(t.events) if k in ("p", "m")]
+        marks = [t.events[i] for i in bounds]
+        if marks0 is None:
+            marks0 = marks
+        elif marks != marks0:
+            raise PlanError(f"the step at {t.seq_len} tokens changes phase in another order "
+                            f"than at {traces[0].seq_len}: it cannot be fitted")
+        starts = [0] + [b + 1 for b in bounds]
+        ends = bounds + [len(t.events)]
+        out.append(list(zip(starts, ends)))
+    return out
+
+
+def fold_loops(traces: Sequence[StepTrace]) -> list[StepTrace]:
+    """The steps with the parts that differ between their lengths folded (Note [Loops in the
+    step]); the same steps when none does."""
+    parts = _parts(traces)
+    toks = [_tokens(t) for t in traces]
+    middles: list[dict[int, tuple[int, int]]] = [{} for _ in traces]
+    for g in range(len(parts[0])):
+        seqs = [ts[a:e] for ts, (a, e) in zip(toks, (p[g] for p in parts))]
+        if all(x == seqs[0] for x in seqs[1:]):
+            continue
+        limit = min(len(x) for x in seqs)
+        pre = 0
+        while pre < limit and all(x[pre] == seqs[0][pre] for x in seqs[1:]):
+            pre += 1
+        suf = 0
+        while suf < limit - pre and all(x[-1 - suf] == seqs[0][-1 - suf] for x in seqs[1:]):
+            suf += 1
+        for t, p in enumerate(parts):
+            middles[t][g] = (p[g][0] + pre, p[g][1] - suf)
+    if not middles[0]:
+        return list(traces)
+    # A kept event must be the same thing at every length: where it is not (a free of the last
+    # iteration's tensor, which a longer step made in its middle), the middle grows over it.
+    while True:
+        foldings = [_Folding(t, p, m) for t, p, m in zip(traces, parts, middles)]
+        n = len(foldings[0].kept)
+        if any(len(f.kept) != n for f in foldings):
+            raise PlanError("the folded steps keep different events: they cannot be fitted")
+        bad = [p for p in range(n) if any(f.what(p) != foldings[0].what(p) for f in foldings[1:])]
+        if not bad:
+            break
+        for f, m in zip(foldings, middles):
+            for p in bad:
+                g, a, e = f.absorb(p)
+                m[g] = (min(a, m.get(g, (a, e))[0]), max(e, m.get(g, (a, e))[1]))
+    keys: dict[tuple, None] = {}
+    for f in foldings:
+        for key in f.groups():
+            keys[key] = None
+    order = sorted(keys, key=repr)
+    return [f.fold(order) for f in foldings]
+
+
+def _unfolded_kink(traces: Sequence[StepTrace]) -> Optional[int]:
+    """A folded allocation whose bytes are not linear in the length through the steps (Note
+    [Loops in the step]: a loop's iterations hold the same bytes each, but which moment of a
+    middle is its excursion can change over the first few), or None."""
+    if len(traces) < 3 or not traces[0].folded:
+        return None
+    s = [t.seq_len for t in traces]
+    for i in traces[0].folded:
+        v = [t.sizes[i] for t in traces]
+        for k in range(2, len(v)):
+            if (v[k - 1] - v[k - 2]) * (s[k] - s[k - 1]) != (v[k] - v[k - 1]) * (s[k - 1] - s[k - 2]):
+                return i
+    return None
+
+
 def mask_thresholds(hf: HfModel) -> list[tuple[int, str]]:
     """Where SDPA starts to get a mask (Note [One side of every threshold]); none for eager
     attention, which masks at every length."""
@@ -1193,6 +1504,24 @@ def measure_hf(config: Any, *, lengths: Optional[Sequence[int]] = None,
         # A softmax threshold between the defaults and seq_len: measure on its side.
         m.lengths = lengths = lengths_between(thresholds, seq_len)
         m.traces = [trace_step(hf, s) for s in lengths]
+    # Note [Loops in the step]: a step whose ops repeat with the length is folded first; where
+    # a folded middle is not yet linear in the length (its first iterations), lengths chosen
+    # here move up until it is.
+    m.traces = fold_loops(m.traces)
+    for _ in range(3):
+        kink = _unfolded_kink(m.traces)
+        if kink is None or not chosen:
+            break
+        span = m.lengths[-1] - m.lengths[0]
+        m.lengths = lengths = [x + 2 * span for x in m.lengths]
+        m.traces = fold_loops([trace_step(hf, x) for x in lengths])
+    kink = _unfolded_kink(m.traces)
+    if kink is not None:
+        raise PlanError(
+            f"a loop of the step holds bytes that are not linear in the length through "
+            f"{m.lengths} (folded allocation {kink}: "
+            f"{[t.sizes[kink] for t in m.traces]}): measure at longer lengths "
+            "(Note [Loops in the step])")
     _check_same_step(m.traces)
     return m
 
