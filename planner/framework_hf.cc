@@ -737,7 +737,33 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
 // profile has no fp32 matmul rate: fp32 matmuls run on CUDA cores unless TF32 is allowed, so
 // this is a floor), and their kernels: the scan launches about 8 kernels per chunk (GDN) or 16
 // per chunk plus 6 per forward-substitution step (KDA), backward twice as many.
+// The path: transformers 5.x resolves each of these functions once, at import
+// (integrations/hub_kernels.py use_kernel_func_from_hub_with_fallback: a kernel from the Hub
+// only when the `kernels` package is installed and enabled, else `import fla` /
+// `import causal_conv1d`, else the torch function). The H200 machines' image (torch 2.11,
+// transformers, Triton) has neither package and reaches no Hub, so the torch path is what a
+// user there runs, and what the public measurements' method (shared/reference/measured) runs.
+// With flash-linear-attention installed the chunk kernels keep other tensors (bf16 chunk
+// matrices, states recomputed in backward: Note [megatron linear attention] in
+// cost_model.cc), which this recipe does not model; the plan summary says so.
 constexpr double kDeltaChunk = 64;  // chunk_size of both torch chunk functions
+
+}  // namespace
+
+std::string HfLinearAttentionPath(const StepCost& step) {
+  if (step.run.framework != Framework::kHf || step.profile.has_value()) return "";
+  for (const LayerCost& l : step.layers) {
+    if (absl::StrContains(l.type, "gdn") || absl::StrContains(l.type, "kda")) {
+      return "linear attention       transformers' torch fallbacks (torch_chunk_gated_delta_rule "
+             "/ chunk_kimi_delta_attention over 64-token chunks, causal_conv1d_fn): the path "
+             "without flash-linear-attention and causal-conv1d installed, as on the H200 image; "
+             "with fla installed its chunk kernels hold other bytes, not modelled here\n";
+    }
+  }
+  return "";
+}
+
+namespace {
 
 // A saved tensor given as its bytes for the whole micro-batch (per-sequence and per-layer terms).
 void SaveTotal(HfLayer& b, const std::string& name, double bytes) {

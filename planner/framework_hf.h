@@ -4,6 +4,8 @@
 #ifndef STOWAGE_PLANNER_FRAMEWORK_HF_H_
 #define STOWAGE_PLANNER_FRAMEWORK_HF_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "planner/cost_model.h"
 #include "planner/hardware.h"
@@ -34,6 +36,12 @@ HfNormWork NormWorkOf(const ModelConfig& model);
 // tables. Fixed memory's weights and optimizer state are already counted in `step`.
 void ApplyHfStep(const ModelConfig& model, const HardwareProfile& hardware, const RunSettings& run,
                  StepCost& step);
+
+// Note [hf linear attention]: the line the plan summary prints under --framework hf when the
+// step has gated DeltaNet or KDA layers: which code path their recipe models (transformers'
+// torch fallbacks, what runs without flash-linear-attention and causal-conv1d installed), or ""
+// when it has none.
+std::string HfLinearAttentionPath(const StepCost& step);
 
 }  // namespace stowage::planner
 

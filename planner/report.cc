@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "plan/chrome_trace.h"
+#include "planner/framework_hf.h"
 
 namespace stowage::planner {
 namespace {
@@ -307,6 +308,7 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                 said(!stated || stated->grad_dtype, step.run.grad_bytes == 2 ? "bf16" : "fp32"),
                 step.gradients_in_backward ? " (created during backward)" : "",
                 stated.has_value() ? "; from the layer profile" : ""));
+  absl::StrAppend(&out, HfLinearAttentionPath(step));  // Note [hf linear attention]
   // Note [MTP layers] (cost_model.cc): whether this run trains the model's MTP modules.
   if (step.mtp_layers > 0) {
     absl::StrAppend(

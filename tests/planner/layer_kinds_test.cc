@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "planner/cost_model.h"
+#include "planner/framework_hf.h"
 #include "planner/optimizer.h"
 
 namespace stowage::planner {
@@ -266,6 +267,28 @@ TEST(LayerKinds, LinearAttentionCoreOutputIsKeptByItsConsumer) {
     }
     for (const RecomputeModule& mod : l.modules) EXPECT_NE(mod.name, "attn_core");
   }
+}
+
+// Under hf the gated DeltaNet and KDA recipes model transformers' torch fallbacks (Note [hf
+// linear attention]): what runs where flash-linear-attention and causal-conv1d are not
+// installed. The summary says so for a step with such layers, and only under hf: megatron's
+// recipes are fla's and Megatron-Core's kernels, and a model without them has nothing to say.
+TEST(LayerKinds, HfSummarySaysWhichLinearAttentionPathItModels) {
+  RunSettings run;
+  run.seq_len = 4096;
+  run.cp = run.ep = run.gpus = 1;
+  RunSettings hf = run;
+  hf.framework = Framework::kHf;
+  hf.optimizer = OptimizerKind::kNone;
+  hf.loss_chunk_tokens = 0;
+  const HardwareProfile hw = *HardwarePreset("h200");
+  for (const char* file : {"synthetic/qwen3-next-small.json", "synthetic/kimi-linear-small.json"}) {
+    SCOPED_TRACE(file);
+    const std::string line = HfLinearAttentionPath(*BuildStepCost(Read(file), hw, hf));
+    EXPECT_THAT(line, ::testing::HasSubstr("without flash-linear-attention and causal-conv1d"));
+    EXPECT_EQ(HfLinearAttentionPath(*BuildStepCost(Read(file), hw, run)), "");
+  }
+  EXPECT_EQ(HfLinearAttentionPath(*BuildStepCost(Parse(Dense("llama")), hw, hf)), "");
 }
 
 // Under hf, attn_core is the attention call rerun under torch.utils.checkpoint (Note [hf

@@ -46,7 +46,7 @@ SEQ_LENS = (128, 512)
 # row of each chunk): two and four chunks cover one-chunk-later and steady-state terms at a
 # third of the time 512 tokens take.
 LINEAR_SEQ_LENS = (128, 256)
-LINEAR = {"qwen3_next", "qwen3_5_text", "kimi_linear"}
+LINEAR = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "kimi_linear"}
 WINDOW = 64  # sliding window / attention chunk: below both sequence lengths, so masks are built
 
 # Shapes of the real configs (tests/planner/data/hf/*.json), scaled down; every layer kind and
@@ -101,6 +101,14 @@ CONFIGS = {
                          intermediate_size=512, linear_num_key_heads=2,
                          linear_num_value_heads=4, linear_key_head_dim=32,
                          linear_value_head_dim=48, linear_conv_kernel_dim=4),
+    # Qwen3.5-MoE: Qwen3.5's gated DeltaNet and gated attention, experts with a gated shared
+    # expert on every layer.
+    "qwen3_5_moe_text": dict(COMMON, num_hidden_layers=2, num_key_value_heads=2, head_dim=64,
+                             layer_types=["linear_attention", "full_attention"],
+                             linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=32, linear_value_head_dim=48,
+                             linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                             moe_intermediate_size=64, shared_expert_intermediate_size=64),
     # Kimi Linear: KDA layers and an MLA layer (no RoPE, no q-LoRA), DeepSeek MoE.
     "kimi_linear": dict(COMMON, num_hidden_layers=5, num_key_value_heads=4, kv_lora_rank=64,
                         q_lora_rank=None, qk_nope_head_dim=32, qk_rope_head_dim=16,
