@@ -736,7 +736,12 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
 // are counted as element-wise work, three passes over the bytes the core keeps (the hardware
 // profile has no fp32 matmul rate: fp32 matmuls run on CUDA cores unless TF32 is allowed, so
 // this is a floor), and their kernels: the scan launches about 8 kernels per chunk (GDN) or 16
-// per chunk plus 6 per forward-substitution step (KDA), backward twice as many.
+// per chunk plus 6 per forward-substitution step (KDA), backward twice as many. What the floor
+// leaves out, measured op by op (stowage.hf_profile; AgreementTest's STEP_GAPS, the measured
+// step 16-94% slower at 768 tokens): each chunk's backward indexes `x[:, :, i]` of six
+// whole-sequence tensors, and SelectBackward0 writes a zero tensor of the whole base and copies
+// the chunk's gradient into it, which the base's gradient then accumulates (add): traffic that
+// grows with chunks x length, quadratic in the length, as the fallback really runs.
 // The path: transformers 5.x resolves each of these functions once, at import
 // (integrations/hub_kernels.py use_kernel_func_from_hub_with_fallback: a kernel from the Hub
 // only when the `kernels` package is installed and enabled, else `import fla` /
