@@ -370,15 +370,6 @@ MEASURED_BELOW: dict = {}
 # glm_moe_dsa 4096 recompute (layer 0's rerun with the DSA indexer's scores, Note [Recompute
 # moment] in planner/cost_model.cc: -6.15% -> -2.40%) -2.40% -> 0.00%.
 
-for _family, _logits in (("qwen3_next", "0.22"), ("qwen3_5_text", "0.36"),
-                         ("qwen3_5_moe_text", "0.36")):
-    for _force in ("keep", "recompute"):
-        MEASURED_BELOW[_family, _force, 768] = (
-            "the peak is in the embedding backward, with every gradient made and the model "
-            f"output's bf16 logits (2V per token, {_logits} GiB) alive; the measured profile counts "
-            "the logits in the layers' backward own bytes (Note [Measured hf]), so after the "
-            "last layer's backward the plan's level has no logits (as deepseek_v3's)")
-
 # Where the two profiles' step times differ by more than 1%, and why: family -> the reason.
 STEP_GAPS = {
     family: "the chunk loops of transformers' torch fallback (Note [hf linear attention] in "
