@@ -439,6 +439,58 @@ void EagerScores(HfLayer& b) {
   }
 }
 
+// Note [hf partial rotary]
+// GLM-4.5, Phi-3, Qwen3-Next and Qwen3.5 (apply_rotary_pos_emb in modeling_glm4_moe.py,
+// modeling_phi3.py, modeling_qwen3_next.py, modeling_qwen3_5(_moe).py; the reader sets
+// ModelConfig::rotary_dim r for exactly these, hf_config.cc ReadRotaryDim) rotate the first r of
+// each head's d dims and cat the rest back: `q_rot, q_pass = q[..., :r], q[..., r:]`,
+// `torch.cat([q_rot * cos + rotate_half(q_rot) * sin, q_pass], dim=-1)`. Llama's RoPE keeps the
+// projection's [b, s, h, d] layout (element-wise outputs follow their input's strides); the cat
+// makes q and k new [b, h, s, d]-contiguous tensors, even at r = d (Phi-4: an empty q_pass).
+//  Output layout: the kernel an H200 runs for equal head dims writes its output in the query's
+//    layout (stowage/hf_profile.py Note [SDPA on the GPU]: cuDNN, alloc_with_matching_layout, up
+//    to 128 dims with or without a mask; flash, `at::empty_like(q)` in mha_fwd, up to 256
+//    without one; the CPU flash kernel likewise), so sdpa_attention_forward's
+//    `.transpose(1, 2).contiguous()` copies it (r2 w2 of hq d, one kernel) and o_proj (Qwen3-Next
+//    and Qwen3.5: the output gate's mul) keeps the copy, 2 hq d per token (attn.o_proj_in),
+//    while the kernel keeps its own output inside the call (which a recompute of the call
+//    drops). Only the memory-efficient kernel, which a mask sends head dims above 128 to, writes
+//    [b, s, h, d] whatever the query's layout: no copy. Eager attention copies in every family.
+//  Work, bytes per element of q and k (hq + hkv heads of d), f = r / d, measured with LiveBytes'
+//    op work on the real apply_rotary_pos_emb (bf16, [1, 256, 8 + 2, 128] at f = 1/4, 1/2, 1):
+//    forward Llama's rotation over the rotated part (20 f) and the cat (r2 w2 of d: 4), 6
+//    kernels a tensor; backward Llama's rotation gradient over the rotated part (30 f) and the
+//    slices' gradients, each a zero fill of the whole head and a copy of its part (w2 + r2 w2 f
+//    for q_rot, w2 + r2 w2 (1 - f) for q_pass), their sum (r4 w2) and the layout copy to the
+//    projection's [b, s, h*d] (r2 w2): 30 f + 18, 15 kernels a tensor. At r = d q_rot is the
+//    whole head and its gradient is used as it is: 30 + 12 (the empty q_pass's zero fill, the
+//    sum, the layout copy), 13 kernels a tensor.
+//  The cos/sin tables the model builds once are r wide (2 x 2r per token, ApplyHfStep).
+//  Megatron-Core (the megatron recipe) takes GLM-4.5's factor as rotary_percent
+//  (Megatron-Bridge's GLM-4.5 provider: 0.5): RotaryEmbedding makes freqs of
+//  int(kv_channels * rotary_percent) dims, and TransformerEngine's FusedRoPEFunc
+//  (transformer_engine/pytorch/attention/rope.py, "freqs [s2, 1, 1, d2] with d2 <= d") rotates
+//  those and passes the rest in one kernel whose output keeps the sbhd layout, saving only the
+//  freqs: no term of the megatron recipe (Note [megatron profile]) depends on it.
+bool HfCudnnAttention(double dqk, double dv);
+
+// Whether SDPA's output is copied for o_proj (Note [hf partial rotary]): a cat query, and a
+// kernel that writes the query's layout.
+bool HfOutputCopied(const HfLayer& b, bool masked) {
+  const double d = b.m.head_dim;
+  return b.m.rotary_dim > 0 && !b.dialect.eager && (!masked || HfCudnnAttention(d, d));
+}
+
+void PartialRotaryTraffic(HfLayer& b) {
+  const double heads = b.m.heads + b.m.kv_heads, d = b.m.head_dim;
+  const double f = std::min(1.0, b.m.rotary_dim / d);
+  if (f < 1) {
+    b.Traffic((20 * f + 4) * heads * d, (30 * f + 18) * heads * d, 2 * 6, 2 * 15);
+  } else {
+    b.Traffic(24 * heads * d, 42 * heads * d, 2 * 6, 2 * 13);
+  }
+}
+
 void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim, s = b.s;
@@ -476,12 +528,17 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   b.Save("attn.qkv", "", 2 * (hq + 2 * hkv) * d);
   if (kv > hkv) b.Save("attn.kv_repeated", "attn_core", 4 * (kv - hkv) * d);
   if (masked) b.Save("attn.mask", "attn_core", 2 * s);  // SDPA's additive copy
-  // The output (eager: transposed and made contiguous for o_proj), which o_proj keeps. Phi-3's
-  // flash output is laid out as its [b, h, s, d] q (Note [hf OLMo and Phi-3]), so the call's own
-  // `.transpose(1, 2).contiguous()` copies it: o_proj keeps the copy (attn.o_proj_in) and the
-  // kernel's output is kept only inside the call, which a recompute drops.
-  const bool output_copied = b.dialect.fused_qkv && !masked && !b.dialect.eager;
+  // The output (eager: transposed and made contiguous for o_proj), which o_proj keeps. After a
+  // partial-rotary cat the kernel's output is laid out as the [b, h, s, d] query (Note [hf
+  // partial rotary]), so the call's own `.transpose(1, 2).contiguous()` copies it: o_proj keeps
+  // the copy (attn.o_proj_in) and the kernel's output is kept only inside the call, which a
+  // recompute drops.
+  const bool output_copied = HfOutputCopied(b, masked);
   b.Save("attn.core_out", output_copied ? "attn_core" : "", 2 * hq * d);
+  if (output_copied) {
+    b.Save("attn.o_proj_in", "", 2 * hq * d);
+    b.Traffic(4 * hq * d, 0, 1, 0);
+  }
   if (b.dialect.eager) {
     // The s x s scores.
     double scores = 6 * hq * s;
@@ -517,6 +574,8 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
     // four muls (8), the two gradients' sums (6), neg (2), chunk's cat of the halves (4) and the
     // layout copy (4) = 24, 9 kernels.
     b.Traffic(18 * (hq + hkv) * d, 24 * (hq + hkv) * d, 14, 18);
+  } else if (m.rotary_dim > 0) {
+    PartialRotaryTraffic(b);  // Note [hf partial rotary]
   } else {
     b.Traffic(20 * (hq + hkv) * d, 34 * (hq + hkv) * d, 10, 20);
   }
@@ -924,18 +983,13 @@ void Llama4MoeWork(HfLayer& b) {
 //    the layout copy: 60 (Llama's 34), three kernels more. Autograd keeps cos/sin only.
 //  Phi-3: one qkv_proj and one gate_up_proj. q, k, v are slices of qkv_proj's output: v goes to
 //    SDPA as a view of it (k/v not repeated), so the kernel's saved v keeps the whole output
-//    (2(hq + 2hkv)d, not 2 hkv d). apply_rotary_pos_emb is the partial-rotary form: `torch.cat
-//    ([rotated, q_pass])` makes q and k new [b, h, s, d]-contiguous tensors (r2 w2 each), and the
-//    flash kernel writes its output in q's layout (flash_api.cpp mha_fwd: `out =
-//    at::empty_like(q_padded)` of query.transpose(1, 2); the CPU kernel likewise), so o_proj's
-//    `.reshape(...).contiguous()` input is a copy (r2 w2, 2 hq d kept); the memory-efficient
-//    kernel a mask selects writes [b, s, h, d] (`at::empty({B, M, num_heads, Kv})`) and eager
-//    attention's copy is counted already. Backward: each of the three slices' gradients is a
+//    (2(hq + 2hkv)d, not 2 hkv d). apply_rotary_pos_emb is the partial-rotary form (Phi-4's
+//    factor 1.0 still cats an empty q_pass): its cat, the output's copy for o_proj and their
+//    work are Note [hf partial rotary]'s. Backward: each of the three slices' gradients is a
 //    zero fill of qkv's width W = (hq + 2hkv)d and a copy (slice_backward: 10W over the three, 6
-//    kernels), summed (2 x r4W w2W); the empty q_pass/k_pass slices add a zero fill each
-//    (2(hq + hkv)d, 4 kernels) and a sum (r4 w2 per element, 2 kernels); gate_up's gradient is
-//    the cat of its halves' (r4f w4f); one GEMM each instead of three (q, k, v) and two (gate,
-//    up), and none of Llama's sums of their input gradients (2 x 6h, 6h).
+//    kernels), summed (2 x r4W w2W); gate_up's gradient is the cat of its halves' (r4f w4f); one
+//    GEMM each instead of three (q, k, v) and two (gate, up), and none of Llama's sums of their
+//    input gradients (2 x 6h, 6h).
 void OlmoPhi3Terms(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim;
@@ -945,14 +999,9 @@ void OlmoPhi3Terms(HfLayer& b, const LayerSpec& spec) {
   const bool repeated = (masked || b.dialect.eager) && hq != hkv;  // repeat_kv copies v
   const double w = (hq + 2 * hkv) * d;
   if (!repeated) b.Save("attn.qkv_out", "", 2 * (hq + hkv) * d);  // the rest of v's storage
-  b.Traffic(4 * (hq + hkv) * d, 0, 2, 0);  // the partial-rotary cat of q and k
-  if (!masked && !b.dialect.eager) {
-    b.Save("attn.o_proj_in", "", 2 * hq * d);
-    b.Traffic(4 * hq * d, 0, 1, 0);
-  }
-  // Kernels: forward one GEMM for three; backward two for six, the five slices' 10, the four
-  // sums for Llama's two.
-  b.Traffic(0, 22 * w + 8 * (hq + hkv) * d - 12 * h, -2, -4 + 10 + 4 - 2);
+  // Kernels: forward one GEMM for three; backward two for six, the three slices' 6, the two sums
+  // for Llama's two (the partial-rotary cat's and its slices': Note [hf partial rotary]).
+  b.Traffic(0, 22 * w - 12 * h, -2, -4 + 6 + 2 - 2);
   // One GEMM for two, forward and backward; the cat for the sum.
   b.Traffic(0, 8 * m.intermediate - 6 * h, -1, -2 + 1 - 1);
 }
@@ -1372,7 +1421,7 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   const HfDialect dialect = DialectFor(m);
   bool sliding = false, full = false;
   for (const LayerSpec& l : m.layers) (l.span == AttentionSpan::kSliding ? sliding : full) = true;
-  double rope_bytes = 4 * d;
+  double rope_bytes = 4 * (m.rotary_dim > 0 ? m.rotary_dim : d);  // Note [hf partial rotary]
   if (dialect.fp32_rope) {
     rope_bytes = 8 * d * (sliding && full ? 2 : 1);
   } else if (m.family == "gemma3_text") {

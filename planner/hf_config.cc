@@ -285,6 +285,55 @@ absl::Status ReadCommon(const Fields& f, ModelConfig& m, int& layers) {
   return absl::OkStatus();
 }
 
+// ModelConfig::rotary_dim for the families whose apply_rotary_pos_emb is the partial-rotary form
+// (modeling_glm4_moe.py, modeling_phi3.py, modeling_qwen3_next.py, modeling_qwen3_5(_moe).py:
+// `q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]`, then `torch.cat`); the other
+// families' RoPE rotates the whole head and ignores the field. transformers takes
+// partial_rotary_factor from the RoPE dict (`rope_scaling` when given, else `rope_parameters`),
+// then the top-level field, then the configuration class's default
+// (PreTrainedConfig.convert_rope_params_to_dict, modeling_rope_utils.py: setdefault into the
+// dict): Glm4MoeConfig 0.5, Qwen3NextConfig / Qwen3_5TextConfig / Qwen3_5MoeTextConfig 0.25
+// (their __post_init__'s `kwargs.setdefault`), Phi3Config 1.0 (its convert_rope_params_to_dict).
+// cos/sin are `torch.cat((freqs, freqs))` over `arange(0, dim, 2)` with dim =
+// int(head_dim * factor) (_compute_default_rope_parameters): 2 ceil(dim / 2) wide.
+absl::Status ReadRotaryDim(const Fields& f, const std::string& family, ModelConfig& m) {
+  double factor = 0;
+  if (family == "glm4_moe") {
+    factor = 0.5;
+  } else if (family == "qwen3_next" || family == "qwen3_5_text" || family == "qwen3_5_moe_text") {
+    factor = 0.25;
+  } else if (family == "phi3") {
+    factor = 1.0;
+  } else {
+    return absl::OkStatus();
+  }
+  constexpr json::Range<double> kFactor{0, 1};
+  STOWAGE_HF_RETURN_IF_ERROR(f.GetOr("partial_rotary_factor", factor, factor, kFactor));
+  const json::Object& body = f.body();
+  std::string path = body.PathOf("partial_rotary_factor");
+  for (const char* dict : {"rope_scaling", "rope_parameters"}) {
+    if (!body.Has(dict) || body.json().at(dict).is_null() || body.json().at(dict).empty()) {
+      continue;
+    }
+    auto rope = body.Child(dict);
+    if (!rope.ok()) return rope.status();
+    if (rope->Has("partial_rotary_factor")) {
+      STOWAGE_HF_RETURN_IF_ERROR(rope->ReadOptional("partial_rotary_factor", factor, kFactor));
+      path = rope->PathOf("partial_rotary_factor");
+    }
+    break;  // `rope_scaling or rope_parameters`: the first one given is the dict
+  }
+  const int dim = static_cast<int>(m.head_dim * factor);
+  m.rotary_dim = 2 * ((dim + 1) / 2);
+  if (m.rotary_dim < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(body.source(), ": field '", path, "' has value ", factor,
+                     ", which rotates int(head_dim ", m.head_dim, " x ", factor, ") = ", dim,
+                     " dims; allowed: a factor that rotates at least one pair of dims"));
+  }
+  return absl::OkStatus();
+}
+
 // Softmax attention shapes and biases (transformers' LlamaAttention and its descendants).
 absl::Status ReadAttention(const Fields& f, const std::string& family, ModelConfig& m) {
   STOWAGE_HF_RETURN_IF_ERROR(f.Get("num_attention_heads", m.heads, kDim));
@@ -319,6 +368,7 @@ absl::Status ReadAttention(const Fields& f, const std::string& family, ModelConf
     STOWAGE_HF_RETURN_IF_ERROR(f.GetOr("use_qk_norm", false, qk));
     m.qk_norm = qk ? QkNorm::kL2 : QkNorm::kNone;
   }
+  STOWAGE_HF_RETURN_IF_ERROR(ReadRotaryDim(f, family, m));
   if (family == "gemma2" || family == "gemma3_text") m.norms_per_layer = 4;
   if (family == "gpt_oss") m.attention_sinks = true;
   if (family == "gemma2") {

@@ -114,6 +114,12 @@ struct ModelConfig {
   int sliding_window = 0;              // keys a kSliding query sees
   int attention_chunk = 0;             // chunk length of kChunked layers
   double attn_logit_softcap = 0;       // Gemma 2; applied inside the flash kernel
+  // RoPE's rotated dims per head where the family's apply_rotary_pos_emb is the partial-rotary
+  // form (GLM-4.5, Phi-3, Qwen3-Next, Qwen3.5: it rotates q[..., :rotary_dim] and cats the
+  // passed-through rest back on): the width of transformers' cos/sin, from
+  // int(head_dim * partial_rotary_factor) (hf_config.cc ReadAttention). 0: the family rotates
+  // the whole head in place, no cat (Note [hf partial rotary] in framework_hf.cc).
+  int rotary_dim = 0;
   // MLA / DSA.
   int q_lora_rank = 0;  // 0: q is projected directly from the hidden state
   int kv_lora_rank = 0;

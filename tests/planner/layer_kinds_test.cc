@@ -333,6 +333,54 @@ TEST(LayerKinds, HfAttnCoreFreesOnlyWhatTheCallKeepsInside) {
                    (4 * (hq - hkv) * d + 6 * hq * s + 2 * hq * s) * t);
 }
 
+// Note [hf partial rotary]: after the partial-rotary cat ([b, h, s, d] q) the kernel an H200 runs
+// writes the query's layout and o_proj keeps a copy of the output, 2 hq d per token, which a
+// recompute of attn_core does not free (the kernel's own output it does); Llama's in-place RoPE
+// and the memory-efficient kernel a mask sends 256-dim heads to write [b, s, h, d]: no copy. The
+// cos/sin tables are the rotated width: 2 x 2r per token.
+TEST(LayerKinds, HfPartialRotaryCopiesTheOutputForOProj) {
+  RunSettings run;
+  run.seq_len = 4096;
+  run.framework = Framework::kHf;
+  run.optimizer = OptimizerKind::kNone;
+  run.loss_chunk_tokens = 0;
+  run.cp = run.ep = run.gpus = 1;
+  const double t = 4096;
+  auto step = [&](const std::string& json) {
+    return *BuildStepCost(Parse(json), *HardwarePreset("h200"), run);
+  };
+  auto saved = [&](const StepCost& s, const std::string& name) {
+    for (const SavedTensor& tensor : s.layers[0].saved) {
+      if (tensor.name == name) return tensor;
+    }
+    return SavedTensor{};
+  };
+  auto copy = [&](const std::string& json) {
+    return static_cast<double>(saved(step(json), "attn.o_proj_in").bytes) / t;
+  };
+  const double hq = 4;
+  EXPECT_DOUBLE_EQ(copy(Dense("phi3")), 2 * hq * 64);
+  EXPECT_DOUBLE_EQ(copy(Dense("phi3", R"(, "sliding_window": 1024)")), 2 * hq * 64);  // cuDNN
+  EXPECT_DOUBLE_EQ(copy(R"({"model_type": "phi3", "hidden_size": 256, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 256,
+      "intermediate_size": 512, "vocab_size": 1000, "sliding_window": 1024})"),
+                   0);  // masked 256 dims: the memory-efficient kernel
+  EXPECT_DOUBLE_EQ(copy(Dense("llama")), 0);
+  EXPECT_DOUBLE_EQ(copy(Dense("mistral", R"(, "sliding_window": 1024)")), 0);
+  const std::string glm = R"({"model_type": "glm4_moe", "hidden_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+      "intermediate_size": 512, "moe_intermediate_size": 64, "n_routed_experts": 8,
+      "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+      "vocab_size": 1000)";
+  const StepCost g = step(glm + "}");
+  EXPECT_DOUBLE_EQ(static_cast<double>(saved(g, "attn.o_proj_in").bytes) / t, 2 * hq * 64);
+  EXPECT_EQ(saved(g, "attn.o_proj_in").module, "");
+  EXPECT_EQ(saved(g, "attn.core_out").module, "attn_core");
+  const StepCost whole = step(glm + R"(, "partial_rotary_factor": 1.0})");
+  EXPECT_DOUBLE_EQ(static_cast<double>(whole.fixed.other) - static_cast<double>(g.fixed.other),
+                   2 * 2 * (64 - 32) * t);
+}
+
 // Regression: under hf, mla_up_proj claimed to free q, k and kv_b_proj's output, which are the
 // attention call's inputs: SDPA keeps them whatever reruns the projections (torch.utils.checkpoint
 // cannot drop an output its consumer saved). Megatron's CheckpointWithoutOutput can, so the

@@ -391,6 +391,56 @@ TEST(HfConfig, ErrorsNameTheArchitectureTheFieldAndTheSupportedList) {
   EXPECT_FALSE(ReadHfConfigFile(kDataDir + "no-such-config.json").ok());
 }
 
+// Note [hf partial rotary]: the rotated width of the families whose apply_rotary_pos_emb cats
+// (ReadRotaryDim): the RoPE dict first (rope_scaling when given, else rope_parameters), then the
+// top-level field, then the class default; other families rotate the whole head (0).
+TEST(HfConfig, PartialRotaryFactorWhereTransformersReadsIt) {
+  auto rotary = [](const std::string& family, const std::string& extra) {
+    auto m = ParseHfConfigJson(absl::StrCat(R"({"model_type": ")", family, R"(",
+        "hidden_size": 1024, "vocab_size": 1000, "num_hidden_layers": 2,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+        "intermediate_size": 2048, "moe_intermediate_size": 64, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "num_experts": 4)",
+                                            extra, "}"),
+                               family);
+    EXPECT_TRUE(m.ok()) << family << " " << extra << ": " << m.status();
+    return m.ok() ? m->rotary_dim : -1;
+  };
+  EXPECT_EQ(rotary("glm4_moe", ""), 64);  // Glm4MoeConfig's 0.5
+  EXPECT_EQ(rotary("phi3", ""), 128);     // Phi3Config's 1.0: still the cat form
+  EXPECT_EQ(rotary("qwen3_next", ""), 32);
+  EXPECT_EQ(rotary("glm4_moe", R"(, "partial_rotary_factor": 0.25)"), 32);
+  EXPECT_EQ(rotary("glm4_moe", R"(, "partial_rotary_factor": 0.25,
+      "rope_parameters": {"rope_theta": 10000, "partial_rotary_factor": 0.75})"),
+            96);
+  // `rope_scaling or rope_parameters`: a given rope_scaling replaces the other dict.
+  EXPECT_EQ(rotary("glm4_moe", R"(, "rope_scaling": {"rope_type": "default"},
+      "rope_parameters": {"partial_rotary_factor": 0.75})"),
+            64);
+  EXPECT_EQ(rotary("glm4_moe", R"(, "rope_scaling": null,
+      "rope_parameters": {"partial_rotary_factor": 0.75})"),
+            96);
+  EXPECT_EQ(rotary("llama", R"(, "partial_rotary_factor": 0.5)"), 0);
+  EXPECT_EQ(ReadHfConfigFile(kDataDir + "hf/glm-4.5-fp8.json")->rotary_dim, 64);
+  EXPECT_EQ(ReadHfConfigFile(kDataDir + "hf/phi-4.json")->rotary_dim, 128);
+  auto bad = [](const std::string& extra) {
+    return std::string(ParseHfConfigJson(absl::StrCat(R"({"model_type": "glm4_moe",
+        "hidden_size": 1024, "vocab_size": 1000, "num_hidden_layers": 2,
+        "num_attention_heads": 8, "head_dim": 128, "intermediate_size": 2048,
+        "moe_intermediate_size": 64, "n_routed_experts": 4, "num_experts_per_tok": 2)",
+                                                      extra, "}"),
+                                         "x")
+                           .status()
+                           .message());
+  };
+  EXPECT_THAT(
+      bad(R"(, "partial_rotary_factor": 1.5)"),
+      HasSubstr("field 'partial_rotary_factor' has value 1.5; allowed: a finite number in [0, 1]"));
+  EXPECT_THAT(bad(R"(, "rope_parameters": {"partial_rotary_factor": 0.001})"),
+              HasSubstr("field 'rope_parameters.partial_rotary_factor' has value 0.001, which "
+                        "rotates int(head_dim 128 x 0.001) = 0 dims"));
+}
+
 // A sparse nested config takes what transformers would fill in, and says which fields.
 TEST(HfConfig, SparseConfigsTakeTransformersDefaults) {
   auto m = ReadHfConfigFile(kDataDir + "hf/synthetic/qwen3-vl-moe-sparse.json");

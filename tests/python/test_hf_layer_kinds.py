@@ -85,6 +85,12 @@ CONFIGS = {
     "deepseek_v2": dict(COMMON, **MLA, num_hidden_layers=2, q_lora_rank=None, n_shared_experts=2),
     # DeepSeek-V3 / Kimi-K2: MLA with q-LoRA, sigmoid router with group-limited top-k.
     "deepseek_v3": dict(COMMON, **MLA, num_hidden_layers=2, q_lora_rank=96, n_shared_experts=1),
+    # GLM-4.5: GQA with partial RoPE (half of each head rotated, the rest cat back on), a
+    # dense first layer, sigmoid router with one shared expert.
+    "glm4_moe": dict(COMMON, num_hidden_layers=2, num_key_value_heads=2, head_dim=64,
+                     partial_rotary_factor=0.5, intermediate_size=512, moe_intermediate_size=64,
+                     n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                     first_k_dense_replace=1, n_group=1, topk_group=1),
     # GLM-5: MLA with q-LoRA and the DSA lightning indexer.
     "glm_moe_dsa": dict(COMMON, **MLA, num_hidden_layers=2, q_lora_rank=96, n_shared_experts=1,
                         index_n_heads=4, index_head_dim=32, index_topk=WINDOW),
@@ -216,18 +222,20 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def sdpa_as_on_gpu(query, key, value, attn_mask=None, *args, **kwargs):
-        # CPU's flash kernel lays its output out as the query is laid out; the GPU's flash and
-        # memory-efficient kernels write [b, s, h, d]. A query in that layout (a transposed
-        # projection) gives the GPU's layout on CPU too and is measured as it is.
+        # The kernel an H200 runs (stowage.hf_profile Note [SDPA on the GPU]): cuDNN and flash
+        # write their output in the query's layout (alloc_with_matching_layout; mha_fwd's
+        # empty_like(q)), as CPU's flash kernel does; the memory-efficient kernel writes
+        # [b, s, h, d]. A query in that layout (a transposed projection) gives the GPU's layout
+        # on CPU too and is measured as it is. A query made by a cat ([b, h, s, d] contiguous:
+        # MLA, the partial-rotary families, Note [hf partial rotary] in planner/framework_hf.cc)
+        # gets, from cuDNN or flash, an output the caller's `.transpose(1, 2).contiguous()`
+        # copies for o_proj.
         unequal = query.shape[-1] != value.shape[-1]
         if not unequal and query.transpose(1, 2).is_contiguous():
             return sdpa(query, key, value, attn_mask, *args, **kwargs)
-        # Unequal head dims (MLA): the kernel an H200 runs (stowage.hf_profile Note [SDPA on
-        # the GPU]); cuDNN writes the query's layout (alloc_with_matching_layout), so a query
-        # made by a cat ([b, h, s, d] contiguous) gets an output the caller's
-        # `.transpose(1, 2).contiguous()` copies for o_proj.
-        query_layout = unequal and H._h200_sdpa_kernel(
-            query, value, attn_mask is not None) == "cudnn" and query.is_contiguous()
+        kernel = H._h200_sdpa_kernel(query, value, attn_mask is not None)
+        query_layout = (kernel == "cudnn" if unequal else kernel != "efficient") and \
+            query.is_contiguous()
         in_kernel[0] = True
         try:
             out = sdpa(query, key, value, attn_mask, *args, **kwargs)
