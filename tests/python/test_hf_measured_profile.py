@@ -128,6 +128,13 @@ FAMILIES = {
     "olmo2": dict(model_type="olmo2", hidden_size=4096, intermediate_size=11008,
                   num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=32,
                   vocab_size=100352, tie_word_embeddings=False, pad_token_id=100277),
+    # OLMo-3.1-32B-Instruct: OLMo 2's layer with a 4096-token sliding window on three layers of
+    # four (Olmo3Config.layer_types), the fourth full; one of each here.
+    "olmo3": dict(model_type="olmo3", hidden_size=5120, intermediate_size=27648,
+                  num_hidden_layers=2, num_attention_heads=40, num_key_value_heads=8,
+                  vocab_size=100278, sliding_window=4096,
+                  layer_types=["sliding_attention", "full_attention"],
+                  tie_word_embeddings=False, pad_token_id=100277),
     # Llama-4-Scout's text decoder, four layers: chunked attention on the RoPE layers, the
     # fourth NoPE and full, MoE on every second layer (Maverick's interleave) with all 16 experts
     # run on every token through bmm (Note [hf dialects]; Llama4MoeWork in framework_hf.cc).
@@ -281,7 +288,7 @@ FAMILIES = {
 # from a family checked at two only in terms linear in the tokens (python_torch2_cpu's time).
 LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,), "phi3": (4096,),
            "olmo2": (4096,), "qwen2_5_vl": (4096,), "qwen3_vl": (4096,), "qwen3_vl_moe": (4096,),
-           "llama4_text": (4096,), "mllama_text_model": (4096,), "deepseek_v2": (4096,),
+           "llama4_text": (4096,), "olmo3": (4096,), "mllama_text_model": (4096,), "deepseek_v2": (4096,),
            "deepseek_v3": (4096,), "glm4_moe": (4096,), "glm_moe_dsa": (4096,),
            "qwen3_next": (768,), "qwen3_5_text": (768,), "qwen3_5_moe_text": (768,),
            "kimi_linear": (768,)}
@@ -397,13 +404,8 @@ ANALYTIC_GAPS = {
     # glm_moe_dsa 4096 recompute (-5.2%) left it with the rerun forward's indexer scores in the
     # backward peak (Note [Recompute moment] in planner/cost_model.cc): 0.00%. gpt_oss (4096
     # and 16384 recompute, 16384 keep: -6.0%, -5.8%, -4.1%) left it with the held logits.
-    # GLM-4.5's partial RoPE (apply_rotary_pos_emb, modeling_glm4_moe.py) cats the rotated and
-    # the passed-through halves: q is [b, h, s, d]-contiguous, SDPA's output takes the query's
-    # layout (cuDNN on the H200, flash on the CPU), `.transpose(1, 2).contiguous()` copies it,
-    # and o_proj keeps the copy: 2*hq*d per token, 96 MiB a layer here; the recipe has no
-    # partial-RoPE term (the config's partial_rotary_factor is not read).
-    ("glm4_moe", "keep", 4096): "the attention output's copy for o_proj under partial RoPE: "
-                                "2 x 96 MiB = 0.1875 GiB (-1.05%)",
+    # glm4_moe 4096 keep (-1.05%: o_proj's copy of the attention output after GLM-4.5's
+    # partial-RoPE cat) left it with Note [hf partial rotary] in planner/framework_hf.cc: -0.00%.
     # glm_moe_dsa 4096 keep (-1.04%) and deepseek_v3 4096 recompute (-1.7%) left this table with
     # the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
     # Kimi Linear's KDA layer peaks in its backward: the recipe charges the core's gradients
@@ -598,6 +600,21 @@ class FakeTensorTest(unittest.TestCase):
                 a, b, c = (step.layers[j].saved_bytes for step in steps)
                 self.assertEqual(c - 2 * b + a, 0)
                 self.assertGreater(traces[0].work[("forward", j)].attention_forward_flops, 0)
+
+    def test_kept_layers_keep_their_layer_types(self) -> None:
+        # Note [One layer per kind]: OLMo 3's fourth layer is its full-attention one; with one
+        # layer per kind it is the decoder's second, and Olmo3Model.forward hands layer j
+        # config.layer_types[j]'s mask: it ran with the sliding-window mask, so its measured
+        # figures were the sliding layer's (measured step +1.2% against the analytic).
+        config = dict(model_type="olmo3", hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=512, sliding_window=64)
+        one = H.evaluate(H.trace_step(H.build_hf_model(config), 128))
+        full = H.evaluate(H.trace_step(H.build_hf_model(config, one_per_kind=False), 128))
+        self.assertNotEqual(full.layers[0].saved_bytes, full.layers[3].saved_bytes)
+        self.assertEqual(one.layers[0], full.layers[0])
+        self.assertEqual(one.layers[1].saved_bytes, full.layers[3].saved_bytes)
+        self.assertEqual(one.layers[1].forward_own_bytes, full.layers[3].forward_own_bytes)
 
     def test_one_layer_per_kind_full_weights(self) -> None:
         config = dict(TINY["qwen3_moe"], num_hidden_layers=5, mlp_only_layers=[0, 3])

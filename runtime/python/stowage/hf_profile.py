@@ -88,7 +88,8 @@ HfMeasurement.at() refuses a length across one from them. The softmax thresholds
 step itself: rows that grow with the length, at two lengths, give the row's offset from s.
 
 Depth: one layer per distinct layer kind (the module tree's class names, parameter shapes and
-attention_type), in model order; the others are dropped from model.model.layers before the step.
+attention_type), in model order; the others are dropped from model.model.layers before the step,
+and the config's per-layer lists with them (Note [One layer per kind], _keep_layers).
 Weights are counted over the full-depth model (fake, so free): the text decoder and its LM
 head, what the planner plans (a multimodal wrapper's vision tower is built but not counted, and
 a text-only step gives it no pixels); each layer's figures are its kind's.
@@ -1028,13 +1029,32 @@ def build_hf_model(config: Any, *, dtype: torch.dtype = torch.bfloat16, fake: bo
     firsts = [kinds.index(k) for k in range(len(signatures))]
     names = [type(decoder.layers[i]).__name__ for i in firsts]
     if one_per_kind:
-        decoder.layers = nn.ModuleList([decoder.layers[i] for i in firsts])
+        _keep_layers(decoder, firsts)
     else:
         kinds = list(range(len(kinds)))
         names = [type(layer).__name__ for layer in decoder.layers]
     return HfModel(model=model, kinds=kinds, kind_names=names, weights_bytes=weights,
                    parameters=parameters, model_type=d["model_type"], fake=fake, mode=fake_mode,
                    dtype=dtype)
+
+
+def _keep_layers(decoder: nn.Module, keep: list[int]) -> None:
+    """Note [One layer per kind]: the decoder keeps only the layers `keep` (model order). Its
+    forward hands the j-th layer what the config says of layer j: `causal_mask_mapping[self.
+    config.layer_types[i]]` and `position_embeddings[...layer_types[i]]` (Olmo3Model, Llama4Text
+    Model, Gemma2/3, gpt-oss, Qwen2/3, Qwen3-Next, ...), Mllama's `idx in self.
+    cross_attention_layers`; so those lists are cut to the kept layers too. Left as they were,
+    the kept layers would run with their neighbours' masks (OLMo 3's full layer, fourth of four,
+    took the second layer's sliding-window mask; Llama 4's NoPE layer the RoPE layers' chunk
+    mask above 8192 tokens)."""
+    decoder.layers = nn.ModuleList([decoder.layers[i] for i in keep])
+    cfg = getattr(decoder, "config", None)
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, (list, tuple)) and len(types) > max(keep):
+        cfg.layer_types = [types[i] for i in keep]
+    cross = getattr(decoder, "cross_attention_layers", None)
+    if isinstance(cross, (list, tuple)):
+        decoder.cross_attention_layers = [j for j, i in enumerate(keep) if i in cross]
 
 
 class _null:
