@@ -166,8 +166,9 @@ struct HfDialect {
   HfNorm norm = HfNorm::kLlama;
   bool eager = false;  // eager_attention_forward (the model class refuses SDPA)
   HfRouter router = HfRouter::kQwen;
-  bool fp32_rope = false;  // Note [hf OLMo and Phi-3]: RoPE's cos/sin stay fp32
-  bool fused_qkv = false;  // Note [hf OLMo and Phi-3]: one qkv_proj, one gate_up_proj
+  bool fp32_rope = false;    // Note [hf OLMo and Phi-3]: RoPE's cos/sin stay fp32
+  bool norms_after = false;  // Note [hf OLMo and Phi-3]: the norms follow the sublayers
+  bool fused_qkv = false;    // Note [hf OLMo and Phi-3]: one qkv_proj, one gate_up_proj
 };
 
 HfDialect DialectFor(const ModelConfig& m) {
@@ -184,6 +185,7 @@ HfDialect DialectFor(const ModelConfig& m) {
   if (f == "olmo2" || f == "olmo3") {
     d.norm = HfNorm::kGptOss;
     d.fp32_rope = true;
+    d.norms_after = true;
   }
   d.fused_qkv = f == "phi3";
   d.eager = f == "gemma2" || f == "gpt_oss";
@@ -981,6 +983,17 @@ void Llama4MoeWork(HfLayer& b) {
 //    20), one kernel more; backward the cast's gradient r2 w4, * sin r4 w4 and * cos r4 w4 with
 //    each gradient cast to q's bf16 (2 x r4 w2), rotate_half and the sum in bf16 as Llama's,
 //    the layout copy: 60 (Llama's 34), three kernels more. Autograd keeps cos/sin only.
+//    A norm after its sublayer runs first in that sublayer's backward: the post-feedforward
+//    norm's before the MLP's, the post-attention norm's before the attention's. So at the SwiGLU
+//    mul's backward (the FFN moment) and at the core's (the attention moment) that norm's fp32
+//    x, rsqrt and normalised x (8h + 4) are freed (its 2h, the sublayer's input, stays: q/k/v
+//    or gate/up keep it); and the norm's own backward is a moment of its own, every saved
+//    tensor of the layer still alive, with its fp32 temporaries beyond them: the gradient cast
+//    to fp32, the weight mul's and the rsqrt mul's, the row sum, mean's and pow's (20h), less
+//    the normalised x it frees (4h) = 16h (the live bytes of OLMo 2's last layer at 4096
+//    tokens: a mul, a div and a pow output of 4h each beyond the saved tensors, the fp32 x
+//    still alive). Each part's moment is the larger of the two; the gradients counted at it
+//    are the later moment's (down_proj's at the FFN moment: conservative at the norm's).
 //  Phi-3: one qkv_proj and one gate_up_proj. q, k, v are slices of qkv_proj's output: v goes to
 //    SDPA as a view of it (k/v not repeated), so the kernel's saved v keeps the whole output
 //    (2(hq + 2hkv)d, not 2 hkv d). apply_rotary_pos_emb is the partial-rotary form (Phi-4's
@@ -994,6 +1007,15 @@ void OlmoPhi3Terms(HfLayer& b, const LayerSpec& spec) {
   const ModelConfig& m = b.m;
   const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim;
   if (b.dialect.fp32_rope) b.Traffic(16 * (hq + hkv) * d, 26 * (hq + hkv) * d, 2, 6);
+  if (b.dialect.norms_after) {
+    const double freed = (8 * h + 4) * b.t, norm_backward = 16 * h * b.t;
+    auto moment = [&](uint64_t& transient) {
+      transient =
+          static_cast<uint64_t>(std::max(static_cast<double>(transient) - freed, norm_backward));
+    };
+    moment(b.cost.ffn_backward_transient);
+    moment(b.cost.attn_backward_transient);
+  }
   if (!b.dialect.fused_qkv) return;
   const bool masked = !b.dialect.eager && HfMasked(b, spec);
   const bool repeated = (masked || b.dialect.eager) && hq != hkv;  // repeat_kv copies v
@@ -1152,10 +1174,17 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     // Forward: weighted_out, its permuted copy and the router logits. Backward (Note [hf FFN
     // backward]): at the SwiGLU mul's backward, the product's gradient and the mul's two (6fe
     // per routed expert), with the product (2fe) and the weighted expert output (2h) released by
-    // the nodes already run; Llama 4 keeps no expert output and runs all E. Later moments (the
-    // gathered states' gradient, 2h per routed expert) come after gate_up and act are freed.
-    const double released =
-        2 * fe * routed + (b.dialect.router == HfRouter::kLlama4 ? 0 : 2 * h * routed);
+    // the nodes already run; Llama 4 keeps no expert output and runs all E. A shared expert
+    // that runs after the routed ones (DeepseekV3MoE, Glm4MoeMoE, Llama4TextMoe: Note [hf
+    // gradient timing]) has run its whole backward by then and freed what it saved (8 fs; the
+    // live bytes of Llama 4 at 16384 tokens: its gate/up and activations are gone while its
+    // weights' gradients exist). Later moments (the gathered states' gradient, 2h per routed
+    // expert) come after gate_up and act are freed.
+    const double shared_after =
+        m.shared_intermediate > 0 && !m.shared_expert_gate ? 8.0 * m.shared_intermediate : 0;
+    const double released = 2 * fe * routed +
+                            (b.dialect.router == HfRouter::kLlama4 ? 0 : 2 * h * routed) +
+                            shared_after;
     b.cost.ffn_backward_transient =
         static_cast<uint64_t>(std::max(0.0, (6 * fe * routed - released) * b.t));
     b.cost.ffn_forward_transient = static_cast<uint64_t>((4 * h * routed + 2 * e) * b.t);

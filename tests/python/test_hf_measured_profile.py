@@ -129,17 +129,17 @@ FAMILIES = {
                   num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=32,
                   vocab_size=100352, tie_word_embeddings=False, pad_token_id=100277),
     # OLMo-3.1-32B-Instruct: OLMo 2's layer with a 4096-token sliding window on three layers of
-    # four (Olmo3Config.layer_types), the fourth full; one of each here.
+    # four, the fourth full (Olmo3Config's layer_types rule), four layers: one layer per kind
+    # keeps the first and the fourth (Note [One layer per kind] in stowage/hf_profile.py).
     "olmo3": dict(model_type="olmo3", hidden_size=5120, intermediate_size=27648,
-                  num_hidden_layers=2, num_attention_heads=40, num_key_value_heads=8,
-                  vocab_size=100278, sliding_window=4096,
-                  layer_types=["sliding_attention", "full_attention"],
-                  tie_word_embeddings=False, pad_token_id=100277),
+                  num_hidden_layers=4, num_attention_heads=40, num_key_value_heads=8,
+                  vocab_size=100278, sliding_window=4096, tie_word_embeddings=False,
+                  pad_token_id=100277),
     # Llama-4-Scout's text decoder, four layers: chunked attention on the RoPE layers, the
     # fourth NoPE and full, MoE on every second layer (Maverick's interleave) with all 16 experts
     # run on every token through bmm (Note [hf dialects]; Llama4MoeWork in framework_hf.cc).
-    # One length below the 8192-token chunk: above it the chunk mask appears, and the measured
-    # lengths must lie on the same side of it as the planned one.
+    # A length on each side of the 8192-token chunk: above it the chunk mask appears (the
+    # measured lengths lie on the planned one's side: Note [One side of every threshold]).
     "llama4_text": dict(model_type="llama4_text", hidden_size=5120, intermediate_size=8192,
                         intermediate_size_mlp=16384, num_hidden_layers=4,
                         num_attention_heads=40, num_key_value_heads=8, head_dim=128,
@@ -288,7 +288,7 @@ FAMILIES = {
 # from a family checked at two only in terms linear in the tokens (python_torch2_cpu's time).
 LENGTHS = {"ministral": (4096,), "ministral3": (4096,), "qwen2_moe": (4096,), "phi3": (4096,),
            "olmo2": (4096,), "qwen2_5_vl": (4096,), "qwen3_vl": (4096,), "qwen3_vl_moe": (4096,),
-           "llama4_text": (4096,), "olmo3": (4096,), "mllama_text_model": (4096,), "deepseek_v2": (4096,),
+           "olmo3": (4096,), "mllama_text_model": (4096,), "deepseek_v2": (4096,),
            "deepseek_v3": (4096,), "glm4_moe": (4096,), "glm_moe_dsa": (4096,),
            "qwen3_next": (768,), "qwen3_5_text": (768,), "qwen3_5_moe_text": (768,),
            "kimi_linear": (768,)}
