@@ -73,9 +73,16 @@ void EmitLanes(int pid, int track, const char* label, std::vector<CopySpan> span
   }
 }
 
+// A step event's args: its layer and bytes, and the tensor and its microbatch when known.
+nlohmann::json EventArgs(const TraceStepEvent& e) {
+  nlohmann::json args = {{"layer", e.layer}, {"bytes", e.bytes}};
+  if (e.id != 0) args["tensor"] = e.id;
+  if (e.microbatch >= 0) args["microbatch"] = e.microbatch;
+  return args;
+}
+
 CopySpan MakeCopySpan(const TraceStepEvent& issue, double end, bool landed, const char* what) {
-  nlohmann::json args = {{"layer", issue.layer}, {"bytes", issue.bytes}};
-  if (issue.id != 0) args["tensor"] = issue.id;
+  nlohmann::json args = EventArgs(issue);
   if (!landed) args["landed"] = false;
   return CopySpan{issue.seconds, std::max(end, issue.seconds), absl::StrCat(what, " ", issue.layer),
                   std::move(args)};
@@ -112,8 +119,7 @@ void CopySpans(int pid, const std::vector<TraceStepEvent>& events, nlohmann::jso
       }
       case StepEventKind::kSaveWait:
       case StepEventKind::kRestore: {
-        nlohmann::json args = {{"layer", e.layer}, {"bytes", e.bytes}};
-        if (e.id != 0) args["tensor"] = e.id;
+        nlohmann::json args = EventArgs(e);
         out.push_back({{"name", absl::StrCat(std::string(StepEventKindName(e.kind)), " ", e.layer)},
                        {"ph", "i"},
                        {"s", "t"},

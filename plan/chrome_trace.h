@@ -15,7 +15,8 @@
 //              copy track is packed into as many lanes ("D2H", "D2H 2", ...) as it needs;
 //   waits    — the trainer's save_wait and restore calls, as instants;
 // plus a "device memory" counter where the planner knows it. Times are microseconds from the
-// step's start. A span's args carry its layer, bytes and (compute) policy.
+// step's start. A span's args carry its layer, bytes, (compute) policy and, for the runtime's
+// events, the tensor and its microbatch.
 #ifndef STOWAGE_PLAN_CHROME_TRACE_H_
 #define STOWAGE_PLAN_CHROME_TRACE_H_
 
@@ -49,6 +50,7 @@ struct TraceStepEvent {
   uint64_t bytes = 0;
   uint64_t id = 0;
   double seconds = 0;
+  int microbatch = -1;  // the tensor's microbatch (runtime events); -1 when per layer
 };
 
 struct TraceMemoryPoint {

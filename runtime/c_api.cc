@@ -700,6 +700,7 @@ stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t layer, stowag
     out->save_wait_before_layer = info.save_wait_before_layer;
     out->host_bytes = info.host_bytes;
     out->host_bytes_used = info.host_bytes_used;
+    out->in_flight_microbatches = info.in_flight_microbatches;
     return absl::OkStatus();
   });
 }
@@ -724,7 +725,7 @@ stowage_status stowage_get_trace(stowage_runtime* rt, stowage_trace_event* out, 
     const std::vector<stowage::runtime::TraceEvent> events = rt->runtime->LastTrace(&lost);
     for (size_t i = 0; i < events.size() && i < capacity; ++i) {
       const stowage::runtime::TraceEvent& e = events[i];
-      out[i] = {e.seq, static_cast<int32_t>(e.kind), e.layer, e.bytes, e.id, e.nanos};
+      out[i] = {e.seq, static_cast<int32_t>(e.kind), e.layer, e.microbatch, e.bytes, e.id, e.nanos};
     }
     *count = events.size();
     if (dropped != nullptr) *dropped = lost;
@@ -749,7 +750,8 @@ stowage_status stowage_get_trace_json(stowage_runtime* rt, char** out) {
     trace.pid = static_cast<int>(getpid());
     trace.process_name = absl::StrCat("measured: stowage runtime (pid ", trace.pid, ")");
     for (const stowage::runtime::TraceEvent& e : rt->runtime->LastTrace(&lost)) {
-      trace.events.push_back({e.kind, e.layer, e.bytes, e.id, static_cast<double>(e.nanos) * 1e-9});
+      trace.events.push_back(
+          {e.kind, e.layer, e.bytes, e.id, static_cast<double>(e.nanos) * 1e-9, e.microbatch});
     }
     if (lost > 0) absl::StrAppend(&trace.process_name, ", ", lost, " events past the capacity");
     return CopyOut(stowage::StepTraceJson(trace), out);

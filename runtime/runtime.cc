@@ -377,10 +377,11 @@ absl::StatusOr<TensorId> Runtime::Save(int layer, int microbatch, const void* sr
   }
   if (trace_.enabled()) {
     // Recorded before the copy is issued: its landing (on a backend thread) comes after it.
-    trace_.Record(StepEventKind::kSaveIssued, layer, bytes, id);
-    on_landed = [this, layer = layer, bytes = bytes, id = id, then = std::move(on_landed)] {
+    trace_.Record(StepEventKind::kSaveIssued, layer, microbatch, bytes, id);
+    on_landed = [this, layer = layer, microbatch = microbatch, bytes = bytes, id = id,
+                 then = std::move(on_landed)] {
       if (then) then();
-      trace_.Record(StepEventKind::kSaveLanded, layer, bytes, id);
+      trace_.Record(StepEventKind::kSaveLanded, layer, microbatch, bytes, id);
     };
   }
   counters_->AddDevicePending(bytes);
@@ -498,7 +499,8 @@ absl::Status Runtime::WaitForSave(TensorId id, bool host, void* stream) {
     if (!entry.ok()) return entry.status();
     d2h = (*entry)->d2h;
     (*entry)->synced.store(true);
-    trace_.Record(StepEventKind::kSaveWait, (*entry)->layer, (*entry)->bytes, id);
+    trace_.Record(StepEventKind::kSaveWait, (*entry)->layer, (*entry)->microbatch, (*entry)->bytes,
+                  id);
     ++active_calls_;
   }
   CallScope scope(this);
@@ -590,7 +592,7 @@ absl::Status Runtime::Restore(TensorId id, void* dst, void* stream, std::optiona
   const bool prefetched = h2d != nullptr;
   absl::Status status = prefetched ? absl::OkStatus() : CopyBack(id, *entry, dst, stream, &h2d);
   if (status.ok()) {
-    trace_.Record(StepEventKind::kRestore, entry->layer, entry->bytes, id);
+    trace_.Record(StepEventKind::kRestore, entry->layer, entry->microbatch, entry->bytes, id);
     status = h2d->StreamWait(stream, /*measure_stall=*/true);
   }
   if (status.ok()) status = CheckLanded(id, *entry, dst);
@@ -643,9 +645,9 @@ std::function<void()> Runtime::TraceH2D(TensorId id, const TensorEntry& entry) {
   if (!trace_.enabled()) return {};
   // A restore without a prefetch issues the H2D itself: the trace shows it as a prefetch, as
   // the simulator does (Note [Step trace]).
-  trace_.Record(StepEventKind::kPrefetchIssued, entry.layer, entry.bytes, id);
-  return [this, layer = entry.layer, bytes = entry.bytes, id] {
-    trace_.Record(StepEventKind::kPrefetchLanded, layer, bytes, id);
+  trace_.Record(StepEventKind::kPrefetchIssued, entry.layer, entry.microbatch, entry.bytes, id);
+  return [this, layer = entry.layer, microbatch = entry.microbatch, bytes = entry.bytes, id] {
+    trace_.Record(StepEventKind::kPrefetchLanded, layer, microbatch, bytes, id);
   };
 }
 
@@ -722,6 +724,7 @@ LayerInfo Runtime::GetLayerInfo(int layer) const {
   info.host_bytes = plan.host_bytes;
   info.prefetch_after_layer = plan.prefetch_after_layer;
   info.save_wait_before_layer = plan.save_wait_before_layer;
+  info.in_flight_microbatches = plan.in_flight_microbatches;
   absl::MutexLock lock(&mu_);
   info.host_bytes_used = in_step_ ? regions_.saved(layer) : 0;
   return info;

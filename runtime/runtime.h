@@ -100,6 +100,7 @@ struct LayerInfo {
   uint64_t host_bytes_used = 0;     // saved into it this step
   int save_wait_before_layer = -1;  // from the plan (Note [Runtime protocol])
   int prefetch_after_layer = -1;    // from the plan
+  int in_flight_microbatches = 1;   // from the plan: the layer's slots
 };
 
 class Runtime : private offload::CopyObserver {

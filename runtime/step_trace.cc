@@ -35,7 +35,7 @@ void StepTrace::EndStep() {
   current_dropped_ = 0;
 }
 
-void StepTrace::Record(StepEventKind kind, int layer, uint64_t bytes, uint64_t id) {
+void StepTrace::Record(StepEventKind kind, int layer, int microbatch, uint64_t bytes, uint64_t id) {
   const size_t capacity = capacity_.load(std::memory_order_relaxed);
   if (capacity == 0) return;
   const auto now = std::chrono::steady_clock::now();
@@ -45,7 +45,7 @@ void StepTrace::Record(StepEventKind kind, int layer, uint64_t bytes, uint64_t i
     return;
   }
   const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count();
-  current_.push_back({current_.size(), kind, layer, bytes, id,
+  current_.push_back({current_.size(), kind, layer, microbatch, bytes, id,
                       nanos > 0 ? static_cast<uint64_t>(nanos) : uint64_t{0}});
 }
 

@@ -6,12 +6,13 @@
 // one event (save_issued, save_wait, prefetch_issued, restore) and every copy records one more
 // when it lands (save_landed, prefetch_landed: from the backend thread, at landing). An event
 // carries a sequence number (the order the runtime saw them in, from 0 each step), the layer,
-// the tensor's bytes and id, and nanoseconds since the step began (for reading, not for
-// comparing: the order of landings against calls depends on copy speed). Bounded: a step
-// records at most `capacity` events; later ones are counted as dropped, never stored (the
-// sequence numbers of stored events stay gapless). EndStep keeps the step's events as the last
-// completed step, which Last() returns; memory is at most two buffers of `capacity` events,
-// allocated when the capacity is set. With the trace off a call costs one relaxed atomic load.
+// the microbatch the tensor was saved under (Note [Microbatch slots]), the tensor's bytes and id,
+// and nanoseconds since the step began (for reading, not for comparing: the order of landings
+// against calls depends on copy speed). Bounded: a step records at most `capacity` events; later
+// ones are counted as dropped, never stored (the sequence numbers of stored events stay gapless).
+// EndStep keeps the step's events as the last completed step, which Last() returns; memory is at
+// most two buffers of `capacity` events, allocated when the capacity is set. With the trace off a
+// call costs one relaxed atomic load.
 //
 // Thread-safety: Record may run on any thread, concurrently; its lock is a leaf (taken under no
 // lock of the trace's caller's that a backend thread could also wait on, and never held across a
@@ -35,6 +36,7 @@ struct TraceEvent {
   uint64_t seq = 0;
   StepEventKind kind = StepEventKind::kSaveIssued;
   int layer = 0;
+  int microbatch = 0;  // the one the tensor was saved under (0 without microbatches)
   uint64_t bytes = 0;
   uint64_t id = 0;  // the tensor id
   uint64_t nanos = 0;
@@ -49,7 +51,7 @@ class StepTrace {
 
   void BeginStep();
   void EndStep();
-  void Record(StepEventKind kind, int layer, uint64_t bytes, uint64_t id);
+  void Record(StepEventKind kind, int layer, int microbatch, uint64_t bytes, uint64_t id);
 
   // The last completed step's events, in sequence order, and how many it dropped.
   std::vector<TraceEvent> Last(uint64_t* dropped) const;

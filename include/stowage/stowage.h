@@ -61,8 +61,10 @@
 extern "C" {
 #endif
 
-/* 2: the _microbatch calls and stowage_pipeline_order were added; every ABI 1 call is kept. */
-#define STOWAGE_ABI_VERSION 2
+/* 2: the _microbatch calls and stowage_pipeline_order were added; every ABI 1 call is kept.
+ * 3: stowage_trace_event carries the tensor's microbatch and stowage_layer_info the layer's
+ * in_flight_microbatches (both structs changed size: rebuild against this header). */
+#define STOWAGE_ABI_VERSION 3
 
 typedef enum stowage_status {
   STOWAGE_OK = 0,
@@ -271,6 +273,7 @@ typedef struct stowage_layer_info {
   uint64_t host_bytes;            /* the plan's reservation */
   uint64_t host_bytes_used;       /* saved into it in the current step (0 outside a step) */
   int32_t save_wait_before_layer; /* -1: nothing to wait for */
+  int32_t in_flight_microbatches; /* the microbatches the layer holds at once (its slots) */
 } stowage_layer_info;
 /* Every layer of the plan, its MTP layers (the last run.mtp_layers, plan.h Note [MTP layers])
  * included: a trainer saves and restores an MTP layer under its index like any other. */
@@ -304,6 +307,7 @@ typedef struct stowage_trace_event {
   uint64_t seq; /* 0, 1, 2, ... within the step: the order recorded */
   int32_t kind; /* stowage_event_kind */
   int32_t layer;
+  int32_t microbatch;   /* the one the tensor was saved under (0 for the single-microbatch calls) */
   uint64_t bytes;       /* the tensor's */
   stowage_tensor_id id; /* the tensor's */
   uint64_t nanos;       /* since begin_step; for reading, never for comparing */

@@ -30,12 +30,12 @@ std::vector<json> Spans(const json& doc, const std::string& track) {
 TEST(StepTraceJson, PairsCopiesByTensorIdAcrossInterleavedLandings) {
   StepTraceInput in;
   in.pid = 42;
-  // Two tensors of layer 0 issued together; the second lands first.
-  in.events = {{StepEventKind::kSaveIssued, 0, 100, 7, 0.001},
-               {StepEventKind::kSaveIssued, 0, 200, 8, 0.002},
-               {StepEventKind::kSaveLanded, 0, 200, 8, 0.004},
-               {StepEventKind::kSaveLanded, 0, 100, 7, 0.005},
-               {StepEventKind::kSaveWait, 0, 100, 7, 0.006}};
+  // Two tensors of layer 0 (microbatches 0 and 1) issued together; the second lands first.
+  in.events = {{StepEventKind::kSaveIssued, 0, 100, 7, 0.001, 0},
+               {StepEventKind::kSaveIssued, 0, 200, 8, 0.002, 1},
+               {StepEventKind::kSaveLanded, 0, 200, 8, 0.004, 1},
+               {StepEventKind::kSaveLanded, 0, 100, 7, 0.005, 0},
+               {StepEventKind::kSaveWait, 0, 100, 7, 0.006, 0}};
   const json doc = json::parse(StepTraceJson(in));
   const std::vector<json> d2h = Spans(doc, "D2H");
   ASSERT_EQ(d2h.size(), 2u);
@@ -45,8 +45,10 @@ TEST(StepTraceJson, PairsCopiesByTensorIdAcrossInterleavedLandings) {
       EXPECT_DOUBLE_EQ(s["ts"].get<double>(), 1000);
       EXPECT_DOUBLE_EQ(s["dur"].get<double>(), 4000);
       EXPECT_EQ(s["args"]["bytes"], 100);
+      EXPECT_EQ(s["args"]["microbatch"], 0);
     } else {
       EXPECT_EQ(s["args"]["tensor"], 8);
+      EXPECT_EQ(s["args"]["microbatch"], 1);
       EXPECT_DOUBLE_EQ(s["dur"].get<double>(), 2000);
     }
   }
@@ -57,6 +59,7 @@ TEST(StepTraceJson, PairsCopiesByTensorIdAcrossInterleavedLandings) {
     if (e["ph"] == "i") {
       ++instants;
       EXPECT_EQ(e["name"], "save_wait 0");
+      EXPECT_EQ(e["args"]["microbatch"], 0);
     }
   }
   EXPECT_EQ(instants, 1);
@@ -73,6 +76,7 @@ TEST(StepTraceJson, PairsPerLayerEventsInIssueOrderAndMarksCopiesThatNeverLanded
   ASSERT_EQ(h2d.size(), 2u);
   int landed = 0, open = 0;
   for (const json& s : h2d) {
+    EXPECT_FALSE(s["args"].contains("microbatch"));  // per-layer events name none
     if (s["args"].contains("landed")) {
       EXPECT_EQ(s["args"]["landed"], false);
       EXPECT_EQ(s["args"]["bytes"], 20);

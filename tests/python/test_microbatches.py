@@ -5,6 +5,7 @@ runtime's misuse statuses as Python sees them."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import unittest
@@ -105,6 +106,7 @@ class GradientAccumulationTest(unittest.TestCase):
         base = plans.plan_for(wrapped, inputs(1, 0)[0], POLICIES)
         base.run.microbatches = microbatches
         planned = stowage.PlannedLayers(wrapped, base)
+        planned.runtime.set_trace_capacity(1 << 14)
         opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
         try:
@@ -129,6 +131,16 @@ class GradientAccumulationTest(unittest.TestCase):
                         self.assertTrue(torch.equal(u, v), f"step {step}: {what} {k} differs")
                 stats = planned.stats()
                 self.assertEqual(stats.saves_total, stats.restores_total)
+                # The trace names the microbatch of every event: each microbatch saved and
+                # restored the same tensors, through the one slot.
+                events = planned.runtime.trace().events
+                by_microbatch = collections.Counter((e.microbatch, e.kind) for e in events)
+                saves = {k: by_microbatch[k, "save_issued"] for k in range(microbatches)}
+                self.assertGreater(saves[0], 0)
+                self.assertEqual(set(saves.values()), {saves[0]}, by_microbatch)
+                for k in range(microbatches):
+                    self.assertEqual(by_microbatch[k, "restore"], saves[0], by_microbatch)
+                self.assertEqual({e.microbatch for e in events}, set(range(microbatches)))
                 opt_ref.step()
                 opt.step()
             # One slot per layer however many microbatches: the arena is the plan's.

@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -646,6 +647,16 @@ void RunPipelineOrder(Fixture* t, const Plan& plan, int stage) {
   const std::vector<PipelineOp> order =
       PipelineOrder(plan.schedule, plan.pp, plan.vpp, plan.microbatches, stage);
   ASSERT_EQ(order.size(), size_t{2} * plan.microbatches * plan.vpp);
+  // The layer info says how many microbatches each layer of the stage holds at once.
+  for (const LayerRange& c : st.chunks) {
+    for (int i = c.first_layer; i < c.end(); ++i) {
+      stowage_layer_info info{};
+      info.struct_size = sizeof(info);
+      STOWAGE_ASSERT_OK(stowage_get_layer_info(t->rt_, i, &info));
+      EXPECT_EQ(info.in_flight_microbatches, plan.layers[i].in_flight_microbatches) << i;
+    }
+  }
+  STOWAGE_ASSERT_OK(stowage_set_trace_capacity(t->rt_, size_t{1} << 16));
   for (int step = 0; step < 2; ++step) {
     STOWAGE_ASSERT_OK(stowage_begin_step(t->rt_));
     struct Saved {
@@ -697,6 +708,21 @@ void RunPipelineOrder(Fixture* t, const Plan& plan, int stage) {
     // The slots of the stage's layers, never one per microbatch of the step.
     EXPECT_LT(stats.arena_capacity_bytes, planned_slots_bytes + (uint64_t{8} << 20));
     STOWAGE_ASSERT_OK(stowage_end_step(t->rt_));
+    // The trace names each event's microbatch: every (layer, microbatch) of the stage saved,
+    // waited for, prefetched and restored its two tensors, under its own microbatch.
+    size_t count = 0;
+    STOWAGE_ASSERT_OK(stowage_get_trace(t->rt_, nullptr, 0, &count, nullptr));
+    std::vector<stowage_trace_event> events(count);
+    STOWAGE_ASSERT_OK(stowage_get_trace(t->rt_, events.data(), count, &count, nullptr));
+    std::map<std::tuple<int, int, int>, int> per_kind;  // (layer, microbatch, kind) -> events
+    for (const stowage_trace_event& e : events) ++per_kind[{e.layer, e.microbatch, e.kind}];
+    std::map<std::tuple<int, int, int>, int> expected;
+    for (const auto& [key, s] : saved) {
+      for (int kind = STOWAGE_EVENT_SAVE_ISSUED; kind <= STOWAGE_EVENT_RESTORE; ++kind) {
+        expected[{key.first, key.second, kind}] = 2;
+      }
+    }
+    EXPECT_EQ(per_kind, expected) << "step " << step;
     for (void* p : t->device_buffers_) t->backend().FreeDevice(p);
     t->device_buffers_.clear();
   }

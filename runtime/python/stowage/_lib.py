@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Optional
 
-ABI_VERSION = 2  # STOWAGE_ABI_VERSION of include/stowage/stowage.h that this binding declares
+ABI_VERSION = 3  # STOWAGE_ABI_VERSION of include/stowage/stowage.h that this binding declares
 
 # stowage_status codes, by value.
 STATUS_NAMES = {
@@ -91,6 +91,7 @@ class TraceEvent(ctypes.Structure):
         ("seq", ctypes.c_uint64),
         ("kind", ctypes.c_int32),
         ("layer", ctypes.c_int32),
+        ("microbatch", ctypes.c_int32),
         ("bytes", ctypes.c_uint64),
         ("id", ctypes.c_uint64),
         ("nanos", ctypes.c_uint64),

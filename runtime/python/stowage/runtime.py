@@ -62,6 +62,7 @@ class TraceEvent:
     bytes: int
     id: int
     nanos: int  # since begin_step: for reading, never for comparing
+    microbatch: int = 0  # the one the tensor was saved under
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,7 +355,7 @@ class Runtime:
             self._h(), buf, count.value, ctypes.byref(count), ctypes.byref(dropped)))
         name = self._lib.stowage_event_kind_name
         events = [TraceEvent(seq=e.seq, kind=name(e.kind).decode(), layer=e.layer,
-                             bytes=e.bytes, id=e.id, nanos=e.nanos)
+                             bytes=e.bytes, id=e.id, nanos=e.nanos, microbatch=e.microbatch)
                   for e in buf[:count.value]]
         return Trace(events=events, dropped=dropped.value)
 
