@@ -1040,6 +1040,21 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
 // the moments with its gradients, the
 // rest of the layer's gradients exist from its backward's end, and what the step holds around
 // the layer is BackwardHeldBytes (simulator.h), the one sum the simulator and the optimizer use.
+// The layer input's gradient follows the same order: autograd sums the gradients of the
+// input's uses (the residual path and the layer's first ops) in the input's buffer, and the
+// residual add's backward hands the output's gradient on as it is (AddBackward0: no new
+// tensor), so a new tensor of the input's width exists only once the first ops' backward (the
+// input norm's; OLMo's q/k/v projections) has run, after every moment above: the hf recipe
+// says so (LayerCost::input_grad_made_last; the olmo3 layers at 4096 tokens peaked 40 MiB,
+// 2h per token, below the old count). A shared expert's input gradient, made inside the
+// FFN's backward, is the FFN recipe's (framework_hf.cc). The megatron recipe keeps counting it
+// at every moment: GLM-5.3-Flash's layers are mHC (hc_mult 4), and Megatron-Core applies H_res
+// to the n-stream residual after the sublayer (transformer/hyper_connection.py apply_h_res,
+// deferred to the fused h_res/h_post bias-dropout-add), so that bmm's backward, which runs
+// first, makes an n x hidden-wide part of the input's gradient that lives through the rest of
+// the layer's backward (its peak moments included). For hc_mult 1 layers the megatron count
+// stays as it was: an upper bound by 2h per token (the fused bias-dropout-add's backward
+// under torch.compile or jit is not checked here).
 //
 // Note [Recompute moment]
 // A recomputed layer reruns its forward inside its backward, and the rerun's transients are live
@@ -1080,12 +1095,14 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
     return std::max(attn_part + l.attn_forward_transient, attn_part + ffn_part + ffn_fwd) +
            l.output_bytes;
   };
-  // Note [Gradient timing]: each part's peak with the gradients made by then.
+  // Note [Gradient timing]: each part's peak with the gradients made by then, and the input's
+  // gradient where it exists by then.
+  const uint64_t input_grad = l.input_grad_made_last ? 0 : l.input_bytes;
   auto backward_with = [&](uint64_t ffn_part) {
     return std::max({attn_saved + ffn_part + ffn_bwd + l.ffn_peak_grad_bytes,
                      attn_saved + l.ffn_inputs_backward_bytes + l.ffn_inputs_grad_bytes,
                      attn_saved + l.attn_backward_transient + l.attn_peak_grad_bytes}) +
-           l.output_bytes + l.input_bytes;
+           l.output_bytes + input_grad;
   };
   const uint64_t keep_forward = forward_with(attn_saved, l.ffn_saved_bytes);
   const uint64_t keep_backward = backward_with(l.ffn_saved_bytes);

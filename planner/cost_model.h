@@ -106,7 +106,11 @@ struct LayerCost {
   std::string type;  // LayerSpec::TypeName(); an MTP layer's is "mtp+" and its layer's kind
   std::string name;  // "mtp.K" for MTP depth K (stowage/plan.h MtpLayerName), else ""
   uint64_t input_bytes = 0;
-  uint64_t output_bytes = 0;       // alive through the forward; its gradient through the backward
+  uint64_t output_bytes = 0;  // alive through the forward; its gradient through the backward
+  // Whether the input's gradient is made after every moment of the backward EvaluateOption
+  // counts (Note [Gradient timing] in cost_model.cc: eager PyTorch, the hf recipe), so that
+  // none of them holds it; else each counts it beside the output's gradient (megatron).
+  bool input_grad_made_last = false;
   std::vector<SavedTensor> saved;  // includes "input"
   uint64_t saved_bytes = 0;        // sum of saved
   uint64_t ffn_saved_bytes = 0;    // the FFN/MoE part of saved (recomputed chunk by chunk)

@@ -992,8 +992,10 @@ void Llama4MoeWork(HfLayer& b) {
 //    to fp32, the weight mul's and the rsqrt mul's, the row sum, mean's and pow's (20h), less
 //    the normalised x it frees (4h) = 16h (the live bytes of OLMo 2's last layer at 4096
 //    tokens: a mul, a div and a pow output of 4h each beyond the saved tensors, the fp32 x
-//    still alive). Each part's moment is the larger of the two; the gradients counted at it
-//    are the later moment's (down_proj's at the FFN moment: conservative at the norm's).
+//    still alive). Each part's moment is the larger of the two, each with the gradients made by
+//    it (OlmoNormMoments): at the post-feedforward norm's none of the MLP's (down_proj's is
+//    made at the FFN moment: olmo3 at 4096 tokens was 270 MiB high there, 5120 x 27648 bf16),
+//    at the post-attention norm's the whole MLP's, not o_proj's.
 //  Phi-3: one qkv_proj and one gate_up_proj. q, k, v are slices of qkv_proj's output: v goes to
 //    SDPA as a view of it (k/v not repeated), so the kernel's saved v keeps the whole output
 //    (2(hq + 2hkv)d, not 2 hkv d). apply_rotary_pos_emb is the partial-rotary form (Phi-4's
@@ -1008,13 +1010,13 @@ void OlmoPhi3Terms(HfLayer& b, const LayerSpec& spec) {
   const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim;
   if (b.dialect.fp32_rope) b.Traffic(16 * (hq + hkv) * d, 26 * (hq + hkv) * d, 2, 6);
   if (b.dialect.norms_after) {
-    const double freed = (8 * h + 4) * b.t, norm_backward = 16 * h * b.t;
-    auto moment = [&](uint64_t& transient) {
-      transient =
-          static_cast<uint64_t>(std::max(static_cast<double>(transient) - freed, norm_backward));
+    // The norms' own moments, with the gradients made by them: OlmoNormMoments.
+    const double freed = (8 * h + 4) * b.t;
+    auto less_freed = [&](uint64_t& transient) {
+      transient = static_cast<uint64_t>(std::max(static_cast<double>(transient) - freed, 0.0));
     };
-    moment(b.cost.ffn_backward_transient);
-    moment(b.cost.attn_backward_transient);
+    less_freed(b.cost.ffn_backward_transient);
+    less_freed(b.cost.attn_backward_transient);
   }
   if (!b.dialect.fused_qkv) return;
   const bool masked = !b.dialect.eager && HfMasked(b, spec);
@@ -1178,21 +1180,32 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     // that runs after the routed ones (DeepseekV3MoE, Glm4MoeMoE, Llama4TextMoe: Note [hf
     // gradient timing]) has run its whole backward by then and freed what it saved (8 fs; the
     // live bytes of Llama 4 at 16384 tokens: its gate/up and activations are gone while its
-    // weights' gradients exist). Later moments (the gathered states' gradient, 2h per routed
-    // expert) come after gate_up and act are freed.
-    const double shared_after =
-        m.shared_intermediate > 0 && !m.shared_expert_gate ? 8.0 * m.shared_intermediate : 0;
+    // weights' gradients exist), and made its input's gradient (2h), which autograd holds
+    // until the block's other uses of that input (the router, the dispatch) add theirs, at the
+    // block's end (Note [Gradient timing] in cost_model.cc). The block's input itself (the
+    // norm's bf16 output, counted with the norm) was then kept by the shared expert's gate/up
+    // only where the router takes an fp32 copy (DeepSeek, GLM, Kimi: `F.linear(x.float(), ...)`;
+    // the dispatch's gather keeps indices): released too. Llama 4's router is an nn.Linear on
+    // it. (Live bytes at DeepSeek-V3's routed gate_up backward, 4096 tokens: the shared
+    // expert's input gradient, 56 MiB, alive, its input gone.) Later moments (the gathered
+    // states' gradient, 2h per routed expert) come after gate_up and act are freed.
+    const bool shared_after = m.shared_intermediate > 0 && !m.shared_expert_gate;
+    const bool fp32_router = b.dialect.router == HfRouter::kDeepSeekSoftmax ||
+                             b.dialect.router == HfRouter::kDeepSeekSigmoid;
+    // Beyond the saved tensors: the shared expert's input gradient less its input released.
+    const double shared_left = shared_after && !fp32_router ? 2 * h : 0;
     const double released = 2 * fe * routed +
                             (b.dialect.router == HfRouter::kLlama4 ? 0 : 2 * h * routed) +
-                            shared_after;
+                            (shared_after ? 8.0 * m.shared_intermediate : 0);
     b.cost.ffn_backward_transient =
-        static_cast<uint64_t>(std::max(0.0, (6 * fe * routed - released) * b.t));
+        static_cast<uint64_t>(std::max(0.0, (6 * fe * routed - released + shared_left) * b.t));
     b.cost.ffn_forward_transient = static_cast<uint64_t>((4 * h * routed + 2 * e) * b.t);
     // Note [hf gradient timing]: at the up projection's backward (gate_up_proj's gradient made)
     // the gate, the product and the weighted output are released; alive are what was saved
     // before the experts (the router's, the dispatch's gathered states and indices, and a shared
     // expert that ran before the router), the gradient of [gate; up] (4fe per routed expert) and
-    // of the gathered states (2h per routed expert).
+    // of the gathered states (2h per routed expert), and what a shared expert run after them
+    // left (shared_left).
     double before_experts = 0;
     for (size_t i = first; i < b.cost.saved.size(); ++i) {
       const std::string& name = b.cost.saved[i].name;
@@ -1202,7 +1215,7 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
       }
     }
     b.cost.ffn_inputs_backward_bytes =
-        static_cast<uint64_t>(before_experts + (4 * fe + 2 * h) * routed * b.t);
+        static_cast<uint64_t>(before_experts + ((4 * fe + 2 * h) * routed + shared_left) * b.t);
   }
   if (spec.cross_attention) b.Save("ffn.gated_out", "", 2 * h, 2);  // Note [hf cross-attention]
   if (post_norms) b.Norm("ffn.post_norm", h, 1, false);
@@ -1308,6 +1321,24 @@ HfGradTiming HfGradientsMade(const ModelConfig& m, const LayerSpec& spec) {
   return t;
 }
 
+// Note [hf OLMo and Phi-3]: a norm after its sublayer runs its backward before that sublayer's,
+// so its moment (16h of fp32 temporaries over every saved tensor) has fewer of the layer's
+// gradients made than the sublayer's moment EvaluateOption counts with it: its transient there
+// is the norm's less the gradients made between the two (`made`, Note [hf gradient timing]).
+void OlmoNormMoments(HfLayer& b, const LayerSpec& spec, const HfGradTiming& made,
+                     double grad_dtype) {
+  if (!b.dialect.norms_after) return;
+  const double h = b.m.hidden, norm_backward = 16 * h * b.t;
+  auto moment = [&](uint64_t& transient, double made_after_norm) {
+    transient = static_cast<uint64_t>(
+        std::max(static_cast<double>(transient), norm_backward - made_after_norm * grad_dtype));
+  };
+  // At the post-feedforward norm's moment none of the FFN moment's gradients is made.
+  moment(b.cost.ffn_backward_transient, made.by_ffn_peak);
+  // At the post-attention norm's the FFN's and the norms' are; o_proj's is not.
+  moment(b.cost.attn_backward_transient, static_cast<double>(AttentionOutputParams(b.m, spec)));
+}
+
 }  // namespace
 
 absl::Status ValidateHfRun(const ModelConfig& /*model*/, const RunSettings& run) {
@@ -1402,6 +1433,10 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   // save it (the first norm saves its fp32 upcast).
   b.cost.input_bytes = static_cast<uint64_t>(std::llround(2.0 * m.hidden * tokens));
   b.cost.output_bytes = b.cost.input_bytes;
+  // Note [Gradient timing]: autograd makes the input's gradient last, in the layer's first ops'
+  // backward (the input norm's, or q/k/v's under OLMo), where the residual's gradient and
+  // theirs are summed.
+  b.cost.input_grad_made_last = true;
   for (const SavedTensor& s : b.cost.saved) b.cost.saved_bytes += s.bytes;
   b.cost.forward_flops = b.gemm_flops + b.grouped_flops + b.core_flops;
   b.cost.forward_time = OpTimeOf({.gemm_flops = b.gemm_flops,
@@ -1427,6 +1462,7 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   b.cost.ffn_peak_grad_bytes = static_cast<uint64_t>(made.by_ffn_peak * grad_dtype);
   b.cost.ffn_inputs_grad_bytes = static_cast<uint64_t>(made.by_ffn_inputs * grad_dtype);
   b.cost.attn_peak_grad_bytes = static_cast<uint64_t>(made.by_attn_peak * grad_dtype);
+  OlmoNormMoments(b, spec, made, grad_dtype);
   return b.cost;
 }
 

@@ -416,6 +416,17 @@ ANALYTIC_GAPS = {
 }
 
 
+# How close the analytic hf plan and the measured profile's plan must be where neither is known
+# to miss (no gap above): the two count the same moments (EvaluateOption's, Note [Measured
+# layers] in planner/profile.cc), so they agree to the bytes the fit rounds (every row within
+# 0.01%). Looser, the bookkeeping of a moment slips through: olmo3 4096 recompute was -0.73%
+# (the input's gradient counted before autograd makes it, and down_proj's gradient at the
+# post-feedforward norm's moment: Note [Gradient timing] in planner/cost_model.cc, Note [hf
+# OLMo and Phi-3] in planner/framework_hf.cc), llama4_text 16384 recompute -0.26% without the
+# shared expert's input gradient at the routed experts' moment.
+HF_MEASURED_AGREEMENT = 0.0005
+
+
 @unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
 class LiveBytesTest(unittest.TestCase):
     def test_hand_count_of_a_tiny_module(self) -> None:
@@ -753,8 +764,8 @@ class AgreementTest(unittest.TestCase):
                             # A measured profile known to miss the truth is not held to the
                             # analytic plan that meets it.
                             if (family, seq_len) not in MEASURED_GAPS and below is None:
-                                self.assertLessEqual(abs(measured - analytic) / analytic, 0.01,
-                                                     rows[-1])
+                                self.assertLessEqual(abs(measured - analytic) / analytic,
+                                                     HF_MEASURED_AGREEMENT, rows[-1])
                         else:
                             self.assertGreater(abs(analytic - truth) / truth, 0.01,
                                                f"{rows[-1]}: {gap}")
