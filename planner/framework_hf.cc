@@ -1101,11 +1101,12 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
         // clamps' where (r2 + bool r1 w2) and their le/ge/and masks (r2 w1, r1 r1 w1), the sum
         // of gate's two gradients (r4 w2), the interleaved slices' zeros and copies (w4 + r2 w2
         // each) summed (r4 w2 of 2fe) = 96 fe against SwiGLU's 26: +70 fe, 16 kernels; the two
-        // biases' gradients are index_put(accumulate) by expert id (the values r, the ids
-        // sorted: 256 B per key, Note [Kernel bytes]; 11 kernels each and a zero fill):
-        // +4 fe + 2 h + 2 x 264 per routed expert.
+        // biases' gradients are index_put(accumulate) by expert id (each value row read, its
+        // expert's row read and rewritten: 3 bytes per value byte; the ids sorted: 256 B per
+        // key, Note [Kernel bytes]; 11 kernels each and a zero fill): +12 fe + 6 h + 2 x 264
+        // per routed expert.
         if (m.expert_bias) {
-          b.Traffic((42 * fe + 10 * h + 16) * k, (70 * fe + 4 * fe + 2 * h + 528) * k, 4, 16 + 24);
+          b.Traffic((42 * fe + 10 * h + 16) * k, (70 * fe + 12 * fe + 6 * h + 528) * k, 4, 16 + 24);
         }
         break;
       case HfRouter::kLlama4:
@@ -1136,10 +1137,14 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     // gradients (g * w: r 2hk w 2hk; g * out: r 4hk w 2hk, summed over h r 2hk); down's two
     // grouped GEMMs; the gate's mul and silu gradients (2 x r 4fe w 2fe per k, r 4fe w 2fe) and
     // the chunk's cat into [t*k, 2fe] (r 4fe w 4fe); up's two grouped GEMMs; the hidden gather's
-    // index_put into zeros (w 2h, sort, values r 2hk, target rows r 2h w 2h: one per token,
-    // accumulated in registers by indexing_backward_kernel); the routing weights' gather, top-k's
+    // index_put into zeros (w 2h, sort, values r 2hk, and the token's row read and rewritten
+    // once per routed copy, r 2hk w 2hk: indexing_backward_kernel reloads and stores the
+    // destination for every duplicate, stowage/hf_profile.py Note [Kernel bytes]); the routing
+    // weights' gather, top-k's
     // scatter (w 4E), softmax's backward (r 8E w 4E) and cast (r 4E w 2E); the router's two GEMMs;
-    // the sum of the normed input's two gradients (router and experts: r 4h w 2h).
+    // the sum of the normed input's two gradients (router and experts: r 4h w 2h). Each
+    // _grouped_mm is two kernels (prepare_grouped_gemm_data and the GEMM: 2 forward, 4 backward
+    // beyond the one counted per call).
     const double r = routed;
     // Mixtral, DeepSeek-V2/V3 and GLM keep the routing weights fp32 (their routers never cast
     // them; Qwen's does): the weighting mul promotes the expert output to fp32, so the
@@ -1157,10 +1162,10 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
       b.Traffic(6 * e + 4 * e + 256 * r + 4 * h * r + 10 * fe * r + 4 * h * r + 4 * h * r +
                     2 * h * r + 2 * h,
                 4 * h * r + 2 * h * r + 256 * r + 6 * h * r + 12 * h * r + 18 * fe * r +
-                    8 * fe * r + 2 * h + 256 * r + 2 * h * r + 4 * h + 4 * e + 12 * e + 6 * e +
+                    8 * fe * r + 2 * h + 256 * r + 2 * h * r + 4 * h * r + 4 * e + 12 * e + 6 * e +
                     6 * h,
-                1 + 1 + 1 + 4 + 10 + 6 + 1 + 1 + 2 + 1 + 1 + 2 + 1 + 1,
-                1 + 1 + 10 + 2 + 3 + 2 + 4 + 2 + 1 + 10 + 2 + 2 + 2 + 2 + 2 + 1);
+                1 + 1 + 1 + 4 + 10 + 6 + 1 + 1 + 2 + 1 + 1 + 2 + 1 + 1 + 2,
+                1 + 1 + 10 + 2 + 3 + 2 + 4 + 2 + 1 + 10 + 2 + 2 + 2 + 2 + 2 + 1 + 4);
       b.grouped_flops += 2 * 3 * h * fe * routed * b.t;
       b.tokens_per_expert = per_expert;
     }

@@ -145,26 +145,31 @@ TEST(HfMeasured, StepTimeWithin10Percent) {
   CheckCases(false, true, {"llama-8layer", "qwen2-6layer"});
 }
 
-// Not met (issue 12): the MoE case is predicted 19% fast (0.123 s against 0.152 s). Its terms
-// (printed) are GEMMs 28 ms, grouped expert GEMMs 23 ms, attention 22 ms, element-wise 46 ms,
-// launches 4 ms. The grouped term is torch._grouped_mm's own rate now (Note [torch._grouped_mm
+// Not met (issue 12): the MoE case is predicted 18% fast (0.124 s against 0.152 s). Its terms
+// (printed) are GEMMs 28 ms, grouped expert GEMMs 23 ms, attention 22 ms, element-wise 47 ms,
+// launches 4 ms. The grouped term is torch._grouped_mm's own rate (Note [torch._grouped_mm
 // rate] in hardware.cc: the CUTLASS sm90 cooperative 128x256x64 kernel every one of the six
 // calls per layer runs here; 1.1e13 FLOPs at 480.5 TFLOP/s at 512 rows per expert, from the
-// public H100 measurement of that kernel at this case's gate/up shape), not TE's class
-// (663 TFLOP/s by the dense share and the tile padding): 16.8 ms -> 23.2 ms, -23.1% -> -18.9%.
+// public H100 measurement of that kernel at this case's gate/up shape). Counted from PyTorch's
+// source since: each _grouped_mm is two kernels, and the index_put(accumulate) of
+// `hidden[perm // k]`'s gradient reads and rewrites a token's row once per routed copy
+// (stowage/hf_profile.py Note [Kernel bytes]): -18.9% -> -18.4%.
 // Also known: transformers 5.17 (the measured version) masks EP sentinels unconditionally in
 // grouped_mm_experts_forward (a compare, a clamp_ and three masked_fill over [t*k, h],
 // [t*k, 2fe], [t*k, h], and their three gradients: 361 KB per token and 8 kernels a layer,
 // 4.6 ms here); 5.23, which the tests here pin, does so only under expert parallelism, and the
 // recipe follows it. The GPU step has one host sync, before the first layer
 // (masking_utils.find_packed_sequence_indices' `.all()`); the ~1,400 kernels leave the launch
-// queue ahead of the GPU. Left: ~29 ms (24 ms beyond 5.17's masking). To close those 24 ms
-// alone the grouped rate would have to be ~235 TFLOP/s (~300 to come within 10%), half of every
-// public measurement of the kernel at these shapes (455-511 TFLOP/s), so most of the gap is
-// elsewhere (the MoE path's gathers, index_put and sort at their real rates are candidates,
-// unmeasured). tools/gpu-check runs tools/bench_grouped_mm.py (each pass on the H200) and
-// `stowage calibrate --torch-grouped-mm` writes its rate into the profile; no number here is
-// chosen to close the gap.
+// queue ahead of the GPU. Left: ~28 ms (~23 ms beyond 5.17's masking). To close those alone
+// the grouped rate would have to be ~235 TFLOP/s, half of every public measurement of the
+// kernel at these shapes (455-511 TFLOP/s), so most of the gap is elsewhere; the kernels not
+// measured at their GPU rates are the latency-bound ones (index_put with 8 duplicates per row:
+// one warp in eight works, serially; CUB's radix sort of 65,536 keys; top-k of 8 in 128) and the
+// down projection's three passes (K 768 forward, K-grouped 512-row weight gradients).
+// tools/gpu-check runs tools/bench_grouped_mm.py (each pass on the H200) and
+// tools/bench_moe_block.py (this case's MoE block, device time per aten op and per kernel,
+// host time), and `stowage calibrate --torch-grouped-mm` writes the grouped rate into the
+// profile; no number here is chosen to close the gap.
 TEST(HfMeasured, DISABLED_MoeStepTimeWithin10Percent) {
   CheckCases(false, true, {"qwen3moe-6layer"});
 }

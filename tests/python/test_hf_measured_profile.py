@@ -589,6 +589,29 @@ class KernelBytesTest(unittest.TestCase):
         x = torch.randn(64, 64)
         self.assertEqual(self.work(lambda: x.new_zeros(64, 64)).elementwise_bytes, x.nbytes)
 
+    def test_index_put_rewrites_a_row_per_duplicate(self) -> None:
+        # A gather's gradient with 8 copies of each of 16 rows (transformers' `hidden[perm // k]`
+        # at top-8): indexing_backward_kernel reads every value row and reads and rewrites its
+        # destination row for each, 3 x 128 x 64 x 4 bytes, plus the indices and their sort.
+        target, values = torch.zeros(16, 64), torch.randn(128, 64)
+        index = torch.arange(16).repeat_interleave(8)
+        w = self.work(lambda: target.index_put_((index,), values, accumulate=True))
+        self.assertEqual(w.elementwise_bytes, 3 * values.nbytes + index.nbytes + 256 * 128)
+        self.assertEqual(w.kernels, 1 + 10)
+        # One-element slices sum a row's duplicates in a warp (indexing_backward_kernel_stride_1):
+        # every tensor once.
+        flat, weights = torch.zeros(16), torch.randn(128)
+        w = self.work(lambda: flat.index_put_((index,), weights, accumulate=True))
+        self.assertEqual(w.elementwise_bytes,
+                         2 * flat.nbytes + weights.nbytes + index.nbytes + 256 * 128)
+
+    @unittest.skipUnless(hasattr(torch, "_grouped_mm"), "torch without _grouped_mm")
+    def test_grouped_mm_is_two_kernels(self) -> None:
+        x, w8 = torch.randn(32, 16).bfloat16(), torch.randn(4, 16, 8).bfloat16()
+        offs = torch.tensor([8, 16, 24, 32], dtype=torch.int32)
+        w = self.work(lambda: torch._grouped_mm(x, w8, offs=offs))
+        self.assertEqual((w.kernels, w.torch_grouped_mm_flops), (2, 2 * 32 * 16 * 8))
+
 
 @unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
 class FakeTensorTest(unittest.TestCase):

@@ -169,6 +169,18 @@ _GATHERS = {"embedding", "index", "index_select", "gather"}
 #    histogram and the positions' iota: 8 passes of 32 bytes = 256 bytes per int64 key and 10
 #    kernels; index_put with accumulate=True sorts its linear indices the same way first
 #    (Indexing.cu index_put_with_sort_kernel).
+#  - index_put with accumulate=True over slices wider than one element (a gather's backward:
+#    `hidden[perm // k]`, `weighted_out[inv_perm]`, a bias gathered by expert id) then runs
+#    indexing_backward_kernel: one warp per distinct destination row walks that row's
+#    duplicates one after another and, for each, reads the value row, reads the destination
+#    row and writes it back (Indexing.cu: `weight[ii]` is reloaded from `grad_weight` and
+#    stored for every duplicate, not accumulated in registers). So it moves 3 bytes per value
+#    byte whatever the destination's size: a token's k routed rows read and rewrite its
+#    destination row k times. One-element slices take indexing_backward_kernel_stride_1,
+#    which sums a row's duplicates in a warp and writes each destination once.
+#  - _grouped_mm is two kernels on sm90 (GroupMM.cu bf16bf16_grouped_mm):
+#    prepare_grouped_gemm_data, then the CUTLASS grouped GEMM (planner/hardware.cc Note
+#    [torch._grouped_mm rate]).
 #  - slice_backward (a slice's gradient, e.g. rotate_half's in RoPE) is two kernels: a zero
 #    fill of the whole input's size, then a copy of the gradient into the slice.
 #  - embedding_dense_backward zeroes the [V, h] gradient, sorts the ids, sums each id's rows
@@ -306,6 +318,7 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
         offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
         groups = offs.numel() if isinstance(offs, torch.Tensor) else 1
         w.torch_grouped_mm_flops, w.tokens_per_expert = _grouped_flops(args[0], args[1], groups)
+        w.kernels = 2  # prepare_grouped_gemm_data and the GEMM (Note [Kernel bytes])
     elif name in _SOFTMAX:
         x = args[0]
         w.elementwise_bytes = _row_passes(x, args[1], 3) * _bytes(x) + sum(
@@ -330,8 +343,18 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
             (len(args) > 3 and args[3] is True) or kwargs.get("accumulate") is True):
         index = [t for t in _tensors(args[1]) if t is not None]
         sort_bytes, sort_kernels = _radix_sort(index[0]) if index else (0.0, 0.0)
-        w.elementwise_bytes = sum(_bytes(t) for t in _tensors((args, kwargs))) + sum(
-            _bytes(t) for t in _tensors(out)) + sort_bytes
+        target = args[0]
+        indexed = [t is not None for t in args[1]] + [False] * (target.dim() - len(args[1]))
+        slice_elements = math.prod(n for n, i in zip(target.shape, indexed) if not i)
+        if index and slice_elements > 1:
+            # indexing_backward_kernel: every value row reads and rewrites its destination
+            # row (Note [Kernel bytes]); the values as the kernel reads them (expanded first).
+            rows = math.prod(torch.broadcast_shapes(*(t.shape for t in index)))
+            w.elementwise_bytes = (3 * rows * slice_elements * target.element_size() +
+                                   sum(_bytes(t) for t in index) + sort_bytes)
+        else:
+            w.elementwise_bytes = sum(_bytes(t) for t in _tensors((args, kwargs))) + sum(
+                _bytes(t) for t in _tensors(out)) + sort_bytes
         w.kernels = 1 + sort_kernels
     elif name == "slice_backward":
         w.kernels = 2
