@@ -1,0 +1,95 @@
+"""The real linear-attention token mixers' op work against LinearAttentionWorkOf
+(planner/framework_hf.cc, Note [hf linear attention work]).
+
+tests/planner/data/hf_linear_attention_work.json states, per row (a family's mixer at small
+widths and a length), what the mixer runs through transformers' torch fallbacks
+(torch_chunk_gated_delta_rule, chunk_kimi_delta_attention, causal_conv1d_fn): element-wise bytes,
+kernels and GEMM FLOPs, forward and backward, its projections' GEMMs left out.
+planner_hf_norm_work_test (HfLinearAttentionWork.*) checks that the recipe says so; this suite
+checks that the real module runs it: every aten op of its forward and backward, counted by
+stowage.hf_profile's LiveBytes (op_work), on fake tensors. Either drifting fails one of them.
+Rows cover both paddings (a length a multiple of the 64-token chunk and one that is not) and
+Qwen3-Next's value heads with and without repeat_interleave.
+
+Torch 2.x with transformers only (the PATH python of tools/setup-deps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import unittest
+
+import support  # noqa: F401  (puts the package on sys.path)
+
+try:
+    import torch
+    import transformers  # noqa: F401
+    HAVE = int(torch.__version__.split(".")[0]) >= 2
+except ImportError:  # Debian's torch 1.13 interpreter has no transformers
+    HAVE = False
+
+if HAVE:
+    from stowage import hf_profile as H
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "planner", "data",
+                    "hf_linear_attention_work.json")
+FIELDS = ("forward_bytes", "backward_bytes", "forward_kernels", "backward_kernels",
+          "forward_gemm_flops", "backward_gemm_flops")
+
+
+def measure(config: dict, seq_len: int) -> dict[str, float]:
+    """The op work of the first layer's token mixer (a linear-attention layer) on one sequence
+    of `seq_len` tokens, forward and backward, less its nn.Linear projections' GEMMs (2 and 4
+    FLOPs per weight and token: the recipe counts them from the layer's parameters)."""
+    hf = H.build_hf_model(dict(config, num_hidden_layers=1, layer_types=["linear_attention"]))
+    layer = H._decoder(hf.model).layers[0]
+    mixer = getattr(layer, "linear_attn", None) or layer.self_attn
+    linears = sum(m.weight.numel() for m in mixer.modules() if isinstance(m, torch.nn.Linear))
+    with hf.mode:
+        x = torch.empty(1, seq_len, config["hidden_size"], dtype=torch.bfloat16,
+                        requires_grad=True)
+        mode = H.LiveBytes()
+        with mode:
+            mode.set_phase("forward")
+            y = mixer(x)
+            y = y[0] if isinstance(y, tuple) else y
+            grad = torch.empty_like(y)
+            mode.set_phase("backward")
+            y.backward(grad)
+    fwd, bwd = mode.work["forward"], mode.work["backward"]
+    return {"forward_bytes": fwd.elementwise_bytes, "backward_bytes": bwd.elementwise_bytes,
+            "forward_kernels": fwd.kernels, "backward_kernels": bwd.kernels,
+            "forward_gemm_flops": fwd.gemm_flops - 2 * linears * seq_len,
+            "backward_gemm_flops": bwd.gemm_flops - 4 * linears * seq_len}
+
+
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+class LinearAttentionWorkTest(unittest.TestCase):
+    def test_each_real_mixer_runs_what_linear_attention_work_of_counts(self) -> None:
+        with open(DATA) as f:
+            rows = json.load(f)["mixers"]
+        self.assertGreaterEqual(len(rows), 6)
+        for row in rows:
+            config = row["config"]
+            with self.subTest(family=config["model_type"], seq_len=row["seq_len"]):
+                got = measure(config, row["seq_len"])
+                self.assertEqual({k: got[k] for k in FIELDS}, {k: row[k] for k in FIELDS})
+                # The chunk loops' fp32 matmuls run as GEMMs (bmm).
+                self.assertGreater(got["forward_gemm_flops"], 0)
+
+
+if __name__ == "__main__":
+    # `python3 test_hf_linear_attention_work.py --write`: the data file's numbers from the real
+    # mixers (review the diff: the recipe must then be made to say the same).
+    if "--write" in sys.argv:
+        with open(DATA) as f:
+            data = json.load(f)
+        for row in data["mixers"]:
+            row.update(measure(row["config"], row["seq_len"]))
+        with open(DATA, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+    else:
+        unittest.main()
