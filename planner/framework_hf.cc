@@ -1056,15 +1056,19 @@ void LinearAttention(HfLayer& b, const LayerSpec& spec) {
     // product's gradient for that chunk (4 C^2 d per head), while the chunk has released the two
     // products it saved (2 x 4 C^2 d); SelectBackward0's whole-sequence bases of q, k, v and g,
     // their accumulated sum and the next select's empty base (6 x 4 d); the mixer input's
-    // partial gradient (2h, from the gates' projections). The gated norm's tensors (18 d + 4 per
-    // head and token, attn.out_norm) are freed by then. The live bytes of the real layer at 512
-    // and 768 tokens (tests/python/test_hf_measured_profile.py AgreementTest) hold 3 MiB more of
-    // one chunk's small tensors, and o_proj's and the output gate's weight gradients, which the
-    // layer's gradients count (attn_peak_grad_bytes).
+    // partial gradient (2h, from the gates' projections). Freed by then: the gated norm's
+    // tensors (18 d + 4 per head and token, attn.out_norm) and g_a_proj's output (2d); the last
+    // chunk's own small tensors (its two decayed [C, d] pairs, q_i and k_i's decayed copies, two
+    // C x C intra-chunk matrices, the decay's last column: 6 x 4 C d + 2 x 4 C^2 + 4 d per head,
+    // of which the gradients made by then give back 4 x 4 C d); and the FFN's input norm
+    // (BuildHfLayer takes it off). The live bytes of the real layer at 512 and 768 tokens
+    // (tests/python/test_hf_measured_profile.py AgreementTest) hold these, and o_proj's and the
+    // output gate's weight gradients, which the layer's gradients count (attn_peak_grad_bytes).
     const double heads = m.linear_heads, d = m.linear_head_dim;
     b.cost.attn_backward_transient = static_cast<uint64_t>(
         std::max(0.0, (padded * heads * (12 * c * d + 24 * d) - 4 * heads * c * c * d -
-                       seq * (18 * heads * d + 4 * heads) + 2 * h * seq) *
+                       seq * (18 * heads * d + 4 * heads + 2 * d) + 2 * h * seq -
+                       heads * (8 * c * d + 8 * c * c + 4 * d)) *
                           mb));
   }
 }
@@ -1585,6 +1589,12 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
     // at the backward's.
     const uint64_t norms = saved_so_far() - attention_saved - b.cost.ffn_saved_bytes;
     b.cost.attn_forward_transient -= std::min(norms, b.cost.attn_forward_transient);
+    b.cost.attn_backward_transient -= std::min(norms, b.cost.attn_backward_transient);
+  }
+  if (spec.attention == AttentionKind::kKda) {
+    // The KDA core's backward moment (LinearAttention) comes after the FFN's input norm's
+    // backward, which has freed that norm's tensors, counted in the attention part.
+    const uint64_t norms = saved_so_far() - attention_saved - b.cost.ffn_saved_bytes;
     b.cost.attn_backward_transient -= std::min(norms, b.cost.attn_backward_transient);
   }
   OlmoPhi3Terms(b, spec);

@@ -413,7 +413,8 @@ ANALYTIC_GAPS = {
     # the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
     # kimi_linear 768 keep and recompute (+2.62%: the KDA core's backward transient charged as
     # everything the core keeps) left it with the transient at the fallback's backward peak,
-    # decay_mask's SelectBackward0 in the last chunk (LinearAttention in framework_hf.cc): +0.12%.
+    # decay_mask's SelectBackward0 in the last chunk, the FFN's input norm freed by then
+    # (LinearAttention and BuildHfLayer in framework_hf.cc): -0.02%.
 }
 
 
