@@ -42,6 +42,8 @@ constexpr std::string_view kSource = "plan";
 // and by ValidatePlan (so a plan built in code obeys the same limit).
 constexpr json::Range<uint64_t> kBytes{0, kPlanMaxBytes};
 constexpr json::Range<double> kSeconds{0, kPlanMaxSeconds};
+// A ratio of predicted durations less 1 (PlanPrediction::optimality_gap).
+constexpr json::Range<double> kOptimalityGap{0, kPlanMaxSeconds};
 constexpr json::Range<int> kParallel{1, kPlanMaxParallelSize};
 constexpr json::Range<uint64_t> kSeqLen{0, kPlanMaxSeqLen};
 constexpr json::Range<uint64_t> kCopyChunk{kPlanMinCopyChunkBytes, kPlanMaxCopyChunkBytes};
@@ -708,7 +710,9 @@ std::string PlanToJson(const Plan& plan) {
                     {"baseline", p.baseline},
                     {"baseline_step_seconds", p.baseline_step_seconds},
                     {"unoverlapped_step_seconds", p.unoverlapped_step_seconds},
-                    {"exposed_point_to_point_seconds", p.exposed_point_to_point_seconds}};
+                    {"exposed_point_to_point_seconds", p.exposed_point_to_point_seconds},
+                    {"optimality", p.optimality},
+                    {"optimality_gap", p.optimality_gap}};
   const RuntimeSettings& r = plan.runtime;
   j["runtime"] = {{"prefetch_distance", r.prefetch_distance},
                   {"save_lag", r.save_lag},
@@ -848,6 +852,9 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
         p->ReadOptional("unoverlapped_step_seconds", out.unoverlapped_step_seconds, kSeconds));
     STOWAGE_PLAN_RETURN_IF_ERROR(p->ReadOptional("exposed_point_to_point_seconds",
                                                  out.exposed_point_to_point_seconds, kSeconds));
+    STOWAGE_PLAN_RETURN_IF_ERROR(p->ReadOptional("optimality", out.optimality));
+    STOWAGE_PLAN_RETURN_IF_ERROR(
+        p->ReadOptional("optimality_gap", out.optimality_gap, kOptimalityGap));
   }
   if (j.Has("runtime")) {
     absl::StatusOr<json::Object> r = j.Child("runtime");
@@ -973,6 +980,13 @@ absl::Status ValidatePlan(const Plan& plan) {
       CheckRange("predicted.unoverlapped_step_seconds", p.unoverlapped_step_seconds, kSeconds));
   STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("predicted.exposed_point_to_point_seconds",
                                           p.exposed_point_to_point_seconds, kSeconds));
+  STOWAGE_PLAN_RETURN_IF_ERROR(
+      CheckRange("predicted.optimality_gap", p.optimality_gap, kOptimalityGap));
+  if (!p.optimality.empty() && p.optimality != "proven" && p.optimality != "within_gap" &&
+      p.optimality != "unproven") {
+    return absl::InvalidArgumentError(absl::StrCat("predicted.optimality is '", p.optimality,
+                                                   "'; allowed: proven, within_gap, unproven"));
+  }
 
   const RuntimeSettings& r = plan.runtime;
   STOWAGE_PLAN_RETURN_IF_ERROR(

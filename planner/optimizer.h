@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "planner/cost_model.h"
 #include "planner/simulator.h"
 
@@ -26,14 +27,24 @@ struct OptimizerOptions {
   std::optional<LayerPolicy> force;
   // Search nodes before the best plan found so far is returned unproven.
   int64_t node_limit = 5000;
+  // The search stops once its plan is within this relative gap of its lower bound: step /
+  // bound - 1 <= optimality_gap (Note [Optimality gap] in optimizer.cc). 0 proves the plan
+  // optimal (to rounding, 1e-9). The default is the mixed-integer solvers' (Gurobi MIPGap,
+  // CPLEX EpGap: 1e-4).
+  double optimality_gap = kDefaultOptimalityGap;
+  static constexpr double kDefaultOptimalityGap = 1e-4;
+  static constexpr double kMaxOptimalityGap = 1e-2;
 };
 
 struct OptimizeResult {
   bool feasible = false;
   Schedule schedule;  // when feasible (or forced): the chosen schedule
   SimResult sim;      // its simulation
+  // No plan within the budgets is faster (to rounding, 1e-9): the gap is 0.
   bool proven_optimal = false;
-  // No plan within the budgets is faster than this (the search's bound at its root).
+  // Within OptimizerOptions::optimality_gap of lower_bound_seconds (true when proven).
+  bool within_gap = false;
+  // No plan within the budgets is faster than this.
   double lower_bound_seconds = 0;
   int64_t nodes = 0;
   // When infeasible: the smallest peak the options reach and what binds.
@@ -43,6 +54,16 @@ struct OptimizeResult {
 };
 
 OptimizeResult Optimize(const StepCost& step, const OptimizerOptions& options);
+
+// step / lower_bound_seconds - 1 of a feasible result: no plan within the budgets is faster by
+// more than this fraction (0 when proven optimal or infeasible).
+double OptimalityGap(const OptimizeResult& result);
+
+// "proven", "within_gap" or "unproven" (PlanPrediction::optimality); "" when infeasible.
+const char* OptimalityName(const OptimizeResult& result);
+
+// OptimizerOptions::optimality_gap checked: `what` names it in the error (a flag, a field).
+absl::Status CheckOptimalityGap(double gap, const std::string& what);
 
 // Every combination of AllOptions per layer and every prefetch distance, simulated (tests; only
 // for a handful of layers).

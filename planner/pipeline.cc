@@ -379,6 +379,17 @@ Plan MakePipelinePlan(const PipelineResult& pipeline, const PlanLabels& labels) 
       slots * pipeline.stages[pipeline.slowest_stage].result.sim.exposed_copy_seconds;
   p.baseline_step_seconds = pipeline.baseline_step_seconds;
   p.exposed_point_to_point_seconds = pipeline.p2p_step_seconds;
+  // The weakest stage's search (proven < within_gap < unproven) and the worst stage's gap.
+  p.optimality = plan.fits ? "proven" : "";
+  p.optimality_gap = 0;
+  for (const StageResult& s : pipeline.stages) {
+    if (!plan.fits) break;
+    const std::string name = OptimalityName(s.result);
+    if (name == "unproven" || (name == "within_gap" && p.optimality == "proven")) {
+      p.optimality = name;
+    }
+    p.optimality_gap = std::max(p.optimality_gap, OptimalityGap(s.result));
+  }
   // The runtime settings a pp = 1 plan carries; with stages, each stage's distance is its own.
   plan.runtime.prefetch_distance = plan.stages.front().prefetch_distance;
   if (run.pp == 1) plan.stages.clear();  // the one stage PlanStages derives

@@ -208,6 +208,10 @@ absl::Status ReadOptions(const json::Object& o, const Source& src, bool budget_r
     }
     options.force = *policy;
   }
+  if (absl::Status s = o.ReadOptional("optimality_gap", options.optimality_gap,
+                                      json::Range<double>{0, OptimizerOptions::kMaxOptimalityGap});
+      !s.ok())
+    return s;
   if (o.Has("prefetch_distance")) {
     int distance = 1;
     if (absl::Status s = o.Read("prefetch_distance", distance, {1, kMaxPrefetchDistance}); !s.ok())

@@ -140,6 +140,8 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   p.unoverlapped_step_seconds =
       sim.compute_seconds + sim.copy_seconds + step.optimizer_copy_seconds;
   plan.binding = BindingOf(sim, result, labels, &plan.fits);
+  p.optimality = plan.fits ? OptimalityName(result) : "";
+  p.optimality_gap = plan.fits ? OptimalityGap(result) : 0;
   plan.runtime.prefetch_distance = distance;
   plan.runtime.save_lag = result.schedule.save_lag;
   plan.runtime.host_arena_bytes = sim.host_bytes;  // every offloaded byte is live at the loss
@@ -388,15 +390,16 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                               p.step_seconds, p.unoverlapped_step_seconds));
   }
   absl::StrAppend(&out, RenderCommunication(step, result.sim));
-  const double gap = result.sim.step_seconds > 0 && result.lower_bound_seconds > 0
-                         ? (result.sim.step_seconds / result.lower_bound_seconds - 1) * 100
-                         : 0;
+  // Proven, within the requested optimality gap, or cut short (Note [Optimality gap]).
+  const double gap = 100 * OptimalityGap(result);
   absl::StrAppend(
       &out, absl::StrFormat(
                 "prefetch distance      %d layer(s); %s\n", plan.runtime.prefetch_distance,
-                result.proven_optimal
-                    ? std::string("optimal among the options")
-                    : absl::StrFormat("best plan found; no plan is more than %.1f%% faster", gap)));
+                result.proven_optimal ? std::string("optimal among the options")
+                : result.within_gap
+                    ? absl::StrFormat(
+                          "within the optimality gap: no plan is more than %.3f%% faster", gap)
+                    : absl::StrFormat("best plan found; no plan is more than %.3f%% faster", gap)));
   return out;
 }
 

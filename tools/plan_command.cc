@@ -1,5 +1,6 @@
 // `stowage plan`: will this run fit, what to keep / recompute / offload per layer, how much pinned
 // host memory each GPU and NUMA node needs, and what it costs in step time.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -141,6 +142,10 @@ cli::FlagParser MakeParser() {
          "evaluate one uniform policy instead of optimising: keep, recompute (inputs kept), "
          "selective_recompute, offload_input (inputs offloaded, full recompute), offload_saved",
          ""});
+  p.Add({"optimality-gap", "G",
+         "stop the search once its plan is within this relative gap of its lower bound (step / "
+         "bound - 1 <= G; 0 proves the plan optimal, at most 0.01)",
+         "0.0001"});
   p.Add(
       {"max-seq-len", "",
        "find the longest sequence that fits the budgets (with --out/--format json: its plan; when "
@@ -185,7 +190,8 @@ struct Inputs {
   std::vector<std::string> model_notes;  // what the config reader wants the user to know
 };
 
-// --force takes a policy's own name (plan.h), as the plan file and the C ABI's "force" do.
+// --force takes a policy's own name (plan.h), as the plan file and the C ABI's "force" do; and
+// --optimality-gap (Note [Optimality gap] in planner/optimizer.cc).
 absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& options) {
   if (auto force = flags.Get("force"); force.has_value()) {
     if (*force == "offload") {  // the old spelling: it always meant offload_input
@@ -201,6 +207,17 @@ absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& 
                                                      "offload_input, offload_saved"));
     }
     options.force = *policy;
+  }
+  // Read as text, so that a value out of range is named as given (CheckOptimalityGap's range).
+  if (auto gap = flags.Get("optimality-gap"); gap.has_value()) {
+    double value = 0;
+    if (!absl::SimpleAtod(*gap, &value) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--optimality-gap is '", *gap, "'; allowed: a number from 0 (prove the plan optimal) to ",
+          planner::OptimizerOptions::kMaxOptimalityGap));
+    }
+    if (absl::Status s = planner::CheckOptimalityGap(value, "--optimality-gap"); !s.ok()) return s;
+    options.optimality_gap = value;
   }
   return absl::OkStatus();
 }

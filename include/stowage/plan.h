@@ -228,6 +228,13 @@ struct PlanPrediction {
   // Pipeline point-to-point time (activations and their gradients between stages) in
   // step_seconds: what no compute hides (planner Note [Pipeline]); 0 without stages.
   double exposed_point_to_point_seconds = 0;
+  // How far the planner's search got (Note [Optimality gap] in planner/optimizer.cc): "proven" (no
+  // plan within the budgets is faster), "within_gap" (within the requested optimality gap of the
+  // search's bound) or "unproven" (its work budget ran out first); "" for a plan that does not fit
+  // or one read without it. optimality_gap: step / that bound - 1, no plan being faster by more
+  // than this fraction (0 when proven; with stages, the worst stage's).
+  std::string optimality;
+  double optimality_gap = 0;
 };
 
 // What the runtime needs to set itself up before step 0.

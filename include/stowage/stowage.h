@@ -334,14 +334,15 @@ STOWAGE_API stowage_status stowage_get_trace_json(stowage_runtime* rt, char** ou
  * the C ABI"): a cost source -- "profile" (a measured layer profile) or "model" (a preset name or
  * a Hugging Face config.json object) with "hardware" and "run" -- and "gpu_budget_bytes" (the
  * whole device memory a step may peak at, fixed memory included), optional "host_budget_bytes",
- * "force" (a policy name) and "prefetch_distance". On success *out points at a NUL-terminated
- * string the caller frees with stowage_free_string; on failure *out is NULL, except as below.
- * Errors: INVALID_ARGUMENT for a bad request (the message names the field, its value and what is
- * allowed); RESOURCE_EXHAUSTED from stowage_plan_request when no plan fits (the message names
- * the smallest peak any plan reaches and what binds) -- and then *out holds the closest plan,
- * "fits": false with its "binding" (what `stowage plan` prints then; the runtime refuses to run
- * it), to be freed the same way; NULL only when some layer has no option at all. Safe from any
- * thread. */
+ * "force" (a policy name), "prefetch_distance" and "optimality_gap" (0 to 0.01, default 1e-4: the
+ * search stops within that relative gap of its bound; 0 proves the plan optimal). On success *out
+ * points at a NUL-terminated string the caller frees with stowage_free_string; on failure *out is
+ * NULL, except as below. Errors: INVALID_ARGUMENT for a bad request (the message names the field,
+ * its value and what is allowed); RESOURCE_EXHAUSTED from stowage_plan_request when no plan fits
+ * (the message names the smallest peak any plan reaches and what binds) -- and then *out holds the
+ * closest plan, "fits": false with its "binding" (what `stowage plan` prints then; the runtime
+ * refuses to run it), to be freed the same way; NULL only when some layer has no option at all.
+ * Safe from any thread. */
 /* The plan JSON of the fastest plan within the budgets. */
 STOWAGE_API stowage_status stowage_plan_request(const char* request_json, size_t request_json_bytes,
                                                 char** plan_json_out);

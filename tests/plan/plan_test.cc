@@ -102,6 +102,35 @@ TEST(PlanValidation, RejectsInconsistentPlans) {
   plan = TwoLayerPlan();
   plan.layers[1].index = 7;
   EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("'layers[1].index' is 7"));
+
+  // Note [Optimality gap] (planner/optimizer.cc): the search's three outcomes, a gap >= 0.
+  plan = TwoLayerPlan();
+  plan.predicted.optimality = "optimal";
+  EXPECT_THAT(
+      ValidatePlan(plan).message(),
+      HasSubstr("predicted.optimality is 'optimal'; allowed: proven, within_gap, unproven"));
+  plan = TwoLayerPlan();
+  plan.predicted.optimality_gap = -1e-3;
+  EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("predicted.optimality_gap"));
+}
+
+TEST(PlanJson, OptimalityRoundTripsAndIsOptional) {
+  Plan plan = TwoLayerPlan();
+  plan.predicted.optimality = "within_gap";
+  plan.predicted.optimality_gap = 4.5e-5;
+  const std::string json = PlanToJson(plan);
+  EXPECT_THAT(json, HasSubstr("\"optimality\": \"within_gap\""));
+  auto parsed = ParsePlanJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->predicted.optimality, "within_gap");
+  EXPECT_DOUBLE_EQ(parsed->predicted.optimality_gap, 4.5e-5);
+  // A plan written before the fields reads with none.
+  std::string old = PlanToJson(TwoLayerPlan());
+  old.replace(old.find(",\n    \"optimality\""), std::string(",\n    \"optimality\": \"\"").size(),
+              "");
+  auto read_old = ParsePlanJson(old);
+  ASSERT_TRUE(read_old.ok()) << read_old.status() << old;
+  EXPECT_EQ(read_old->predicted.optimality, "");
 }
 
 // Note [Plans that do not fit]: the closest plan when nothing fits, 200 bytes over its GPU budget.

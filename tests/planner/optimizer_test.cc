@@ -78,6 +78,7 @@ TEST(Optimizer, EqualsExhaustiveSearchOnRandomInstances) {
     const int layers = std::uniform_int_distribution<int>(2, trial < 40 ? 4 : 5)(rng);
     const StepCost step = RandomStep(rng, layers);
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = trial % 3 == 0 ? std::vector<int>{1, 2} : std::vector<int>{1};
     o.prefetch_distances = {1, 2};
     o.node_limit = 1'000'000'000;
@@ -118,6 +119,54 @@ TEST(Optimizer, EqualsExhaustiveSearchOnRandomInstances) {
   EXPECT_GT(with_offload, 0);
 }
 
+// Note [Optimality gap]: with a gap G the search returns a plan within G of the exhaustive
+// optimum, a bound no higher than that optimum, and says it is within G only where its own bound
+// shows it; where the exact search must branch to prove its plan, a gap lets it stop sooner with
+// the same plan (instances where the two differ in work, not in result, must occur).
+TEST(Optimizer, OptimalityGapBoundsThePlanAndSavesWork) {
+  std::mt19937_64 rng(20261201);
+  int less_work_same_plan = 0, within = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const StepCost step = RandomStep(rng, std::uniform_int_distribution<int>(2, 4)(rng));
+    OptimizerOptions exact;
+    exact.optimality_gap = 0;
+    exact.chunk_counts = {1, 2};
+    exact.prefetch_distances = {1, 2};
+    exact.node_limit = 1'000'000'000;
+    const uint64_t low = PeakOf(step, LayerPolicy::kOffloadInput, 1);
+    const uint64_t high = PeakOf(step, LayerPolicy::kKeep, 1);
+    exact.gpu_budget_bytes =
+        low + static_cast<uint64_t>(std::uniform_real_distribution<double>(0, 1.0)(rng) *
+                                    static_cast<double>(high - low));
+    exact.host_budget_bytes = std::uniform_int_distribution<uint64_t>(0, 2000)(rng);
+    const OptimizeResult exhaustive = ExhaustiveSearch(step, exact);
+    if (!exhaustive.feasible) continue;
+    const OptimizeResult proven = Optimize(step, exact);
+    ASSERT_TRUE(proven.proven_optimal);
+    for (double gap : {OptimizerOptions::kDefaultOptimalityGap, 1e-3, 1e-2}) {
+      OptimizerOptions o = exact;
+      o.optimality_gap = gap;
+      const OptimizeResult found = Optimize(step, o);
+      SCOPED_TRACE(absl::StrCat("trial ", trial, ", gap ", gap));
+      ASSERT_TRUE(found.feasible);
+      const double optimum = exhaustive.sim.step_seconds;
+      EXPECT_LE(found.sim.peak_bytes, o.gpu_budget_bytes);
+      EXPECT_LE(found.sim.host_bytes, o.host_budget_bytes);
+      // The search ran to its end (no node limit): within the gap, and the bound is a bound.
+      EXPECT_TRUE(found.within_gap);
+      EXPECT_LE(found.sim.step_seconds, optimum * (1 + gap) * (1 + 1e-12));
+      EXPECT_LE(found.lower_bound_seconds, optimum * (1 + 1e-12));
+      EXPECT_LE(OptimalityGap(found), gap * (1 + 1e-9));
+      EXPECT_GE(OptimalityGap(found), 0);
+      within += found.within_gap && !found.proven_optimal;
+      less_work_same_plan +=
+          found.nodes < proven.nodes && found.sim.step_seconds == proven.sim.step_seconds;
+    }
+  }
+  EXPECT_GT(less_work_same_plan, 0);
+  EXPECT_GT(within, 0);  // some stop within the gap, not proven
+}
+
 // Eager PyTorch's gradient timing (Note [Gradient timing] in cost_model.cc): gradients made in
 // the backward, some of each layer's by each of its backward moments, the rest at its end, the
 // held logits through the backward. The search's memory terms (BackwardHeldBytes) must be the
@@ -145,6 +194,7 @@ TEST(Optimizer, EqualsExhaustiveSearchWithGradientsMadeInBackward) {
     }
     ASSERT_TRUE(CheckStepCostBounds(step).ok());
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = trial % 3 == 1 ? std::vector<int>{1, 2} : std::vector<int>{1};
     o.prefetch_distances = {1, 2};
     o.node_limit = 1'000'000'000;
@@ -183,6 +233,7 @@ TEST(Optimizer, ReportedBoundNeverExceedsTheExhaustiveOptimum) {
   for (int trial = 0; trial < 40; ++trial) {
     const StepCost step = RandomStep(rng, std::uniform_int_distribution<int>(4, 5)(rng));
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = {1};
     o.prefetch_distances = {1, 2};
     o.node_limit = trial % 2 == 0 ? 2 : 1'000'000'000;
@@ -229,6 +280,7 @@ TEST(Optimizer, PricedBoundsOnIdenticalLayersNeverExceedTheExhaustiveOptimum) {
     }
     for (LayerCost& l : step.layers) l.in_flight_microbatches = m;
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = {1};
     o.prefetch_distances = {1, 2};
     const uint64_t low = PeakOf(step, LayerPolicy::kOffloadInput, 1);
@@ -282,6 +334,7 @@ TEST(Optimizer, BackwardWaitBoundNeverExceedsTheExhaustiveOptimum) {
     step.h2d_bytes_per_second = step.d2h_bytes_per_second / 5;
     step.bidir_h2d_bytes_per_second = step.h2d_bytes_per_second * 0.9;
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = {1};
     o.prefetch_distances = {1, 2, 3};
     const uint64_t low = PeakOf(step, LayerPolicy::kOffloadInput, 1);
@@ -356,6 +409,7 @@ TEST(Optimizer, InFlightMicrobatchesMultiplyLayerMemory) {
       l.in_flight_microbatches = std::uniform_int_distribution<int>(1, 4)(rng);
     }
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = {1};
     o.prefetch_distances = {1, 2};
     o.node_limit = 1'000'000'000;
@@ -407,6 +461,7 @@ TEST(Optimizer, ChunkCountsWithMicrobatchesInFlightEqualExhaustiveSearch) {
     const int m = std::uniform_int_distribution<int>(2, 4)(rng);
     for (LayerCost& l : step.layers) l.in_flight_microbatches = m;
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = {1, 2, 4};
     o.prefetch_distances = {1, 2};
     o.node_limit = 1'000'000'000;
@@ -448,6 +503,7 @@ TEST(Optimizer, EqualsExhaustiveSearchOnFewLayersManyInFlightTightBudget) {
     const int m = std::uniform_int_distribution<int>(2, 15)(rng);
     for (LayerCost& l : step.layers) l.in_flight_microbatches = m;
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = {1};
     o.prefetch_distances = {1, 2};
     // Near the all-offload peak: keeping more than a little does not fit.
@@ -525,6 +581,7 @@ TEST(Optimizer, EqualsExhaustiveSearchOnInterleavedStages) {
       first += size;
     }
     OptimizerOptions o;
+    o.optimality_gap = 0;  // exact: the proof checked against exhaustive search
     o.chunk_counts = {1};
     o.prefetch_distances = {1, 2, 3};
     o.node_limit = 1'000'000'000;

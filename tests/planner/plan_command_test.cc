@@ -342,6 +342,16 @@ TEST_F(PlanCommand, BadInputIsAUsageError) {
   run = Stowage("plan --force offload");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--force offload is now --force offload_input"));
+  // Note [Optimality gap]: the flag, the value and the range.
+  for (const char* bad : {"-0.1", "0.5", "nan", "tight"}) {
+    run = Stowage(std::string("plan --optimality-gap ") + bad);
+    EXPECT_EQ(run.code, 2) << bad;
+    EXPECT_THAT(run.out, HasSubstr(std::string("--optimality-gap is ")));
+    EXPECT_THAT(run.out, HasSubstr("0 (prove the plan optimal) to 0.01")) << run.out;
+  }
+  run = Stowage("plan --seq-len 256K --optimality-gap 0 --format json");
+  EXPECT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("\"optimality\": \"proven\""));
   run = Stowage("plan --model nope");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("unknown model preset 'nope'"));

@@ -78,6 +78,8 @@ class Prediction:
     baseline_step_seconds: float = 0.0
     unoverlapped_step_seconds: float = 0.0
     exposed_point_to_point_seconds: float = 0.0
+    optimality: str = ""  # "proven", "within_gap", "unproven" (plan.h)
+    optimality_gap: float = 0.0
 
 
 @dataclasses.dataclass
