@@ -507,7 +507,7 @@ absl::StatusOr<uint64_t> LayerCeiling(const LayerCost& l) {
                         l.attn_backward_transient, l.ffn_backward_transient,
                         l.ffn_inputs_backward_bytes, l.input_bytes, l.output_bytes, l.grad_bytes,
                         // Note [Recompute moment]: the rerun's output gradient beside its forward.
-                        l.output_bytes, l.checkpoint_held_bytes}) {
+                        l.output_bytes, l.checkpoint_held_bytes, l.unkept_forward_bytes}) {
     auto sum = AddOrError(total, part, absl::StrCat("the bytes of layer ", l.index));
     if (!sum.ok()) return sum.status();
     total = *sum;
@@ -618,9 +618,10 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
   auto finite = [](double x) { return x >= 0 && x < 1e300; };  // NaN fails both
   for (const LayerCost& l : step.layers) {
     const std::string what = absl::StrCat("layer ", l.index);
-    for (uint64_t part : {l.input_bytes, l.output_bytes, l.saved_bytes, l.attn_forward_transient,
-                          l.ffn_forward_transient, l.attn_backward_transient,
-                          l.ffn_backward_transient, l.ffn_inputs_backward_bytes, l.grad_bytes}) {
+    for (uint64_t part :
+         {l.input_bytes, l.output_bytes, l.saved_bytes, l.attn_forward_transient,
+          l.ffn_forward_transient, l.attn_backward_transient, l.ffn_backward_transient,
+          l.ffn_inputs_backward_bytes, l.grad_bytes, l.unkept_forward_bytes}) {
       if (part > kMaxTensorBytes) return add(part, absl::StrCat("a byte count of ", what));
     }
     // Note [Gradient timing]: the gradients made by a peak are some of the layer's.
@@ -1118,11 +1119,14 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
         if (o.module_mask & (1u << m)) {
           dropped += l.modules[m].saved_bytes;
           c.recompute_seconds += l.modules[m].seconds + (l.modules[m].in_ffn ? overhead : 0);
+          if (l.modules[m].holds_checkpoint_held) c.checkpoint_held_bytes = l.checkpoint_held_bytes;
         }
       }
       c.resident_bytes = l.saved_bytes - dropped;
       c.forward_peak = keep_forward;
-      c.backward_peak = keep_backward;
+      // Note [Recompute moment]: a module's checkpoint holds its share of the step's inputs
+      // through the layer's backward moments (the attention core's backward is the last).
+      c.backward_peak = keep_backward + c.checkpoint_held_bytes;
       break;
     }
     case LayerPolicy::kRecompute:
@@ -1132,10 +1136,14 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
       c.save_at_forward_start = o.policy == LayerPolicy::kOffloadInput;
       c.recompute_seconds = c.forward_seconds - l.forward_comm_seconds + l.recompute_comm_seconds;
       c.comm_seconds += l.recompute_comm_seconds;  // the recompute's collectives run again
-      // Forward saves nothing but the input; the recompute in backward regenerates the FFN/MoE
-      // part chunk by chunk. Note [Recompute moment]: the backward's peak is the larger of its
-      // own moments, with what the checkpoint holds through them, and the rerun forward's.
-      c.forward_peak = forward_with(l.input_bytes, 0);
+      // Forward saves nothing but the input, and peaks at its transients or where its code
+      // holds the most (LayerCost::unkept_forward_bytes); the recompute in backward regenerates
+      // the FFN/MoE part chunk by chunk. Note [Recompute moment]: the backward's peak is the
+      // larger of its own moments, with what the checkpoint holds through them, and the rerun
+      // forward's.
+      c.forward_peak =
+          std::max(forward_with(l.input_bytes, 0), l.input_bytes + l.unkept_forward_bytes);
+      c.checkpoint_held_bytes = l.checkpoint_held_bytes;
       c.backward_peak = std::max(backward_with(l.ffn_saved_bytes / k) + l.checkpoint_held_bytes,
                                  forward_with(attn_saved, l.ffn_saved_bytes / k) + l.output_bytes);
       break;

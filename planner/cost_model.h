@@ -99,6 +99,9 @@ struct RecomputeModule {
   uint64_t saved_bytes = 0;
   double seconds = 0;
   bool in_ffn = false;  // part of the FFN/MoE (its rerun is chunked with it)
+  // Its checkpoint holds LayerCost::checkpoint_held_bytes until its backward ends (hf
+  // attn_core: the step's attention mask is an argument of the call it reruns).
+  bool holds_checkpoint_held = false;
 };
 
 struct LayerCost {
@@ -150,6 +153,11 @@ struct LayerCost {
   // (transformers: the step's attention masks, passed to every checkpointed layer; Note
   // [Recompute moment] in cost_model.cc). 0 where the checkpoint holds its input only.
   uint64_t checkpoint_held_bytes = 0;
+  // The layer's own bytes at its forward's peak beyond its input when its checkpoint keeps none
+  // of its saved tensors (recompute, offload_input: each is freed once the forward's own
+  // references to it are gone), where the recipe states it (hf: Llama 4, Note [hf recompute
+  // forward] in framework_hf.cc); 0: the forward transients alone count there.
+  uint64_t unkept_forward_bytes = 0;
   // Microbatches of this layer a pipeline stage holds at once (1F1B: stage s of p holds
   // min(p - s, M)); the simulator keeps the other m - 1 microbatches' resident bytes on the GPU
   // throughout and m copies of its host bytes in host memory. 1 without pipelining.
@@ -279,6 +287,10 @@ struct OptionCost {
   // The layer's own bytes at the peak of its recompute + backward: its working set and the
   // parameter gradients its backward has made by then (LayerCost::ffn_peak_grad_bytes).
   uint64_t backward_peak = 0;
+  // What of the step's shared inputs (LayerCost::checkpoint_held_bytes) the option's checkpoint
+  // holds from its forward to its backward's end; backward_peak counts them, the simulator
+  // counts them in the loss and above (Note [Checkpoint-held inputs] in simulator.cc).
+  uint64_t checkpoint_held_bytes = 0;
   double forward_seconds = 0;
   double recompute_seconds = 0;
   double backward_seconds = 0;

@@ -1419,10 +1419,14 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
 // Under gradient checkpointing the layers' checkpoints hold their inputs, masks included
 // (GradientCheckpointingLayer.__call__ binds them into the partial its checkpoint reruns), until
 // their backward: a recomputed layer's backward has the masks alive
-// (LayerCost::checkpoint_held_bytes, Note [Recompute moment] in cost_model.cc). Held by every
-// checkpoint, they are freed after the lowest recomputed layer's backward; a layer cost cannot
-// say that they are alive also in the loss and in a kept layer's backward above a recomputed
-// one (no option has a step-level term), so those moments are planned without them.
+// (LayerCost::checkpoint_held_bytes, Note [Recompute moment] in cost_model.cc), and so does a
+// selective attn_core's, whose checkpointed call is handed its layer's mask
+// (RecomputeModule::holds_checkpoint_held). Held by every such checkpoint, they are freed after
+// the lowest one's backward: alive also in the loss and in the backward of every layer above
+// it, kept ones included, which the simulator counts (Note [Checkpoint-held inputs] in
+// simulator.cc). Each layer gets its own type's mask (causal_mask_mapping[layer type]); the
+// planner holds all of the step's with any checkpoint, exact where they are of one type and an
+// upper bound by the others' where a model mixes two (Gemma 2's eager full and sliding).
 double HfMaskBytes(const ModelConfig& m, double s) {
   const bool eager = DialectFor(m).eager;
   bool sliding = false, chunked = false;
@@ -1499,6 +1503,32 @@ HfGradTiming HfGradientsMade(const ModelConfig& m, const LayerSpec& spec) {
                    static_cast<double>(AttentionOutputParams(m, spec));
   if (spec.cross_attention) t.by_attn_peak += 2;  // the two tanh gates, after the core
   return t;
+}
+
+// Note [hf recompute forward]
+// A layer run under torch.utils.checkpoint (non-reentrant: its pack hook keeps no saved
+// tensor) frees each tensor once the forward's own references to it are gone, so its forward
+// peaks where the Python code holds the most at once, not where a kept layer's saved tensors
+// pile up. Llama 4 (modeling_llama4.py, transformers 5.23): Llama4TextDecoderLayer.forward holds
+// `residual` (the mid state), `attention_states` (o_proj's output) and the normed FFN input in
+// its frame while the FFN runs (6h); Llama4TextMoe.forward holds the router's logits and bf16
+// scores (4E) and `routed_in * scores` (2hE; the repeat's copy is freed by the rebinding), which
+// Llama4TextExperts.forward keeps while its [gate; up] bmm output (4feE), the activation (2feE)
+// and the product (2feE) are alive at `up * self.act_fn(gate)`; a dense layer's Llama4TextMLP
+// holds act_fn(gate) (the gate freed), up and the product (6f) at its mul; and the step's masks.
+// The live bytes of Llama 4 at 16384 tokens, every layer checkpointed, say so exactly: the MoE
+// layers' forward, planned from their transients, was 13.8 GiB low. The shared expert, run after
+// the routed ones, peaks below (the routed output 2hE and its 6fs). Other families' forward
+// under recompute is counted by their transients only (LayerCost::unkept_forward_bytes 0): lower
+// than this moment but below the rerun's in the layer's backward (Note [Recompute moment] in
+// cost_model.cc), where a recomputed step peaks.
+void Llama4UnkeptForward(HfLayer& b, const LayerSpec& spec, double masks) {
+  if (b.dialect.router != HfRouter::kLlama4) return;
+  const ModelConfig& m = b.m;
+  const double h = m.hidden, e = m.experts, fe = m.moe_intermediate;
+  const double ffn =
+      spec.ffn == FfnKind::kDense ? 6.0 * m.intermediate : 4 * e + 2 * h * e + 8 * fe * e;
+  b.cost.unkept_forward_bytes = static_cast<uint64_t>(std::llround((6 * h + ffn) * b.t + masks));
 }
 
 // Note [hf OLMo and Phi-3]: a norm after its sublayer runs its backward before that sublayer's,
@@ -1611,6 +1641,14 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   b.cost.attn_forward_transient += static_cast<uint64_t>(masks);
   b.cost.ffn_forward_transient += static_cast<uint64_t>(masks);
   b.cost.checkpoint_held_bytes = static_cast<uint64_t>(masks);
+  // Note [hf masks]: a layer's attention call is handed its type's mask, so the attn_core
+  // module's checkpoint holds it too (eager attention always gets one; SDPA where masked).
+  const bool gets_mask = spec.attention == AttentionKind::kAttention && !spec.cross_attention &&
+                         (b.dialect.eager || HfMasked(b, spec));
+  for (RecomputeModule& mod : b.cost.modules) {
+    mod.holds_checkpoint_held = mod.name == "attn_core" && gets_mask && masks > 0;
+  }
+  Llama4UnkeptForward(b, spec, masks);
   const double dense_params = static_cast<double>(DenseLayerParams(m, spec));
   const double expert_params = static_cast<double>(RoutedExpertParams(m, spec));
   // Router and attention weights are dense GEMMs; expert GEMMs are counted by Ffn.

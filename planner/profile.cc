@@ -39,7 +39,9 @@ namespace {
 //    that saves its own output would otherwise count it twice. A version-1 profile states
 //    neither: nothing released and every gradient at the peak, as its figures were measured.
 //  - checkpoint_held_bytes: what the layer's checkpoint holds beyond its input until its
-//    backward ends when the layer is recomputed (Note [Recompute moment] in cost_model.cc);
+//    backward ends when the layer is recomputed (Note [Recompute moment] in cost_model.cc; the
+//    simulator holds it in the loss and above too, Note [Checkpoint-held inputs]: stowage.
+//    hf_profile measures it as what the decoder hands its layers and frees by the forward's end);
 //    its forward_peak_bytes count it while the forward runs (transformers' masks: made before
 //    the first layer, freed when the forward ends, so not in fixed_bytes.other).
 //  - no FFN part: a measured layer is one unit, so chunking does not apply (chunk count 1) and

@@ -232,10 +232,25 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
     r.compute_seconds += c.compute_seconds();
     r.exposed_comm_seconds += c.comm_seconds;
   }
+  // Note [Checkpoint-held inputs]
+  // A checkpoint that holds the step's shared inputs (OptionCost::checkpoint_held_bytes: under
+  // hf the attention masks, passed to every checkpointed layer or attention call) keeps them
+  // from the forward to its own backward's end, so they are alive in the loss and in the
+  // backward of every layer above the lowest such checkpoint, kept layers included, and freed
+  // with it. One set, held once by however many checkpoints: held_below[j] is the most any
+  // layer below j holds, which j's backward holds beyond what its own backward_peak counts.
+  std::vector<uint64_t> held_below(n + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    held_below[i + 1] = std::max(held_below[i], costs[i].checkpoint_held_bytes);
+  }
+  auto held_beyond = [&](int j) {
+    return static_cast<int64_t>(held_below[j] -
+                                std::min(held_below[j], costs[j].checkpoint_held_bytes));
+  };
   const double tail_start = now;
   const double tail_end = now + step.tail_seconds;
-  add(tail_start, static_cast<int64_t>(step.tail_bytes), -1, Phase::kTail);
-  add(tail_end, -static_cast<int64_t>(step.tail_bytes), -2, Phase::kTail);
+  add(tail_start, static_cast<int64_t>(step.tail_bytes + held_below[n]), -1, Phase::kTail);
+  add(tail_end, -static_cast<int64_t>(step.tail_bytes + held_below[n]), -2, Phase::kTail);
   // Note [Gradient timing] (cost_model.cc): the held logits and the gradients made in backward
   // (eager PyTorch) stay to the end of the step; the level around each layer's backward is
   // BackwardHeldBytes', which a layer's backward raises by its gradients when it ends.
@@ -275,9 +290,9 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
     const double end = start + c.recompute_seconds + c.backward_seconds;
     add(start,
         static_cast<int64_t>(c.backward_peak) -
-            static_cast<int64_t>(c.resident_bytes + c.host_bytes),
+            static_cast<int64_t>(c.resident_bytes + c.host_bytes) + held_beyond(j),
         j, Phase::kBackward);
-    add(end, -static_cast<int64_t>(c.backward_peak), -2, Phase::kBackward);
+    add(end, -static_cast<int64_t>(c.backward_peak) - held_beyond(j), -2, Phase::kBackward);
     add(end, held_at(j - 1) - held_at(j), -2, Phase::kBackward);
     const double stall = start - reach;
     r.exposed_copy_seconds += stall;

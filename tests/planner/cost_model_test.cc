@@ -254,6 +254,65 @@ TEST(CostModel, InputGradientMadeLastIsNotAtTheBackwardMoments) {
   }
 }
 
+// Note [hf masks]: a selective attn_core's checkpoint is handed its layer's mask and holds it
+// through the layer's backward moments; ffn_act's holds the activation's inputs only. The
+// regression: a selective attn_core layer's backward was planned without the masks (gemma2 at
+// 16384 tokens, -0.47%).
+TEST(CostModel, SelectiveAttnCoreHoldsTheStepsMasks) {
+  LayerCost l;
+  l.saved = {{"attn.scores", "attn_core", 100}, {"ffn.act", "ffn_act", 200}};
+  l.saved_bytes = 300;
+  l.ffn_saved_bytes = 200;
+  l.input_bytes = l.output_bytes = 10;
+  l.input_grad_made_last = true;
+  l.ffn_backward_transient = 50;
+  l.checkpoint_held_bytes = 64;
+  l.modules = {{"attn_core", 100, 1, false, true}, {"ffn_act", 200, 1, true, false}};
+  // The keep moments: 100 + 200 + 50 + 10 = 360.
+  const OptionCost act = EvaluateOption(l, {LayerPolicy::kSelectiveRecompute, 0b10, 1});
+  EXPECT_EQ(act.backward_peak, 360u);
+  EXPECT_EQ(act.checkpoint_held_bytes, 0u);
+  const OptionCost core = EvaluateOption(l, {LayerPolicy::kSelectiveRecompute, 0b01, 1});
+  EXPECT_EQ(core.backward_peak, 360u + 64);
+  EXPECT_EQ(core.checkpoint_held_bytes, 64u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kSelectiveRecompute, 0b11, 1}).checkpoint_held_bytes,
+            64u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kRecompute, 0, 1}).checkpoint_held_bytes, 64u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kOffloadInput, 0, 1}).checkpoint_held_bytes, 64u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kKeep, 0, 1}).checkpoint_held_bytes, 0u);
+  EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kOffloadSaved, 0, 1}).checkpoint_held_bytes, 0u);
+}
+
+// The hf recipe: Gemma 2's eager attention is handed a mask in every layer, so attn_core holds
+// the step's masks (both: 2 x 2 s^2 bytes); Mistral's SDPA layers get none (is_causal).
+TEST(CostModel, HfAttnCoreHoldsTheMasksWhereItIsHandedOne) {
+  RunSettings run;
+  run.seq_len = 4096;
+  run.micro_batch = 1;
+  run.tp = run.cp = run.ep = 1;
+  run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  run.framework = Framework::kHf;
+  run.optimizer = OptimizerKind::kNone;
+  run.grad_bytes = 2;
+  run.loss_chunk_tokens = 0;
+  const std::string data = std::string(STOWAGE_SOURCE_DIR) + "/tests/planner/data/hf/";
+  for (const auto& [config, masks] :
+       {std::pair<const char*, uint64_t>{"gemma-2-9b.json", 2ull * 2 * 4096 * 4096},
+        {"mistral-7b-v0.3.json", 0}}) {
+    absl::StatusOr<ModelConfig> model = ReadHfConfigFile(data + config);
+    ASSERT_TRUE(model.ok()) << model.status();
+    absl::StatusOr<StepCost> step = BuildStepCost(*model, *HardwarePreset("h200"), run);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const LayerCost& l = step->layers[0];
+    EXPECT_EQ(l.checkpoint_held_bytes, masks) << config;
+    for (const RecomputeModule& mod : l.modules) {
+      EXPECT_EQ(mod.holds_checkpoint_held, mod.name == "attn_core" && masks > 0)
+          << config << " " << mod.name;
+    }
+  }
+}
+
 // Note [Recompute moment]: a recomputed layer's backward peak holds its rerun forward (the
 // forward's peak and the output's gradient: GLM-5's DSA indexer scores under hf), and its own
 // backward moments with what its checkpoint holds (hf: the step's masks).

@@ -74,6 +74,49 @@ TEST(Simulator, GradientsAndHeldLogitsThroughTheBackward) {
   EXPECT_EQ(plain.peak_bytes, 130u);  // the tail; the backward of 1: 30 + 40 - 20 + 80 = 130
 }
 
+// Note [Checkpoint-held inputs]: the step's masks, held by a recomputed layer's checkpoint (8 B,
+// counted in that layer's own backward_peak), are alive in the loss and in the backward of
+// every layer above it, kept ones included, and freed with the lowest holder's backward. By
+// hand, layer 0 recomputed (resident 5, backward 30 with the masks), layers 1 and 2 kept
+// (resident 20 and 10, backward 50 and 40), a 100 B tail:
+//   forward 5, 25, 35; the tail 35 + 100 + 8 = 143; the backward of 2 starts 35 - 10 + 40 + 8 =
+//   73; of 1: 73 - 48 - 20 + 58 = 63; of 0: 63 - 58 - 5 + 30 = 30; the end 0.
+// The regression: the masks were counted in the holder's backward only (143 -> 135, 73 -> 65,
+// 63 -> 55).
+TEST(Simulator, CheckpointHeldInputsLiveUntilTheLowestHoldersBackward) {
+  StepCost step = Toy(3);
+  step.tail_bytes = 100;
+  OptionCost holder = Layer(5, 0, 1, 1, 2, 0, 30);
+  holder.checkpoint_held_bytes = 8;
+  const std::vector<OptionCost> costs = {holder, Layer(20, 0, 1, 0, 2, 0, 50),
+                                         Layer(10, 0, 1, 0, 2, 0, 40)};
+  SimResult r = Simulate(step, costs, 1, true);
+  std::vector<uint64_t> levels;
+  for (const MemoryPoint& p : r.timeline) levels.push_back(p.bytes);
+  EXPECT_EQ(levels, (std::vector<uint64_t>{0, 5, 25, 35, 143, 73, 63, 30, 0}));
+  EXPECT_EQ(r.peak_bytes, 143u);
+  EXPECT_EQ(r.peak_at, "LM head and loss");
+  // A small tail: the kept layer 2's backward binds, with the masks.
+  step.tail_bytes = 10;
+  r = Simulate(step, costs, 1, false);
+  EXPECT_EQ(r.peak_bytes, 73u);
+  EXPECT_EQ(r.peak_at, "backward of layer 2");
+  // Held once: a second holder (layer 2, its own backward_peak counting them) adds nothing.
+  std::vector<OptionCost> two = costs;
+  two[2].checkpoint_held_bytes = 8;
+  two[2].backward_peak = 48;
+  EXPECT_EQ(Simulate(step, two, 1, false).peak_bytes, 73u);
+  // A holder above the kept layers only: they run their backward after it freed the masks.
+  std::vector<OptionCost> above = {Layer(5, 0, 1, 0, 2, 0, 30), Layer(20, 0, 1, 0, 2, 0, 50),
+                                   two[2]};
+  r = Simulate(step, above, 1, true);
+  levels.clear();
+  for (const MemoryPoint& p : r.timeline) levels.push_back(p.bytes);
+  // forward 5, 25, 35; tail 35 + 10 + 8 = 53; backward of 2: 35 - 10 + 48 = 73; of 1: 73 - 48
+  // - 20 + 50 = 55; of 0: 55 - 50 - 5 + 30 = 30.
+  EXPECT_EQ(levels, (std::vector<uint64_t>{0, 5, 25, 35, 53, 73, 55, 30, 0}));
+}
+
 TEST(Simulator, KeepEverythingIsComputeOnly) {
   const StepCost step = Toy(2);
   const SimResult r = Simulate(step, {Layer(10, 0), Layer(20, 0)}, 1, true);

@@ -585,6 +585,9 @@ class StepTrace:
     softmax_rows: set = dataclasses.field(default_factory=set)  # (row, element size)
     made_by: list[str] = dataclasses.field(default_factory=list)  # by allocation id: its op
     folded: list[int] = dataclasses.field(default_factory=list)  # Note [Loops in the step]
+    # Allocation ids of the tensors the decoder hands its layers besides the hidden states (the
+    # masks, RoPE's cos/sin): what a layer's checkpoint holds (Note [Measured hf]).
+    layer_args: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -622,6 +625,7 @@ class StepPoint:
     held_logits_bytes: int = 0
     # Of other_bytes, what the forward frees (the step's masks, which a checkpoint holds).
     forward_freed_bytes: int = 0
+    checkpoint_held_bytes: int = 0  # of forward_freed_bytes, what the layers are handed
 
 
 def _grad_owner(model: nn.Module, decoder: nn.Module) -> dict[int, Any]:
@@ -687,9 +691,15 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
             mode.set_phase(phase)
         return hook
 
+    layer_args: set[int] = set()
+
     def pre(j: int) -> Callable:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             x = _hidden(args[0] if args else kwargs["hidden_states"])
+            for t in _tensors((args[1:], {k: v for k, v in kwargs.items()
+                                          if k != "hidden_states"})):
+                if _key(t) in mode.live_ids:
+                    layer_args.add(mode.live_ids[_key(t)])
             mode.set_phase(("forward", j))
             inputs[j] = mode.ref(x)
             in_key[j] = _key(x)
@@ -777,7 +787,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
     return StepTrace(seq_len=seq_len, events=mode.events, sizes=mode.sizes, saved=saved,
                      inputs=inputs, outputs=outputs, grads=grads, work=mode.work,
                      module_work=mode.module_work, softmax_rows=mode.softmax_rows,
-                     made_by=mode.made_by)
+                     made_by=mode.made_by, layer_args=sorted(layer_args))
 
 
 class _gpu_sdpa:
@@ -907,6 +917,9 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     # over what stays only) and in its checkpoint (checkpoint_held_bytes); the profile's fixed
     # bytes are what stays.
     held = other - _freed_before_backward(trace, sizes)
+    # Of it, what the layers were handed (the masks; not a temporary of the decoder's forward):
+    # what a layer's checkpoint holds to its backward (checkpoint_held_bytes).
+    handed = _freed_before_backward(trace, sizes, set(trace.layer_args))
     points = []
     for j in range(n):
         fwd, bwd = ("forward", j), ("backward", j)
@@ -925,7 +938,7 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     loss_peak = peaks["loss"] - held - sum(resident) - points[-1].output_bytes
     return StepPoint(
         seq_len=trace.seq_len, layers=points, other_bytes=other,
-        forward_freed_bytes=other - held,
+        forward_freed_bytes=other - held, checkpoint_held_bytes=handed,
         loss_peak_bytes=max(0, loss_peak), loss_grad_bytes=grad.get("loss", 0),
         embedding_grad_bytes=grad.get("embedding", 0), peak_bytes=peak,
         held_logits_bytes=held_logits)
@@ -983,9 +996,10 @@ def _backward_moments(trace: StepTrace, sizes: Sequence[int]
     return moments, held_logits
 
 
-def _freed_before_backward(trace: StepTrace, sizes: Sequence[int]) -> int:
+def _freed_before_backward(trace: StepTrace, sizes: Sequence[int],
+                           only: Optional[set[int]] = None) -> int:
     """Bytes made before the first layer (other than its input) and freed before the first
-    layer's backward starts."""
+    layer's backward starts; of the allocations `only` where given."""
     made: set[int] = set()
     phase: Any = None
     freed = 0
@@ -994,7 +1008,8 @@ def _freed_before_backward(trace: StepTrace, sizes: Sequence[int]) -> int:
             phase = x
             if isinstance(x, tuple) and x[0] == "backward":
                 break
-        elif kind == "a" and phase == "embedding" and x != trace.inputs[0]:
+        elif kind == "a" and phase == "embedding" and x != trace.inputs[0] and \
+                (only is None or x in only):
             made.add(x)
         elif kind == "f" and x in made:
             made.discard(x)
@@ -1389,7 +1404,8 @@ class _Folding:
         return dataclasses.replace(
             trace, events=events, sizes=new_sizes, saved=saved,
             inputs=[new(x) for x in trace.inputs], outputs=[new(x) for x in trace.outputs],
-            grads=grads, made_by=[], folded=folded)
+            grads=grads, made_by=[], folded=folded,
+            layer_args=sorted({new(x) for x in trace.layer_args}))
 
 
 def _parts(traces: Sequence[StepTrace]) -> list[list[tuple[int, int]]]:
@@ -1598,7 +1614,7 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
             backward_peak_bytes=max(0, point.backward_own_bytes), grad_bytes=point.grad_bytes,
             backward_peak_grad_bytes=point.peak_grad_bytes,
             backward_peak_released_bytes=point.peak_released_bytes,
-            checkpoint_held_bytes=step.forward_freed_bytes,
+            checkpoint_held_bytes=step.checkpoint_held_bytes,
             forward_work=trace.work.get(fwd, OpWork()).to_dict(),
             backward_work=trace.work.get(("backward", k), OpWork()).to_dict()))
     layers = []
