@@ -474,6 +474,17 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
   const NonLayerParams outside = StageNonLayerParams(m, run, stage);
   double dense = outside.dense;
   double experts = outside.experts;
+  if (fsdp && last_stage) {
+    // Note [MTP layers] (cost_model.cc): Megatron-FSDP's units are the TransformerLayers
+    // (distributed/fsdp/mcore_fsdp_adapter.py fsdp_unit_modules, for optim_grads_params), the
+    // MTP depths' own included, which each MTP layer gathers above; the rest of an MTP module
+    // (enorm, hnorm, eh_proj, final_layernorm: 3h + 2h^2) stays with the root's parameters.
+    const int mtp = TrainedMtpLayers(m, run);
+    if (mtp > 0 && !m.layers.empty()) {
+      dense -= mtp * static_cast<double>(DenseLayerParams(m, m.layers.back())) / tp;
+      experts -= static_cast<double>(MtpRoutedExpertParams(m, mtp)) / std::max(1, ep);
+    }
+  }
   for (const LayerCost& l : layers) {
     if (fsdp || l.index < 0 || static_cast<size_t>(l.index) >= m.layers.size()) continue;
     dense += static_cast<double>(DenseLayerParams(m, m.layers[l.index])) / tp;

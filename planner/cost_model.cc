@@ -106,6 +106,10 @@ namespace {
 // is also the main head's input, held by the tail whatever the MTP layer's policy; the MTP layer's
 // "input" counts it again (h dt per token, an upper bound). Weights, gradients and optimizer state
 // are fixed memory of the last stage (StageNonLayerParams); --mtp-layers 0 holds none of them.
+// Under FSDP (optim_grads_params) the depth's transformer layer is a Megatron-FSDP unit
+// (mcore_fsdp_adapter.py fsdp_unit_modules: TransformerLayer, MoETransformerLayer), gathered by
+// the MTP layer; enorm, hnorm, eh_proj and final_layernorm are the root's, gathered with the
+// embedding and head (BuildStepComm).
 
 // Note [megatron linear attention]
 // What KDA and gated DeltaNet layers keep for backward, per token, counted from the code (no

@@ -280,6 +280,30 @@ TEST(StepComm, ReferenceExpertAllToAllIs1_4TBPerStepPerRank) {
   EXPECT_DOUBLE_EQ(busy->seconds, 2 * per_call * 7 / 8 / 900e9 + 3.4e-6);
 }
 
+// Note [MTP layers]: under Megatron-FSDP (distributed/fsdp/mcore_fsdp_adapter.py
+// fsdp_unit_modules: the TransformerLayers) an MTP depth's transformer layer is its own unit,
+// gathered by the MTP layer as a decoder layer of its kind is; only enorm, hnorm, eh_proj and
+// final_layernorm (3h + 2h^2) stay with the root's parameters, in the step's gather. The
+// regression: the MTP transformer layer's weights, its 288 routed experts included, were
+// gathered twice (by the layer and with the root).
+TEST(StepComm, FsdpGathersAnMtpTransformerLayerOnce) {
+  RunSettings run;  // the reference: FSDP (optim_grads_params), one MTP depth
+  const StepCost with = Build("glm-5.3-flash", "b200", run);
+  run.mtp_layers = 0;
+  const StepCost without = Build("glm-5.3-flash", "b200", run);
+  const double h = 4096;
+  const CommOp* root_with = Find(with, -1, "FSDP dense all-gather");
+  const CommOp* root_without = Find(without, -1, "FSDP dense all-gather");
+  ASSERT_NE(root_with, nullptr);
+  ASSERT_NE(root_without, nullptr);
+  EXPECT_DOUBLE_EQ(root_with->bytes - root_without->bytes, (3 * h + 2 * h * h) * run.weight_bytes);
+  EXPECT_EQ(Find(with, -1, "FSDP expert all-gather"), nullptr);
+  ASSERT_EQ(with.layers.back().name, "mtp.0");
+  for (const char* op : {"FSDP weight all-gather", "FSDP expert weight all-gather"}) {
+    EXPECT_DOUBLE_EQ(Find(with, 45, op)->bytes, Find(with, 44, op)->bytes) << op;
+  }
+}
+
 TEST(StepComm, StepTimeGrowsWhenTheExpertGroupCrossesNodes) {
   RunSettings run;
   run.seq_len = 262144;
