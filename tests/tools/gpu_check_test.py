@@ -118,10 +118,11 @@ class PackagedFolderTest(unittest.TestCase):
                 self.assertIn(gtest[0].split("=", 1)[1], argv)  # its filter is in the step's
             else:
                 self.assertIn(t["name"], names)
-        # Then the three fixed steps, in the order of the brief, and each listed by --dry-run.
-        self.assertEqual(names[-6:], ["bench_grouped_mm (torch._grouped_mm)", "calibrate",
+        # Then the fixed steps, in the order of the brief, and each listed by --dry-run.
+        self.assertEqual(names[-7:], ["bench_grouped_mm (torch._grouped_mm)", "calibrate",
                                       "plan with the calibrated profile",
                                       "bench_moe_block (Qwen3-MoE block)",
+                                      "bench_sdpa (attention rates)",
                                       "bench offload (cuda)", "bench_torch (anchor size)"])
         # calibrate folds in the file the torch._grouped_mm benchmark writes.
         by_name = {s["name"]: s for s in steps}
@@ -142,7 +143,7 @@ class PackagedFolderTest(unittest.TestCase):
                 self.assertIn(needed, libs)
         self.assertIn("libstowage.so", libs)
         for rel in ("run", "steps.json", "tools/bench_torch.py", "tools/bench_grouped_mm.py",
-                    "tools/bench_moe_block.py",
+                    "tools/bench_moe_block.py", "tools/bench_sdpa.py",
                     "tests/python/run_tests.py",
                     "tests/python/test_torch_gpu.py", "runtime/python/stowage/__init__.py"):
             self.assertTrue(os.path.isfile(os.path.join(self.root, rel)), rel)
