@@ -48,7 +48,7 @@ def parse_rows(text: str) -> List[int]:
 
 
 def seconds_per_call(torch, device: str, run: Callable[[], object]) -> float:
-    run()  # warm-up: CUTLASS's first call initialises its kernel
+    run()  # warm-up: a first call initialises its kernel (CUTLASS's, cuDNN's graph)
     if device != "cuda":
         start = time.perf_counter()
         run()

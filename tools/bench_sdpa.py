@@ -29,9 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
 from typing import Callable, List, Tuple
+
+# The one CUDA-event timing loop of the benchmarks (its sibling in tools/, here and in the
+# gpu-check folder).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_grouped_mm import seconds_per_call  # noqa: E402
 
 EXIT_UNAVAILABLE = 3  # tools/commands.h kExitUnavailable: the gpu-check runner's "skip"
 DEFAULT_CASES = ("llama:32:8:128:4096,16384,32768;qwen2:28:4:128:8192,32768;"
@@ -64,26 +69,6 @@ def parse_cases(text: str) -> List[Tuple[str, int, int, int, List[int]]]:
     if not cases:
         raise argparse.ArgumentTypeError("--cases is empty")
     return cases
-
-
-def seconds_per_call(torch, device: str, run: Callable[[], object]) -> float:
-    run()  # warm-up: the first call builds cuDNN's graph
-    if device != "cuda":
-        start = time.perf_counter()
-        run()
-        return time.perf_counter() - start
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 1
-    while True:
-        start.record()
-        for _ in range(reps):
-            run()
-        stop.record()
-        stop.synchronize()
-        ms = start.elapsed_time(stop)
-        if ms >= 50 or reps >= 1 << 12:
-            return ms * 1e-3 / reps
-        reps *= max(2, min(64, int(60 / ms) + 1)) if ms > 0 else 64
 
 
 def attention_flops(seq_len: int, heads: int, head_dim: int) -> Tuple[float, float]:
