@@ -27,8 +27,8 @@ namespace {
 //    recipe over hq*d and hkv*d with one rsqrt per head, less the output (RoPE's muls keep only
 //    cos/sin): 6*hq*d + 4*hq and 6*hkv*d + 4*hkv.
 //  Attention (sdpa_attention_forward, integrations/sdpa_attention.py): with no padding mask
-//    use_gqa_in_sdpa() is true, so k/v are not repeated; the CUDA flash / memory-efficient
-//    kernels (aten _scaled_dot_product_flash_attention) save q, k, v after RoPE, the output
+//    use_gqa_in_sdpa() is true, so k/v are not repeated; torch 2.11 runs cuDNN's kernel on an
+//    H200 (hardware.cc Note [SDPA on sm90]), which saves q, k, v after RoPE, the output
 //    and the fp32 logsumexp: 2*(hq + 2*hkv)*d + 2*hq*d + 4*hq. The output is already in
 //    [b, s, h, d] layout, so `.transpose(1, 2).contiguous()` copies nothing and o_proj saves
 //    the same storage. (On CPU SDPA's flash kernel saves the same set; its math kernel would
@@ -608,8 +608,9 @@ void SoftmaxAttention(HfLayer& b, const LayerSpec& spec) {
   // Causal flash skips the blocks above the diagonal (a query sees half the sequence on
   // average); a masked kernel computes the whole square.
   AttentionCore(b, hq, d, d, masked ? s : 0.5 * s);
-  // Forward: the projections before RoPE and RoPE's temporaries; backward: dq, dk, dv and the
-  // fp32 dq accumulator of the flash backward (flash-attention's mha_bwd).
+  // Forward: the projections before RoPE and RoPE's temporaries; backward: dq, dk, dv (dk, dv at
+  // hkv heads) and cuDNN's workspace, the fp32 dQ accumulator and softmax_sum (Note [SDPA on
+  // sm90]: no per-query-head dK/dV under GQA).
   b.cost.attn_forward_transient =
       static_cast<uint64_t>((2 * (hq + 2 * hkv) * d + 4 * hq * d) * b.t);
   b.cost.attn_backward_transient =

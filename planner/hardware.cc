@@ -35,12 +35,11 @@ constexpr uint64_t kMiB = 1ull << 20;
 //    only 87 ms faster than the recompute run, which reran a whole forward of >= 140 ms of GEMMs:
 //    the keep run, holding 32 GiB, lost time outside its kernels, so the recompute run is the
 //    cleaner measure of the GEMM rate.)
-//  - flash_forward/backward_efficiency 539/989 and 516/989: cuDNN's fused attention on H100
-//    SXM5 (same SM count and clocks as H200), head dim 128, 16K tokens, causal forward and
-//    backward, as the FlashAttention-3 paper measures it (Shah et al. 2024, arXiv 2407.08608,
-//    figs. 5-6; FLOPs counted as here: causal halved, backward 2.5x forward). cuDNN because
-//    torch >= 2.9 SDPA prefers it on sm90/sm100 with cuDNN > 9.15 (sdp_utils.cpp
-//    check_prefer_cudnn_attention), as does TransformerEngine's fused attention on Hopper.
+//  - flash_forward/backward_efficiency (Note [SDPA on sm90]): the presets of the H100 die (H200,
+//    H800) carry cuDNN 9.19's fused attention measured on an H200, 673/989 and 579/989; the
+//    defaults (B200, GB200, a profile that omits the fields) keep cuDNN's figures on H100 SXM5
+//    from the FlashAttention-3 paper (Shah et al. 2024, arXiv 2407.08608, figs. 5-6: 539 and 516
+//    TFLOP/s at head dim 128, 16K tokens, causal), an older cuDNN 9 at the same length.
 //  - grouped_gemm_efficiency = gemm_efficiency: TE's GroupedLinear under megatron
 //    (general_grouped_gemm -> nvte_multi_tensor_gemm, transformer_engine/common/gemm/
 //    cublaslt_gemm.cu) runs one cuBLAS GEMM per expert on several streams, the dense GEMMs'
@@ -53,6 +52,51 @@ constexpr uint64_t kMiB = 1ull << 20;
 //    its datasheet 4.8 TB/s, 3930 / 4800 = 0.82.
 //  - kernel_seconds 3 us: the launch-to-launch time of a null kernel on recent GPUs and drivers
 //    (NVIDIA developer forums, "Too much time for kernel launch latency", 2022).
+
+// Note [SDPA on sm90]
+// Which kernel transformers' attention runs on an H200 under torch 2.11 (the measured runs:
+// torch 2.11.0+cu130, transformers 5.17), and its rate.
+//  - The call. sdpa_attention_forward (integrations/sdpa_attention.py, 5.17 and 5.23): with no
+//    padding mask use_gqa_in_sdpa() is true, so k and v keep their hkv heads and SDPA gets
+//    enable_gqa=True, attn_mask None, is_causal=True, bf16 q/k/v of head dim 128 that are
+//    [b, h, s, d] views of [b, s, h, d] tensors.
+//  - The kernel is cuDNN's. Read from the 2.11.0+cu130 wheel itself (torch.version.git_version
+//    70d99e99; libtorch_cuda.so's symbols and disassembly): select_sdp_backend's priority
+//    is cuDNN, flash, memory-efficient, math when check_prefer_cudnn_attention holds, i.e. cuDNN
+//    runtime > 9.15.0 (91500) and compute capability 9.0, 9.3, 10.0 or 10.3; the wheel pins
+//    nvidia-cudnn-cu13 9.19.0.56. can_use_cudnn_attention's dense checks are
+//    check_nonzero_sequence_lengths_dense, check_last_dim_stride_equals_1_dense<true>,
+//    check_batch_size_and_num_heads_dense<true, false> and check_cudnn_tensor_shapes: GQA is
+//    accepted with enable_gqa (check_grouped_query_attention: hq a multiple of hkv; sdp_utils_cpp.h
+//    of the wheel), head dims up to 128. Flash would take it too (<true, true>); the
+//    memory-efficient kernel would not (<false, true>). attention.cpp's
+//    scaled_dot_product_attention hands k and v to _scaled_dot_product_cudnn_attention unrepeated
+//    (no repeat_interleave outside the math path), and _cudnn_attention_backward allocates dq, dk
+//    and dv as empty_like(q, k, v): dk and dv have hkv heads. cudnn-frontend 1.18 (the tag whose
+//    error messages the wheel's strings match) expresses GQA's dK/dV as the hq-head products
+//    reduced over each group inside the graph (dV_fullhead, red_dV_head: virtual tensors, nothing
+//    materialized), and its backward workspace is the fp32 dQ accumulator [b, hq, s, d] and
+//    softmax_sum [b, hq, s, 1] (SDPABackwardNode::get_fe_workspace_size_node), which
+//    run_cudnn_SDP_bprop takes from the caching allocator. So there is no FA2-style dk_expanded /
+//    dv_expanded [b, s, hq, d] transient and no sum over the group outside the kernel.
+//  - The rate: cudnn-frontend's benchmark of exactly that kernel on an H200 with cuDNN 9.19.1
+//    (benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/llama3.1_20260227_034703.csv,
+//    cudnn-frontend v1.19.0: bf16, top-left causal, batch 1, 64 query heads over 8 kv heads (GQA
+//    group 8), head dim 128, q/k/v the [b, s, h, d] transposes transformers passes; profiler
+//    device time of every cuDNN kernel of the pass, L2 flushed; FLOPs counted as here, causal
+//    halved, backward 2.5x forward), TFLOP/s forward / backward:
+//        tokens   2048    4096    8192    16384   32768
+//        fwd       484     591     644      673     688
+//        bwd       370     474     541      579     581
+//    The presets take the 16K column, the length of the figures they replace. One share per
+//    profile cannot follow the length: at 8K cuDNN is 4% / 7% slower than that, at 4K 12% / 18%.
+//    The group sizes here (Llama 4, Qwen2 7, Qwen3-MoE 8) and 28-32 query heads are not in the
+//    table; nothing public measures cuDNN's GQA backward against its MHA one at these shapes
+//    (pytorch/pytorch#139586: cuDNN takes hq != hkv as valid factors; huggingface/transformers
+//    #48163: on Hopper cuDNN is 1.7-2.3x torch's FA2 for training shapes). These are rates of
+//    the kernel alone; whether a training step runs it as fast is unmeasured (the dense cases'
+//    gaps, tests/planner/hf_measured_test.cc). tools/bench_sdpa.py (gpu-check) measures the
+//    three cases' own shapes, kernel column included.
 
 // Note [torch._grouped_mm rate]
 // What transformers' grouped_mm experts (integrations/moe.py grouped_mm_experts_forward: the
@@ -129,6 +173,13 @@ void HgxTopology(HardwareProfile& p, double nvlink_bytes_per_second) {
   p.host_link_bytes_per_second = 0;
 }
 
+// cuDNN 9.19's fused attention on the H100 die (Note [SDPA on sm90]): 673 and 579 TFLOP/s at 16K
+// causal tokens of head dim 128, as shares of the 989 TFLOP/s dense bf16 peak.
+void CudnnSm90Attention(HardwareProfile& p) {
+  p.flash_forward_efficiency = 673.0 / 989.0;
+  p.flash_backward_efficiency = 579.0 / 989.0;
+}
+
 // H200, PCIe Gen5 x16, figures from reference/h200-probe.log (DESIGN.md "Measured ceilings").
 // The host side (2 sockets, 1 TiB and 4 GPUs per NUMA node) is the HGX H200 reference layout,
 // since the probe VM's single node is not what training nodes look like.
@@ -140,9 +191,10 @@ HardwareProfile H200() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 3930e9;  // stream copy, read + write
   p.dense_bf16_flops = 989e12;
-  // The op rates are the defaults of hardware.h (Note [Op rates]), but hbm_bytes_per_second is
-  // the probe's stream copy, which element-wise kernels reach.
+  // The op rates are the defaults of hardware.h (Note [Op rates]) but for attention, and
+  // hbm_bytes_per_second is the probe's stream copy, which element-wise kernels reach.
   p.elementwise_efficiency = 1.0;
+  CudnnSm90Attention(p);
   p.d2h_bytes_per_second = 55.3e9;
   p.h2d_bytes_per_second = 55.5e9;
   p.bidir_d2h_bytes_per_second = 50.7e9;
@@ -168,7 +220,7 @@ HardwareProfile H200() {
 // other presets (Note [Topology]). The host side is the HGX H100/H800 reference system's (DGX
 // H100: 2 TiB, 2 sockets, 4 GPUs each); the host link is PCIe Gen5 x16 with H200's measured rates
 // (the same link), and the pinning rate is H200's measured one. The op rates are hardware.h's
-// defaults: the flash-attention shares were measured on H100 SXM5, the same SMs and clocks, and
+// defaults but for attention, which is H200's (the same SMs and clocks: CudnnSm90Attention), and
 // elementwise_efficiency scales the datasheet HBM rate by H200's measured share.
 HardwareProfile H800() {
   HardwareProfile p;
@@ -178,6 +230,7 @@ HardwareProfile H800() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 3.35e12;
   p.dense_bf16_flops = 989e12;
+  CudnnSm90Attention(p);
   p.d2h_bytes_per_second = 55.3e9;
   p.h2d_bytes_per_second = 55.5e9;
   p.bidir_d2h_bytes_per_second = 50.7e9;

@@ -43,7 +43,9 @@ struct HardwareProfile {
   // half of it; the share of hbm_bytes_per_second memory-bound kernels reach; and the time one
   // kernel costs however little it does.
   // Defaults (the presets', and a JSON profile's that omits a field): derived for H200 in
-  // Note [Op rates] (hardware.cc), with elementwise_efficiency relative to a datasheet HBM rate.
+  // Note [Op rates] (hardware.cc), with elementwise_efficiency relative to a datasheet HBM rate;
+  // the flash shares are cuDNN's on H100 from the FlashAttention-3 paper, which the H200 and
+  // H800 presets replace with cuDNN 9.19's on H200 (Note [SDPA on sm90]).
   double gemm_efficiency = 746.0 / 989.0;
   double flash_forward_efficiency = 539.0 / 989.0;
   double flash_backward_efficiency = 516.0 / 989.0;

@@ -15,10 +15,12 @@ aten op autograd recorded (_scaled_dot_product_cudnn_attention, _flash_attention
 _efficient_attention or the math decomposition), read from torch.profiler. The backward is timed
 alone: one forward's graph, its autograd.grad rerun (retain_graph).
 
-The planner's attention rates (flash_forward_efficiency, flash_backward_efficiency) are the
-FlashAttention-3 paper's cuDNN figures on H100 (planner/hardware.cc Note [Op rates]); this table
-is the H200's own at the public and held-back measured cases' shapes (reference/measured/:
-Llama 32/8 heads, Qwen2 28/4, Qwen3-MoE 32/4, head dim 128), which is what settles them.
+The H200 preset's attention rates (flash_forward_efficiency, flash_backward_efficiency) are
+cuDNN 9.19's on an H200 from cudnn-frontend's own benchmark at 64/8 heads (planner/hardware.cc
+Note [SDPA on sm90]: 673 / 579 TFLOP/s at 16K tokens, the kernel torch 2.11 picks for this
+call); this table is the H200's own at the public and held-back measured cases' shapes
+(reference/measured/: Llama 32/8 heads, Qwen2 28/4, Qwen3-MoE 32/4, head dim 128), and its
+kernel column says whether cuDNN ran.
 
 Each time is CUDA-event timed over enough calls to run >= 50 ms after a warm-up call. `--device
 cpu` runs the same code on small shapes for a smoke test (the times mean nothing there). Exits 3

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "planner/op_time.h"
 
 namespace stowage::planner {
 namespace {
@@ -22,6 +23,27 @@ TEST(HardwarePreset, H200CarriesTheMeasuredFigures) {
   EXPECT_DOUBLE_EQ(h200->bidir_h2d_bytes_per_second, 51.9e9);
   EXPECT_DOUBLE_EQ(h200->pin_seconds_per_gib, 0.038);
   EXPECT_TRUE(ValidateHardwareProfile(*h200).ok());
+}
+
+// Note [SDPA on sm90]: the H100-die presets time attention as cuDNN 9.19 ran it on an H200 in
+// cudnn-frontend's benchmark (llama3.1_20260227_034703.csv, 16384 tokens, 64 query heads over 8,
+// head dim 128, causal, bf16): forward 6.531 ms, backward 19.002 ms of device time. The FLOPs are
+// counted as the recipes count them (framework_hf.cc AttentionCore, cost_model.cc): 2 heads
+// (dqk + dv) per key, s / 2 keys per query under the causal mask, backward 2.5x the forward.
+TEST(HardwarePreset, H100DieAttentionIsCudnnOnH200) {
+  const double s = 16384, heads = 64, d = 128;
+  const double forward = 2 * heads * (d + d) * (s / 2) * s;
+  for (const std::string name : {"h200", "h800"}) {
+    const HardwareProfile hw = *HardwarePreset(name);
+    EXPECT_NEAR(OpSeconds({.attention_forward_flops = forward}, hw), 6.531e-3, 0.01e-3) << name;
+    EXPECT_NEAR(OpSeconds({.attention_backward_flops = 2.5 * forward}, hw), 19.002e-3, 0.03e-3)
+        << name;
+  }
+  // The presets that were not measured keep the FlashAttention-3 paper's cuDNN figures on H100
+  // (539 and 516 TFLOP/s, Note [Op rates]).
+  const HardwareProfile b200 = *HardwarePreset("b200");
+  EXPECT_DOUBLE_EQ(b200.flash_forward_efficiency, 539.0 / 989.0);
+  EXPECT_DOUBLE_EQ(b200.flash_backward_efficiency, 516.0 / 989.0);
 }
 
 TEST(HardwarePreset, OthersAreMarkedDatasheetAndValid) {
