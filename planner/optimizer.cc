@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/checked_math.h"
+#include "planner/layer_counts.h"
 #include "planner/report.h"
 
 namespace stowage::planner {
@@ -83,9 +84,18 @@ namespace {
 // On the reference model the bound is attained: the compute-optimal plan under these memory
 // terms waits for no copy, so step 1's plan is the optimum and step 3 never runs. On small
 // random instances the branch and bound runs to completion and equals exhaustive search
-// (optimizer_test.cc). Deep models where both budgets bind report a gap: the two prices bound them
-// within 0.06% (1,000 layers: 207.616 s against the 207.616 s plan; it was 207.228 s against
-// 207.711 s before them), the rest being the rounding of the layers the relaxation splits.
+// (optimizer_test.cc). Deep models where both budgets bind: the two prices bound them within 0.06%
+// (1,000 layers: 207.228 s against a 207.711 s plan before them), the rest being the rounding of
+// the layers the relaxation splits; the same relaxation in whole layers (Note [Whole layers] in
+// layer_counts.cc) closes that, and its counts are the plan (every stage of the bench's deep
+// Llama rows within the default gap, most proven).
+// Checkpoint-held inputs (Note [Checkpoint-held inputs] in simulator.cc: what the lowest holding
+// checkpoint keeps alive in the loss and the backward of every layer above it) are a max over the
+// prefix's options, not a sum, and are left out of these memory terms. Leaving a term out only
+// lowers the levels the search assumes: it admits more plans, never fewer, so every bound stays a
+// lower bound over the plans that fit, no prune drops a plan that fits, and every plan is accepted
+// only by its simulation, which has the term (Optimizer.CheckpointHeldInputsStayExact checks the
+// search against exhaustive search with such options).
 
 // Note [Forward waits]
 // Why the forward waits are at least the sum of the excesses e_i = h_i - (the compute between
@@ -762,6 +772,9 @@ constexpr int kGoldenSteps = 64;
 constexpr double kTwoPriceEvaluations = kPriceSteps + 3 + kGoldenSteps;
 constexpr double kTieTolerance = 1e-9;
 constexpr int kRoundAttempts = 6;
+// Note [Whole layers] (layer_counts.cc): the branch and bound over counts stops after this many
+// evaluations of the dual over the distinct layers' options.
+constexpr int64_t kCountEvaluations = 4000;
 
 class Search {
  public:
@@ -773,6 +786,8 @@ class Search {
     const double gap = std::clamp(o.optimality_gap, 0.0, OptimizerOptions::kMaxOptimalityGap);
     settle_ = gap > kProvenTolerance ? 1 / (1 + gap) : 1 - kProvenTolerance;
     prune_ = gap > kProvenTolerance ? 1 / (1 + gap) : 1 - 1e-12;
+    // Note [Whole layers]: the counts' search takes half the gap, the plan it gives the rest.
+    count_gap_ = gap > kProvenTolerance ? gap / 2 : 0;
     // One set of fronts bounds every distance first (a window of one layer, the least prefetched
     // bytes, the least backward waits); a distance gets its own only when that bound does not
     // settle it (Refine).
@@ -871,12 +886,14 @@ class Search {
 
   // Note [Two prices]
   // Where the host budget binds, the fronts' model has a simpler relaxation that prices both
-  // budgets. Keep only two of its constraints: the level at the LM head and loss (every plan
-  // reaches it: fixed + sum_k m_k R_k + H_{n-1} + the pending saves before it + the tail's need,
-  // Model::Need of the last layer) and the host budget (sum_k m_k H_k <= the host room B). With
-  // a_k = m_k R_k (+ H_k for the last layer), b_k = m_k H_k and G = the GPU room less the tail's
-  // need, every plan within the budgets has sum a_k <= G and sum b_k <= B (the pending saves are
-  // >= 0), so for any prices l, p >= 0
+  // budgets. Keep only two of its constraints: the levels every plan reaches at the LM head and
+  // loss (fixed + sum_k m_k R_k + H_{n-1} + the pending saves before it + the tail's need, Model::
+  // Need of the last layer) and in the last layer's own forward and backward (fixed + the prefix's
+  // sum_k m_k R_k + (m - 1) R + its working set, + what the step holds there), which share the
+  // prefix's sum, and the host budget (sum_k m_k H_k <= the host room B). With a_k = m_k R_k (for
+  // the last layer the most its option adds in those levels: LevelOf), b_k = m_k H_k and G = the
+  // GPU room, every plan within the budgets has sum a_k <= G and sum b_k <= B (the pending saves
+  // and prefetches are >= 0), so for any prices l, p >= 0
   //   sum_k c_k >= sum_k (c_k + l a_k + p b_k) - l G - p B >= sum_k min_options(c + l a + p b)
   //                                                           - l G - p B =: D(l, p),
   // with c_k = Model::Cost (compute + the copy-wait bounds): D(l, p) + the fixed seconds bounds
@@ -900,129 +917,39 @@ class Search {
       if (over.empty() || HostOf(over[0]) <= Model::HostRoom(step_, o_)) return;  // not binding
     }
     const Model& model = *shared_model_;
-    const double gpu_room = model.room() - model.tail_need();
+    const double gpu_room = model.room();  // the last layer's level counts the tail (LevelOf)
     if (gpu_room < 0) return;
     const double host_room = Model::HostRoom(step_, o_);
+    // Layers whose (c, a, b) lists are equal are one group (Note [Whole layers] in
+    // layer_counts.cc), in the order of their first layer.
     struct Line {
       double c, a, b;
       auto operator<=>(const Line&) const = default;
     };
-    std::map<std::vector<Line>, int> count;
+    std::map<std::vector<Line>, int> group_of;
+    count_groups_.clear();
+    group_layers_.clear();
     for (int i = 0; i < n_; ++i) {
       std::vector<Line> lines;
       for (int k = 0; k < static_cast<int>(cand_[i].size()); ++k) {
-        const double m = model.Multiplier(i);
-        const double h = static_cast<double>(cand_[i][k].cost.host_bytes);
-        lines.push_back(
-            {model.Cost(i, k), m * model.Resident(i, k) + (i + 1 == n_ ? h : 0), m * h});
+        lines.push_back({model.Cost(i, k), LevelOf(i, k), HostOf(i, k)});
       }
       std::sort(lines.begin(), lines.end());
-      ++count[lines];
+      const auto [it, added] = group_of.try_emplace(lines, static_cast<int>(count_groups_.size()));
+      if (added) {
+        CountGroup& group = count_groups_.emplace_back();
+        for (const Line& x : lines) group.options.push_back({x.c, x.a, x.b});
+        group_layers_.emplace_back();
+      }
+      ++count_groups_[it->second].layers;
+      group_layers_[it->second].push_back(i);
     }
-    std::vector<std::pair<std::vector<Line>, double>> groups;
-    for (auto& [lines, n] : count) groups.push_back({lines, static_cast<double>(n)});
-    // D(l, p) and the best l for p (slope of D in l: sum of the chosen a less G).
-    std::vector<std::pair<double, double>> breaks;  // (l, the slope's drop there)
-    auto best_for = [&](double p, double* best_l) {
-      breaks.clear();
-      double slope = -gpu_room;
-      for (const auto& [lines, n] : groups) {
-        // Lower envelope over l >= 0 of the lines c + p b + l a, walking to smaller a.
-        double l = 0;
-        int at = -1;
-        for (int k = 0; k < static_cast<int>(lines.size()); ++k) {
-          const double v = lines[k].c + p * lines[k].b,
-                       va = at < 0 ? kInf : lines[at].c + p * lines[at].b;
-          if (at < 0 || v < va || (v == va && lines[k].a < lines[at].a)) at = k;
-        }
-        slope += n * lines[at].a;
-        while (true) {
-          // The line that takes over first as l grows: smaller a, earliest crossing.
-          int next = -1;
-          double when = kInf;
-          const double ca = lines[at].c + p * lines[at].b;
-          for (int k = 0; k < static_cast<int>(lines.size()); ++k) {
-            if (lines[k].a >= lines[at].a) continue;
-            const double t = (lines[k].c + p * lines[k].b - ca) / (lines[at].a - lines[k].a);
-            if (t < when || (t == when && next >= 0 && lines[k].a < lines[next].a)) {
-              when = t;
-              next = k;
-            }
-          }
-          if (next < 0) break;
-          when = std::max(when, l);
-          breaks.push_back({when, n * (lines[at].a - lines[next].a)});
-          l = when;
-          at = next;
-        }
-      }
-      double l = 0;
-      if (slope > 0) {
-        std::sort(breaks.begin(), breaks.end());
-        l = kInf;
-        for (const auto& [t, drop] : breaks) {
-          slope -= drop;
-          if (slope <= 0) {
-            l = t;
-            break;
-          }
-        }
-        if (l == kInf) return kInf;  // no plan meets the level at the LM head
-      }
-      double d = -l * gpu_room - p * host_room;
-      for (const auto& [lines, n] : groups) {
-        double least = kInf;
-        for (const Line& x : lines) least = std::min(least, x.c + l * x.a + p * x.b);
-        d += n * least;
-      }
-      if (best_l != nullptr) *best_l = l;
-      return d;
-    };
-    // Golden section over p in [0, 2 high]: high starts at PriceHost's first price (a layer's
-    // dearest option over its cheapest per pinned byte) and doubles while D still rises.
-    double high = 0;
-    for (int i = 0; i < n_; ++i) {
-      double least_cost = kInf, most_cost = 0, most_host = 0;
-      for (int k = 0; k < static_cast<int>(cand_[i].size()); ++k) {
-        least_cost = std::min(least_cost, model.Cost(i, k));
-        most_cost = std::max(most_cost, model.Cost(i, k));
-        most_host = std::max(most_host, HostOf(i, k));
-      }
-      if (most_host > 0) high = std::max(high, (most_cost - least_cost) / most_host);
+    const TwoPrices best = BestTwoPrices(count_groups_, gpu_room, host_room);
+    if (!(best.value < kInf)) {  // nothing fits the level at the LM head
+      count_groups_.clear();
+      return;
     }
-    if (!(high > 0)) return;
-    double at_high = best_for(high, nullptr);
-    if (at_high == kInf) return;
-    for (int t = 0; t < kPriceSteps; ++t) {
-      const double next = best_for(2 * high, nullptr);
-      if (!(next > at_high)) break;
-      high *= 2;
-      at_high = next;
-    }
-    double lo = 0, hi = 2 * high;
-    const double phi = (std::sqrt(5.0) - 1) / 2;
-    double x1 = hi - phi * (hi - lo), x2 = lo + phi * (hi - lo);
-    double f1 = best_for(x1, nullptr), f2 = best_for(x2, nullptr);
-    double best = std::max({best_for(0, nullptr), f1, f2, at_high});
-    for (int t = 0; t < kGoldenSteps; ++t) {
-      if (f1 < f2) {
-        lo = x1;
-        x1 = x2;
-        f1 = f2;
-        x2 = lo + phi * (hi - lo);
-        f2 = best_for(x2, nullptr);
-      } else {
-        hi = x2;
-        x2 = x1;
-        f2 = f1;
-        x1 = hi - phi * (hi - lo);
-        f1 = best_for(x1, nullptr);
-      }
-      best = std::max({best, f1, f2});
-    }
-    double l = 0;
-    const double p = f1 > f2 ? x1 : x2;
-    best_for(p, &l);
+    const double l = best.gpu, p = best.host;
     prices_ = {l, p};
     gpu_room_ = gpu_room;
     host_room_ = host_room;
@@ -1035,7 +962,7 @@ class Search {
       }
       priced_suffix_[i] = priced_suffix_[i + 1] + least;
     }
-    bound = std::max(bound, best + model.fixed_seconds());
+    bound = std::max(bound, best.value + model.fixed_seconds());
   }
 
   // The plans of the two prices (Note [Two prices]): at (l, p) every option of a layer whose
@@ -1053,7 +980,7 @@ class Search {
     auto weight = [&](int i, int k, bool gpu) {
       const double m = model.Multiplier(i);
       const double h = static_cast<double>(cand_[i][k].cost.host_bytes);
-      return gpu ? m * model.Resident(i, k) + (i + 1 == n_ ? h : 0) : m * h;
+      return gpu ? LevelOf(i, k) : m * h;
     };
     for (int i = 0; i < n_; ++i) {
       double least = kInf;
@@ -1117,10 +1044,79 @@ class Search {
     }
   }
 
-  // Layer i's option k in the level at the LM head and loss of Note [Two prices] (a_k).
+  // Note [Two prices] in whole layers (Note [Whole layers] in layer_counts.cc): the relaxation's
+  // integer optimum bounds every distance; its counts, given to each group's layers (the
+  // offloading options to the first layers: their pending saves and prefetches then meet the
+  // smallest resident prefix), are simulated, and where that plan does not fit (the levels the
+  // relaxation leaves out) the room it exceeded shrinks by the excess and the counts are solved
+  // again, as RoundPrices does.
+  void WholeLayers() {
+    if (count_groups_.empty()) return;
+    const double fixed = shared_model_->fixed_seconds();
+    double gpu_cap = gpu_room_, host_cap = host_room_;
+    for (int attempt = 0; attempt < kRoundAttempts; ++attempt) {
+      const double cutoff = best_seconds_ < kInf ? best_seconds_ - fixed : kInf;
+      const LayerCounts counts =
+          SolveLayerCounts(count_groups_, gpu_cap, host_cap, cutoff, count_gap_, kCountEvaluations);
+      if (attempt == 0) {
+        // The rooms as they are: a bound on every plan.
+        for (Distance& dist : distances_) dist.bound = std::max(dist.bound, counts.bound + fixed);
+      }
+      if (!(counts.cost < kInf) || Settled()) return;
+      std::vector<int> pick(n_, -1);
+      for (size_t g = 0; g < count_groups_.size(); ++g) {
+        const std::vector<CountOption>& options = count_groups_[g].options;
+        std::vector<int> order(options.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+          return options[x].host != options[y].host ? options[x].host > options[y].host
+                                                    : options[x].gpu > options[y].gpu;
+        });
+        size_t at = 0;
+        for (int j : order) {
+          for (int64_t c = 0; c < counts.counts[g][j]; ++c) {
+            const int i = group_layers_[g][at++];
+            for (int k = 0; k < static_cast<int>(cand_[i].size()) && pick[i] < 0; ++k) {
+              if (shared_model_->Cost(i, k) == options[j].cost && LevelOf(i, k) == options[j].gpu &&
+                  HostOf(i, k) == options[j].host) {
+                pick[i] = k;
+              }
+            }
+          }
+        }
+      }
+      if (std::find(pick.begin(), pick.end(), -1) != pick.end()) return;  // cannot happen
+      const SimResult sim = TryLeaf(pick, least_);
+      const double over_gpu =
+          static_cast<double>(sim.peak_bytes) - static_cast<double>(o_.gpu_budget_bytes);
+      const double over_host =
+          static_cast<double>(sim.host_bytes) - static_cast<double>(o_.host_budget_bytes);
+      if (over_gpu <= 0 && over_host <= 0) {
+        TryEveryDistance(pick);
+        return;
+      }
+      // Below what these counts take of the relaxation's rooms by the excess: the next counts
+      // differ.
+      double used_gpu = 0;
+      for (int i = 0; i < n_; ++i) used_gpu += LevelOf(i, pick[i]);
+      if (over_gpu > 0) gpu_cap = std::min(gpu_cap, used_gpu) - over_gpu;
+      if (over_host > 0) host_cap = std::min(host_cap, HostOf(pick)) - over_host;
+    }
+  }
+
+  // Layer i's option k in the levels of Note [Two prices] (a_k): its weighted resident bytes;
+  // the last layer's, the most its option adds to the prefix's in the LM head and loss (its own
+  // resident and pending bytes beside the tail's need), its own forward or its own backward (the
+  // other microbatches' resident bytes, its working set, what the step holds there).
   double LevelOf(int i, int k) const {
-    return shared_model_->Multiplier(i) * shared_model_->Resident(i, k) +
-           (i + 1 == n_ ? static_cast<double>(cand_[i][k].cost.host_bytes) : 0);
+    const Model& model = *shared_model_;
+    const double m = model.Multiplier(i), r = model.Resident(i, k);
+    if (i + 1 < n_) return m * r;
+    const OptionCost& c = cand_[i][k].cost;
+    return std::max({m * r + static_cast<double>(c.host_bytes) + model.tail_need(),
+                     (m - 1) * r + static_cast<double>(c.forward_peak),
+                     (m - 1) * r + static_cast<double>(c.backward_peak) +
+                         static_cast<double>(held_.in_layer[i])});
   }
 
   // Pinned bytes of layer i's option k over its in-flight microbatches, and of a plan.
@@ -1198,6 +1194,8 @@ class Search {
     for (const std::vector<int>& pick : priced_plans_) {
       if (TryEveryDistance(pick)) return;
     }
+    WholeLayers();
+    if (Settled()) return;
     RoundPrices();
     if (Settled()) return;
     for (int chunks : o_.chunk_counts) {
@@ -1276,7 +1274,7 @@ class Search {
     const double start = simulated_layers_;
     // The two levels of Note [Two prices] every plan within the budgets keeps: a change that
     // takes the incumbent's past its room cannot fit, so it is not simulated.
-    const double gpu_room = shared_model_->room() - shared_model_->tail_need();
+    const double gpu_room = shared_model_->room();
     const double host_room = Model::HostRoom(step_, o_);
     double gpu = 0, host = 0, bound = 0;
     auto totals = [&] {
@@ -1456,8 +1454,9 @@ class Search {
       if (!priced_suffix_.empty()) {
         // Note [Two prices] for the layers after i at the root's prices: what is left of both
         // rooms after the prefix bounds their a and b.
-        const double level = static_cast<double>(next_prefix) +
-                             (i + 1 == n_ ? static_cast<double>(c.host_bytes) : 0);
+        const double level = i + 1 == n_
+                                 ? static_cast<double>(prefix) + LevelOf(i, static_cast<int>(k))
+                                 : static_cast<double>(next_prefix);
         const double lagrange = cost + model.Cost(i, static_cast<int>(k)) + priced_suffix_[i + 1] -
                                 prices_.first * (gpu_room_ - level) -
                                 prices_.second * (host_room_ - static_cast<double>(host + h)) +
@@ -1498,6 +1497,10 @@ class Search {
   std::pair<double, double> prices_ = {-1, -1};  // Note [Two prices]: (l, p), l < 0 if none
   double gpu_room_ = 0, host_room_ = 0;
   std::vector<double> priced_suffix_;  // sum over layers >= i of the least c + l a + p b
+  // Note [Two prices]' layers grouped (Note [Whole layers] in layer_counts.cc): each group's
+  // (c, a, b) options, sorted, and its layers.
+  std::vector<CountGroup> count_groups_;
+  std::vector<std::vector<int>> group_layers_;
   double refine_work_ = 0;
   std::vector<Distance> distances_;
   Distance* current_ = nullptr;
@@ -1507,6 +1510,7 @@ class Search {
   double search_start_ = 0;
   double best_seconds_ = kInf;
   double settle_ = 1, prune_ = 1;  // Note [Optimality gap]
+  double count_gap_ = 0;
   double best_stall_ = 0;
   std::vector<int> best_pick_;
   int best_distance_ = 1;
