@@ -139,7 +139,10 @@ namespace {
 //    branch and bound at most node_limit nodes (each costing options x window, whatever the depth)
 //    and kSearchSimulatedLayers layer-simulations of leaves in all.
 //  - The host price: at most kPriceSteps fronts of kPriceFront labels; the two prices
-//    kTwoPriceEvaluations passes over the distinct layers' options.
+//    kTwoPriceEvaluations passes over the distinct layers' options; the whole layers (Note [Whole
+//    layers] in layer_counts.cc) at most kCountEvaluations evaluations of that dual per attempt,
+//    kRoundAttempts attempts each simulating one plan: groups of identical layers, so none of it
+//    grows with the depth but the grouping and the simulations.
 // Exact filters keep these from running where they cannot gain: hill climbing does not simulate a
 // change that takes the incumbent past either room of Note [Two prices] (no plan there fits) or
 // whose bound cannot beat it (Note [Plan bounds]), and a distance's own fronts are not built when
@@ -150,13 +153,13 @@ namespace {
 // kMaxLayers are refused before any of this (CheckStepCostBounds).
 // What the constant per layer is depends on what binds, not on the depth: where no budget binds
 // the fronts are a few labels and one simulation proves the plan; where the GPU and the host
-// budget both bind (the bench's Llama from about 500 layers) the fronts are about 24 labels (a
-// stage with many microbatches in flight makes up to 250 label updates per layer) and the two
-// prices run. Most such stages are then within the default optimality gap at the root (Note
-// [Optimality gap]) and stop there; the rest (root gaps of 0.01-0.08% on the bench's 62- to
-// 2,500-layer stages) get hill climbing and node_limit nodes of branch and bound, a fixed cost per
-// stage, not per layer, which on those stages has never closed the gap (measured over the bench:
-// it proved only DeepSeek-V3's four-layer h800 stages, in 1,706 and 4,913 nodes).
+// budget both bind (the bench's Llama from about 500 layers) the whole layers come first (the
+// relaxation's host price is positive) and their counts' plan, simulated once or a few times, is
+// within the default gap of their bound on every stage of the bench's deep rows, so no front is
+// built there (the fronts are about 24 labels on such stages, up to 250 label updates per layer
+// with many microbatches in flight: 60% of a 10,000-layer stage's CPU before). Where the counts'
+// plan does not settle the search, the fronts, the two prices' rounding, hill climbing and
+// node_limit nodes of branch and bound follow as before, a fixed cost per stage, not per layer.
 
 // Note [Optimality gap]
 // The search stops once its incumbent is within OptimizerOptions::optimality_gap G of a lower
