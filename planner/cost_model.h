@@ -55,6 +55,10 @@ struct RunSettings {
   // --optimizer-cpu-offload): gradients go D2H and updated weights H2D once per step.
   bool optimizer_offload = false;
   Framework framework = Framework::kMegatron;
+  // Under kHf: the transformers 5.x release whose code the recipe follows where releases differ,
+  // as its minor version (Note [hf transformers versions] in framework_hf.cc). 17: the version
+  // of the measured reference steps (reference/measured/).
+  int transformers_minor = 17;
   Sharding sharding = Sharding::kOptimGradsParams;
   // The LM head and loss run over this many tokens at a time (a fused/chunked cross-entropy);
   // 0 materializes the logits of every token at once.

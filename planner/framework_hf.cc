@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "planner/op_time.h"
 
 namespace stowage::planner {
@@ -75,6 +78,26 @@ constexpr double kSharedMemoryPerBlock = 48 * 1024;
 // backward (2.5x the forward's FLOPs), element-wise kernels by the bytes they read and write,
 // and each kernel's fixed cost. Element-wise bytes per token are counted per op below (read +
 // write); backward moves about twice the forward's.
+
+// Note [hf host time]
+// The recipe times the device only: an eager step is host-bound only where the GPU runs out of
+// queued kernels, and in these steps it does not. Python's dispatch of an aten op to a launched
+// CUDA kernel costs 5-25 us on a modern host (a CUDA torch.add issued back to back from Python:
+// 8 us per op on an A100 host, flagos-ai/Torch-FL PR #27, 2026; the dispatcher alone about 1 us,
+// pytorch/pytorch#41383), against a step of one launch per 116 us of device time on average
+// (the public Qwen3-MoE case: 1,315 aten ops in 152 ms). Nothing in it synchronizes the host
+// with the stream (grouped_mm's no-sync path, index_put's unsafe backward, histc with given
+// bounds), so the host's lead only grows: each layer's attention issues ~2 ms of GEMMs in ~30
+// ops. The MoE block's routing before its first grouped GEMM (17 aten ops in 5.23, 21 in 5.17:
+// softmax, top-k, renormalisation, the sort's 21 kernels, the gathers, histc, cumsum) takes the
+// host about what it takes the device (~0.2 ms each), so even there the queue does not drain.
+// One call is unsettled: histc asks cudaMemGetInfo for free memory on every call (SummaryOps.cu)
+// and whether that waits for the stream is not documented (4.85 us on an idle device,
+// pytorch/pytorch#174625; sglang PR #25299 calls it host-syncing); if it does, each MoE layer
+// exposes the host's issue of the ops from histc to the up grouped GEMM (cumsum, 5.17's four
+// mask ops: ~50 us, 0.3 ms a step of 6 layers). The backward runs in autograd's C++ engine,
+// cheaper per op. The host time before the step's first kernel (the model's Python preamble) is
+// not modelled.
 
 // Note [hf dialects]
 // Families differ in code the recipe counts (each modeling_<family>.py). Checked against
@@ -169,6 +192,8 @@ struct HfDialect {
   bool fp32_rope = false;    // Note [hf OLMo and Phi-3]: RoPE's cos/sin stay fp32
   bool norms_after = false;  // Note [hf OLMo and Phi-3]: the norms follow the sublayers
   bool fused_qkv = false;    // Note [hf OLMo and Phi-3]: one qkv_proj, one gate_up_proj
+  // Note [hf transformers versions]: grouped_mm experts make and apply the EP-sentinel mask.
+  bool ep_sentinel_masks = false;
 };
 
 HfDialect DialectFor(const ModelConfig& m) {
@@ -1247,23 +1272,28 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     const double offsets = 4 * e;  // grouped_mm's int32 expert offsets, per layer
     double act = 4 * fe * k;
     double per_expert = b.t * k / e;
+    // Note [hf transformers versions]: 5.17's EP-sentinel mask, one bool per routed row, saved by
+    // its three masked_fills (one storage).
+    const bool masks = b.dialect.ep_sentinel_masks && b.dialect.router != HfRouter::kLlama4;
+    const double mask = masks ? k : 0;
     switch (b.dialect.router) {
       case HfRouter::kQwen:
         b.Save("moe.router", "", 4 * e + 8 * k + 4 * k + 4);
-        b.Save("moe.dispatched", "", 3 * 8 * k + 2 * k + 2 * h * k, offsets);
+        b.Save("moe.dispatched", "", 3 * 8 * k + 2 * k + 2 * h * k + mask, offsets);
         b.Save("moe.gate_up", "", 4 * fe * k);
         break;
       case HfRouter::kDeepSeekSoftmax:
       case HfRouter::kDeepSeekSigmoid: {
         const bool renorm = b.dialect.router == HfRouter::kDeepSeekSigmoid;
         b.Save("moe.router", "", 4 * h + 4 * e + 8 * k + (renorm ? 4 + 4 * k : 0), 4 * e * h);
-        b.Save("moe.dispatched", "", 3 * 8 * k + 4 * k + 2 * h * k, offsets);
+        b.Save("moe.dispatched", "", 3 * 8 * k + 4 * k + 2 * h * k + mask, offsets);
         b.Save("moe.gate_up", "", 4 * fe * k);
         break;
       }
       case HfRouter::kGptOss:
         b.Save("moe.router", "", 8 * k + 2 * k);
-        b.Save("moe.dispatched", "", (m.expert_bias ? 4 : 3) * 8 * k + 2 * k + 2 * h * k, offsets);
+        b.Save("moe.dispatched", "", (m.expert_bias ? 4 : 3) * 8 * k + 2 * k + 2 * h * k + mask,
+               offsets);
         b.Save("moe.gate_up", "", 4 * fe * k);
         act = 10 * fe * k;
         // GptOssExperts (modeling_gpt_oss.py) beyond the SwiGLU counted below, bytes per token.
@@ -1278,11 +1308,16 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
         // of gate's two gradients (r4 w2), the interleaved slices' zeros and copies (w4 + r2 w2
         // each) summed (r4 w2 of 2fe) = 96 fe against SwiGLU's 26: +70 fe, 16 kernels; the two
         // biases' gradients are index_put(accumulate) by expert id (each value row read, its
-        // expert's row read and rewritten: 3 bytes per value byte; the ids sorted: 256 B per
-        // key, Note [Kernel bytes]; 11 kernels each and a zero fill): +12 fe + 6 h + 2 x 264
-        // per routed expert.
+        // expert's row read and rewritten: 3 bytes per value byte; the ids read, their linear
+        // index and positions and their sort on log2(E) bits: 8 + 56 + RadixSortWork per key,
+        // Note [Routing kernels]; 6 kernels and the sort's each, and a zero fill): +12 fe + 6 h +
+        // 2 x (64 + sort) per routed expert.
         if (m.expert_bias) {
-          b.Traffic((42 * fe + 10 * h + 16) * k, (70 * fe + 12 * fe + 6 * h + 528) * k, 4, 16 + 24);
+          const HfKernelWork bias_sort =
+              RadixSortWork(8, SortKeyBits(static_cast<uint64_t>(e) - 1));
+          b.Traffic((42 * fe + 10 * h + 16) * k,
+                    (70 * fe + 12 * fe + 6 * h + 2 * (64 + bias_sort.bytes)) * k, 4,
+                    16 + 2 * (6 + bias_sort.kernels));
         }
         break;
       case HfRouter::kLlama4:
@@ -1300,27 +1335,29 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     b.Save("moe.act_out", "", 2 * fe * routed);
     if (b.dialect.router != HfRouter::kLlama4) b.Save("moe.expert_out", "", 2 * h * k);
     // grouped_mm_experts_forward (integrations/moe.py), bytes per token (k routed experts; Llama 4
-    // runs all E). Forward: the router GEMM, softmax to fp32 r 2E w 4E, top-k r 4E, the top-k
-    // renormalisation and cast (4 kernels, per-row sizes); torch.sort of the t*k int64 expert ids
-    // with their positions (CUB radix sort, 8 passes of r 16 w 16 per key: 256k, ~10 kernels); perm
-    // // k, the weight gather, histc, cumsum and casts (6 kernels, per-key sizes); the gather
-    // hidden[perm // k] r 2hk w 2hk; the up grouped_mm; silu(gate) * up over the [t*k, 2fe] halves
-    // r 2fe w 2fe + r 4fe w 2fe; the down grouped_mm; the routing-weight mul r 2hk w 2hk; inv_perm
-    // (arange, index_put); the gather weighted_out[inv_perm] r 2hk w 2hk; the sum over k r 2hk w
-    // 2h. Backward: sum's expand is a view, which index_put copies to a contiguous [t*k, h]
-    // (r 2hk w 2hk); the inv_perm gather's index_put(accumulate) into zeros (w 2hk, its own
-    // sort of the indices, values r 2hk, target rows r 2hk w 2hk); the weighting mul's two
-    // gradients (g * w: r 2hk w 2hk; g * out: r 4hk w 2hk, summed over h r 2hk); down's two
-    // grouped GEMMs; the gate's mul and silu gradients (2 x r 4fe w 2fe per k, r 4fe w 2fe) and
-    // the chunk's cat into [t*k, 2fe] (r 4fe w 4fe); up's two grouped GEMMs; the hidden gather's
-    // index_put into zeros (w 2h, sort, values r 2hk, and the token's row read and rewritten
-    // once per routed copy, r 2hk w 2hk: indexing_backward_kernel reloads and stores the
-    // destination for every duplicate, stowage/hf_profile.py Note [Kernel bytes]); the routing
-    // weights' gather, top-k's
-    // scatter (w 4E), softmax's backward (r 8E w 4E) and cast (r 4E w 2E); the router's two GEMMs;
-    // the sum of the normed input's two gradients (router and experts: r 4h w 2h). Each
-    // _grouped_mm is two kernels (prepare_grouped_gemm_data and the GEMM: 2 forward, 4 backward
-    // beyond the one counted per call).
+    // runs all E). Forward: the router GEMM, softmax to fp32 r 2E w 4E, top-k r 4E (its outputs
+    // and their in-place sort: 36k and 2 kernels, below), the top-k renormalisation and cast (4
+    // kernels, per-row sizes); torch.sort of the t*k int64 expert ids with their positions (Note
+    // [Routing kernels]: 272 B per key, 21 kernels); perm // k, the weight gather, histc (3
+    // kernels, 2 below 100 experts), cumsum and casts (8 or 7 kernels, per-key sizes); the gather
+    // hidden[perm // k] r 2hk w 2hk (vectorized rows, Note [Routing kernels]); the up grouped_mm;
+    // silu(gate) * up over the [t*k, 2fe] halves r 2fe w 2fe + r 4fe w 2fe; the down grouped_mm;
+    // the routing-weight mul r 2hk w 2hk; inv_perm (arange, index_put); the gather
+    // weighted_out[inv_perm] r 2hk w 2hk; the sum over k r 2hk w 2h. Backward: sum's expand is a
+    // view, which index_put copies to a contiguous [t*k, h] (r 2hk w 2hk); the inv_perm gather's
+    // index_put(accumulate) into zeros (w 2hk; its linear index, positions and sort of the t*k row
+    // ids on 16-17 bits: Note [Routing kernels]; values r 2hk, target rows r 2hk w 2hk); the
+    // weighting mul's two gradients (g * w: r 2hk w 2hk; g * out: r 4hk w 2hk, summed over h r
+    // 2hk); down's two grouped GEMMs; the gate's mul and silu gradients (2 x r 4fe w 2fe per k, r
+    // 4fe w 2fe) and the chunk's cat into [t*k, 2fe] (r 4fe w 4fe); up's two grouped GEMMs; the
+    // hidden gather's index_put into zeros (w 2h, its sort of the token ids on log2(t) bits, values
+    // r 2hk, and the token's row read and rewritten once per routed copy, r 2hk w 2hk:
+    // indexing_backward_kernel reloads and stores the destination for every duplicate,
+    // stowage/hf_profile.py Note [Kernel bytes]); the routing weights' gather, top-k's scatter
+    // (w 4E), softmax's backward (r 8E w 4E) and cast (r 4E w 2E); the router's two GEMMs; the sum
+    // of the normed input's two gradients (router and experts: r 4h w 2h). Each _grouped_mm is
+    // two kernels (prepare_grouped_gemm_data and the GEMM: 2 forward, 4 backward beyond the one
+    // counted per call).
     const double r = routed;
     // Mixtral, DeepSeek-V2/V3 and GLM keep the routing weights fp32 (their routers never cast
     // them; Qwen's does): the weighting mul promotes the expert output to fp32, so the
@@ -1335,13 +1372,35 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
     if (b.dialect.router == HfRouter::kLlama4) {
       Llama4MoeWork(b);
     } else {
-      b.Traffic(6 * e + 4 * e + 256 * r + 4 * h * r + 10 * fe * r + 4 * h * r + 4 * h * r +
-                    2 * h * r + 2 * h,
-                4 * h * r + 2 * h * r + 256 * r + 6 * h * r + 12 * h * r + 18 * fe * r +
-                    8 * fe * r + 2 * h + 256 * r + 2 * h * r + 4 * h * r + 4 * e + 12 * e + 6 * e +
-                    6 * h,
-                1 + 1 + 1 + 4 + 10 + 6 + 1 + 1 + 2 + 1 + 1 + 2 + 1 + 1 + 2,
-                1 + 1 + 10 + 2 + 3 + 2 + 4 + 2 + 1 + 10 + 2 + 2 + 2 + 2 + 2 + 1 + 4);
+      // Note [Routing kernels]: the sort of the expert ids (64 bits, the positions' fill), and
+      // each gather's backward: the linear index and positions (56 B per index) and the sort of
+      // the destination's row ids on their significant bits.
+      const HfKernelWork sort = RadixSortWork(8, 64);
+      const HfKernelWork unpermute =
+          RadixSortWork(8, SortKeyBits(static_cast<uint64_t>(b.t * r) - 1));
+      const HfKernelWork dispatch = RadixSortWork(8, SortKeyBits(static_cast<uint64_t>(b.t) - 1));
+      // The routing weights' gather `sample_weights[perm]` (one element per row): its backward
+      // sorts the t*k positions the same way (indexing_backward_kernel_stride_1 after it).
+      const HfKernelWork weights = unpermute;
+      b.Traffic(6 * e + 4 * e + 36 * r + (sort.bytes + 8) * r + 4 * h * r + 10 * fe * r +
+                    4 * h * r + 4 * h * r + 2 * h * r + 2 * h,
+                4 * h * r + 2 * h * r + (56 + unpermute.bytes) * r + 6 * h * r + 12 * h * r +
+                    18 * fe * r + 8 * fe * r + 2 * h + (56 + dispatch.bytes) * r + 2 * h * r +
+                    4 * h * r + (56 + weights.bytes) * r + 4 * e + 12 * e + 6 * e + 6 * h,
+                1 + 1 + 2 + 4 + (1 + sort.kernels) + (e >= 100 ? 8 : 7) + 1 + 1 + 2 + 1 + 1 + 2 +
+                    1 + 1 + 2,
+                1 + 1 + (4 + unpermute.kernels) + 2 + 3 + 2 + 4 + 2 + 1 + (4 + dispatch.kernels) +
+                    2 + (4 + weights.kernels) + 2 + 2 + 2 + 2 + 1 + 4);
+      if (masks) {
+        // Note [hf transformers versions], per routed row. Forward: the mask (ge: r 8 w 1), the
+        // ids' clamp_ (r 8 w 8), the gathered states' masked_fill_ (r 2h + 1 w 2h), and the two
+        // out-of-place masked_fills, each a clone (r w of the tensor) and an in-place fill (r
+        // w + the mask): [t*k, 2fe] 16fe + 1, [t*k, h] 8h + 1 (masked_fill in
+        // TensorAdvancedIndexing.cpp: `_self->clone(...)` then `masked_fill_`); 7 kernels.
+        // Backward: each masked_fill's gradient is `grad.masked_fill(mask, 0)`
+        // (derivatives.yaml), again a clone and a fill: 8h + 1, 16fe + 1, 8h + 1; 6 kernels.
+        b.Traffic((12 * h + 16 * fe + 28) * r, (16 * h + 16 * fe + 3) * r, 7, 6);
+      }
       b.grouped_flops += 2 * 3 * h * fe * routed * b.t;
       b.tokens_per_expert = per_expert;
     }
@@ -1578,6 +1637,7 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
             static_cast<double>(run.micro_batch),
             DialectFor(m),
             {}};
+  b.dialect.ep_sentinel_masks = run.transformers_minor < 18;
   b.cost.index = index;
   b.cost.type = spec.TypeName();
   // LlamaMLP.forward is down_proj(act_fn(gate_proj(x)) * up_proj(x)) over every token, and the
@@ -1692,6 +1752,98 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
 }
 
 HfNormWork NormWorkOf(const ModelConfig& model) { return NormWorkOf(DialectFor(model).norm); }
+
+// Note [hf transformers versions]
+// Where transformers releases run different code for the same layer, the recipe follows the
+// release RunSettings::transformers_minor names (--transformers). It knows one difference, in
+// grouped_mm_experts_forward (integrations/moe.py, every routed-expert family but Llama 4):
+// 5.17 makes and applies its EP-sentinel mask unconditionally, 5.18 on only under expert
+// parallelism (`if self._is_expert_parallel`), which transformers eager on one GPU never has:
+// `(expert_ids_g >= num_experts).unsqueeze(-1)`, `expert_ids_g.clamp_(max=num_experts - 1)`,
+// `selected_hidden_states_g.masked_fill_(mask, 0.0)` before the up projection and
+// `proj_out.masked_fill(mask, 0.0)` after each of the two grouped GEMMs. The rest of the
+// Qwen3-MoE step is the same code in 5.17 and 5.23 (modeling_qwen3_moe.py differs in RoPE's
+// inv_freq product, an outer product either way, and in argument plumbing; sdpa_attention.py in
+// paths a one-GPU training step does not take). The default, 17, is the release the measured
+// reference steps ran (reference/measured/hf-h200.jsonl's first line), which the issue's targets
+// are judged on; the tests' transformers is pinned at 5.23 (tools/setup-deps), so the
+// comparisons with a measured profile, which runs the installed code, pass its version
+// (tests/python/test_hf_measured_profile.py HF_FLAGS). The recipe does not follow releases
+// before 5.17 (5.12 masks the weighted output in place instead; before 5.8 there is no mask):
+// ParseTransformersVersion refuses them.
+absl::StatusOr<int> ParseTransformersVersion(const std::string& version) {
+  const std::vector<std::string> parts = absl::StrSplit(version, '.');
+  int major = 0, minor = -1, patch = 0;
+  const bool ok = (parts.size() == 2 || parts.size() == 3) && absl::SimpleAtoi(parts[0], &major) &&
+                  absl::SimpleAtoi(parts[1], &minor) &&
+                  (parts.size() == 2 || absl::SimpleAtoi(parts[2], &patch)) && major == 5 &&
+                  minor >= 17 && patch >= 0 &&
+                  std::all_of(version.begin(), version.end(),
+                              [](char c) { return c == '.' || (c >= '0' && c <= '9'); });
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--transformers is '", version,
+        "'; allowed: a transformers release 5.N or 5.N.P with N >= 17 (the hf recipe follows "
+        "5.17's code and later releases'; Note [hf transformers versions])"));
+  }
+  return minor;
+}
+
+// Note [Routing kernels]
+// The routing and indexing kernels of a routed-expert block (grouped_mm_experts_forward) as torch
+// 2.11 runs them on CUDA, from their code; stowage/hf_profile.py op_work counts the same bytes
+// and kernels for the same aten ops (its Note [Kernel bytes]), and tests pin both sides to the
+// same numbers.
+//  - torch.sort of the t*k int64 expert ids (Sort.cpp sort_cuda_kernel: more than 4096 keys, so
+//    not the in-place bitonic sort; SortStable.cu segmented_sort_large_segments, one segment):
+//    fill_reverse_indices_kernel writes the int64 positions (w 8 per key), then
+//    at::cuda::cub::radix_sort_pairs with its default bits, all 64 of an int64 key: torch does
+//    not narrow the expert ids, whose 7 significant bits would take one pass.
+//  - CUB's onesweep radix sort (DispatchRadixSort::InvokeOnesweep, sm80+ policies: ONESWEEP for
+//    keys of 4 bytes or more, 8 bits a pass): memsets of the pass counters and the bins, one
+//    histogram kernel reading every key once for all passes' digits, one exclusive-sum kernel,
+//    then per pass a memset of the decoupled look-back and one onesweep kernel that reads and
+//    writes every key and value: per key, key_bytes + passes * 2 * (key_bytes + 8) bytes and
+//    4 + 2 * passes kernels, passes = ceil(bits / 8). torch.sort of int64: 8 passes, 264 B + the
+//    positions' 8, 21 kernels with fill_reverse_indices.
+//  - index_put_(accumulate=True), the backward of a row gather (`hidden[perm // k]`,
+//    `weighted_out[inv_perm]`; IndexBackward0 calls _index_put_impl_ with unsafe=true: no range
+//    check, no host sync): index_put_with_sort_kernel (Indexing.cu) computes the linear index
+//    (computeLinearIndex: `index.remainder(size)`, `* stride`; then `divide_(sliceSize,
+//    "trunc")`: three int64 kernels, r 8 w 8 each), `at::arange` for the positions (w 8), and
+//    sorts the row ids on get_num_bits(largestIndex(self) / sliceSize) bits only (cub.h: the
+//    destination's rows - 1: 13 bits for 8192 tokens, 16 for the 65536 routed rows, 2 passes
+//    each), then runs indexing_backward_kernel (its bytes: stowage/hf_profile.py Note [Kernel
+//    bytes]): per index 56 + RadixSortWork(8, bits) bytes and 4 + its kernels + 1.
+//  - The row gathers themselves (aten::index of `hidden[perm // k]` and `weighted_out[inv_perm]`,
+//    one int64 index over dim 0 of a contiguous bf16 matrix) take gpu_index_kernel's fast path
+//    (IndexKernel.cu; IndexKernelUtils.h fast_gather_kernel_eligible: a 2-D iterator, whole
+//    contiguous rows, 16-byte aligned rows and pointers): vectorized_gather_kernel copies each
+//    row with 16-byte loads and stores, so the 2-byte elements stream at the element-wise rate
+//    (each row read and written once, the index read once).
+//  - topk(probs, k) over E = 128 experts per token (TensorTopK.cu): 8192 rows of 128 take the
+//    one-block-per-row radix select (should_use_multiblock is false below 400 per row), one
+//    gatherTopK kernel reading each row once (its radix passes re-read the row from L1), writing
+//    k values and int64 indices; `sorted=True` then sorts each row's k results in place
+//    (sortKeyValueInplace, one kernel): r 4E w 12k, r 12k w 12k, 2 kernels.
+//  - histc over 128 bins (SummaryOps.cu CUDA_tensor_histogram): 128 >= 100 bins takes the
+//    MULTI_BLOCK kernel, which zeroes a [blocks, bins] partial histogram first: the output's
+//    zeros, the partial's zeros and the histogram kernel, 3 kernels (2 below 100 bins: SHARED);
+//    the host calls cudaMemGetInfo once per call to choose.
+HfKernelWork RadixSortWork(int key_bytes, int key_bits) {
+  const int passes = (key_bits + 7) / 8;
+  return {static_cast<double>(key_bytes + passes * 2 * (key_bytes + 8)),
+          static_cast<double>(4 + 2 * passes)};
+}
+
+int SortKeyBits(uint64_t largest_key) {
+  int bits = 1;
+  while (largest_key > 1) {
+    largest_key >>= 1;
+    ++bits;
+  }
+  return bits;
+}
 
 void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSettings& run,
                  StepCost& c) {

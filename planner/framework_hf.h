@@ -4,9 +4,11 @@
 #ifndef STOWAGE_PLANNER_FRAMEWORK_HF_H_
 #define STOWAGE_PLANNER_FRAMEWORK_HF_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "planner/cost_model.h"
 #include "planner/hardware.h"
 #include "planner/model.h"
@@ -43,6 +45,25 @@ struct HfLinearAttentionWork {
 };
 HfLinearAttentionWork LinearAttentionWorkOf(const ModelConfig& model, AttentionKind kind,
                                             double seq_len);
+
+// The transformers release `version` names ("5.N" or "5.N.P"), as RunSettings::transformers_minor
+// (N); the recipe follows 5.17's code and that of the releases after it, so N >= 17 (Note [hf
+// transformers versions] in framework_hf.cc). Errors name --transformers, the value and the rule.
+absl::StatusOr<int> ParseTransformersVersion(const std::string& version);
+
+// One CUDA routine's work per element it is called on: bytes read + written and kernels
+// (memsets included).
+struct HfKernelWork {
+  double bytes = 0, kernels = 0;
+};
+// CUB's onesweep radix sort of keys `key_bytes` wide with int64 values over the low `key_bits`
+// bits, as torch 2.11 calls it (at::cuda::cub::radix_sort_pairs), per key: Note [Routing
+// kernels] in framework_hf.cc. Pinned with stowage/hf_profile.py's _radix_sort by the same
+// numbers (tests/planner/layer_kinds_test.cc, tests/python/test_hf_measured_profile.py).
+HfKernelWork RadixSortWork(int key_bytes, int key_bits);
+// The bits torch sorts a non-negative key below `largest_key` + 1 on (at::cuda::cub::get_num_bits,
+// cub.h): 1 + floor(log2(largest_key)), at least 1.
+int SortKeyBits(uint64_t largest_key);
 
 // The step-level parts of the hf profile: the final norm, LM head and loss (the tail), the
 // embedding, parameter gradients created during backward, the cuBLAS workspaces and the RoPE

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "base/json_reader.h"
 #include "planner/cost_model.h"
+#include "planner/framework_hf.h"
 #include "planner/hardware.h"
 #include "planner/model.h"
 #include "planner/optimizer.h"
@@ -91,6 +92,15 @@ absl::Status ReadRun(const json::Object& o, RunSettings& run) {
     auto parsed = ParseFramework(framework);
     if (!parsed.ok()) return r->Invalid("framework", "megatron or hf");
     run.framework = *parsed;
+  }
+  // The transformers release the hf recipe follows, as --transformers (Note [hf transformers
+  // versions] in framework_hf.cc).
+  std::string transformers;
+  if (absl::Status s = r->ReadOptional("transformers", transformers); !s.ok()) return s;
+  if (!transformers.empty()) {
+    auto minor = ParseTransformersVersion(transformers);
+    if (!minor.ok()) return r->Invalid("transformers", "a transformers release 5.N with N >= 17");
+    run.transformers_minor = *minor;
   }
   if (absl::Status s = r->ReadOptional("optimizer", optimizer); !s.ok()) return s;
   if (!optimizer.empty()) {

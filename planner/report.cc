@@ -303,8 +303,12 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
   };
   absl::StrAppend(
       &out, absl::StrFormat(
-                "framework              %s, optimizer %s%s, gradients %s%s%s\n",
+                "framework              %s%s, optimizer %s%s, gradients %s%s%s\n",
                 said(!stated || stated->framework, FrameworkName(step.run.framework)),
+                // Note [hf transformers versions]: the release whose code the recipe follows.
+                !stated && step.run.framework == Framework::kHf
+                    ? absl::StrCat(" (transformers 5.", step.run.transformers_minor, ")")
+                    : std::string(),
                 said(!stated || stated->optimizer, OptimizerKindName(step.run.optimizer)),
                 step.run.optimizer_offload ? " (state offloaded to host)" : "",
                 said(!stated || stated->grad_dtype, step.run.grad_bytes == 2 ? "bf16" : "fp32"),

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "planner/cost_model.h"
+#include "planner/framework_hf.h"
 #include "planner/hardware.h"
 #include "planner/model.h"
 #include "planner/optimizer.h"
@@ -121,6 +122,11 @@ cli::FlagParser MakeParser() {
          "whose layers run: Megatron-Core/TransformerEngine, or Hugging Face transformers eager "
          "(SDPA, its default loss; gradients created during backward)",
          "megatron"});
+  p.Add({"transformers", "5.N",
+         "with --framework hf: the transformers release whose code the recipe follows where "
+         "releases differ (5.17 applies grouped_mm experts' EP-sentinel masks on one GPU too; "
+         "5.18 and later do not); 5.17 or later",
+         "5.17, the release of the measured reference steps"});
   p.Add({"mtp-layers",
          "N",
          "multi-token-prediction layers trained (megatron), each a layer of the last stage after "
@@ -344,6 +350,17 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
   auto parsed_framework = planner::ParseFramework(*framework);
   if (!parsed_framework.ok()) return parsed_framework.status();
   r.framework = *parsed_framework;
+  if (flags.Has("transformers")) {
+    if (r.framework != planner::Framework::kHf) {
+      return absl::InvalidArgumentError(
+          "--transformers applies to --framework hf only (the release of transformers' code)");
+    }
+    auto transformers = flags.GetString("transformers", "5.17");
+    if (!transformers.ok()) return transformers.status();
+    auto minor = planner::ParseTransformersVersion(*transformers);
+    if (!minor.ok()) return minor.status();
+    r.transformers_minor = *minor;
+  }
   if (flags.Has("mtp-layers")) {  // else the config's count (planner::TrainedMtpLayers)
     auto mtp = flags.GetInt("mtp-layers", 0, 0, kPlanMaxMtpLayers);
     if (!mtp.ok()) return mtp.status();
@@ -390,6 +407,7 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
                            "loss-chunk-tokens",
                            "max-seq-len",
                            "framework",
+                           "transformers",
                            "mtp-layers",
                            "optimizer",
                            "optimizer-offload",

@@ -110,6 +110,18 @@ def clone_layers(layers: nn.ModuleList) -> nn.ModuleList:
     return copy.deepcopy(layers)
 
 
+def transformers_flag() -> list:
+    """`--transformers` set to the installed transformers release, for an hf plan compared with
+    the installed code's measurements (Note [hf transformers versions] in
+    planner/framework_hf.cc: the planner's default is the release of the measured reference
+    steps); empty without transformers."""
+    try:
+        import transformers
+    except ImportError:
+        return []
+    return ["--transformers", transformers.__version__]
+
+
 def planned_saved_per_layer(cli: str, config: dict, seq_len: int, extra: tuple = ()) -> list:
     """Each layer's device_saved_bytes that `stowage plan --framework hf --force keep` predicts for
     a config.json (`config`, with its model_type) at `seq_len` tokens on one GPU, the settings of
@@ -123,7 +135,8 @@ def planned_saved_per_layer(cli: str, config: dict, seq_len: int, extra: tuple =
              "--micro-batch", "1", "--gpus", "1", "--cp", "1", "--ep", "1", "--tp", "1",
              "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
              "--grad-dtype", "bf16", "--loss-chunk-tokens", "0", "--force", "keep",
-             "--format", "json", *extra], capture_output=True, text=True, timeout=120)
+             "--format", "json", *transformers_flag(), *extra], capture_output=True, text=True,
+            timeout=120)
     if out.returncode != 0:
         raise AssertionError(out.stdout + out.stderr)
     plan = json.loads(out.stdout)

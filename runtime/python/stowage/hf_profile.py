@@ -81,11 +81,15 @@ and the kernel that takes it (with its saved copy) appear there; eager attention
 length, so only SDPA models have these; (2) a softmax row over the keys that reaches 48 KiB
 switches to the kernel that reads it three times (Note [Kernel bytes]): the work jumps, not the
 bytes (eager attention's fp32 scores at 12288 keys, gpt-oss's bf16 scores with the sink
-column at 24575). So the measured lengths and the length a profile is for must lie on one side
+column at 24575); (3) an index_put(accumulate=True) sorts its destination's row ids on their
+significant bits only (Note [Kernel bytes]), a pass per 8 bits: a routed block's gathers of the
+tokens and of the t*k routed rows take one pass more once those rows pass 2^(8j) + 1 (Qwen3-MoE,
+top-8: at 33, 257 and 8193 tokens). So the measured lengths and the length a profile is for must lie on one side
 of each: measure_hf(config, seq_len=N) picks its lengths between the thresholds around N (the
 defaults scaled by a power of two, or 1 : 1.5 : 2 where the interval is narrow), and
-HfMeasurement.at() refuses a length across one from them. The softmax thresholds come from the
-step itself: rows that grow with the length, at two lengths, give the row's offset from s.
+HfMeasurement.at() refuses a length across one from them. The softmax and sort thresholds come from
+the step itself: rows that grow with the length, at two lengths, give their offset from s (and
+a sort's rows their multiple of it).
 
 Depth: one layer per distinct layer kind (the module tree's class names, parameter shapes and
 attention_type), in model order; the others are dropped from model.model.layers before the step,
@@ -164,11 +168,18 @@ _GATHERS = {"embedding", "index", "index_select", "gather"}
 #    gradient and writes one value per row (LossNLL.cu): neither reads the whole [t, V] input.
 #  - fills (zeros, new_zeros, zeros_like, fill_, zero_, ...) write their output and read
 #    nothing, whatever tensor they are called on.
-#  - sort runs CUB's radix sort (aten/src/ATen/native/cuda/Sort.cu, cuda/cub.cuh): one pass
-#    per key byte, each reading and writing the keys and their int64 positions, plus a
-#    histogram and the positions' iota: 8 passes of 32 bytes = 256 bytes per int64 key and 10
-#    kernels; index_put with accumulate=True sorts its linear indices the same way first
-#    (Indexing.cu index_put_with_sort_kernel).
+#  - sort runs CUB's onesweep radix sort over every bit of its keys (Sort.cpp, SortStable.cu;
+#    planner/framework_hf.cc Note [Routing kernels]: the positions' fill, two memsets, a
+#    histogram, an exclusive sum, then a memset and a pass per 8 bits reading and writing keys
+#    and int64 positions): an int64 key 8 + 8 + 8 x 32 = 272 bytes, 21 kernels; index_put with
+#    accumulate=True first computes its linear index (remainder, the stride's mul, the division
+#    by the slice: three int64 kernels) and the positions (arange), and sorts on the
+#    destination's significant bits only (Indexing.cu index_put_with_sort_kernel:
+#    get_num_bits(rows - 1)): 56 + 8 + passes x 32 bytes per index, 4 + 4 + 2 x passes kernels.
+#  - topk with sorted=True sorts its k results in place after the selection (TensorTopK.cu):
+#    two kernels, the k values and int64 indices read and written once more.
+#  - histc zeroes its output first, and over 100 or more bins a per-block partial histogram
+#    too (SummaryOps.cu CUDA_tensor_histogram, MULTI_BLOCK): two or three kernels.
 #  - index_put with accumulate=True over slices wider than one element (a gather's backward:
 #    `hidden[perm // k]`, `weighted_out[inv_perm]`, a bias gathered by expert id) then runs
 #    indexing_backward_kernel: one warp per distinct destination row walks that row's
@@ -191,11 +202,52 @@ _FILLS = {"zeros", "ones", "full", "new_zeros", "new_ones", "new_full", "zeros_l
           "ones_like", "full_like", "fill_", "zero_", "fill"}
 
 
-def _radix_sort(keys: torch.Tensor) -> tuple[float, float]:
-    """(bytes, kernels) of CUB's radix sort of `keys` with int64 positions (Note [Kernel
-    bytes])."""
-    passes = keys.element_size()
-    return float(keys.numel() * passes * 2 * (keys.element_size() + 8)), float(passes + 2)
+def radix_sort_work(key_bytes: int, key_bits: int) -> tuple[float, float]:
+    """(bytes, kernels) per key of CUB's onesweep radix sort of `key_bytes`-wide keys with int64
+    values over their low `key_bits` bits: planner/framework_hf.h RadixSortWork (Note [Routing
+    kernels] in planner/framework_hf.cc), the same numbers."""
+    passes = (key_bits + 7) // 8
+    return float(key_bytes + passes * 2 * (key_bytes + 8)), float(4 + 2 * passes)
+
+
+def sort_key_bits(largest_key: int) -> int:
+    """at::cuda::cub::get_num_bits: the bits torch sorts keys up to `largest_key` on
+    (planner/framework_hf.h SortKeyBits)."""
+    bits = 1
+    while largest_key > 1:
+        largest_key >>= 1
+        bits += 1
+    return bits
+
+
+def _sort(keys: torch.Tensor) -> tuple[float, float]:
+    """(bytes, kernels) of torch.sort of `keys` on CUDA: the int64 positions' fill, then the
+    radix sort over every bit of the key (Note [Kernel bytes])."""
+    per_key, kernels = radix_sort_work(keys.element_size(), 8 * keys.element_size())
+    return keys.numel() * (per_key + 8), 1 + kernels
+
+
+def _index_put_rows(args: tuple) -> tuple[int, int]:
+    """(destination rows, elements per row) of index_put(self, indices, values, ...): the
+    rows are what index_put_with_sort_kernel sorts the ids of (largestIndex(self) / sliceSize
+    + 1 for a contiguous self)."""
+    target = args[0]
+    indexed = [t is not None for t in args[1]] + [False] * (target.dim() - len(args[1]))
+    slice_elements = math.prod(n for n, i in zip(target.shape, indexed) if not i)
+    return max(1, target.numel() // max(1, slice_elements)), slice_elements
+
+
+def _index_put_sort(index: torch.Tensor, rows: int) -> tuple[float, float]:
+    """(bytes, kernels) of index_put_with_sort_kernel before its accumulation (Note [Kernel
+    bytes]): the linear index, the positions and the sort of `index` on the bits of the
+    destination's last row id."""
+    per_key, kernels = radix_sort_work(8, sort_key_bits(rows - 1))
+    return index.numel() * (56 + per_key), 4 + kernels
+
+
+def _accumulates(name: str, args: tuple, kwargs: dict) -> bool:
+    return name in ("index_put", "index_put_", "_index_put_impl_") and (
+        (len(args) > 3 and args[3] is True) or kwargs.get("accumulate") is True)
 
 _SOFTMAX = {"_softmax", "_log_softmax"}
 _SOFTMAX_BACKWARD = {"_softmax_backward_data", "_log_softmax_backward_data"}
@@ -338,14 +390,23 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
     elif name in _FILLS:
         w.elementwise_bytes = sum(_bytes(t) for t in _tensors(out))
     elif name == "sort":
-        w.elementwise_bytes, w.kernels = _radix_sort(args[0])
-    elif name in ("index_put", "index_put_", "_index_put_impl_") and (
-            (len(args) > 3 and args[3] is True) or kwargs.get("accumulate") is True):
+        w.elementwise_bytes, w.kernels = _sort(args[0])
+    elif name == "topk":
+        # The selection reads the input and writes the k values and indices; sorted=True
+        # (the default) sorts them in place: read and written once more, one kernel more.
+        outs = sum(_bytes(t) for t in _tensors(out))
+        sorted_ = args[4] if len(args) > 4 else kwargs.get("sorted", True)
+        w.elementwise_bytes = _bytes(args[0]) + outs * (3 if sorted_ else 1)
+        w.kernels = 2 if sorted_ else 1
+    elif name == "histc" and args[0].dim() > 0:
+        bins = args[1] if len(args) > 1 else kwargs.get("bins", 100)
+        w.elementwise_bytes = _bytes(args[0]) + sum(_bytes(t) for t in _tensors(out))
+        w.kernels = 3 if bins >= 100 else 2  # the output's zeros (and MULTI_BLOCK's partial's)
+    elif _accumulates(name, args, kwargs):
         index = [t for t in _tensors(args[1]) if t is not None]
-        sort_bytes, sort_kernels = _radix_sort(index[0]) if index else (0.0, 0.0)
         target = args[0]
-        indexed = [t is not None for t in args[1]] + [False] * (target.dim() - len(args[1]))
-        slice_elements = math.prod(n for n, i in zip(target.shape, indexed) if not i)
+        rows, slice_elements = _index_put_rows(args)
+        sort_bytes, sort_kernels = _index_put_sort(index[0], rows) if index else (0.0, 0.0)
         if index and slice_elements > 1:
             # indexing_backward_kernel: every value row reads and rewrites its destination
             # row (Note [Kernel bytes]); the values as the kernel reads them (expanded first).
@@ -401,6 +462,9 @@ class LiveBytes(TorchDispatchMode):
         self.module_work: dict[Any, OpWork] = {}
         # (row length, element size) of every softmax (Note [One side of every threshold]).
         self.softmax_rows: set[tuple[int, int]] = set()
+        # The destination rows of every index_put(accumulate=True) (Note [One side of every
+        # threshold]: its sort's passes follow their bits).
+        self.sort_rows: set[int] = set()
 
     def set_phase(self, phase: Any) -> None:
         self.phase = phase
@@ -453,6 +517,8 @@ class LiveBytes(TorchDispatchMode):
             x, dim = args[0], args[1] if name in _SOFTMAX else args[2]
             if x.dim() > 0:
                 self.softmax_rows.add((int(x.shape[dim]), x.element_size()))
+        if _accumulates(name, args, kwargs):
+            self.sort_rows.add(_index_put_rows(args)[0])
         w = op_work(func, args, kwargs, out)
         if w is not None:
             self.work.setdefault(self.phase, OpWork()).add(w)
@@ -583,6 +649,7 @@ class StepTrace:
     work: dict[Any, OpWork]
     module_work: dict[Any, OpWork]  # (("forward", j), child name) -> its forward work
     softmax_rows: set = dataclasses.field(default_factory=set)  # (row, element size)
+    sort_rows: set = dataclasses.field(default_factory=set)  # index_put's destination rows
     made_by: list[str] = dataclasses.field(default_factory=list)  # by allocation id: its op
     folded: list[int] = dataclasses.field(default_factory=list)  # Note [Loops in the step]
     # Allocation ids of the tensors the decoder hands its layers besides the hidden states (the
@@ -787,6 +854,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
     return StepTrace(seq_len=seq_len, events=mode.events, sizes=mode.sizes, saved=saved,
                      inputs=inputs, outputs=outputs, grads=grads, work=mode.work,
                      module_work=mode.module_work, softmax_rows=mode.softmax_rows,
+                     sort_rows=mode.sort_rows,
                      made_by=mode.made_by, layer_args=sorted(layer_args))
 
 
@@ -1519,6 +1587,27 @@ def softmax_thresholds(traces: Sequence[StepTrace]) -> list[tuple[int, str]]:
     return sorted(set(out))
 
 
+def sort_thresholds(traces: Sequence[StepTrace]) -> list[tuple[int, str]]:
+    """Lengths where an index_put's sort takes one more pass (Note [One side of every
+    threshold]): destination rows a*s + c at every measured length (a whole, e.g. the tokens
+    or the tokens times top-k) reach 2^(8j) + 1, one more bit than j passes sort."""
+    if len(traces) < 2:
+        return []
+    out = []
+    first, second = traces[0], traces[1]
+    for rows in sorted(first.sort_rows):
+        for a in range(1, max(1, rows // max(1, first.seq_len)) + 1):
+            c = rows - a * first.seq_len
+            if a * second.seq_len + c not in second.sort_rows:
+                continue
+            for j in range(1, 8):
+                t = -(-(2 ** (8 * j) + 1 - c) // a)
+                if t > 0:
+                    out.append((t, f"an index_put sort of {a} x tokens + {c} rows taking "
+                                   f"{j + 1} passes"))
+    return sorted(set(out))
+
+
 def lengths_between(thresholds: Sequence[tuple[int, str]], seq_len: int,
                     default: Sequence[int] = DEFAULT_LENGTHS) -> list[int]:
     """Three lengths with `seq_len` between the same thresholds: `default` scaled by the power
@@ -1557,11 +1646,14 @@ def measure_hf(config: Any, *, lengths: Optional[Sequence[int]] = None,
         raise PlanError(f"lengths are {lengths}; allowed: at least two distinct positive lengths "
                         "(three fit a constant term too)")
     traces = [trace_step(hf, s) for s in lengths]
-    thresholds = sorted(set(windows + softmax_thresholds(traces)))
+    thresholds = sorted(set(windows + softmax_thresholds(traces) + sort_thresholds(traces)))
     m = HfMeasurement(hf=hf, lengths=lengths, traces=traces, thresholds=thresholds)
-    if chosen and seq_len is not None and not m.covers(seq_len):
-        # A softmax threshold between the defaults and seq_len: measure on its side.
-        m.lengths = lengths = lengths_between(thresholds, seq_len)
+    straddled = any(lengths[0] < t <= lengths[-1] for t, _ in thresholds)
+    if chosen and (straddled or (seq_len is not None and not m.covers(seq_len))):
+        # A softmax or sort threshold between the defaults and seq_len (or among the defaults:
+        # then the longest one's side): measure on its side.
+        m.lengths = lengths = lengths_between(thresholds,
+                                              seq_len if seq_len is not None else lengths[-1])
         m.traces = [trace_step(hf, s) for s in lengths]
     # Note [Loops in the step]: a step whose ops repeat with the length is folded first; where
     # a folded middle is not yet linear in the length (its first iterations), lengths chosen
