@@ -352,6 +352,14 @@ TEST_F(PlanCommand, BadInputIsAUsageError) {
   run = Stowage("plan --seq-len 256K --optimality-gap 0 --format json");
   EXPECT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("\"optimality\": \"proven\""));
+  // Note [hf transformers versions]: the flag, the value and the rule; hf only.
+  run = Stowage("plan --framework hf --tp 1 --cp 1 --ep 1 --gpus 1 --transformers 5.16");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("--transformers is '5.16'; allowed: a transformers release 5.N "
+                                 "or 5.N.P with N >= 17"));
+  run = Stowage("plan --transformers 5.23");
+  EXPECT_EQ(run.code, 2);
+  EXPECT_THAT(run.out, HasSubstr("--transformers applies to --framework hf only"));
   run = Stowage("plan --model nope");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("unknown model preset 'nope'"));

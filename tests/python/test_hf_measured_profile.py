@@ -709,12 +709,14 @@ class FitTest(unittest.TestCase):
         self.assertEqual(H.fit([(10, 30 + 200), (20, 60 + 800)]), [0, 3, 2])
 
     def test_extrapolated_step_is_the_measured_step(self) -> None:
-        # Each allocation's size is fitted through 128, 256, 512 tokens and the step replayed
+        # Each allocation's size is fitted through 384, 512, 768 tokens and the step replayed
         # at 2048 (Note [Replaying the step]): every figure equals the step measured there,
-        # peaks included, though a peak is a max of sums and no polynomial itself.
+        # peaks included, though a peak is a max of sums and no polynomial itself. (Qwen3-MoE's
+        # index_put sorts take one pass more from 257 tokens: Note [One side of every
+        # threshold]; all four lengths are past it.)
         for family in ("llama", "qwen3_moe"):
             with self.subTest(family=family):
-                m = H.measure_hf(FAMILIES[family], lengths=(128, 256, 512))
+                m = H.measure_hf(FAMILIES[family], lengths=(384, 512, 768))
                 extrapolated = m.at(2048)
                 direct = H.trace_step(m.hf, 2048)
                 self.assertEqual(extrapolated.sizes, direct.sizes)
@@ -725,6 +727,17 @@ class FitTest(unittest.TestCase):
                                                getattr(w, field),
                                                delta=1e-9 * max(1.0, getattr(w, field)),
                                                msg=f"{phase} {field}")
+
+    def test_index_put_sorts_have_thresholds(self) -> None:
+        # Note [One side of every threshold] (3): Qwen3-MoE top-8's gather backwards sort the
+        # ids of t and 8t destination rows, one pass more from 257 and 65537 rows: at 33, 257,
+        # 8193 and 65537 tokens.
+        m = H.measure_hf(FAMILIES["qwen3_moe"], lengths=(384, 512, 768))
+        sorts = {t for t, what in m.thresholds if "index_put" in what}
+        self.assertLessEqual({33, 257, 8193, 65537}, sorts)
+        self.assertTrue(m.covers(8192))
+        self.assertFalse(m.covers(8193))
+        self.assertFalse(m.covers(256))
 
     def test_chunk_loops_fold_and_extrapolate(self) -> None:
         # Note [Loops in the step]: the torch fallback of gated DeltaNet scans 64-token chunks in

@@ -202,6 +202,11 @@ TEST(PlanRequest, BadRequestsAreInvalidArguments) {
   EXPECT_THAT(a.text, HasSubstr("'model_label' has value 7"));
   a = Call(false, {{"model", "llama-3-8b"}, {"run", {{"grad_bytes", 3}}}});
   EXPECT_THAT(a.text, HasSubstr("'run.grad_bytes' has value 3; allowed: 2 (bf16) or 4 (fp32)"));
+  // Note [hf transformers versions]: "transformers" means what --transformers means.
+  a = Call(false,
+           {{"model", "llama-3-8b"}, {"run", {{"framework", "hf"}, {"transformers", "5.16"}}}});
+  EXPECT_THAT(a.text, HasSubstr("'run.transformers' has value \"5.16\"; allowed: a transformers "
+                                "release 5.N with N >= 17"));
   a = Call(false, {{"model", 5}});
   EXPECT_THAT(a.text, HasSubstr("'model' has value 5; allowed: a preset name"));
   stowage_free_string(nullptr);  // like free(NULL)
