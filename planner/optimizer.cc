@@ -1206,6 +1206,10 @@ class Search {
   // on every stage.
   void Seed() {
     if (Settled()) return;  // by Note [Whole layers] alone
+    // Where the fronts' plan takes more host memory than the budget (the prices exist), the whole
+    // layers' plan first: it is usually within the gap, and the fronts' plans do not fit.
+    if (prices_.first >= 0) WholeLayers();
+    if (Settled()) return;
     for (const std::vector<int>& pick : shared_->Plans(kFrontPlans)) {
       const bool done = TryEveryDistance(pick, [&](Distance& dist, const SimResult& sim) {
         if (sim.peak_bytes <= o_.gpu_budget_bytes) {
@@ -1217,8 +1221,6 @@ class Search {
     for (const std::vector<int>& pick : priced_plans_) {
       if (TryEveryDistance(pick)) return;
     }
-    if (prices_.first >= 0) WholeLayers();
-    if (Settled()) return;
     RoundPrices();
     if (Settled()) return;
     for (int chunks : o_.chunk_counts) {
