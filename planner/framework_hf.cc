@@ -77,7 +77,16 @@ constexpr double kSharedMemoryPerBlock = 48 * 1024;
 // and its backward's two calls, twice the forward's FLOPs), causal attention forward and
 // backward (2.5x the forward's FLOPs), element-wise kernels by the bytes they read and write,
 // and each kernel's fixed cost. Element-wise bytes per token are counted per op below (read +
-// write); backward moves about twice the forward's.
+// write); backward moves about twice the forward's. The matmuls transformers runs on fp32
+// operands are fp32 GEMMs (OpWork::fp32_gemm_flops: CUDA cores, TF32 off by torch's default,
+// Note [Op time]), as stowage.hf_profile classes every mm / bmm by its operands' dtype; among the
+// recipes': the linear-attention fallbacks' chunk matmuls (Note [hf linear attention work]), the
+// routers of DeepSeek-V2/V3, GLM and Kimi (`F.linear(x.float(), weight.float())`, Note [hf
+// dialects]: 2hE per token forward, its input and weight gradients 4hE backward) and the DSA
+// indexer's scores and their weighted sum over heads (`matmul(q.float(), k.float())`, Note [hf
+// MLA]; no backward). Every other router (Qwen2/3-MoE, Qwen3-Next, Mixtral, gpt-oss, Llama 4)
+// runs F.linear / nn.Linear on the bf16 hidden states and weight (transformers 5.17 and 5.23,
+// e.g. Qwen3MoeTopKRouter.forward: `F.linear(hidden_states, self.weight)`).
 
 // Note [hf host time]
 // The recipe times the device only: an eager step is host-bound only where the GPU runs out of
@@ -275,8 +284,11 @@ struct HfLayer {
   // Backward attention FLOPs beyond 2.5x the forward's: q/k and v head dims that differ (MLA).
   double core_backward_extra = 0;
   double no_grad_gemm_flops = 0;  // forward GEMMs under torch.no_grad: no backward GEMMs
-  // Backward GEMM FLOPs beyond twice the forward's (the linear-attention fallbacks' chunk loops).
-  double gemm_backward_extra = 0;
+  // GEMMs on fp32 operands (OpWork::fp32_gemm_flops, at the CUDA cores' rate), forward and
+  // backward: the linear-attention fallbacks' chunk matmuls, the fp32 routers' F.linear, the DSA
+  // indexer's scores (Note [Step time]).
+  double fp32_gemm_flops = 0;
+  double fp32_gemm_backward_flops = 0;
   // The DSA indexer's moment (Note [hf MLA]): the saved bytes made before it and what is alive
   // beyond them, for the whole micro-batch; 0 without an indexer.
   double indexer_level = 0;
@@ -757,10 +769,10 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
     // The indexer (Note [hf MLA]), forward only: its scores and their weighted sum over heads
     // as GEMMs, its weights' GEMMs without a backward.
     const double hi = m.index_heads, di = m.index_head_dim, k = m.index_topk;
-    const double scores = 2 * hi * di * s * b.t + 2 * hi * s * b.t;
+    const double scores = 2 * hi * di * s * b.t + 2 * hi * s * b.t;  // fp32 bmm: no backward
     const double q_in = ql > 0 ? ql : h;
-    b.gemm_flops += scores;
-    b.no_grad_gemm_flops += scores + 2 * (q_in * hi * di + h * di + h * hi) * b.t;
+    b.fp32_gemm_flops += scores;
+    b.no_grad_gemm_flops += 2 * (q_in * hi * di + h * di + h * hi) * b.t;
     b.Traffic(18 * (hi + 1) * m.qk_rope_head_dim + 8 * m.qk_rope_head_dim + 10 * (hi + 1) * di +
                   16 * hi * s + 14 * hi + 26 * s + 44 * k + 4 * di,
               0, 34, 0);
@@ -822,9 +834,10 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
 //    normalised x, the fp32 weight (4d per layer), the weighted x, sigmoid(gate) and the bf16
 //    output kept by o_proj: 18 H d + 4 H; g_a_proj's output (2d) kept by g_b_proj.
 // Time: projections are dense GEMMs (the layer's parameters); everything else the mixer runs is
-// counted op by op (Note [hf linear attention work]): the chunks' small fp32 matmuls as GEMMs
-// (bmm, as the measured profile counts them; fp32 without TF32 runs on CUDA cores, which the
-// hardware profile has no rate for), and every element-wise op's bytes and kernels, among them
+// counted op by op (Note [hf linear attention work]): the chunks' small fp32 matmuls as fp32
+// GEMMs (bmm, as the measured profile counts them; fp32 without TF32 runs on the CUDA cores, at
+// dense_fp32_flops * fp32_gemm_efficiency: Note [Step time]), and every element-wise op's bytes
+// and kernels, among them
 // each chunk's backward `x[:, :, i]` of six whole-sequence tensors (KDA: seven), where
 // SelectBackward0 writes a zero tensor of the whole base and copies the chunk's gradient into
 // it, which the base's gradient then accumulates (add): traffic that grows with chunks x length,
@@ -949,8 +962,8 @@ HfLinearAttentionWork LinearAttentionWorkOf(const ModelConfig& m, AttentionKind 
                   9180.1875 * t * hv + 12 * pad * t * hv * dv + 48 * n * hv * dk * dv -
                   68 * hv * dk * dv - 256 * hv * dk - 1792 * hv * dv - 16 * hv + 4096 +
                   n * (48 * t * hv * dk + 28 * t * hv * dv + 512.125 * t * hv + 32776 * n * hv);
-    w.fwd_gemm_flops = n * hv * (4 * c * c * dk + 2 * c * c * dv + 6 * c * dk * dv);
-    w.bwd_gemm_flops =
+    w.fwd_fp32_gemm_flops = n * hv * (4 * c * c * dk + 2 * c * c * dv + 6 * c * dk * dv);
+    w.bwd_fp32_gemm_flops =
         n * hv * (10 * c * c * dk + 6 * c * c * dv + 12 * c * dk * dv) - 8 * c * hv * dk * dv;
     if (n == 1) {
       // One chunk: the scan's state update feeds nothing, so neither it nor the zero state's
@@ -988,8 +1001,8 @@ HfLinearAttentionWork LinearAttentionWorkOf(const ModelConfig& m, AttentionKind 
                   248749.875 * t * heads + 12 * pad * t * heads * d + 48 * n * heads * d * d -
                   68 * heads * d * d - 8488 * heads * d + 4096 * n + 8192 +
                   n * (558 * t * heads * d + 35712 * n * heads * d);
-    w.fwd_gemm_flops = n * heads * (6 * c * c * d + 6 * c * d * d);
-    w.bwd_gemm_flops = n * heads * (12 * c * c * d + 12 * c * d * d) - 8 * c * heads * d * d;
+    w.fwd_fp32_gemm_flops = n * heads * (6 * c * c * d + 6 * c * d * d);
+    w.bwd_fp32_gemm_flops = n * heads * (12 * c * c * d + 12 * c * d * d) - 8 * c * heads * d * d;
     if (n == 1) {  // one chunk: its state's gradient is not accumulated from a later chunk
       w.bwd_kernels += 2;
       w.bwd_bytes += 20 * heads * d * d + 4 * heads * d;
@@ -1055,8 +1068,8 @@ void LinearAttention(HfLayer& b, const LayerSpec& spec) {
   // once per layer whatever the micro-batch.
   const HfLinearAttentionWork w = LinearAttentionWorkOf(m, spec.attention, seq);
   b.Traffic(w.fwd_bytes * mb / b.t, w.bwd_bytes * mb / b.t, w.fwd_kernels, w.bwd_kernels);
-  b.gemm_flops += w.fwd_gemm_flops * mb;
-  b.gemm_backward_extra += (w.bwd_gemm_flops - 2 * w.fwd_gemm_flops) * mb;
+  b.fp32_gemm_flops += w.fwd_fp32_gemm_flops * mb;  // fp32 bmm / mm (Note [Step time])
+  b.fp32_gemm_backward_flops += w.bwd_fp32_gemm_flops * mb;
   // BuildHfLayer times every dense parameter as a GEMM over the tokens; the conv weight, the
   // gates' dt_bias and A_log and the gated norm's weight are element-wise operands, counted
   // above.
@@ -1286,6 +1299,12 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
       case HfRouter::kDeepSeekSigmoid: {
         const bool renorm = b.dialect.router == HfRouter::kDeepSeekSigmoid;
         b.Save("moe.router", "", 4 * h + 4 * e + 8 * k + (renorm ? 4 + 4 * k : 0), 4 * e * h);
+        // The router's F.linear on fp32 copies (Note [Step time]): out of the dense GEMMs that
+        // BuildHfLayer counts for every dense parameter, into the fp32 ones, with both its
+        // gradients.
+        b.gemm_flops -= 2 * h * e * b.t;
+        b.fp32_gemm_flops += 2 * h * e * b.t;
+        b.fp32_gemm_backward_flops += 4 * h * e * b.t;
         b.Save("moe.dispatched", "", 3 * 8 * k + 4 * k + 2 * h * k + mask, offsets);
         b.Save("moe.gate_up", "", 4 * fe * k);
         break;
@@ -1723,8 +1742,9 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   // theirs are summed.
   b.cost.input_grad_made_last = true;
   for (const SavedTensor& s : b.cost.saved) b.cost.saved_bytes += s.bytes;
-  b.cost.forward_flops = b.gemm_flops + b.grouped_flops + b.core_flops;
+  b.cost.forward_flops = b.gemm_flops + b.fp32_gemm_flops + b.grouped_flops + b.core_flops;
   b.cost.forward_time = OpTimeOf({.gemm_flops = b.gemm_flops,
+                                  .fp32_gemm_flops = b.fp32_gemm_flops,
                                   .attention_forward_flops = b.core_flops,
                                   .torch_grouped_mm_flops = b.grouped_flops,
                                   .tokens_per_expert = b.tokens_per_expert,
@@ -1733,7 +1753,8 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
                                  hw);
   b.cost.forward_seconds = b.cost.forward_time.total();
   b.cost.backward_time =
-      OpTimeOf({.gemm_flops = 2 * (b.gemm_flops - b.no_grad_gemm_flops) + b.gemm_backward_extra,
+      OpTimeOf({.gemm_flops = 2 * (b.gemm_flops - b.no_grad_gemm_flops),
+                .fp32_gemm_flops = b.fp32_gemm_backward_flops,
                 .attention_backward_flops = 2.5 * b.core_flops + b.core_backward_extra,
                 .torch_grouped_mm_flops = 2 * b.grouped_flops,
                 .tokens_per_expert = b.tokens_per_expert,

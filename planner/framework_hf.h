@@ -35,13 +35,14 @@ HfNormWork NormWorkOf(const ModelConfig& model);
 
 // A gated DeltaNet or KDA token mixer's work in transformers' torch fallbacks (Note [hf linear
 // attention work] in framework_hf.cc), for one sequence of `seq_len` tokens: element-wise bytes
-// read + written, kernels and the chunk loops' GEMM FLOPs, forward and backward; everything the
+// read + written, kernels and the chunk loops' GEMM FLOPs (on fp32 operands: OpWork::
+// fp32_gemm_flops), forward and backward; everything the
 // mixer module runs except its projections' GEMMs (counted from the layer's parameters). Pinned
 // against the real fallbacks' captured ops by tests/planner/data/hf_linear_attention_work.json
 // (tests/planner/hf_norm_work_test.cc, tests/python/test_hf_linear_attention_work.py).
 struct HfLinearAttentionWork {
   double fwd_bytes = 0, bwd_bytes = 0, fwd_kernels = 0, bwd_kernels = 0;
-  double fwd_gemm_flops = 0, bwd_gemm_flops = 0;
+  double fwd_fp32_gemm_flops = 0, bwd_fp32_gemm_flops = 0;
 };
 HfLinearAttentionWork LinearAttentionWorkOf(const ModelConfig& model, AttentionKind kind,
                                             double seq_len);

@@ -35,6 +35,18 @@ constexpr uint64_t kMiB = 1ull << 20;
 //    only 87 ms faster than the recompute run, which reran a whole forward of >= 140 ms of GEMMs:
 //    the keep run, holding 32 GiB, lost time outside its kernels, so the recompute run is the
 //    cleaner measure of the GEMM rate.)
+//  - dense_fp32_flops, fp32_gemm_efficiency: an fp32 matmul (OpWork::fp32_gemm_flops) runs
+//    without tensor cores under torch's defaults (Note [Op time] in op_time.cc): aten's bmm /
+//    mm on float32 call cublasSgemm(StridedBatched) with CUBLAS_DEFAULT_MATH when allow_tf32 is
+//    off, FMAs on the CUDA cores. Their peak is the datasheets' FP32 (non-tensor) figure: H100
+//    SXM and H200 SXM 67 TFLOP/s (NVIDIA H100 and H200 Tensor Core GPU datasheets, SXM
+//    columns), HGX B200 600 TFLOP/s per 8 GPUs = 75 (NVIDIA HGX B200 datasheet), GB200 NVL72
+//    6,480 TFLOP/s per 72 GPUs = 90 (GB200 NVL72 datasheet): 14.8x, 30x and 27.8x below the
+//    presets' dense bf16 rates. No public measurement of cuBLAS SGEMM on these GPUs at the
+//    shapes the hf recipes run (64 x 128 chunk blocks batched over heads and chunks; routers'
+//    [tokens x hidden] x [hidden x experts]) is at hand, so the share is gemm_efficiency's,
+//    applied: the same library's tiled GEMM against its own pipe's peak. `stowage calibrate`
+//    times SGEMMs at both kinds of shape and writes the share it measures.
 //  - flash_forward/backward_efficiency (Note [SDPA on sm90]): the presets of the H100 die (H200,
 //    H800) carry cuDNN 9.19's fused attention measured on an H200, 673/989 and 579/989; the
 //    defaults (B200, GB200, a profile that omits the fields) keep cuDNN's figures on H100 SXM5
@@ -191,6 +203,7 @@ HardwareProfile H200() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 3930e9;  // stream copy, read + write
   p.dense_bf16_flops = 989e12;
+  p.dense_fp32_flops = 67e12;  // H200 datasheet, SXM: FP32 (Note [Op rates])
   // The op rates are the defaults of hardware.h (Note [Op rates]) but for attention, and
   // hbm_bytes_per_second is the probe's stream copy, which element-wise kernels reach.
   p.elementwise_efficiency = 1.0;
@@ -230,6 +243,7 @@ HardwareProfile H800() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 3.35e12;
   p.dense_bf16_flops = 989e12;
+  p.dense_fp32_flops = 67e12;  // H100 datasheet, SXM: FP32
   CudnnSm90Attention(p);
   p.d2h_bytes_per_second = 55.3e9;
   p.h2d_bytes_per_second = 55.5e9;
@@ -252,6 +266,7 @@ HardwareProfile B200() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 8e12;
   p.dense_bf16_flops = 2.25e15;
+  p.dense_fp32_flops = 75e12;  // HGX B200 datasheet: FP32 600 TFLOP/s per 8 GPUs
   p.d2h_bytes_per_second = 55.3e9;
   p.h2d_bytes_per_second = 55.5e9;
   p.bidir_d2h_bytes_per_second = 50.7e9;
@@ -273,6 +288,7 @@ HardwareProfile GB200() {
   p.usable_fraction = 0.92;
   p.hbm_bytes_per_second = 8e12;
   p.dense_bf16_flops = 2.5e15;
+  p.dense_fp32_flops = 90e12;  // GB200 NVL72 datasheet: FP32 6,480 TFLOP/s per 72 GPUs
   p.d2h_bytes_per_second = 450e9;
   p.h2d_bytes_per_second = 450e9;
   p.bidir_d2h_bytes_per_second = 450e9;
@@ -400,6 +416,8 @@ absl::Status ValidateHardwareProfile(const HardwareProfile& p) {
   STOWAGE_HW_RETURN_IF_ERROR(InRange("hbm_bytes", p.hbm_bytes, kHbmBytes));
   STOWAGE_HW_RETURN_IF_ERROR(InRange("usable_fraction", p.usable_fraction, kFraction));
   STOWAGE_HW_RETURN_IF_ERROR(InRange("gemm_efficiency", p.gemm_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("dense_fp32_flops", p.dense_fp32_flops, kFlops));
+  STOWAGE_HW_RETURN_IF_ERROR(InRange("fp32_gemm_efficiency", p.fp32_gemm_efficiency, kFraction));
   STOWAGE_HW_RETURN_IF_ERROR(
       InRange("flash_forward_efficiency", p.flash_forward_efficiency, kFraction));
   STOWAGE_HW_RETURN_IF_ERROR(
@@ -469,6 +487,8 @@ std::string HardwareProfileToJson(const HardwareProfile& p) {
   j["hbm_bytes_per_second"] = p.hbm_bytes_per_second;
   j["dense_bf16_flops"] = p.dense_bf16_flops;
   j["gemm_efficiency"] = p.gemm_efficiency;
+  j["dense_fp32_flops"] = p.dense_fp32_flops;
+  j["fp32_gemm_efficiency"] = p.fp32_gemm_efficiency;
   j["flash_forward_efficiency"] = p.flash_forward_efficiency;
   j["flash_backward_efficiency"] = p.flash_backward_efficiency;
   j["grouped_gemm_efficiency"] = p.grouped_gemm_efficiency;
@@ -530,6 +550,9 @@ absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& text
     return j.Invalid("matmul_efficiency", "absent: it is now gemm_efficiency (planner/op_time.h)");
   }
   STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("gemm_efficiency", p.gemm_efficiency, kFraction));
+  STOWAGE_HW_RETURN_IF_ERROR(j.ReadOptional("dense_fp32_flops", p.dense_fp32_flops, kFlops));
+  STOWAGE_HW_RETURN_IF_ERROR(
+      j.ReadOptional("fp32_gemm_efficiency", p.fp32_gemm_efficiency, kFraction));
   STOWAGE_HW_RETURN_IF_ERROR(
       j.ReadOptional("flash_forward_efficiency", p.flash_forward_efficiency, kFraction));
   STOWAGE_HW_RETURN_IF_ERROR(

@@ -35,6 +35,10 @@ struct HardwareProfile {
   double usable_fraction = 0.92;     // share of hbm_bytes a training process can plan with
   double hbm_bytes_per_second = 0;
   double dense_bf16_flops = 0;  // peak dense bf16 tensor-core rate, FLOP/s
+  // Peak FP32 rate of the CUDA cores (non-tensor FMAs), FLOP/s: where an fp32 matmul runs under
+  // torch's default precision (no TF32). Default: H100/H200 SXM's datasheet 67 TFLOP/s (Note
+  // [Op rates] in hardware.cc); each preset states its own.
+  double dense_fp32_flops = 67e12;
   // Per-op-class rates, the ones planner/op_time.h turns work into seconds with (Note [Op time]
   // in op_time.cc; each preset says where its figures come from; `stowage calibrate` measures
   // them): the share of dense_bf16_flops large dense GEMMs reach; the shares a fused causal
@@ -47,6 +51,9 @@ struct HardwareProfile {
   // the flash shares are cuDNN's on H100 from the FlashAttention-3 paper, which the H200 and
   // H800 presets replace with cuDNN 9.19's on H200 (Note [SDPA on sm90]).
   double gemm_efficiency = 746.0 / 989.0;
+  // The share of dense_fp32_flops fp32 GEMMs reach (OpWork::fp32_gemm_flops): gemm_efficiency's
+  // default applied, unmeasured on these GPUs (Note [Op rates]); `stowage calibrate` times it.
+  double fp32_gemm_efficiency = 746.0 / 989.0;
   double flash_forward_efficiency = 539.0 / 989.0;
   double flash_backward_efficiency = 516.0 / 989.0;
   double grouped_gemm_efficiency = 746.0 / 989.0;

@@ -5,7 +5,12 @@ namespace stowage::planner {
 // Note [Op time]
 // A training step on one GPU is a stream of kernels; each op class runs at its own share of a
 // datasheet peak (the shares are hardware profile fields, measured by `stowage calibrate`):
-//  - dense GEMMs: FLOPs / (dense_bf16_flops * gemm_efficiency);
+//  - dense GEMMs: FLOPs / (dense_bf16_flops * gemm_efficiency); on fp32 operands FLOPs /
+//    (dense_fp32_flops * fp32_gemm_efficiency): torch runs a float32 matmul without TF32 unless
+//    told otherwise (torch.backends.cuda.matmul.allow_tf32 is False by default since 1.12,
+//    torch.get_float32_matmul_precision() "highest"; PyTorch docs, notes/cuda.rst "TensorFloat-32
+//    (TF32) on Ampere (and later) devices"), so cuBLAS's SGEMM runs FMAs on the CUDA cores, at
+//    the non-tensor FP32 peak (Note [Op rates] in hardware.cc);
 //  - fused attention: forward FLOPs at flash_forward_efficiency, backward FLOPs at
 //    flash_backward_efficiency (flash backward recomputes the scores and runs five GEMMs per
 //    block against the forward's two, with more shared-memory traffic, so it reaches less);
@@ -44,6 +49,9 @@ double TorchGroupedMmFlops(const HardwareProfile& hw, double tokens_per_expert) 
 OpTime OpTimeOf(const OpWork& w, const HardwareProfile& hw) {
   OpTime t;
   if (w.gemm_flops > 0) t.gemm = w.gemm_flops / (hw.dense_bf16_flops * hw.gemm_efficiency);
+  if (w.fp32_gemm_flops > 0) {
+    t.gemm += w.fp32_gemm_flops / (hw.dense_fp32_flops * hw.fp32_gemm_efficiency);
+  }
   if (w.attention_forward_flops > 0) {
     t.attention_forward =
         w.attention_forward_flops / (hw.dense_bf16_flops * hw.flash_forward_efficiency);

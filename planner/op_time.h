@@ -13,8 +13,14 @@ namespace stowage::planner {
 // count what the kernels read plus what they write. All fields are totals for the rank, not per
 // token, and none may be negative.
 struct OpWork {
-  // Dense tensor-core GEMMs (projections, dense FFNs, the LM head), forward or backward.
+  // Dense tensor-core GEMMs (projections, dense FFNs, the LM head), forward or backward: bf16
+  // (or fp16) operands.
   double gemm_flops = 0;
+  // Dense GEMMs on fp32 operands (mm / bmm of float32 tensors: transformers' linear-attention
+  // fallbacks' chunk matmuls, fp32 routers, the DSA indexer's scores). Under torch's default
+  // float32 matmul precision ("highest", TF32 off) they run on the CUDA cores, not the tensor
+  // cores: their own rate (Note [Op time]).
+  double fp32_gemm_flops = 0;
   // Fused attention cores (flash / memory-efficient SDPA, TE's fused attention), already
   // halved for a causal mask where the kernel skips masked blocks. Backward kernels run at their
   // own rate, so they are kept apart from forward ones.
@@ -56,7 +62,8 @@ double GroupedGemmFlops(const HardwareProfile& hw, double tokens_per_expert);
 // torch_grouped_mm_half_tokens (Note [torch._grouped_mm rate] in hardware.cc).
 double TorchGroupedMmFlops(const HardwareProfile& hw, double tokens_per_expert);
 
-// Note [Op time] in op_time.cc: dense GEMMs at dense_bf16_flops * gemm_efficiency, attention
+// Note [Op time] in op_time.cc: dense GEMMs at dense_bf16_flops * gemm_efficiency (fp32 ones at
+// dense_fp32_flops * fp32_gemm_efficiency, both in OpTime::gemm), attention
 // forward / backward at flash_forward_efficiency / flash_backward_efficiency of it, grouped
 // GEMMs at GroupedGemmFlops or TorchGroupedMmFlops (both in OpTime::grouped_gemm), memory-bound
 // bytes at hbm_bytes_per_second * elementwise_efficiency, plus kernel_seconds per kernel.

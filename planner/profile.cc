@@ -78,6 +78,7 @@ absl::Status ReadWork(const json::Object& o, const std::string& key, OpWork& out
   auto w = o.Child(key);
   if (!w.ok()) return w.status();
   for (auto [name, field] : {std::pair<const char*, double*>{"gemm_flops", &out.gemm_flops},
+                             {"fp32_gemm_flops", &out.fp32_gemm_flops},
                              {"attention_forward_flops", &out.attention_forward_flops},
                              {"attention_backward_flops", &out.attention_backward_flops},
                              {"grouped_gemm_flops", &out.grouped_gemm_flops},
@@ -111,6 +112,7 @@ absl::Status ReadTime(const json::Object& o, const std::string& prefix, double& 
 
 json::Json WorkToJson(const OpWork& w) {
   return {{"gemm_flops", w.gemm_flops},
+          {"fp32_gemm_flops", w.fp32_gemm_flops},
           {"attention_forward_flops", w.attention_forward_flops},
           {"attention_backward_flops", w.attention_backward_flops},
           {"grouped_gemm_flops", w.grouped_gemm_flops},

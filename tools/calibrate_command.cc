@@ -4,7 +4,8 @@
 // comes from the --base preset.
 //
 // Compute (Note [Calibrated op rates]): cuBLAS bf16 GEMMs at training shapes (gemm_efficiency
-// of the preset's dense_bf16_flops), strided-batched GEMMs over 64 experts at several tokens
+// of the preset's dense_bf16_flops), fp32 GEMMs without TF32 (fp32_gemm_efficiency of its
+// dense_fp32_flops), strided-batched GEMMs over 64 experts at several tokens
 // per expert (grouped_gemm_efficiency and grouped_gemm_half_tokens, fitted to
 // rate = R * t / (t + half)), a 16-byte stream copy (elementwise_efficiency), and empty kernels
 // back to back (kernel_seconds). torch._grouped_mm, the hf experts' kernel, is another
@@ -316,13 +317,13 @@ class Cublas {
   // Column-major bf16 C[m x n] = A[m x k] B[k x n] with fp32 accumulation, `batch` times (the
   // batches' A and C strided, B too when batch > 1).
   absl::Status Gemm16(int m, int n, int k, int batch, const void* a, const void* b, void* c) {
-    const float alpha = 1, beta = 0;
-    return Ok(
-        gemm_(handle_, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16BF, m,
-              static_cast<long long>(m) * k, b, CUDA_R_16BF, k,
-              batch > 1 ? static_cast<long long>(k) * n : 0, &beta, c, CUDA_R_16BF, m,
-              static_cast<long long>(m) * n, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        absl::StrCat("cublasGemmStridedBatchedEx(", m, "x", n, "x", k, ", batch ", batch, ")"));
+    return GemmOf(CUDA_R_16BF, m, n, k, batch, a, b, c);
+  }
+  // The same on fp32 operands, as torch runs a float32 mm / bmm with TF32 off: compute type
+  // CUBLAS_COMPUTE_32F under the handle's default math mode (CUBLAS_DEFAULT_MATH, never changed
+  // here), which keeps cuBLAS off the tensor cores.
+  absl::Status Gemm32(int m, int n, int k, int batch, const void* a, const void* b, void* c) {
+    return GemmOf(CUDA_R_32F, m, n, k, batch, a, b, c);
   }
 
  private:
@@ -335,6 +336,16 @@ class Cublas {
                                   cudaDataType, int, long long, int, cublasComputeType_t,
                                   cublasGemmAlgo_t);
   Cublas() = default;
+  absl::Status GemmOf(cudaDataType type, int m, int n, int k, int batch, const void* a,
+                      const void* b, void* c) {
+    const float alpha = 1, beta = 0;
+    return Ok(gemm_(handle_, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a, type, m,
+                    static_cast<long long>(m) * k, b, type, k,
+                    batch > 1 ? static_cast<long long>(k) * n : 0, &beta, c, type, m,
+                    static_cast<long long>(m) * n, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              absl::StrCat("cublasGemmStridedBatchedEx(", type == CUDA_R_32F ? "fp32 " : "bf16 ", m,
+                           "x", n, "x", k, ", batch ", batch, ")"));
+  }
   static absl::Status Ok(cublasStatus_t status, const std::string& what) {
     if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
     return absl::InternalError(
@@ -415,6 +426,43 @@ absl::Status MeasureGemms(int device, Cublas& cublas, cudaStream_t stream,
                  rate / p.dense_bf16_flops);
   }
   p.gemm_efficiency = std::min(1.0, dense_sum / dense.size() / p.dense_bf16_flops);
+  // fp32 GEMMs at the two kinds of shape the hf recipes run on fp32 operands (Note [Op rates] in
+  // planner/hardware.cc): a router's [tokens x hidden] x [hidden x experts] (DeepSeek-V3's 7168
+  // x 256 over 8192 tokens), and the linear-attention fallbacks' 64-token chunk blocks batched
+  // over heads and chunks ([64 x 128] x [128 x 128], 32 heads x 64 chunks).
+  const std::vector<Shape> fp32 = {{256, 8192, 7168}, {64, 128, 128}};
+  const std::vector<int> fp32_batch = {1, 32 * 64};
+  uint64_t fa = 0, fb = 0, fc = 0;
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    const Shape& s = fp32[i];
+    fa = std::max<uint64_t>(fa, uint64_t{1} * fp32_batch[i] * s.m * s.k);
+    fb = std::max<uint64_t>(fb, uint64_t{1} * fp32_batch[i] * s.k * s.n);
+    fc = std::max<uint64_t>(fc, uint64_t{1} * fp32_batch[i] * s.m * s.n);
+  }
+  absl::StatusOr<offload::DeviceBuffer> a32 = offload::DeviceBuffer::Create(device, 4 * fa);
+  absl::StatusOr<offload::DeviceBuffer> b32 = offload::DeviceBuffer::Create(device, 4 * fb);
+  absl::StatusOr<offload::DeviceBuffer> c32 = offload::DeviceBuffer::Create(device, 4 * fc);
+  for (const auto* buffer : {&a32, &b32, &c32}) {
+    if (!buffer->ok()) return buffer->status();
+  }
+  // 0x3C3C3C3C as fp32 is 0.0115 too.
+  STOWAGE_CUDA_RETURN_IF_ERROR(cudaMemset(a32->get(), 0x3C, 4 * fa), "cudaMemset");
+  STOWAGE_CUDA_RETURN_IF_ERROR(cudaMemset(b32->get(), 0x3C, 4 * fb), "cudaMemset");
+  double fp32_sum = 0;
+  for (size_t i = 0; i < fp32.size(); ++i) {
+    const Shape& s = fp32[i];
+    const int batch = fp32_batch[i];
+    absl::StatusOr<double> seconds = TimePerCall(stream, [&]() {
+      return cublas.Gemm32(s.m, s.n, s.k, batch, a32->get(), b32->get(), c32->get());
+    });
+    if (!seconds.ok()) return seconds.status();
+    const double rate = 2.0 * batch * s.m * s.n * s.k / *seconds;
+    fp32_sum += rate;
+    std::fprintf(report, "%-34s %7.0f TF/s %8.3f\n",
+                 absl::StrFormat("GEMM fp32 %dx%dx%d, batch %d", s.m, s.n, s.k, batch).c_str(),
+                 rate / 1e12, rate / p.dense_fp32_flops);
+  }
+  p.fp32_gemm_efficiency = std::min(1.0, fp32_sum / fp32.size() / p.dense_fp32_flops);
   std::vector<std::pair<double, double>> points;
   for (int t : {32, 128, 512, kMaxTokens}) {
     absl::StatusOr<double> seconds = TimePerCall(stream, gemm(t, kWidth, kHidden, kExperts));
@@ -708,9 +756,9 @@ absl::Status MeasureCompute(int device, const cudaDeviceProp& prop, planner::Har
   if (absl::Status s = stream.Init(device); !s.ok()) return s;
   std::fprintf(report, "%-34s %12s %8s\n", "compute", "rate", "share");
   if (absl::StatusOr<std::unique_ptr<Cublas>> cublas = Cublas::Load(stream.get()); !cublas.ok()) {
-    std::fprintf(report, "%-34s not measured (%s): the --base preset's %.3f / %.3f kept\n",
-                 "GEMM bf16, expert GEMMs", std::string(cublas.status().message()).c_str(),
-                 p.gemm_efficiency, p.grouped_gemm_efficiency);
+    std::fprintf(report, "%-34s not measured (%s): the --base preset's %.3f / %.3f / %.3f kept\n",
+                 "GEMM bf16, fp32, expert GEMMs", std::string(cublas.status().message()).c_str(),
+                 p.gemm_efficiency, p.fp32_gemm_efficiency, p.grouped_gemm_efficiency);
   } else if (absl::Status gemms = MeasureGemms(device, **cublas, stream.get(), p, report);
              !gemms.ok()) {
     return gemms;

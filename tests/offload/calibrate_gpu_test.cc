@@ -71,8 +71,8 @@ TEST(CalibrateGpu, MeasuresTheComputeRates) {
   std::ifstream profile_file(out);
   const nlohmann::json profile = nlohmann::json::parse(profile_file);
   EXPECT_EQ(profile["source"], "measured");
-  for (const char* share :
-       {"gemm_efficiency", "grouped_gemm_efficiency", "elementwise_efficiency"}) {
+  for (const char* share : {"gemm_efficiency", "fp32_gemm_efficiency", "grouped_gemm_efficiency",
+                            "elementwise_efficiency"}) {
     const double value = profile[share];
     EXPECT_GT(value, 0) << share;
     EXPECT_LE(value, 1) << share;
@@ -86,7 +86,7 @@ TEST(CalibrateGpu, MeasuresTheComputeRates) {
   std::stringstream text;
   text << table_file.rdbuf();
   for (const char* needle :
-       {"GEMM bf16", "expert GEMMs", "stream copy", "empty kernel", "not measured"}) {
+       {"GEMM bf16", "GEMM fp32", "expert GEMMs", "stream copy", "empty kernel", "not measured"}) {
     EXPECT_THAT(text.str(), HasSubstr(needle));
   }
   std::printf("%s", text.str().c_str());

@@ -7,7 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 
+#include "planner/framework_hf.h"
+#include "planner/hardware.h"
+#include "planner/model.h"
 #include "planner/optimizer.h"
 
 namespace stowage::planner {
@@ -310,6 +315,92 @@ TEST(CostModel, HfAttnCoreHoldsTheMasksWhereItIsHandedOne) {
       EXPECT_EQ(mod.holds_checkpoint_held, mod.name == "attn_core" && masks > 0)
           << config << " " << mod.name;
     }
+  }
+}
+
+// Note [Step time] in framework_hf.cc: the matmuls transformers runs on fp32 operands take the
+// CUDA cores' rate — the gated DeltaNet fallback's chunk matmuls (LinearAttentionWorkOf's
+// FLOPs, exactly), Kimi-K2's and GLM-5.1's routers (`F.linear(x.float(), weight.float())`: 2hE
+// per token forward, 4hE backward) and GLM-5.1's DSA indexer scores (forward only) — and
+// nothing else: Mistral's layers, the dense FFN layers and Qwen3-Next's bf16 router have none.
+// Pinned by pricing each step on two profiles that differ only in the fp32 rate.
+TEST(CostModel, HfFp32MatmulsTakeTheFp32Rate) {
+  RunSettings run;
+  run.seq_len = 4096;
+  run.micro_batch = 1;
+  run.tp = run.cp = run.ep = 1;
+  run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  run.framework = Framework::kHf;
+  run.optimizer = OptimizerKind::kNone;
+  run.grad_bytes = 2;
+  run.loss_chunk_tokens = 0;
+  const HardwareProfile hw = *HardwarePreset("h200");
+  HardwareProfile slow = hw;
+  slow.dense_fp32_flops = hw.dense_fp32_flops / 2;
+  const double rate = hw.dense_fp32_flops * hw.fp32_gemm_efficiency;
+  // The fp32 FLOPs of a layer, forward and backward: the extra seconds at half the rate, times
+  // the rate (each fp32 FLOP takes 1 / rate more there).
+  const auto fp32_flops = [&](const ModelConfig& m, int layer) {
+    const LayerCost a = (*BuildStepCost(m, hw, run)).layers[layer];
+    const LayerCost b = (*BuildStepCost(m, slow, run)).layers[layer];
+    return std::pair<double, double>{(b.forward_seconds - a.forward_seconds) * rate,
+                                     (b.backward_seconds - a.backward_seconds) * rate};
+  };
+  const double t = 4096;
+  const std::string data = std::string(STOWAGE_SOURCE_DIR) + "/tests/planner/data/hf/";
+  {
+    const ModelConfig m = *ReadHfConfigFile(data + "mistral-7b-v0.3.json");
+    auto [fwd, bwd] = fp32_flops(m, 0);
+    EXPECT_EQ(fwd, 0);
+    EXPECT_EQ(bwd, 0);
+  }
+  {
+    // Kimi-K2: layer 1 is MoE (first_k_dense_replace 1), 384 experts over hidden 7168.
+    const ModelConfig m = *ReadHfConfigFile(data + "kimi-k2-instruct.json");
+    auto [fwd, bwd] = fp32_flops(m, 1);
+    EXPECT_NEAR(fwd, 2.0 * 7168 * 384 * t, 1e-6 * fwd);
+    EXPECT_NEAR(bwd, 4.0 * 7168 * 384 * t, 1e-6 * bwd);
+    auto [dense_fwd, dense_bwd] = fp32_flops(m, 0);
+    EXPECT_EQ(dense_fwd, 0);
+    EXPECT_EQ(dense_bwd, 0);
+  }
+  {
+    // GLM-5.1's indexer (32 heads of 128, every layer): its scores over the causal square and
+    // their weighted sum, 2 Hi di s + 2 Hi s per token, forward; its router as Kimi-K2's.
+    const ModelConfig m = *ReadHfConfigFile(data + "glm-5.1.json");
+    const double hi = m.index_heads, di = m.index_head_dim, e = m.experts, h = m.hidden;
+    const double indexer = (2 * hi * di * t + 2 * hi * t) * t;
+    auto [fwd, bwd] = fp32_flops(m, 0);  // dense FFN
+    EXPECT_NEAR(fwd, indexer, 1e-6 * fwd);
+    EXPECT_EQ(bwd, 0);
+    auto [moe_fwd, moe_bwd] = fp32_flops(m, m.layers.size() - 1);
+    EXPECT_NEAR(moe_fwd, indexer + 2 * h * e * t, 1e-6 * moe_fwd);
+    EXPECT_NEAR(moe_bwd, 4 * h * e * t, 1e-6 * moe_bwd);
+  }
+  {
+    // Qwen3-Next's gated DeltaNet layer (layer 0): the fallback's chunk matmuls.
+    const ModelConfig m = *ParseHfConfigJson(R"({"model_type": "qwen3_next",
+        "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 2048,
+        "intermediate_size": 5120, "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 16,
+        "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "num_experts": 512, "num_experts_per_tok": 10,
+        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+        "decoder_sparse_step": 1, "partial_rotary_factor": 0.25, "vocab_size": 151936,
+        "tie_word_embeddings": false})",
+                                             "qwen3_next");
+    const HfLinearAttentionWork w = LinearAttentionWorkOf(m, AttentionKind::kGdn, t);
+    ASSERT_GT(w.fwd_fp32_gemm_flops, 0);
+    auto [fwd, bwd] = fp32_flops(m, 0);
+    EXPECT_NEAR(fwd, w.fwd_fp32_gemm_flops, 1e-6 * fwd);
+    EXPECT_NEAR(bwd, w.bwd_fp32_gemm_flops, 1e-6 * bwd);
+    // Its router is bf16 (Qwen3NextSparseMoeBlock's F.linear on the hidden states), and the
+    // full-attention layer has no fp32 matmul.
+    auto [full_fwd, full_bwd] = fp32_flops(m, 1);
+    EXPECT_EQ(full_fwd, 0);
+    EXPECT_EQ(full_bwd, 0);
   }
 }
 

@@ -66,8 +66,8 @@ TEST(HfLinearAttentionWork, EachMixerCostsWhatTheRealFallbackMeasures) {
     EXPECT_EQ(w.bwd_bytes, row.at("backward_bytes").get<double>());
     EXPECT_EQ(w.fwd_kernels, row.at("forward_kernels").get<double>());
     EXPECT_EQ(w.bwd_kernels, row.at("backward_kernels").get<double>());
-    EXPECT_EQ(w.fwd_gemm_flops, row.at("forward_gemm_flops").get<double>());
-    EXPECT_EQ(w.bwd_gemm_flops, row.at("backward_gemm_flops").get<double>());
+    EXPECT_EQ(w.fwd_fp32_gemm_flops, row.at("forward_fp32_gemm_flops").get<double>());
+    EXPECT_EQ(w.bwd_fp32_gemm_flops, row.at("backward_fp32_gemm_flops").get<double>());
     ++rows;
   }
   EXPECT_GE(rows, 6);  // each mixer's code at two paddings

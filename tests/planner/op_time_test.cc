@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "planner/hardware.h"
 
@@ -83,6 +84,35 @@ TEST(OpTime, TorchGroupedMmAtItsOwnRate) {
   EXPECT_DOUBLE_EQ(both.total(), 2e-3);
   EXPECT_EQ(OpSeconds({.torch_grouped_mm_flops = 1, .tokens_per_expert = 0}, hw),
             std::numeric_limits<double>::infinity());
+}
+
+// fp32 operands run on the CUDA cores (Note [Op time]): dense_fp32_flops x fp32_gemm_efficiency,
+// whatever the tensor-core rate, and in the breakdown's gemm seconds.
+TEST(OpTime, Fp32GemmsAtTheCudaCoresRate) {
+  HardwareProfile hw = Round();
+  hw.dense_fp32_flops = 5e13;
+  hw.fp32_gemm_efficiency = 0.8;
+  // 4e10 FLOPs at 0.8 x 5e13 FLOP/s: 1 ms; the same FLOPs in bf16 take 0.08 ms.
+  EXPECT_DOUBLE_EQ(OpSeconds({.fp32_gemm_flops = 4e10}, hw), 1e-3);
+  EXPECT_DOUBLE_EQ(OpSeconds({.gemm_flops = 4e10}, hw), 8e-5);
+  const OpTime both = OpTimeOf({.gemm_flops = 1e12, .fp32_gemm_flops = 4e10}, hw);
+  EXPECT_DOUBLE_EQ(both.gemm, 3e-3);
+  EXPECT_DOUBLE_EQ(both.total(), 3e-3);
+}
+
+// The presets' fp32 rates are their datasheets' FP32 (non-tensor) peaks with gemm_efficiency's
+// default share (Note [Op rates] in hardware.cc): H200 / H800 67, B200 75, GB200 90 TFLOP/s.
+TEST(OpTime, PresetFp32RatesAreTheDatasheetPeaksAtTheGemmShare) {
+  for (auto [name, peak] : {std::pair<const char*, double>{"h200", 67e12},
+                            {"h800", 67e12},
+                            {"b200", 75e12},
+                            {"gb200", 90e12}}) {
+    const HardwareProfile hw = *HardwarePreset(name);
+    EXPECT_EQ(hw.dense_fp32_flops, peak) << name;
+    EXPECT_EQ(hw.fp32_gemm_efficiency, hw.gemm_efficiency) << name;
+    EXPECT_DOUBLE_EQ(OpSeconds({.fp32_gemm_flops = 1e12}, hw), 1e12 / (peak * 746.0 / 989.0))
+        << name;
+  }
 }
 
 // Note [torch._grouped_mm rate]: at 512 rows per expert the H200 preset's torch._grouped_mm

@@ -158,7 +158,10 @@ Json OffGpuProfile() {
   for (Json& l : j["layers"]) {
     l.erase("forward_seconds");
     l.erase("backward_seconds");
-    l["forward_work"] = {{"gemm_flops", 1e12}, {"attention_forward_flops", 2e11}, {"kernels", 10}};
+    l["forward_work"] = {{"gemm_flops", 1e12},
+                         {"fp32_gemm_flops", 5e10},
+                         {"attention_forward_flops", 2e11},
+                         {"kernels", 10}};
     l["backward_work"] = {{"gemm_flops", 2e12},         {"attention_backward_flops", 5e11},
                           {"grouped_gemm_flops", 1e12}, {"torch_grouped_mm_flops", 3e11},
                           {"tokens_per_expert", 256},   {"elementwise_bytes", 1e9}};
@@ -183,6 +186,8 @@ TEST(ProfileReader, OpWorkGradientsInBackwardAndNoLink) {
   ASSERT_TRUE(p.layers[0].backward_work.has_value());
   EXPECT_DOUBLE_EQ(p.layers[0].backward_work->tokens_per_expert, 256);
   EXPECT_DOUBLE_EQ(p.layers[0].backward_work->torch_grouped_mm_flops, 3e11);
+  ASSERT_TRUE(p.layers[0].forward_work.has_value());
+  EXPECT_DOUBLE_EQ(p.layers[0].forward_work->fp32_gemm_flops, 5e10);
   ASSERT_TRUE(p.layers[0].modules[0].work.has_value());
   EXPECT_FALSE(p.layers[0].modules[1].work.has_value());
   const LayerProfileSet again = *ParseProfileJson(ProfileToJson(p), "round trip");

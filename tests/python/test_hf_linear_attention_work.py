@@ -36,13 +36,14 @@ if HAVE:
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "planner", "data",
                     "hf_linear_attention_work.json")
 FIELDS = ("forward_bytes", "backward_bytes", "forward_kernels", "backward_kernels",
-          "forward_gemm_flops", "backward_gemm_flops")
+          "forward_fp32_gemm_flops", "backward_fp32_gemm_flops")
 
 
 def measure(config: dict, seq_len: int) -> dict[str, float]:
     """The op work of the first layer's token mixer (a linear-attention layer) on one sequence
-    of `seq_len` tokens, forward and backward, less its nn.Linear projections' GEMMs (2 and 4
-    FLOPs per weight and token: the recipe counts them from the layer's parameters)."""
+    of `seq_len` tokens, forward and backward: its element-wise work and its fp32 GEMMs (the
+    chunk loops' matmuls), and `projection_*_gemm_flops`, its bf16 GEMMs (which the recipe counts
+    from the layer's parameters: 2 and 4 FLOPs per nn.Linear weight and token)."""
     hf = H.build_hf_model(dict(config, num_hidden_layers=1, layer_types=["linear_attention"]))
     layer = H._decoder(hf.model).layers[0]
     mixer = getattr(layer, "linear_attn", None) or layer.self_attn
@@ -61,8 +62,11 @@ def measure(config: dict, seq_len: int) -> dict[str, float]:
     fwd, bwd = mode.work["forward"], mode.work["backward"]
     return {"forward_bytes": fwd.elementwise_bytes, "backward_bytes": bwd.elementwise_bytes,
             "forward_kernels": fwd.kernels, "backward_kernels": bwd.kernels,
-            "forward_gemm_flops": fwd.gemm_flops - 2 * linears * seq_len,
-            "backward_gemm_flops": bwd.gemm_flops - 4 * linears * seq_len}
+            "forward_fp32_gemm_flops": fwd.fp32_gemm_flops,
+            "backward_fp32_gemm_flops": bwd.fp32_gemm_flops,
+            "projection_forward_gemm_flops": fwd.gemm_flops,
+            "projection_backward_gemm_flops": bwd.gemm_flops,
+            "linear_weights": linears}
 
 
 @unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
@@ -76,8 +80,13 @@ class LinearAttentionWorkTest(unittest.TestCase):
             with self.subTest(family=config["model_type"], seq_len=row["seq_len"]):
                 got = measure(config, row["seq_len"])
                 self.assertEqual({k: got[k] for k in FIELDS}, {k: row[k] for k in FIELDS})
-                # The chunk loops' fp32 matmuls run as GEMMs (bmm).
-                self.assertGreater(got["forward_gemm_flops"], 0)
+                # The chunk loops' matmuls are fp32 GEMMs (bmm); the only bf16 GEMMs are the
+                # projections'.
+                self.assertGreater(got["forward_fp32_gemm_flops"], 0)
+                self.assertEqual(got["projection_forward_gemm_flops"],
+                                 2 * got["linear_weights"] * row["seq_len"])
+                self.assertEqual(got["projection_backward_gemm_flops"],
+                                 4 * got["linear_weights"] * row["seq_len"])
 
 
 if __name__ == "__main__":
@@ -87,7 +96,8 @@ if __name__ == "__main__":
         with open(DATA) as f:
             data = json.load(f)
         for row in data["mixers"]:
-            row.update(measure(row["config"], row["seq_len"]))
+            got = measure(row["config"], row["seq_len"])
+            row.update({k: got[k] for k in FIELDS})
         with open(DATA, "w") as f:
             json.dump(data, f, indent=1)
             f.write("\n")

@@ -645,6 +645,18 @@ class KernelBytesTest(unittest.TestCase):
         self.assertEqual(self.work(lambda: torch.histc(ids, bins=128, min=0, max=127)).kernels, 3)
         self.assertEqual(self.work(lambda: torch.histc(ids, bins=60, min=0, max=59)).kernels, 2)
 
+    def test_a_matmul_on_fp32_operands_is_an_fp32_gemm(self) -> None:
+        # Note [Op time] (planner/op_time.cc): float32 mm / bmm run on the CUDA cores (TF32 off
+        # by torch's default), bf16 ones on the tensor cores; the operands' dtype decides.
+        a, b = torch.randn(4, 64, 32), torch.randn(4, 32, 16)
+        w = self.work(lambda: a @ b)
+        self.assertEqual((w.fp32_gemm_flops, w.gemm_flops), (2 * 4 * 64 * 32 * 16, 0))
+        w = self.work(lambda: a.bfloat16() @ b.bfloat16())
+        self.assertEqual((w.fp32_gemm_flops, w.gemm_flops), (0, 2 * 4 * 64 * 32 * 16))
+        x, weight = torch.randn(8, 32), torch.randn(16, 32)
+        w = self.work(lambda: torch.nn.functional.linear(x, weight))
+        self.assertEqual((w.fp32_gemm_flops, w.gemm_flops), (2 * 8 * 32 * 16, 0))
+
     @unittest.skipUnless(hasattr(torch, "_grouped_mm"), "torch without _grouped_mm")
     def test_grouped_mm_is_two_kernels(self) -> None:
         x, w8 = torch.randn(32, 16).bfloat16(), torch.randn(4, 16, 8).bfloat16()

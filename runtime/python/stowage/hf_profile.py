@@ -127,7 +127,7 @@ MAX_SAVED = 48
 # The profile's grad_dtype names (planner/profile.cc); other dtypes are not stated.
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
-WORK_FIELDS = ("gemm_flops", "attention_forward_flops", "attention_backward_flops",
+WORK_FIELDS = ("gemm_flops", "fp32_gemm_flops", "attention_forward_flops", "attention_backward_flops",
                "grouped_gemm_flops", "torch_grouped_mm_flops", "tokens_per_expert",
                "elementwise_bytes", "kernels")
 
@@ -264,6 +264,9 @@ def _row_passes(t: torch.Tensor, dim: int, wide: int) -> int:
 class OpWork:
     """planner/op_time.h OpWork: what a pass runs, by op class (totals, not per token)."""
     gemm_flops: float = 0
+    # mm / bmm on float32 operands: CUDA cores, not tensor cores, under torch's default float32
+    # matmul precision (planner/op_time.h OpWork::fp32_gemm_flops)
+    fp32_gemm_flops: float = 0
     attention_forward_flops: float = 0
     attention_backward_flops: float = 0
     grouped_gemm_flops: float = 0
@@ -352,7 +355,13 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> Optional[OpWork]:
     if name in _GEMMS:
         from torch.utils.flop_counter import flop_registry
         count = flop_registry[func._overloadpacket]
-        w.gemm_flops = count(*args, **kwargs, out_val=out)
+        flops = count(*args, **kwargs, out_val=out)
+        # The operands' dtype picks the rate: float32 runs without TF32 on the GPU (torch's
+        # default, Note [Op time] in planner/op_time.cc), every other dtype on tensor cores.
+        if any(t.dtype == torch.float32 for t in _tensors(args)):
+            w.fp32_gemm_flops = flops
+        else:
+            w.gemm_flops = flops
     elif name in _ATTENTION_FORWARD or name in _ATTENTION_BACKWARD:
         backward = name in _ATTENTION_BACKWARD
         # Forward (q, k, v, dropout, is_causal, ...); backward (grad_out, q, k, v, out, lse,
