@@ -157,6 +157,11 @@ struct LayerCost {
   // (transformers: the step's attention masks, passed to every checkpointed layer; Note
   // [Recompute moment] in cost_model.cc). 0 where the checkpoint holds its input only.
   uint64_t checkpoint_held_bytes = 0;
+  // Which tensors those are: layers of one group hold the same ones (one copy however many
+  // hold them), layers of different groups different ones (transformers: each layer type's
+  // mask, Note [hf masks]); the simulator counts each group's once (Note [Checkpoint-held
+  // inputs] in simulator.cc).
+  int checkpoint_held_group = 0;
   // The layer's own bytes at its forward's peak beyond its input when its checkpoint keeps none
   // of its saved tensors (recompute, offload_input: each is freed once the forward's own
   // references to it are gone), where the recipe states it (hf: Llama 4, Note [hf recompute

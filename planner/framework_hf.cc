@@ -1083,10 +1083,42 @@ void LinearAttention(HfLayer& b, const LayerSpec& spec) {
   // norm and the add: r 4h w 2h); the mixer's input gradients are summed inside it.
   b.Traffic(6 * h, 6 * h, 1, 1);
   // Forward: the fp32 copies of q, k, v and the gates before the core keeps them (about the
-  // bytes one chunk-length of the core holds per token); backward (GDN): the core's gradients,
-  // as large as what it keeps.
+  // bytes one chunk-length of the core holds per token).
   b.cost.attn_forward_transient = static_cast<uint64_t>(4 * conv * b.t);
   b.cost.attn_backward_transient = static_cast<uint64_t>(core * mb);
+  if (spec.attention == AttentionKind::kGdn && chunks >= 2) {
+    // GDN's backward peaks in the scan's second chunk to run backward (i = n - 2), at the first
+    // SelectBackward0 after intra_chunk_attn's, query's (torch_chunk_gated_delta_rule: `out[i] =
+    // query[i] @ state + intra[i] @ v_new` backward; the accumulated gradient, the zero base the
+    // select writes the chunk's gradient into, and their sum). Alive then, per padded token and
+    // value head: the gradients of the whole bases accumulated since the last chunk — new_values
+    // (4 dv), k_cumdecay, query and key (3 x 4 dk; key's from chunk n - 2's state update, whose
+    // gradient the last chunk's reads of the state give), intra_chunk_attn (4 C) — query's zero
+    // base and the sum (2 x 4 dk), and CopySlices' clone
+    // of core_attn_out's gradient (4 dv); per token of the sequence the core output's bf16
+    // gradient (2 hv dv); per sequence the state's gradient (4 hv dk dv), one chunk's v_new
+    // gradient (4 hv C dv) and chunk_decay's base (4 hv n). Freed by then: the gated norm's
+    // tensors (18 dv + 4 per value head and token, attn.out_norm), the last two chunks' v_new and
+    // the state the last chunk read (2 x 4 hv C dv + 4 hv dk dv per sequence; the three cancel
+    // the state's and the chunk's gradients above), and the FFN's input norm (BuildHfLayer
+    // takes it off). The live bytes of the real Qwen3-Next / Qwen3.5 layers at 512 to 1024
+    // tokens (tests/python/test_hf_measured_profile.py LinearAttentionBackwardTest) hold these
+    // and the gradients the layer's counts make by then (attn_peak_grad_bytes: out_proj's, the
+    // norm's weight, the FFN's). With one chunk there is no earlier chunk to accumulate into:
+    // everything the core keeps stays the bound.
+    // The moment before it, the gated norm's backward (Qwen3NextRMSNormGated over dv), binds
+    // instead where the keys are narrower than the values (dk 64, dv 128 at 768 tokens: 5.7% of
+    // the layer's level): every saved tensor alive but the norm's output (2 hv dv, out_proj's
+    // input, released), with its fp32 temporaries — the input's gradient through the cast, the
+    // gradients of the normalised x and of the gate (3 x 4 hv dv) — and the core output's bf16
+    // gradient (2 hv dv), per token of the sequence.
+    const double hv = m.gdn_value_heads, dk = m.gdn_key_head_dim, dv = m.gdn_value_head_dim;
+    const double bases = 4 * hv * (dv + 3 * dk + c) + 2 * 4 * hv * dk + 4 * hv * dv;
+    const double loop = padded * bases + seq * (2 * hv * dv - 18 * hv * dv - 4 * hv) +
+                        4 * hv * chunks - 4 * hv * c * dv;
+    const double gated_norm = seq * 12 * hv * dv;
+    b.cost.attn_backward_transient = static_cast<uint64_t>(std::max({0.0, loop, gated_norm}) * mb);
+  }
   if (spec.attention == AttentionKind::kKda) {
     // KDA's backward peaks in the scan's last chunk's backward (the first it runs), at
     // `decay_mask[:, :, i]`'s SelectBackward0 (chunk_kimi_delta_attention): the gradient of the
@@ -1503,9 +1535,21 @@ void Ffn(HfLayer& b, const LayerSpec& spec) {
 // (RecomputeModule::holds_checkpoint_held). Held by every such checkpoint, they are freed after
 // the lowest one's backward: alive also in the loss and in the backward of every layer above
 // it, kept ones included, which the simulator counts (Note [Checkpoint-held inputs] in
-// simulator.cc). Each layer gets its own type's mask (causal_mask_mapping[layer type]); the
-// planner holds all of the step's with any checkpoint, exact where they are of one type and an
-// upper bound by the others' where a model mixes two (Gemma 2's eager full and sliding).
+// simulator.cc). Each layer gets its own type's mask (causal_mask_mapping[layer type]:
+// Gemma2Model.forward builds the full and the sliding one whatever its layer types, 5.17 and
+// 5.23), so its checkpoint holds that one (LayerCost::checkpoint_held_bytes, one group per
+// layer type: LayerCost::checkpoint_held_group): a type's mask lives to the backward of the
+// lowest recomputed layer of that type, and a type no checkpoint holds is freed with the
+// forward. Gemma 2 with its sliding layers recomputed and its full ones kept holds one mask, 2 s^2
+// bytes, not both; SDPA's full layers (is_causal, no mask) hold none.
+
+// The mask one layer is handed (gets_mask in BuildHfLayer): eager's [b, 1, s, s] in bf16, SDPA's
+// bool one; per sequence.
+double HfLayerMaskBytes(const ModelConfig& m, double s) {
+  return (DialectFor(m).eager ? 2 : 1) * s * s;
+}
+
+// The masks the decoder's forward builds (each layer type's, see above), per sequence.
 double HfMaskBytes(const ModelConfig& m, double s) {
   const bool eager = DialectFor(m).eager;
   bool sliding = false, chunked = false;
@@ -1701,9 +1745,9 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
     b.cost.attn_forward_transient -= std::min(norms, b.cost.attn_forward_transient);
     b.cost.attn_backward_transient -= std::min(norms, b.cost.attn_backward_transient);
   }
-  if (spec.attention == AttentionKind::kKda) {
-    // The KDA core's backward moment (LinearAttention) comes after the FFN's input norm's
-    // backward, which has freed that norm's tensors, counted in the attention part.
+  if (spec.attention == AttentionKind::kKda || spec.attention == AttentionKind::kGdn) {
+    // The KDA and GDN cores' backward moments (LinearAttention) come after the FFN's input
+    // norm's backward, which has freed that norm's tensors, counted in the attention part.
     const uint64_t norms = saved_so_far() - attention_saved - b.cost.ffn_saved_bytes;
     b.cost.attn_backward_transient -= std::min(norms, b.cost.attn_backward_transient);
   }
@@ -1720,13 +1764,16 @@ LayerCost BuildHfLayer(const ModelConfig& m, const HardwareProfile& hw, const Ru
   const double masks = HfMaskBytes(m, b.s) * b.sequences;
   b.cost.attn_forward_transient += static_cast<uint64_t>(masks);
   b.cost.ffn_forward_transient += static_cast<uint64_t>(masks);
-  b.cost.checkpoint_held_bytes = static_cast<uint64_t>(masks);
-  // Note [hf masks]: a layer's attention call is handed its type's mask, so the attn_core
-  // module's checkpoint holds it too (eager attention always gets one; SDPA where masked).
+  // Note [hf masks]: a layer (and its attention call, so the attn_core module's checkpoint too)
+  // is handed its type's mask, and holds that one: eager attention always gets one, SDPA where
+  // masked; one group per layer type.
   const bool gets_mask = spec.attention == AttentionKind::kAttention && !spec.cross_attention &&
                          (b.dialect.eager || HfMasked(b, spec));
+  const double handed = gets_mask ? HfLayerMaskBytes(m, b.s) * b.sequences : 0;
+  b.cost.checkpoint_held_bytes = static_cast<uint64_t>(handed);
+  b.cost.checkpoint_held_group = static_cast<int>(spec.span);
   for (RecomputeModule& mod : b.cost.modules) {
-    mod.holds_checkpoint_held = mod.name == "attn_core" && gets_mask && masks > 0;
+    mod.holds_checkpoint_held = mod.name == "attn_core" && handed > 0;
   }
   Llama4UnkeptForward(b, spec, masks);
   const double dense_params = static_cast<double>(DenseLayerParams(m, spec));

@@ -41,7 +41,9 @@ namespace {
 //  - checkpoint_held_bytes: what the layer's checkpoint holds beyond its input until its
 //    backward ends when the layer is recomputed (Note [Recompute moment] in cost_model.cc; the
 //    simulator holds it in the loss and above too, Note [Checkpoint-held inputs]: stowage.
-//    hf_profile measures it as what the decoder hands its layers and frees by the forward's end);
+//    hf_profile measures it as what the decoder hands the layer and frees by the forward's end);
+//    checkpoint_held_group: layers of one group hold the same tensors, counted once (hf_profile:
+//    layers handed the same ones share a group: a layer type's mask);
 //    its forward_peak_bytes count it while the forward runs (transformers' masks: made before
 //    the first layer, freed when the forward ends, so not in fixed_bytes.other).
 //  - no FFN part: a measured layer is one unit, so chunking does not apply (chunk count 1) and
@@ -183,6 +185,15 @@ absl::Status ReadLayer(const json::Json& value, const std::string& source, int i
     return s;
   if (absl::Status s =
           ReadAddedInVersion2(o, "checkpoint_held_bytes", version, out.checkpoint_held_bytes);
+      !s.ok())
+    return s;
+  if (version < 2 && o.Has("checkpoint_held_group")) {
+    return o.Invalid("checkpoint_held_group",
+                     "absent in a schema_version 1 profile (schema_version 2 added it)");
+  }
+  // A group per kind of shared input a checkpoint holds: no more groups than layers (100000).
+  if (absl::Status s = o.ReadOptional("checkpoint_held_group", out.checkpoint_held_group,
+                                      json::Range<int>{0, 100000});
       !s.ok())
     return s;
 
@@ -479,6 +490,7 @@ std::string ProfileToJson(const LayerProfileSet& p) {
     }
     layer["backward_peak_released_bytes"] = l.backward_peak_released_bytes;
     layer["checkpoint_held_bytes"] = l.checkpoint_held_bytes;
+    layer["checkpoint_held_group"] = l.checkpoint_held_group;
     layer["modules"] = modules;
     layer["saved"] = saved;
     layers.push_back(std::move(layer));
@@ -576,6 +588,7 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
     l.attn_peak_grad_bytes = pl.backward_peak_grad_bytes;
     l.ffn_peak_grad_bytes = 0;  // the backward's start: none made yet
     l.checkpoint_held_bytes = pl.checkpoint_held_bytes;
+    l.checkpoint_held_group = pl.checkpoint_held_group;
     c.layers.push_back(std::move(l));
   }
   for (size_t i = 0; i < c.layers.size(); ++i) c.layers[i].index = static_cast<int>(i);

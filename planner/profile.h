@@ -68,8 +68,11 @@ struct ProfileLayer {
   uint64_t backward_peak_released_bytes = 0;
   // What the layer's checkpoint holds beyond its input from its forward until its backward ends
   // when it is recomputed, counted in forward_peak_bytes while its forward runs (LayerCost::
-  // checkpoint_held_bytes; transformers: the step's masks). Absent: 0.
+  // checkpoint_held_bytes; transformers: its layer type's mask). Absent: 0.
   uint64_t checkpoint_held_bytes = 0;
+  // Layers of one group hold the same tensors, counted once (LayerCost::checkpoint_held_group;
+  // transformers: one group per layer type's mask). Absent: 0.
+  int checkpoint_held_group = 0;
 };
 
 struct LayerProfileSet {

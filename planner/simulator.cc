@@ -237,15 +237,29 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   // hf the attention masks, passed to every checkpointed layer or attention call) keeps them
   // from the forward to its own backward's end, so they are alive in the loss and in the
   // backward of every layer above the lowest such checkpoint, kept layers included, and freed
-  // with it. One set, held once by however many checkpoints: held_below[j] is the most any
-  // layer below j holds, which j's backward holds beyond what its own backward_peak counts.
+  // with it. One set per group (LayerCost::checkpoint_held_group: hf, one layer type's mask),
+  // held once by however many checkpoints of the group: held_below[j] sums each group's most
+  // that a layer below j holds, and j's backward holds that beyond what its own backward_peak
+  // counts, less its own group's part that it holds itself.
   std::vector<uint64_t> held_below(n + 1, 0);
+  std::vector<uint64_t> own_group_below(n, 0);       // layer j's group's most below j
+  std::vector<std::pair<int, uint64_t>> group_most;  // (group, most held below), few groups
   for (int i = 0; i < n; ++i) {
-    held_below[i + 1] = std::max(held_below[i], costs[i].checkpoint_held_bytes);
+    const int group =
+        i < static_cast<int>(step.layers.size()) ? step.layers[i].checkpoint_held_group : 0;
+    auto it = std::find_if(group_most.begin(), group_most.end(),
+                           [group](const auto& g) { return g.first == group; });
+    if (it == group_most.end()) it = group_most.insert(group_most.end(), {group, 0});
+    own_group_below[i] = it->second;
+    it->second = std::max(it->second, costs[i].checkpoint_held_bytes);
+    uint64_t sum = 0;
+    for (const auto& g : group_most) sum = CheckedAdd(sum, g.second).value_or(~0ull);
+    held_below[i + 1] = sum;
   }
   auto held_beyond = [&](int j) {
-    return static_cast<int64_t>(held_below[j] -
-                                std::min(held_below[j], costs[j].checkpoint_held_bytes));
+    const uint64_t own = std::min(own_group_below[j], costs[j].checkpoint_held_bytes);
+    return static_cast<int64_t>(
+        std::min<uint64_t>(held_below[j] - own, std::numeric_limits<int64_t>::max()));
   };
   const double tail_start = now;
   const double tail_end = now + step.tail_seconds;

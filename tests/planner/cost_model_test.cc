@@ -288,8 +288,10 @@ TEST(CostModel, SelectiveAttnCoreHoldsTheStepsMasks) {
   EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kOffloadSaved, 0, 1}).checkpoint_held_bytes, 0u);
 }
 
-// The hf recipe: Gemma 2's eager attention is handed a mask in every layer, so attn_core holds
-// the step's masks (both: 2 x 2 s^2 bytes); Mistral's SDPA layers get none (is_causal).
+// The hf recipe: Gemma 2's eager attention is handed its layer type's mask in every layer, so
+// the layer's and attn_core's checkpoints hold that one (2 s^2 bytes, one group per layer
+// type: Note [hf masks]; the regression: both of the step's masks, 4 s^2, in every layer);
+// Mistral's SDPA layers get none (is_causal).
 TEST(CostModel, HfAttnCoreHoldsTheMasksWhereItIsHandedOne) {
   RunSettings run;
   run.seq_len = 4096;
@@ -303,17 +305,24 @@ TEST(CostModel, HfAttnCoreHoldsTheMasksWhereItIsHandedOne) {
   run.loss_chunk_tokens = 0;
   const std::string data = std::string(STOWAGE_SOURCE_DIR) + "/tests/planner/data/hf/";
   for (const auto& [config, masks] :
-       {std::pair<const char*, uint64_t>{"gemma-2-9b.json", 2ull * 2 * 4096 * 4096},
+       {std::pair<const char*, uint64_t>{"gemma-2-9b.json", 2ull * 4096 * 4096},
         {"mistral-7b-v0.3.json", 0}}) {
     absl::StatusOr<ModelConfig> model = ReadHfConfigFile(data + config);
     ASSERT_TRUE(model.ok()) << model.status();
     absl::StatusOr<StepCost> step = BuildStepCost(*model, *HardwarePreset("h200"), run);
     ASSERT_TRUE(step.ok()) << step.status();
-    const LayerCost& l = step->layers[0];
-    EXPECT_EQ(l.checkpoint_held_bytes, masks) << config;
-    for (const RecomputeModule& mod : l.modules) {
-      EXPECT_EQ(mod.holds_checkpoint_held, mod.name == "attn_core" && masks > 0)
-          << config << " " << mod.name;
+    for (int j : {0, 1}) {
+      const LayerCost& l = step->layers[j];
+      EXPECT_EQ(l.checkpoint_held_bytes, masks) << config;
+      EXPECT_EQ(l.checkpoint_held_group, static_cast<int>(model->layers[j].span)) << config;
+      for (const RecomputeModule& mod : l.modules) {
+        EXPECT_EQ(mod.holds_checkpoint_held, mod.name == "attn_core" && masks > 0)
+            << config << " " << mod.name;
+      }
+    }
+    // Gemma 2 alternates sliding and full layers: two groups, each layer type's mask once.
+    if (masks > 0) {
+      EXPECT_NE(step->layers[0].checkpoint_held_group, step->layers[1].checkpoint_held_group);
     }
   }
 }

@@ -228,6 +228,7 @@ Json Version2Profile() {
   j["layers"][0]["backward_peak_grad_bytes"] = 15;
   j["layers"][0]["backward_peak_released_bytes"] = 300;
   j["layers"][1]["checkpoint_held_bytes"] = 25;
+  j["layers"][1]["checkpoint_held_group"] = 1;
   return j;
 }
 
@@ -243,9 +244,12 @@ TEST(ProfileReader, Version2ReadsTheBackwardPeaksMomentAndTheHeldLogits) {
   EXPECT_EQ(p.layers[1].backward_peak_released_bytes, 0u);
   EXPECT_EQ(p.layers[1].checkpoint_held_bytes, 25u);
   EXPECT_EQ(p.layers[0].checkpoint_held_bytes, 0u);
+  EXPECT_EQ(p.layers[1].checkpoint_held_group, 1);
+  EXPECT_EQ(p.layers[0].checkpoint_held_group, 0);
   const LayerProfileSet again = *ParseProfileJson(ProfileToJson(p), "round trip");
   EXPECT_EQ(ProfileToJson(again), ProfileToJson(p));
   EXPECT_EQ(again.layers[0].backward_peak_released_bytes, 300u);
+  EXPECT_EQ(again.layers[1].checkpoint_held_group, 1);
 }
 
 TEST(ProfileReader, AVersion1ProfileKeepsItsMeaning) {
@@ -304,8 +308,8 @@ TEST(ProfileReader, Version2FieldErrors) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[0].backward_peak_grad_bytes' has value 15; allowed: "
                                     "at most the layer's grad_bytes (0)"));
   // A version-1 profile has none of them: its figures mean what they always did.
-  for (const char* field :
-       {"backward_peak_grad_bytes", "backward_peak_released_bytes", "checkpoint_held_bytes"}) {
+  for (const char* field : {"backward_peak_grad_bytes", "backward_peak_released_bytes",
+                            "checkpoint_held_bytes", "checkpoint_held_group"}) {
     j = OffGpuProfile();
     j["layers"][1][field] = 5;
     EXPECT_THAT(ErrorOf(j), HasSubstr(absl::StrCat("field 'layers[1].", field,
@@ -316,6 +320,9 @@ TEST(ProfileReader, Version2FieldErrors) {
   j = Version2Profile();
   j["layers"][1]["checkpoint_held_bytes"] = -25;
   EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].checkpoint_held_bytes' has value -25"));
+  j = Version2Profile();
+  j["layers"][1]["checkpoint_held_group"] = 1.5;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].checkpoint_held_group' has value 1.5"));
   j = OffGpuProfile();
   j["loss"]["held_logits_bytes"] = 20;
   EXPECT_THAT(ErrorOf(j), HasSubstr("'loss.held_logits_bytes' has value 20; allowed: absent in "
@@ -353,6 +360,7 @@ TEST(ProfileStepCost, TheBackwardPeaksMomentWorkedOutByHand) {
   // over its own 200) with the output's gradient 40, whichever is more.
   const LayerCost& l1 = step->layers[1];
   EXPECT_EQ(l1.checkpoint_held_bytes, 25u);
+  EXPECT_EQ(l1.checkpoint_held_group, 1);
   EXPECT_EQ(EvaluateOption(l1, {LayerPolicy::kKeep, 0, 1}).backward_peak, 480u);
   EXPECT_EQ(EvaluateOption(l1, {LayerPolicy::kRecompute, 0, 1}).backward_peak,
             std::max<uint64_t>(480 + 25, 340 + 40));

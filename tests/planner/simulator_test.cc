@@ -117,6 +117,30 @@ TEST(Simulator, CheckpointHeldInputsLiveUntilTheLowestHoldersBackward) {
   EXPECT_EQ(levels, (std::vector<uint64_t>{0, 5, 25, 35, 53, 73, 55, 30, 0}));
 }
 
+// Two groups (LayerCost::checkpoint_held_group: Gemma 2's sliding and full masks), each held by
+// its own checkpoints and counted once per group: layer 0 holds group 0's 8 B, layer 1 group
+// 1's 6 B (in its own backward_peak, 56), layer 2 is kept. Tail 35 + 100 + 8 + 6 = 149;
+// backward of 2: 25 + 40 + 14 = 79; of 1: 5 + 56 + 8 (group 0's, below it) = 69; of 0: 30.
+// One group would hold the larger once: 143, 73, 5 + 56 + 2 = 63.
+TEST(Simulator, CheckpointHeldGroupsAreEachHeldOnce) {
+  StepCost step = Toy(3);
+  step.tail_bytes = 100;
+  OptionCost sliding = Layer(5, 0, 1, 1, 2, 0, 30);
+  sliding.checkpoint_held_bytes = 8;
+  OptionCost full = Layer(20, 0, 1, 1, 2, 0, 56);
+  full.checkpoint_held_bytes = 6;
+  const std::vector<OptionCost> costs = {sliding, full, Layer(10, 0, 1, 0, 2, 0, 40)};
+  step.layers[1].checkpoint_held_group = 1;
+  auto levels_of = [&](const StepCost& s) {
+    std::vector<uint64_t> levels;
+    for (const MemoryPoint& p : Simulate(s, costs, 1, true).timeline) levels.push_back(p.bytes);
+    return levels;
+  };
+  EXPECT_EQ(levels_of(step), (std::vector<uint64_t>{0, 5, 25, 35, 149, 79, 69, 30, 0}));
+  step.layers[1].checkpoint_held_group = 0;
+  EXPECT_EQ(levels_of(step), (std::vector<uint64_t>{0, 5, 25, 35, 143, 73, 63, 30, 0}));
+}
+
 TEST(Simulator, KeepEverythingIsComputeOnly) {
   const StepCost step = Toy(2);
   const SimResult r = Simulate(step, {Layer(10, 0), Layer(20, 0)}, 1, true);

@@ -664,6 +664,8 @@ class StepTrace:
     # Allocation ids of the tensors the decoder hands its layers besides the hidden states (the
     # masks, RoPE's cos/sin): what a layer's checkpoint holds (Note [Measured hf]).
     layer_args: list[int] = dataclasses.field(default_factory=list)
+    # Per layer, the ones it is handed (each layer type its own mask: Note [hf masks]).
+    layer_args_of: list[list[int]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -680,6 +682,11 @@ class LayerPoint:
     # then; of saved_bytes, those its backward has released by then.
     peak_grad_bytes: int = 0
     peak_released_bytes: int = 0
+    # What its checkpoint holds to its backward when it is recomputed: of what the decoder hands
+    # it, what the forward frees (its layer type's mask, Note [hf masks] in
+    # planner/framework_hf.cc); layers handed the same tensors share a group.
+    checkpoint_held_bytes: int = 0
+    checkpoint_held_group: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -768,6 +775,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
         return hook
 
     layer_args: set[int] = set()
+    args_of: list[set[int]] = [set() for _ in layers]
 
     def pre(j: int) -> Callable:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -776,6 +784,7 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
                                           if k != "hidden_states"})):
                 if _key(t) in mode.live_ids:
                     layer_args.add(mode.live_ids[_key(t)])
+                    args_of[j].add(mode.live_ids[_key(t)])
             mode.set_phase(("forward", j))
             inputs[j] = mode.ref(x)
             in_key[j] = _key(x)
@@ -864,7 +873,8 @@ def _trace_step(model: nn.Module, seq_len: int) -> StepTrace:
                      inputs=inputs, outputs=outputs, grads=grads, work=mode.work,
                      module_work=mode.module_work, softmax_rows=mode.softmax_rows,
                      sort_rows=mode.sort_rows,
-                     made_by=mode.made_by, layer_args=sorted(layer_args))
+                     made_by=mode.made_by, layer_args=sorted(layer_args),
+                     layer_args_of=[sorted(a) for a in args_of])
 
 
 class _gpu_sdpa:
@@ -997,6 +1007,14 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     # Of it, what the layers were handed (the masks; not a temporary of the decoder's forward):
     # what a layer's checkpoint holds to its backward (checkpoint_held_bytes).
     handed = _freed_before_backward(trace, sizes, set(trace.layer_args))
+    # Per layer, what it is handed of that, and its group: the layers handed the same tensors
+    # (Note [hf masks]: a layer type's mask).
+    groups: dict[tuple[int, ...], int] = {}
+    held_by: list[tuple[int, int]] = []
+    for j in range(len(trace.inputs)):
+        args = trace.layer_args_of[j] if trace.layer_args_of else trace.layer_args
+        ids = tuple(sorted(_freed_ids_before_backward(trace, set(args))))
+        held_by.append((sum(sizes[x] for x in ids), groups.setdefault(ids, len(groups))))
     points = []
     for j in range(n):
         fwd, bwd = ("forward", j), ("backward", j)
@@ -1011,7 +1029,8 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
             retained_bytes=marks[("forward_end", j)] - entered[fwd],
             forward_own_bytes=max(0, peaks[fwd] - before),
             backward_own_bytes=max(0, bwd_own - (in_b if saves_input else 0)),
-            grad_bytes=grads[j], peak_grad_bytes=peak_grad, peak_released_bytes=released))
+            grad_bytes=grads[j], peak_grad_bytes=peak_grad, peak_released_bytes=released,
+            checkpoint_held_bytes=held_by[j][0], checkpoint_held_group=held_by[j][1]))
     loss_peak = peaks["loss"] - held - sum(resident) - points[-1].output_bytes
     return StepPoint(
         seq_len=trace.seq_len, layers=points, other_bytes=other,
@@ -1077,9 +1096,14 @@ def _freed_before_backward(trace: StepTrace, sizes: Sequence[int],
                            only: Optional[set[int]] = None) -> int:
     """Bytes made before the first layer (other than its input) and freed before the first
     layer's backward starts; of the allocations `only` where given."""
+    return sum(sizes[x] for x in _freed_ids_before_backward(trace, only))
+
+
+def _freed_ids_before_backward(trace: StepTrace, only: Optional[set[int]] = None) -> list[int]:
+    """The allocations _freed_before_backward counts, in the order they were made."""
     made: set[int] = set()
     phase: Any = None
-    freed = 0
+    freed: list[int] = []
     for kind, x in trace.events:
         if kind == "p":
             phase = x
@@ -1091,7 +1115,7 @@ def _freed_before_backward(trace: StepTrace, sizes: Sequence[int],
         elif kind == "f" and x in made:
             made.discard(x)
             if phase != "embedding":  # a temporary of the embedding is not in `other`
-                freed += sizes[x]
+                freed.append(x)
     return freed
 
 
@@ -1482,7 +1506,8 @@ class _Folding:
             trace, events=events, sizes=new_sizes, saved=saved,
             inputs=[new(x) for x in trace.inputs], outputs=[new(x) for x in trace.outputs],
             grads=grads, made_by=[], folded=folded,
-            layer_args=sorted({new(x) for x in trace.layer_args}))
+            layer_args=sorted({new(x) for x in trace.layer_args}),
+            layer_args_of=[sorted({new(x) for x in a}) for a in trace.layer_args_of])
 
 
 def _parts(traces: Sequence[StepTrace]) -> list[list[tuple[int, int]]]:
@@ -1715,7 +1740,8 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
             backward_peak_bytes=max(0, point.backward_own_bytes), grad_bytes=point.grad_bytes,
             backward_peak_grad_bytes=point.peak_grad_bytes,
             backward_peak_released_bytes=point.peak_released_bytes,
-            checkpoint_held_bytes=step.checkpoint_held_bytes,
+            checkpoint_held_bytes=point.checkpoint_held_bytes,
+            checkpoint_held_group=point.checkpoint_held_group,
             forward_work=trace.work.get(fwd, OpWork()).to_dict(),
             backward_work=trace.work.get(("backward", k), OpWork()).to_dict()))
     layers = []
@@ -1731,6 +1757,7 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> "ModelProfile":
             backward_peak_grad_bytes=kk["backward_peak_grad_bytes"],
             backward_peak_released_bytes=kk["backward_peak_released_bytes"],
             checkpoint_held_bytes=kk["checkpoint_held_bytes"],
+            checkpoint_held_group=kk["checkpoint_held_group"],
             forward_work=kk["forward_work"],
             backward_work=kk["backward_work"]))
     loss = trace.work.get("loss", OpWork())

@@ -32,8 +32,8 @@ from .layers import (_hidden, _storage_ptr, offload_nbytes, offloadable, residen
 from .plan import PlanError
 
 FORMAT = "stowage-layer-profile"
-# 2: layers[i].backward_peak_grad_bytes, .backward_peak_released_bytes, .checkpoint_held_bytes
-# and loss.held_logits_bytes (absent: what a version-1 profile means).
+# 2: layers[i].backward_peak_grad_bytes, .backward_peak_released_bytes, .checkpoint_held_bytes,
+# .checkpoint_held_group and loss.held_logits_bytes (absent: what a version-1 profile means).
 SCHEMA_VERSION = 2
 # The planner tries every subset of a layer's modules for selective recompute (planner/profile.h
 # kMaxProfileModules); the modules that save the most are listed, the rest count as the layer's.
@@ -75,8 +75,10 @@ class LayerProfile:
     backward_peak_grad_bytes: Optional[int] = None
     backward_peak_released_bytes: int = 0
     # What the layer's checkpoint holds beyond its input when it is recomputed, that its
-    # forward_peak_bytes count while its forward runs (transformers: the step's masks).
+    # forward_peak_bytes count while its forward runs (transformers: its layer type's mask);
+    # layers of one group hold the same tensors, counted once (one group per layer type).
     checkpoint_held_bytes: int = 0
+    checkpoint_held_group: int = 0
     # Instead of seconds: op work per pass (OpWork fields), converted by the planner.
     forward_work: Optional[dict[str, float]] = None
     backward_work: Optional[dict[str, float]] = None
@@ -183,6 +185,8 @@ class ModelProfile:
                 out["backward_peak_released_bytes"] = int(l.backward_peak_released_bytes)
             if l.checkpoint_held_bytes:
                 out["checkpoint_held_bytes"] = int(l.checkpoint_held_bytes)
+            if l.checkpoint_held_group:
+                out["checkpoint_held_group"] = int(l.checkpoint_held_group)
             out["modules"] = [timed({"name": m.name}, "", m.seconds, m.work) for m in l.modules]
             out["saved"] = [{"name": t.name, "bytes": int(t.bytes), "module": t.module}
                             for t in l.saved]
@@ -214,6 +218,7 @@ class ModelProfile:
             backward_peak_grad_bytes=l.get("backward_peak_grad_bytes"),
             backward_peak_released_bytes=l.get("backward_peak_released_bytes", 0),
             checkpoint_held_bytes=l.get("checkpoint_held_bytes", 0),
+            checkpoint_held_group=l.get("checkpoint_held_group", 0),
             forward_work=l.get("forward_work"), backward_work=l.get("backward_work"))
             for l in d["layers"]]
         fixed = d["fixed_bytes"]
