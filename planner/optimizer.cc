@@ -91,7 +91,8 @@ namespace {
 // Llama rows within the default gap, most proven).
 // Checkpoint-held inputs (Note [Checkpoint-held inputs] in simulator.cc: what the lowest holding
 // checkpoint keeps alive in the loss and the backward of every layer above it) are a max over the
-// prefix's options, not a sum, and are left out of these memory terms. Leaving a term out only
+// prefix's options (per group of shared inputs, summed over the groups), not a sum, and are left
+// out of these memory terms. Leaving a term out only
 // lowers the levels the search assumes: it admits more plans, never fewer, so every bound stays a
 // lower bound over the plans that fit, no prune drops a plan that fits, and every plan is accepted
 // only by its simulation, which has the term (Optimizer.CheckpointHeldInputsStayExact checks the
