@@ -127,9 +127,9 @@ MAX_SAVED = 48
 # The profile's grad_dtype names (planner/profile.cc); other dtypes are not stated.
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
-WORK_FIELDS = ("gemm_flops", "fp32_gemm_flops", "attention_forward_flops", "attention_backward_flops",
-               "grouped_gemm_flops", "torch_grouped_mm_flops", "tokens_per_expert",
-               "elementwise_bytes", "kernels")
+WORK_FIELDS = ("gemm_flops", "fp32_gemm_flops", "attention_forward_flops",
+               "attention_backward_flops", "grouped_gemm_flops", "torch_grouped_mm_flops",
+               "tokens_per_expert", "elementwise_bytes", "kernels")
 
 
 def _key(t: torch.Tensor) -> int:
