@@ -41,20 +41,44 @@ const char* Env(const char* name) {
   return value != nullptr && *value != '\0' ? value : nullptr;
 }
 
-// The first of `names` that is set, as a non-negative int; -1 when none is.
-absl::StatusOr<int> IntFromEnv(std::initializer_list<const char*> names) {
+// An integer setting and where it came from, for messages: "environment variable LOCAL_RANK"
+// or "local_world_size" (the option); empty when unknown (value -1).
+struct Sourced {
+  int value = -1;
+  std::string source;
+};
+
+// The first of `names` that is set, as an int of at least `min`; -1 when none is. `what` says
+// what the variable is, in the error.
+absl::StatusOr<Sourced> IntFromEnv(std::initializer_list<const char*> names, int min = 0,
+                                   const char* what = "the launcher's rank") {
   for (const char* name : names) {
     const char* value = Env(name);
     if (value == nullptr) continue;
     int parsed = 0;
-    if (!absl::SimpleAtoi(value, &parsed) || parsed < 0) {
+    if (!absl::SimpleAtoi(value, &parsed) || parsed < min) {
       return absl::InvalidArgumentError(
-          absl::StrCat("environment variable ", name, " is '", value,
-                       "'; allowed: a non-negative integer (the launcher's rank)"));
+          absl::StrCat("environment variable ", name, " is '", value, "'; allowed: a ",
+                       min > 0 ? "positive" : "non-negative", " integer (", what, ")"));
     }
-    return parsed;
+    return Sourced{parsed, absl::StrCat("environment variable ", name)};
   }
-  return -1;
+  return Sourced{};
+}
+
+// `option` when set (>= 0), else the environment's, as IntFromEnv reads it.
+absl::StatusOr<Sourced> OptionOrEnv(int option, const char* option_name,
+                                    std::initializer_list<const char*> names, int min,
+                                    const char* what) {
+  if (option >= 0) {
+    if (option < min) {
+      return absl::InvalidArgumentError(absl::StrCat(option_name, " is ", option,
+                                                     "; allowed: -1 (from ", *names.begin(),
+                                                     ") or a positive integer (", what, ")"));
+    }
+    return Sourced{option, option_name};
+  }
+  return IntFromEnv(names, min, what);
 }
 
 std::string SanitizeJobId(absl::string_view job) {
@@ -185,8 +209,16 @@ Paths PathsFor(const LedgerOptions& options) {
 
 }  // namespace
 
-int RankFromEnvironment() { return IntFromEnv({"RANK", "SLURM_PROCID"}).value_or(-1); }
-int LocalRankFromEnvironment() { return IntFromEnv({"LOCAL_RANK", "SLURM_LOCALID"}).value_or(-1); }
+int RankFromEnvironment() { return IntFromEnv({"RANK", "SLURM_PROCID"}).value_or(Sourced{}).value; }
+int LocalRankFromEnvironment() {
+  return IntFromEnv({"LOCAL_RANK", "SLURM_LOCALID"}).value_or(Sourced{}).value;
+}
+
+int RanksSharingNumaNode(int local_world_size, const Placement& placement) {
+  if (local_world_size < 1) return 1;
+  if (placement.node_count <= 1 || placement.gpus_sharing_node < 1) return local_world_size;
+  return std::min(local_world_size, placement.gpus_sharing_node);
+}
 
 absl::StatusOr<LedgerOptions> ResolveLedgerOptions(const LedgerOptions& options) {
   LedgerOptions out = options;
@@ -202,15 +234,42 @@ absl::StatusOr<LedgerOptions> ResolveLedgerOptions(const LedgerOptions& options)
     if (out.job_id.empty()) out.job_id = kDefaultJob;
   }
   if (out.rank < 0) {
-    absl::StatusOr<int> rank = IntFromEnv({"RANK", "SLURM_PROCID"});
+    absl::StatusOr<Sourced> rank = IntFromEnv({"RANK", "SLURM_PROCID"});
     if (!rank.ok()) return rank.status();
-    out.rank = *rank;
+    out.rank = rank->value;
   }
+  Sourced local_rank{out.local_rank, "local_rank"};
   if (out.local_rank < 0) {
-    absl::StatusOr<int> local = IntFromEnv({"LOCAL_RANK", "SLURM_LOCALID"});
+    absl::StatusOr<Sourced> local = IntFromEnv({"LOCAL_RANK", "SLURM_LOCALID"});
     if (!local.ok()) return local.status();
-    out.local_rank = *local;
+    local_rank = *local;
+    out.local_rank = local->value;
   }
+  // Note [Local world size]: torchrun's ranks on this machine, no more than the job's ranks and
+  // more than this rank's local rank. Slurm's per-node task count (SLURM_TASKS_PER_NODE,
+  // "2(x3),1") is not one integer and is not read; srun users set LOCAL_WORLD_SIZE.
+  absl::StatusOr<Sourced> world = OptionOrEnv(options.world_size, "world_size",
+                                              {"WORLD_SIZE", "SLURM_NTASKS"}, 1, "the job's ranks");
+  if (!world.ok()) return world.status();
+  absl::StatusOr<Sourced> local_world =
+      OptionOrEnv(options.local_world_size, "local_world_size", {"LOCAL_WORLD_SIZE"}, 1,
+                  "the job's ranks on this machine");
+  if (!local_world.ok()) return local_world.status();
+  if (local_world->value > 0 && world->value > 0 && local_world->value > world->value) {
+    return absl::InvalidArgumentError(absl::StrCat(local_world->source, " is ", local_world->value,
+                                                   "; allowed: a positive integer no larger "
+                                                   "than the world size (",
+                                                   world->source, " is ", world->value, ")"));
+  }
+  if (local_world->value > 0 && local_rank.value >= local_world->value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(local_world->source, " is ", local_world->value, " but ", local_rank.source,
+                     " is ", local_rank.value,
+                     "; allowed: a local world size above the local rank (local ranks are 0 "
+                     "to LOCAL_WORLD_SIZE - 1)"));
+  }
+  out.world_size = world->value;
+  out.local_world_size = local_world->value;
   if (!out.node_budget_bytes.has_value()) {
     if (const char* value = Env("STOWAGE_NODE_MEMORY_BYTES"); value != nullptr) {
       uint64_t bytes = 0;

@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "offload/host_memory.h"
+#include "offload/topology.h"
 
 namespace stowage::offload {
 
@@ -45,14 +46,36 @@ struct LedgerOptions {
   std::string job_id;   // "": $STOWAGE_JOB_ID, $TORCHELASTIC_RUN_ID, $SLURM_JOB_ID, else "node"
   int rank = -1;        // -1: $RANK, else $SLURM_PROCID, else unknown
   int local_rank = -1;  // -1: $LOCAL_RANK, else $SLURM_LOCALID, else unknown
+  // The job's ranks on this machine (Note [Local world size]); -1: $LOCAL_WORLD_SIZE (torchrun),
+  // else unknown.
+  int local_world_size = -1;
+  // The job's ranks, which bound local_world_size; -1: $WORLD_SIZE, else $SLURM_NTASKS, else
+  // unknown.
+  int world_size = -1;
   // nullopt: $STOWAGE_NODE_MEMORY_BYTES (a decimal byte count), else no fixed budget.
   std::optional<uint64_t> node_budget_bytes;
 };
 
 // The options with every empty field filled from the environment as documented above.
-// INVALID_ARGUMENT naming the variable for a malformed STOWAGE_NODE_MEMORY_BYTES, RANK or
-// LOCAL_RANK.
+// INVALID_ARGUMENT naming the variable (or the option) and its value for a malformed
+// STOWAGE_NODE_MEMORY_BYTES, RANK, LOCAL_RANK, WORLD_SIZE or LOCAL_WORLD_SIZE, for a local world
+// size above the world size, and for a local rank not below the local world size.
 absl::StatusOr<LedgerOptions> ResolveLedgerOptions(const LedgerOptions& options);
+
+// Note [Local world size]. How many ranks share this rank's NUMA node (its CPUs, for Note [CPU
+// shares] in runtime/runtime.cc), when the launcher says how many ranks of the job run on this
+// machine (torchrun's LOCAL_WORLD_SIZE): without it the runtime knows only the plan's
+// gpus_per_numa_node and the reservations the ledger holds when it admits, so the first rank to
+// start on a node planned with one GPU per node took all of the node's CPUs, and the ranks after
+// it shared what it already used. With it:
+//  - a machine of one NUMA node (or without NUMA information): every local rank is on it;
+//  - several nodes, with the GPUs on this node counted (Placement::gpus_sharing_node, from sysfs):
+//    each rank drives its own GPU, so at most that many of the local ranks are here;
+//  - several nodes and no GPUs counted (the host backend on a CPU machine): every local rank may
+//    be here, so the count is all of them (a thinner slice than needed, never a shared one).
+// Always at least 1. The runtime takes the most of this and the ledger's live count (several
+// runtimes in one process each hold a reservation).
+int RanksSharingNumaNode(int local_world_size, const Placement& placement);
 
 // The rank and local rank of this process from the launcher's environment (RANK/LOCAL_RANK, else
 // SLURM_PROCID/SLURM_LOCALID); -1 where unset. The same reading as ResolveLedgerOptions.

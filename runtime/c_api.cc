@@ -224,6 +224,20 @@ absl::Status ToRuntimeOptions(const stowage_options* in, stowage::runtime::Runti
   out->copy_chunk_bytes = options.copy_chunk_bytes;
   out->copy_threads = options.copy_threads;
   out->stage = options.stage;
+  // -1: the environment's (offload/node_ledger.h ResolveLedgerOptions checks them together).
+  for (auto [name, value] : {std::pair<const char*, int32_t>{"rank", options.rank},
+                             {"local_rank", options.local_rank},
+                             {"local_world_size", options.local_world_size},
+                             {"world_size", options.world_size}}) {
+    if (value < -1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options->", name, " is ", value, "; allowed: -1 (from the environment) or 0 and up"));
+    }
+  }
+  out->ledger.rank = options.rank;
+  out->ledger.local_rank = options.local_rank;
+  out->ledger.local_world_size = options.local_world_size;
+  out->ledger.world_size = options.world_size;
   if (options.metrics_address != nullptr) *metrics_address = options.metrics_address;
   absl::StatusOr<std::vector<double>> buckets =
       stowage::runtime::ResolveStepSecondsBuckets(options.metrics_step_buckets);
@@ -303,6 +317,7 @@ stowage_status stowage_options_init(stowage_options* options) {
   options->struct_size = sizeof(stowage_options);
   options->backend = STOWAGE_BACKEND_AUTO;
   options->numa_node = -1;
+  options->rank = options->local_rank = options->local_world_size = options->world_size = -1;
   return STOWAGE_OK;
 }
 

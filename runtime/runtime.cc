@@ -124,25 +124,37 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(const Plan& full_plan,
     rt->regions_ = *std::move(regions);
   }
 
+  // The launcher's ranks (RANK, LOCAL_RANK, LOCAL_WORLD_SIZE...) once, checked before anything
+  // starts; admission, the CPU share and the metrics' labels all read these.
+  absl::StatusOr<offload::LedgerOptions> ledger = offload::ResolveLedgerOptions(options.ledger);
+  if (!ledger.ok()) return ledger.status();
+  RuntimeOptions resolved = options;
+  resolved.ledger = *std::move(ledger);
+
   offload::BackendOptions backend_options;
   backend_options.kind = options.backend;
   backend_options.device = options.device;
   backend_options.numa_node = options.numa_node;
   backend_options.copy_threads = options.copy_threads;
-  backend_options.ranks_sharing_node = std::max(1, plan.runtime.gpus_per_numa_node);
   absl::StatusOr<offload::Backend> backend = offload::PlaceBackend(backend_options);
   if (!backend.ok()) return backend.status();
   rt->backend_kind_ = backend->kind;
+  // Note [CPU shares]: the ranks on this NUMA node, from the launcher's local world size where it
+  // gives one (Note [Local world size]), else as the plan's hardware has them.
+  backend_options.ranks_sharing_node =
+      resolved.ledger.local_world_size > 0
+          ? offload::RanksSharingNumaNode(resolved.ledger.local_world_size, backend->placement)
+          : std::max(1, plan.runtime.gpus_per_numa_node);
   // Admitted with the node's other ranks first: the ledger's slot and count decide which CPUs
   // this rank's copy workers and page-touch threads use (Note [CPU shares]).
-  if (absl::Status s = rt->Admit(plan, options, *backend, &backend_options); !s.ok()) return s;
+  if (absl::Status s = rt->Admit(plan, resolved, *backend, &backend_options); !s.ok()) return s;
   if (absl::Status s = offload::StartBackend(backend_options, &*backend); !s.ok()) return s;
   rt->cpu_share_ = offload::CopyCpus(backend_options, backend->placement);
 
   // Counters, set before anything can count.
-  rt->counters_ = MakeCounters(plan, options, *backend->device, &rt->layer_type_of_);
+  rt->counters_ = MakeCounters(plan, resolved, *backend->device, &rt->layer_type_of_);
   rt->counters_->gpu = GpuLabel(backend->kind, options.device, backend->placement);
-  if (absl::Status s = rt->CreateArena(plan, options, *backend); !s.ok()) return s;
+  if (absl::Status s = rt->CreateArena(plan, resolved, *backend); !s.ok()) return s;
 
   offload::CopyEngineOptions engine_options;
   engine_options.chunk_bytes = chunk_bytes;
@@ -195,9 +207,11 @@ uint64_t Runtime::ArenaBytes(const Plan& plan) const {
 // near-equal slices (CpuShare) for its host-backend copy workers and its arena's page-touch
 // threads, so eight ranks starting together do not each run 16 touch threads on the same cores
 // (the probe's 32 GiB touch took 0.6 s with 16 threads on one GPU's node, 7.3 s with one). n is
-// the most of the plan's gpus_per_numa_node and the live reservations the node ledger counts at
-// admission (this one included); r is the ledger slot (the smallest free one, so a restarted rank
-// takes the slice its predecessor left). Without admission (skip_admission, or nothing to
+// the most of the ranks expected on the node and the live reservations the node ledger counts at
+// admission (this one included); the ranks expected are the launcher's local world size on this
+// node where it gives one (LOCAL_WORLD_SIZE: Note [Local world size] in offload/node_ledger.h),
+// else the plan's gpus_per_numa_node. r is the ledger slot (the smallest free one, so a restarted
+// rank takes the slice its predecessor left). Without admission (skip_admission, or nothing to
 // offload) there is no slot: the local rank ($LOCAL_RANK) stands in for it when known, else the
 // rank copies on all of the node's CPUs with 1/n of the threads.
 absl::Status Runtime::Admit(const Plan& plan, const RuntimeOptions& options,

@@ -63,8 +63,10 @@ extern "C" {
 
 /* 2: the _microbatch calls and stowage_pipeline_order were added; every ABI 1 call is kept.
  * 3: stowage_trace_event carries the tensor's microbatch and stowage_layer_info the layer's
- * in_flight_microbatches (both structs changed size: rebuild against this header). */
-#define STOWAGE_ABI_VERSION 3
+ * in_flight_microbatches (both structs changed size: rebuild against this header).
+ * 4: stowage_options carries the launcher's ranks (rank, local_rank, local_world_size,
+ * world_size; it changed size: rebuild against this header). */
+#define STOWAGE_ABI_VERSION 4
 
 typedef enum stowage_status {
   STOWAGE_OK = 0,
@@ -107,6 +109,16 @@ typedef struct stowage_options {
    * STOWAGE_METRICS_STEP_BUCKETS. "" (or NULL with that unset or empty): 12 per decade from 10 ms
    * to 681 s (README "Metrics"). INVALID_ARGUMENT naming the setting and the entry otherwise. */
   const char* metrics_step_buckets;
+  /* The launcher's ranks (README "Ranks sharing a machine admit together"): this rank, its rank
+   * on this machine, the job's ranks on this machine and in all. -1 (default): from the
+   * environment, RANK / LOCAL_RANK / LOCAL_WORLD_SIZE / WORLD_SIZE as torchrun sets them (else
+   * SLURM_PROCID / SLURM_LOCALID / - / SLURM_NTASKS). The local world size divides the node's CPUs
+   * among its ranks from the first one to start; it must be at most the world size and above the
+   * local rank: INVALID_ARGUMENT naming the setting (or variable) and its value otherwise. */
+  int32_t rank;
+  int32_t local_rank;
+  int32_t local_world_size;
+  int32_t world_size;
 } stowage_options;
 
 typedef struct stowage_stats {

@@ -224,6 +224,91 @@ TEST_F(NodeLedgerTest, EnvironmentFillsTheOptions) {
   unsetenv("TORCHELASTIC_RUN_ID");
 }
 
+// Note [Local world size]: torchrun's LOCAL_WORLD_SIZE, checked against WORLD_SIZE and
+// LOCAL_RANK; unset, the count is unknown (-1) and the runtime falls back to the ledger's count.
+TEST_F(NodeLedgerTest, LocalWorldSizeFromTheEnvironmentIsChecked) {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "LOCAL_RANK"}) {
+    unsetenv(name);
+  }
+  absl::StatusOr<LedgerOptions> unset = ResolveLedgerOptions({});
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->local_world_size, -1);
+  EXPECT_EQ(unset->world_size, -1);
+
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  setenv("WORLD_SIZE", "16", 1);
+  setenv("LOCAL_RANK", "3", 1);
+  absl::StatusOr<LedgerOptions> set = ResolveLedgerOptions({});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->local_world_size, 4);
+  EXPECT_EQ(set->world_size, 16);
+  EXPECT_EQ(set->local_rank, 3);
+  // Resolving again (the runtime resolves once, admission again) changes nothing.
+  absl::StatusOr<LedgerOptions> again = ResolveLedgerOptions(*set);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->local_world_size, 4);
+
+  for (const char* bad : {"0", "-2", "four", "4x", "99999999999"}) {
+    setenv("LOCAL_WORLD_SIZE", bad, 1);
+    absl::Status s = ResolveLedgerOptions({}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("environment variable LOCAL_WORLD_SIZE is '",
+                                                    bad, "'; allowed: a positive integer")));
+  }
+  setenv("LOCAL_WORLD_SIZE", "32", 1);
+  EXPECT_THAT(ResolveLedgerOptions({}).status().message(),
+              HasSubstr("environment variable LOCAL_WORLD_SIZE is 32; allowed: a positive integer "
+                        "no larger than the world size (environment variable WORLD_SIZE is 16)"));
+  setenv("LOCAL_WORLD_SIZE", "3", 1);  // LOCAL_RANK is 3: local ranks are 0 to 2
+  EXPECT_THAT(ResolveLedgerOptions({}).status().message(),
+              HasSubstr("environment variable LOCAL_WORLD_SIZE is 3 but environment variable "
+                        "LOCAL_RANK is 3"));
+  // Options win over the environment and are checked the same way.
+  LedgerOptions given;
+  given.local_world_size = 8;
+  given.local_rank = 7;
+  absl::StatusOr<LedgerOptions> from_options = ResolveLedgerOptions(given);
+  ASSERT_TRUE(from_options.ok()) << from_options.status();
+  EXPECT_EQ(from_options->local_world_size, 8);
+  given.local_world_size = 0;
+  EXPECT_THAT(ResolveLedgerOptions(given).status().message(),
+              HasSubstr("local_world_size is 0; allowed: -1 (from LOCAL_WORLD_SIZE)"));
+  given.local_world_size = 8;
+  given.world_size = 4;
+  EXPECT_THAT(ResolveLedgerOptions(given).status().message(),
+              HasSubstr("local_world_size is 8; allowed: a positive integer no larger than the "
+                        "world size (world_size is 4)"));
+  // Under srun without WORLD_SIZE, SLURM_NTASKS is the world size.
+  unsetenv("WORLD_SIZE");
+  unsetenv("LOCAL_RANK");
+  setenv("SLURM_NTASKS", "2", 1);
+  setenv("LOCAL_WORLD_SIZE", "4", 1);
+  EXPECT_THAT(ResolveLedgerOptions({}).status().message(),
+              HasSubstr("(environment variable SLURM_NTASKS is 2)"));
+  for (const char* name : {"LOCAL_WORLD_SIZE", "SLURM_NTASKS"}) unsetenv(name);
+}
+
+TEST(RanksSharingNumaNodeTest, LocalRanksOnTheGpusNode) {
+  Placement one_node;
+  one_node.node_count = 1;
+  one_node.gpus_sharing_node = 8;
+  EXPECT_EQ(RanksSharingNumaNode(8, one_node), 8);
+  EXPECT_EQ(RanksSharingNumaNode(2, one_node), 2);
+  EXPECT_EQ(RanksSharingNumaNode(-1, one_node), 1);  // unknown: the caller falls back
+  Placement no_numa;                                 // node_count 0
+  EXPECT_EQ(RanksSharingNumaNode(3, no_numa), 3);
+  // Two sockets of four GPUs each: eight local ranks put four on this node; two local ranks
+  // may both be here.
+  Placement socket;
+  socket.node_count = 2;
+  socket.gpus_sharing_node = 4;
+  EXPECT_EQ(RanksSharingNumaNode(8, socket), 4);
+  EXPECT_EQ(RanksSharingNumaNode(2, socket), 2);
+  // The host backend on a two-node CPU machine counts no GPUs: every local rank may be here.
+  socket.gpus_sharing_node = 0;
+  EXPECT_EQ(RanksSharingNumaNode(6, socket), 6);
+}
+
 TEST(CpuShareTest, SplitsTheNodesCpusAmongItsRanks) {
   const std::vector<int> cpus = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
   EXPECT_EQ(CpuShare(cpus, 0, 1), cpus);

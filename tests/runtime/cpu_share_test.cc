@@ -33,10 +33,11 @@ class CpuShareTest : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
-  std::unique_ptr<Runtime> Start(int gpus_per_numa_node) {
+  std::unique_ptr<Runtime> Start(int gpus_per_numa_node, int local_world_size = -1) {
     Plan plan = testing::MakeTestPlan(1, 1 << 20);
     plan.runtime.gpus_per_numa_node = gpus_per_numa_node;
     RuntimeOptions options;
+    options.ledger.local_world_size = local_world_size;
     options.backend = BackendKind::kHost;
     options.ledger.dir = dir_;
     options.ledger.job_id = "cpu-share-test";
@@ -92,6 +93,25 @@ TEST_F(CpuShareTest, TheLedgerCountsRanksThePlanDidNot) {
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->cpu_share(), Slice(0, 2));
   EXPECT_TRUE(Disjoint(b->cpu_share(), c->cpu_share()));
+}
+
+// Note [Local world size] (regression: a first rank admitted alone with a one-GPU plan took all
+// of the node's CPUs until it restarted): with the launcher's LOCAL_WORLD_SIZE the first rank
+// takes its slice at once, and the second the other one.
+TEST_F(CpuShareTest, TheLocalWorldSizeSharesFromTheFirstRank) {
+  const int local = offload::RanksSharingNumaNode(2, offload::DiscoverHostPlacement());
+  ASSERT_EQ(local, 2);  // the host backend counts every local rank on its node
+  std::unique_ptr<Runtime> a = Start(1, 2);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->cpu_share(), Slice(0, 2));
+  std::unique_ptr<Runtime> b = Start(1, 2);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->cpu_share(), Slice(1, 2));
+  EXPECT_TRUE(Disjoint(a->cpu_share(), b->cpu_share()));
+  // More live ranks than the launcher said (several runtimes in one process): the ledger's count.
+  std::unique_ptr<Runtime> c = Start(1, 2);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->cpu_share(), Slice(2, 3));
 }
 
 }  // namespace

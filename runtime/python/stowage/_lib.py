@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Optional
 
-ABI_VERSION = 3  # STOWAGE_ABI_VERSION of include/stowage/stowage.h that this binding declares
+ABI_VERSION = 4  # STOWAGE_ABI_VERSION of include/stowage/stowage.h that this binding declares
 
 # stowage_status codes, by value.
 STATUS_NAMES = {
@@ -62,6 +62,11 @@ class Options(ctypes.Structure):
         ("metrics_address", ctypes.c_char_p),
         ("stage", ctypes.c_int32),
         ("metrics_step_buckets", ctypes.c_char_p),
+        # ABI 4: the launcher's ranks (-1: the environment's).
+        ("rank", ctypes.c_int32),
+        ("local_rank", ctypes.c_int32),
+        ("local_world_size", ctypes.c_int32),
+        ("world_size", ctypes.c_int32),
     ]
 
 

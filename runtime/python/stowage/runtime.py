@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import sys
 from typing import Any, NamedTuple, Optional, Union
 
 from . import _lib
@@ -187,6 +188,21 @@ def pipeline_order(schedule: str, pp: int, vpp: int, microbatches: int,
     return [PipelineOp(bool(op.forward), op.chunk, op.microbatch) for op in ops[:count.value]]
 
 
+def _distributed_ranks() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed when the trainer has initialised it, else
+    (-1, -1): the C library then reads RANK and WORLD_SIZE. The process group is the better
+    source: a trainer that calls init_process_group(rank=..., world_size=...) itself (mp.spawn)
+    sets no environment. torch.distributed has no local world size (the launcher's
+    LOCAL_WORLD_SIZE, which the C library reads); torch is never imported here."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except (RuntimeError, ValueError):  # a half-torn-down group: fall back to the environment
+        pass
+    return -1, -1
+
+
 def _id(tensor_id: int) -> int:
     return _int_arg("tensor_id", tensor_id, 0, _U64_MAX)
 
@@ -202,7 +218,9 @@ class Runtime:
                  numa_node: int = -1, verify_checksums: bool = False,
                  copy_chunk_bytes: int = 0, copy_threads: int = 0,
                  metrics_address: Optional[str] = None, trace_capacity: int = 0,
-                 stage: int = 0, metrics_step_buckets=None):
+                 stage: int = 0, metrics_step_buckets=None, rank: Optional[int] = None,
+                 local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
+                 world_size: Optional[int] = None):
         backends = {v: k for k, v in _lib.BACKEND_NAMES.items()}
         if backend not in backends:
             raise ValueError(f"backend is {backend!r}; allowed: {', '.join(backends)}")
@@ -232,6 +250,14 @@ class Runtime:
         self._buckets = (metrics_step_buckets.encode()
                          if metrics_step_buckets is not None else None)
         opts.metrics_step_buckets = self._buckets
+        # The launcher's ranks (README "Ranks sharing a machine admit together"): given, else
+        # torch.distributed's rank and world size when it is initialised, else -1 (the C library
+        # reads RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE and checks them together).
+        dist_rank, dist_world = _distributed_ranks()
+        for name, value, fallback in (("rank", rank, dist_rank), ("local_rank", local_rank, -1),
+                                      ("local_world_size", local_world_size, -1),
+                                      ("world_size", world_size, dist_world)):
+            setattr(opts, name, fallback if value is None else _int_arg(name, value, 0, _I32[1]))
         _check("stowage_create", self._lib.stowage_create(
             text, len(text), ctypes.byref(opts), ctypes.byref(self._handle)))
         if trace_capacity:
