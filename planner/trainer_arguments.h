@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "planner/cost_model.h"
 #include "stowage/plan.h"
 
@@ -36,7 +37,32 @@ struct TrainerArguments {
   bool exact() const { return notes.empty(); }
 };
 
-TrainerArguments MegatronArguments(const Plan& plan);
+// Note [Megatron under pipeline parallelism]. With pp > 1 (megatron/core/recompute.py
+// checkpointed_forward; transformer_block.py builds one TransformerBlock per model chunk, whose
+// num_layers_per_pipeline_rank is len(self.layers), that chunk's layers) the settings above apply
+// per model chunk (virtual stage), all chunks alike:
+//   * --recompute-method block --recompute-num-layers K recomputes the first min(K, its layers)
+//     layers of every chunk of every stage; uniform with K = 1 every layer;
+//   * --recompute-granularity selective recomputes the same --recompute-modules in every layer;
+//   * --cpu-offloading-num-layers is refused with pipeline parallelism (TransformerConfig.
+//     __post_init__); fine-grained activation offloading (--fine-grained-activation-offloading
+//     --offload-modules) is allowed with it but offloads the chosen modules' inputs in every
+//     layer, not chosen layers, so it carries no per-layer offload either.
+// So a pipelined plan is expressed exactly when its recompute choices follow one of these on
+// every chunk; its offload choices become the notes they are without pipelining (recompute with
+// the input kept; keep). Otherwise MegatronArguments refuses, naming the stage and the layer that
+// breaks the setting: such a plan needs the stowage runtime, which carries per-layer plans. The
+// split is --pipeline-model-parallel-size with --num-layers-per-virtual-pipeline-stage when every
+// virtual stage holds as many layers (Megatron's even split), else
+// --pipeline-model-parallel-layout (pipeline_parallel_layer_layout.py: "E", "t", "m", "L" per
+// virtual stage, "|" between them), which gives any split; the microbatches per step are
+// --global-batch-size / (--micro-batch-size x data parallel). Megatron runs the interleaved
+// schedule exactly when there are virtual stages, with groups of pp microbatches per chunk (the
+// default --microbatch-group-size-per-virtual-pipeline-stage), as the plan's in-flight counts do.
+//
+// `run` gives what the plan does not carry: the GPUs (data parallel, for --global-batch-size).
+// INVALID_ARGUMENT, only for a pipelined plan, naming the stage and layer as above.
+absl::StatusOr<TrainerArguments> MegatronArguments(const Plan& plan, const RunSettings& run);
 
 // The arguments one per line as a shell continuation, then the notes as comments.
 std::string RenderMegatronArguments(const Plan& plan, const TrainerArguments& arguments);
@@ -69,8 +95,28 @@ struct TrainerConfig {
   std::vector<std::string> notes;  // what torchtitan cannot express, one sentence each
 };
 
+//
+// Note [torchtitan under pipeline parallelism]. With pp > 1 (torchtitan/distributed/
+// pipeline_parallel.py of 0.2.2: pipeline_llm, pipeline_module_split) each rank builds its model
+// parts, the virtual stages pp_rank, pp_rank + pp, ... ("loop" style, Megatron's order), from
+// `[parallelism] module_fqns_per_model_part` (which gives any split: emitted from the plan's
+// stages, "tok_embeddings" on the first part, "norm" and "output" on the last), and applies
+// parallelize_fn, apply_ac with it, to each part in that order. _apply_layer_sac counts blocks in
+// a process-wide counter (_layer_sac_count), so selective_ac_option "<N>" checkpoints the blocks
+// whose 1-based position among the rank's own blocks, over its parts in order, is a multiple of N:
+// positions per stage, not the model's layer ids. So a pipelined plan is expressed exactly when
+// it keeps every layer, recomputes every layer, or recomputes on every stage exactly its every
+// N-th block for one N; otherwise TorchtitanConfig refuses, naming the stage and the layer that
+// breaks it (the stowage runtime carries per-layer plans). The schedule is "1F1B" or
+// "Interleaved1F1B" (torch.distributed.pipelining's, which hold Megatron's in-flight counts when
+// the microbatches are a multiple of pp, as the planner requires), the microbatches
+// local_batch_size / pipeline_parallel_microbatch_size (build_pipeline_schedule). Without
+// pipeline parallelism several microbatches are gradient accumulation: global_batch_size =
+// local_batch_size x data parallel x microbatches (train.py).
+//
 // `run` gives what the plan does not carry: the GPUs (data parallel), the sharding, the optimizer.
-TrainerConfig TorchtitanConfig(const Plan& plan, const RunSettings& run);
+// INVALID_ARGUMENT, only for a pipelined plan, naming the stage and layer as above.
+absl::StatusOr<TrainerConfig> TorchtitanConfig(const Plan& plan, const RunSettings& run);
 
 // The sections as TOML (to merge into a torchtitan job .toml), then the notes as
 // `# not expressed:` comments.

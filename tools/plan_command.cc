@@ -172,7 +172,8 @@ cli::FlagParser MakeParser() {
   p.Add({"format", "table|json", "stdout format", "table"});
   p.Add({"emit", "megatron|torchtitan",
          "print the plan as the trainer's own settings instead: Megatron-LM's arguments, or "
-         "torchtitan's job .toml sections; what it cannot express is listed after them",
+         "torchtitan's job .toml sections; what it cannot express is listed after them (a "
+         "pipelined plan whose stages need different settings is refused, naming where)",
          ""});
   p.Add({"out", "PATH",
          "also write the plan JSON to PATH (when nothing fits: the closest plan, \"fits\": false "
@@ -472,16 +473,25 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return true;
 }
 
-// With pipeline parallelism (or several microbatches): every stage planned (planner/pipeline.h),
-// each stage's layers, the per-stage table naming the binding stage, the binding stage's summary.
-int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::string& format) {
-  if (flags.Has("emit")) {
-    std::fprintf(stderr,
-                 "stowage plan: --emit %s does not express pipeline stages (their layers "
-                 "and in-flight microbatches); use --out for the plan\n",
-                 flags.Get("emit")->c_str());
-    return kExitUsage;
+// --emit's text, or why the trainer cannot express the plan (Note [Megatron under pipeline
+// parallelism], Note [torchtitan under pipeline parallelism] in planner/trainer_arguments.h).
+absl::StatusOr<std::string> EmitText(const std::string& emit, const Plan& plan,
+                                     const planner::RunSettings& run) {
+  if (emit == "megatron") {
+    absl::StatusOr<planner::TrainerArguments> arguments = planner::MegatronArguments(plan, run);
+    if (!arguments.ok()) return arguments.status();
+    return planner::RenderMegatronArguments(plan, *arguments);
   }
+  absl::StatusOr<planner::TrainerConfig> config = planner::TorchtitanConfig(plan, run);
+  if (!config.ok()) return config.status();
+  return planner::RenderTorchtitanConfig(plan, *config);
+}
+
+// With pipeline parallelism (or several microbatches): every stage planned (planner/pipeline.h),
+// each stage's layers, the per-stage table naming the binding stage, the binding stage's summary;
+// with --emit, the trainer's settings instead, or why it cannot express the plan.
+int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::string& format) {
+  const std::optional<std::string> emit = flags.Get("emit");
   if (in.options.force.has_value()) {
     std::fprintf(stderr,
                  "stowage plan: --force evaluates one stage; with --pp or --microbatches "
@@ -493,7 +503,7 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::s
     std::fprintf(stderr, "stowage plan: %s\n", std::string(pipeline.status().message()).c_str());
     return kExitUsage;
   }
-  std::FILE* text = format == "json" ? stderr : stdout;
+  std::FILE* text = format == "json" || emit.has_value() ? stderr : stdout;
   const planner::StageResult& binding = pipeline->stages[pipeline->binding_stage];
   if (!pipeline->feasible) {
     std::fprintf(text,
@@ -508,14 +518,25 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::s
     for (const planner::StageResult& stage : pipeline->stages) {
       if (stage.result.schedule.options.size() != stage.step.layers.size()) return kExitUnmet;
     }
-    if (format == "table") std::fputs("\nthe closest plan (it does not fit):\n", text);
+    if (text == stdout) std::fputs("\nthe closest plan (it does not fit):\n", text);
   }
   planner::PlanLabels labels{absl::StrCat("stowage ", stowage_version()), in.model_label,
                              in.hardware_label, in.options.gpu_budget_bytes,
                              in.options.host_budget_bytes};
   const Plan plan = planner::MakePipelinePlan(*pipeline, labels);
   const std::string json = PlanToJson(plan);
-  if (format == "json") {
+  if (emit.has_value()) {
+    absl::StatusOr<std::string> emitted = EmitText(*emit, plan, in.run);
+    if (!emitted.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(emitted.status().message()).c_str());
+      // The plan itself is still written where asked: the stowage runtime runs it.
+      if (auto out = flags.Get("out"); out.has_value() && !WriteFile(*out, json)) {
+        return kExitUnmet;
+      }
+      return kExitUsage;
+    }
+    std::fputs(emitted->c_str(), stdout);
+  } else if (format == "json") {
     std::fputs(json.c_str(), stdout);
   } else {
     std::printf("stowage plan: %s on %s (%s figures), %llu tokens, PP %d, %d microbatches\n",
@@ -736,12 +757,12 @@ int RunPlanCommand(int argc, char** argv) {
   Plan plan = planner::MakePlan(*step, result, baseline, labels);
   const std::string json = PlanToJson(plan);
   if (emit.has_value()) {
-    std::fputs(
-        *emit == "megatron"
-            ? planner::RenderMegatronArguments(plan, planner::MegatronArguments(plan)).c_str()
-            : planner::RenderTorchtitanConfig(plan, planner::TorchtitanConfig(plan, step->run))
-                  .c_str(),
-        stdout);
+    absl::StatusOr<std::string> emitted = EmitText(*emit, plan, step->run);
+    if (!emitted.ok()) {  // only a pipelined plan is refused
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(emitted.status().message()).c_str());
+      return kExitUsage;
+    }
+    std::fputs(emitted->c_str(), stdout);
   } else if (*format == "json") {
     std::fputs(json.c_str(), stdout);
   } else {

@@ -225,7 +225,8 @@ TEST(MtpLayer, ZeroLayersTrainsNone) {
   EXPECT_THAT(PlanToJson(plan), Not(HasSubstr("mtp_layers")));
   EXPECT_THAT(RenderSummary(without, plan, r),
               HasSubstr("multi-token prediction not trained (--mtp-layers 0)"));
-  EXPECT_THAT(MegatronArguments(plan).args, Not(::testing::Contains("--mtp-num-layers")));
+  EXPECT_THAT(MegatronArguments(plan, RunSettings{})->args,
+              Not(::testing::Contains("--mtp-num-layers")));
 }
 
 // transformers drops the MTP weights on load and never runs them.
@@ -259,7 +260,7 @@ TEST(MtpLayer, EmitMegatronSaysMtpNumLayers) {
   const OptimizeResult r = Optimize(step, o);
   const Plan plan = MakePlan(step, r, ComputeBaseline(step, o.gpu_budget_bytes),
                              {"stowage test", "deepseek-v3", "h200", 0, 0});
-  const TrainerArguments args = MegatronArguments(plan);
+  const TrainerArguments args = *MegatronArguments(plan, RunSettings{});
   auto at = std::find(args.args.begin(), args.args.end(), "--mtp-num-layers");
   ASSERT_NE(at, args.args.end());
   EXPECT_EQ(*(at + 1), "1");

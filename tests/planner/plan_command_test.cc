@@ -117,6 +117,42 @@ TEST_F(PlanCommand, EmitTorchtitanPrintsTheJobSectionsAndWhatItCannotExpress) {
   EXPECT_EQ(Stowage("plan --emit deepspeed").code, 2);
 }
 
+// Note [Megatron under pipeline parallelism], Note [torchtitan under pipeline parallelism]: a
+// pipelined plan is emitted with its stages and microbatches when one setting expresses it, else
+// refused naming a stage and layer (the plan is still written where asked).
+TEST_F(PlanCommand, EmitExpressesAPipelineOrRefusesNamingTheStageAndLayer) {
+  const std::string base =
+      "plan --model llama-3.1-8b --hardware h200 --cp 1 --gpus 64 --pp 4 --microbatches 8 ";
+  const Result megatron = Stowage(base + "--seq-len 8K --pp-layout 7,9,9,7 --emit megatron");
+  ASSERT_EQ(megatron.code, 0) << megatron.out;
+  EXPECT_THAT(megatron.out, HasSubstr("--pipeline-model-parallel-size 4 \\\n"
+                                      "--pipeline-model-parallel-layout 'E,t*7|t*9|t*9|t*7,L' \\\n"
+                                      "--global-batch-size 128\n"));  // 8 x 1 x 64 / 4
+  const Result titan =
+      Stowage(base + "--seq-len 8K --vpp 2 --schedule interleaved --emit torchtitan");
+  ASSERT_EQ(titan.code, 0) << titan.out;
+  EXPECT_THAT(titan.out, HasSubstr("pipeline_parallel_degree = 4\n"));
+  EXPECT_THAT(titan.out,
+              HasSubstr("pipeline_parallel_schedule = \"Interleaved1F1B\"\n"
+                        "pipeline_parallel_microbatch_size = 1\n"
+                        "module_fqns_per_model_part = [[\"tok_embeddings\", \"layers.0\", "
+                        "\"layers.1\", \"layers.2\", \"layers.3\"], [\"layers.4\", "));
+  EXPECT_THAT(titan.out, HasSubstr("\"layers.31\", \"norm\", \"output\"]]\n"));
+  EXPECT_THAT(titan.out, HasSubstr("local_batch_size = 8\n"));
+  EXPECT_THAT(titan.out, HasSubstr("mode = \"none\"\n"));
+  // Tight memory: the stages recompute different layers, which neither trainer can say.
+  for (const char* emit : {"megatron", "torchtitan"}) {
+    const Result refused =
+        Stowage(base + "--seq-len 64K --gpu-mem 22 --emit " + emit + " --out " + Path("plan.json"));
+    EXPECT_EQ(refused.code, 2) << refused.out;
+    EXPECT_THAT(refused.out, HasSubstr(std::string("stowage plan: --emit ") + emit +
+                                       " cannot express this pipelined plan: stage "));
+    EXPECT_THAT(refused.out, HasSubstr("Run this plan under the stowage runtime"));
+    EXPECT_TRUE(std::filesystem::exists(Path("plan.json")));
+    std::filesystem::remove(Path("plan.json"));
+  }
+}
+
 TEST_F(PlanCommand, MaxSeqLenStatesTheJobItAssumedTheStepAndWhatBinds) {
   const Result run = Stowage("plan --max-seq-len");
   ASSERT_EQ(run.code, 0) << run.out;

@@ -120,5 +120,120 @@ class EmitMegatronTest(unittest.TestCase):
                     mtp_num_layers=int(args.mtp_num_layers) if args.mtp_num_layers else None)
 
 
+# Pipelined plans (Note [Megatron under pipeline parallelism]) Megatron runs as planned, and ones
+# it cannot express.
+_PP = ["--model", "llama-3.1-8b", "--hardware", "h200", "--cp", "1", "--gpus", "64", "--pp", "4",
+       "--microbatches", "8"]
+PIPELINED = [
+    _PP + ["--seq-len", "8K"],                                       # Megatron's even split
+    _PP + ["--seq-len", "8K", "--vpp", "2", "--schedule", "interleaved"],
+    _PP + ["--seq-len", "8K", "--pp-layout", "7,9,9,7"],             # any other split
+]
+PIPELINED_REFUSED = [
+    _PP + ["--seq-len", "64K", "--gpu-mem", "22"],  # the stages recompute different layers
+]
+
+
+def _plan(cli: str, flags: list) -> dict:
+    out = subprocess.run([cli, "plan", *flags, "--format", "json"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+class EmitMegatronPipelineTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.cli = os.environ.get("STOWAGE_CLI")
+        if not cls.cli or not os.path.exists(cls.cli):
+            raise unittest.SkipTest("STOWAGE_CLI is not set (CTest sets it to the built CLI)")
+        cls.parser = _megatron_parser()
+
+    def test_megatron_splits_and_recomputes_as_planned(self) -> None:
+        """Megatron-Core's own layer assignment (get_num_layers_to_build,
+        get_transformer_layer_offset) for the emitted pipeline flags gives every stage the plan's
+        chunks, and its recompute rule (recompute.py checkpointed_forward: uniform every layer,
+        block the first K of each chunk) recomputes exactly the plan's layers."""
+        try:
+            from megatron.core import parallel_state
+            from megatron.core.transformer.transformer_block import get_num_layers_to_build
+            from megatron.core.transformer.transformer_config import TransformerConfig
+            from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+        except ImportError as e:  # Debian's torch 1.13 has no megatron-core
+            self.skipTest(f"megatron-core is not installed: {e}")
+        for flags in PIPELINED:
+            with self.subTest(flags=flags):
+                tokens, notes = _emitted(self.cli, flags)
+                args = _parse(self.parser, tokens)
+                plan = _plan(self.cli, flags)
+                pp, vpp = plan["run"]["pp"], plan["run"]["vpp"]
+                n = len(plan["layers"])
+                self.assertEqual(int(args.pipeline_model_parallel_size), pp)
+                if args.num_layers_per_virtual_pipeline_stage:  # arguments.py's derivation
+                    virtual = n // pp // int(args.num_layers_per_virtual_pipeline_stage)
+                else:
+                    virtual = vpp
+                config = TransformerConfig(
+                    num_layers=n, hidden_size=64, num_attention_heads=4,
+                    tensor_model_parallel_size=int(args.tensor_model_parallel_size),
+                    context_parallel_size=int(args.context_parallel_size),
+                    sequence_parallel=args.sequence_parallel,
+                    pipeline_model_parallel_size=pp,
+                    virtual_pipeline_model_parallel_size=virtual if virtual > 1 else None,
+                    pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
+                    pipeline_dtype=__import__("torch").bfloat16,
+                    recompute_granularity=args.recompute_granularity,
+                    recompute_method=args.recompute_method,
+                    recompute_num_layers=(int(args.recompute_num_layers)
+                                          if args.recompute_num_layers else None),
+                    recompute_modules=args.recompute_modules)
+                self.assertEqual(config.virtual_pipeline_model_parallel_size or 1, vpp)
+                recomputed = set()
+                try:
+                    parallel_state.set_pipeline_model_parallel_world_size(pp)
+                    parallel_state.set_virtual_pipeline_model_parallel_world_size(
+                        vpp if vpp > 1 else None)
+                    for stage in plan["stages"]:
+                        rank = stage["stage"]
+                        parallel_state.set_pipeline_model_parallel_rank(rank)
+                        for chunk, want in enumerate(stage["chunks"]):
+                            vp = chunk if vpp > 1 else None
+                            parallel_state.set_virtual_pipeline_model_parallel_rank(vp)
+                            count = get_num_layers_to_build(config, vp_stage=vp, pp_rank=rank)
+                            first = get_transformer_layer_offset(config, vp_stage=vp,
+                                                                 pp_rank=rank)
+                            self.assertEqual((first, count),
+                                             (want["first_layer"], want["num_layers"]))
+                            if args.recompute_granularity == "full":
+                                k = (count if args.recompute_method == "uniform"
+                                     else min(int(args.recompute_num_layers), count))
+                                recomputed |= set(range(first, first + k))
+                finally:
+                    parallel_state.set_pipeline_model_parallel_world_size(None)
+                    parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
+                    parallel_state.set_pipeline_model_parallel_rank(None)
+                    parallel_state.set_virtual_pipeline_model_parallel_rank(None)
+                planned = {l["index"] for l in plan["layers"]
+                           if l["policy"] in ("recompute", "offload_input")}
+                self.assertEqual(recomputed, planned)
+                if args.global_batch_size:
+                    dp = int(flags[flags.index("--gpus") + 1]) // (
+                        int(args.tensor_model_parallel_size) * int(args.context_parallel_size)
+                        * pp)
+                    self.assertEqual(int(args.global_batch_size),
+                                     int(args.micro_batch_size) * dp * plan["run"]["microbatches"])
+
+    def test_what_megatron_cannot_express_is_refused_naming_the_layer(self) -> None:
+        for flags in PIPELINED_REFUSED:
+            with self.subTest(flags=flags):
+                out = subprocess.run([self.cli, "plan", *flags, "--emit", "megatron"],
+                                     capture_output=True, text=True, timeout=120)
+                self.assertEqual(out.returncode, 2, out.stderr)
+                self.assertEqual(out.stdout, "")
+                self.assertRegex(out.stderr, r"--emit megatron cannot express this pipelined "
+                                             r"plan: stage \d+'s layer \d+ ")
+                self.assertIn("stowage runtime", out.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

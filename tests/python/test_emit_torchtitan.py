@@ -42,6 +42,14 @@ CASES = [
 ]
 
 
+def _root() -> str:
+    """The installed torchtitan's folder, found without importing it (once stand-in packages are
+    in sys.modules, their __path__ says it)."""
+    if "torchtitan" in sys.modules:
+        return sys.modules["torchtitan"].__path__[0]
+    return importlib.util.find_spec("torchtitan").submodule_search_locations[0]
+
+
 def _torchtitan() -> tuple[types.ModuleType, type, typing.Callable]:
     """(job_config, ParallelDims, apply_ac) from the installed torchtitan, or SkipTest."""
     try:
@@ -51,8 +59,7 @@ def _torchtitan() -> tuple[types.ModuleType, type, typing.Callable]:
         raise unittest.SkipTest(f"torchtitan is not installed: {e}")
     if version != PINNED:
         raise unittest.SkipTest(f"torchtitan {version} is installed; the check is for {PINNED}")
-    spec = importlib.util.find_spec("torchtitan")  # locates the package without importing it
-    root = spec.submodule_search_locations[0]
+    root = _root()
     for name in ("torchtitan", "torchtitan.config", "torchtitan.distributed"):
         if name not in sys.modules:
             package = types.ModuleType(name)
@@ -64,6 +71,26 @@ def _torchtitan() -> tuple[types.ModuleType, type, typing.Callable]:
     return job_config, parallel_dims.ParallelDims, ac
 
 
+def _pipeline_parallel(root: str) -> types.ModuleType:
+    """torchtitan's distributed/pipeline_parallel.py, loaded as _torchtitan loads the others. Its
+    train_spec import pulls in the data stack; the two names it takes from there are only
+    annotations, so a stand-in module gives them."""
+    for name in ("torchtitan.components", "torchtitan.protocols", "torchtitan.tools"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [os.path.join(root, *name.split(".")[1:])]
+            sys.modules[name] = package
+    sys.modules["torchtitan.config"].JobConfig = importlib.import_module(
+        "torchtitan.config.job_config").JobConfig
+    sys.modules["torchtitan.distributed"].ParallelDims = importlib.import_module(
+        "torchtitan.distributed.parallel_dims").ParallelDims
+    if "torchtitan.protocols.train_spec" not in sys.modules:
+        spec = types.ModuleType("torchtitan.protocols.train_spec")
+        spec.BaseModelArgs = spec.ParallelizeFunction = object
+        sys.modules["torchtitan.protocols.train_spec"] = spec
+    return importlib.import_module("torchtitan.distributed.pipeline_parallel")
+
+
 def _run(cli: str, flags: list, *extra: str) -> subprocess.CompletedProcess:
     out = subprocess.run([cli, "plan", *flags, *extra], capture_output=True, text=True,
                          timeout=120)
@@ -73,7 +100,15 @@ def _run(cli: str, flags: list, *extra: str) -> subprocess.CompletedProcess:
 
 def _check_value(test: unittest.TestCase, where: str, value, hint) -> None:
     origin = typing.get_origin(hint)
-    if origin is typing.Literal:
+    if origin in (typing.Union, types.UnionType):  # `list[list[str]] | None`: one of its types
+        options = [h for h in typing.get_args(hint) if h is not type(None)]
+        test.assertEqual(len(options), 1, f"{where}: {hint}")
+        _check_value(test, where, value, options[0])
+    elif origin is list:
+        test.assertIsInstance(value, list, where)
+        for i, item in enumerate(value):
+            _check_value(test, f"{where}[{i}]", item, typing.get_args(hint)[0])
+    elif origin is typing.Literal:
         test.assertIn(value, typing.get_args(hint), where)
     elif hint is bool:
         test.assertIsInstance(value, bool, where)
@@ -163,6 +198,117 @@ class EmitTorchtitanTest(unittest.TestCase):
                     self.assertEqual(recomputed, wrapped)
                 offloads = [l for l in plan["layers"] if l["host_bytes"] > 0]
                 self.assertEqual(bool(offloads), any("offload" in n for n in notes), notes)
+
+
+# Pipelined plans (Note [torchtitan under pipeline parallelism]) torchtitan runs as planned, and
+# ones it cannot express.
+_PP = ["--model", "llama-3.1-8b", "--hardware", "h200", "--cp", "1", "--gpus", "64", "--pp", "4",
+       "--microbatches", "8"]
+PIPELINED = [
+    _PP + ["--seq-len", "8K"],                                       # Megatron's even split
+    _PP + ["--seq-len", "8K", "--vpp", "2", "--schedule", "interleaved"],
+    _PP + ["--seq-len", "8K", "--pp-layout", "7,9,9,7"],             # any other split
+]
+PIPELINED_REFUSED = [
+    _PP + ["--seq-len", "64K", "--gpu-mem", "22"],  # the stages recompute different layers
+]
+
+
+class EmitTorchtitanPipelineTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.cli = os.environ.get("STOWAGE_CLI")
+        if not cls.cli or not os.path.exists(cls.cli):
+            raise unittest.SkipTest("STOWAGE_CLI is not set (CTest sets it to the built CLI)")
+        cls.job_config, cls.ParallelDims, cls.ac = _torchtitan()
+        cls.pp = _pipeline_parallel(_root())
+
+    def split(self, model, rank: int, pp: int, schedule: str, fqns: list) -> list:
+        """The model parts rank `rank` builds: torchtitan's own pipeline_module_split, with a
+        stand-in PipelineStage (the real one needs a process group) and mesh."""
+        mesh = types.SimpleNamespace(get_local_rank=lambda: rank, size=lambda: pp,
+                                     get_group=lambda name: None)
+        real = self.pp.PipelineStage
+        self.pp.PipelineStage = lambda model, index, stages, device, group: types.SimpleNamespace(
+            submod=model, index=index)
+        try:
+            import torch
+            _, parts = self.pp.pipeline_module_split(model, mesh, schedule, torch.device("cpu"),
+                                                     fqns)
+        finally:
+            self.pp.PipelineStage = real
+        return parts
+
+    def test_torchtitan_splits_and_checkpoints_as_planned(self) -> None:
+        import torch.nn as nn
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointWrapper)
+
+        class Stand(nn.Module):  # torchtitan's decoder: these four children
+            def __init__(self, n: int):
+                super().__init__()
+                self.tok_embeddings = nn.Embedding(4, 2)
+                self.layers = nn.ModuleDict({str(i): nn.Linear(2, 2) for i in range(n)})
+                self.norm = nn.LayerNorm(2)
+                self.output = nn.Linear(2, 4)
+
+        for flags in PIPELINED:
+            with self.subTest(flags=flags):
+                out = _run(self.cli, flags, "--emit", "torchtitan")
+                self.assertEqual(out.returncode, 0, out.stderr)
+                config = tomllib.loads(out.stdout)
+                plan = json.loads(_run(self.cli, flags, "--format", "json").stdout)
+                p, ac = config["parallelism"], config["activation_checkpoint"]
+                pp = plan["run"]["pp"]
+                self.assertEqual(p["pipeline_parallel_degree"], pp)
+                for section, cls_name in (("parallelism", "Parallelism"),
+                                          ("training", "Training"),
+                                          ("activation_checkpoint", "ActivationCheckpoint")):
+                    cls = getattr(self.job_config, cls_name)
+                    hints = typing.get_type_hints(cls)
+                    for key, value in config[section].items():
+                        _check_value(self, f"{section}.{key}", value, hints[key])
+                    cls(**config[section])
+                gpus = int(flags[flags.index("--gpus") + 1])
+                self.ParallelDims(dp_replicate=p["data_parallel_replicate_degree"],
+                                  dp_shard=p["data_parallel_shard_degree"],
+                                  cp=p["context_parallel_degree"], tp=p["tensor_parallel_degree"],
+                                  pp=pp, ep=p["expert_parallel_degree"],
+                                  etp=p.get("expert_tensor_parallel_degree", 1), world_size=gpus)
+                self.assertEqual(config["training"]["local_batch_size"]
+                                 // p["pipeline_parallel_microbatch_size"],
+                                 plan["run"]["microbatches"])
+                n = len(plan["layers"])
+                model = Stand(n)
+                wrapped = set()
+                for rank in range(pp):
+                    parts = self.split(model, rank, pp, p["pipeline_parallel_schedule"],
+                                       p["module_fqns_per_model_part"])
+                    stage = plan["stages"][rank]
+                    self.assertEqual(
+                        [sorted(int(i) for i in part.layers.keys()) for part in parts],
+                        [list(range(c["first_layer"], c["first_layer"] + c["num_layers"]))
+                         for c in stage["chunks"]])
+                    self.ac._layer_sac_count = 0  # one process per rank
+                    for part in parts:  # as pipeline_llm: parallelize_fn, so apply_ac, per part
+                        if ac["mode"] != "none":
+                            self.ac.apply_ac(part, self.job_config.ActivationCheckpoint(**ac))
+                        wrapped |= {int(i) for i, m in part.layers.named_children()
+                                    if isinstance(m, CheckpointWrapper)}
+                recomputed = {l["index"] for l in plan["layers"]
+                              if l["policy"] not in ("keep", "offload_saved")}
+                self.assertEqual(recomputed, wrapped)
+
+    def test_what_torchtitan_cannot_express_is_refused_naming_the_layer(self) -> None:
+        for flags in PIPELINED_REFUSED:
+            with self.subTest(flags=flags):
+                out = subprocess.run([self.cli, "plan", *flags, "--emit", "torchtitan"],
+                                     capture_output=True, text=True, timeout=120)
+                self.assertEqual(out.returncode, 2, out.stderr)
+                self.assertEqual(out.stdout, "")
+                self.assertRegex(out.stderr, r"--emit torchtitan cannot express this pipelined "
+                                             r"plan: stage \d+'s layer \d+ ")
+                self.assertIn("stowage runtime", out.stderr)
 
 
 if __name__ == "__main__":
