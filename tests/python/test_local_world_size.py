@@ -6,10 +6,8 @@ group (Note [Local world size] in offload/node_ledger.h)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import tempfile
-import traceback
 import unittest
 
 import support  # noqa: F401  (puts the package on sys.path)
@@ -29,24 +27,6 @@ def _plan() -> stowage.Plan:
     layers = torch.nn.ModuleList(support.MLPBlock(32, dropout=0.0) for _ in range(2))
     x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
     return plans.plan_for(layers, x, ["offload_input", "keep"])
-
-
-def _child(plan: stowage.Plan, init: str, results: "multiprocessing.Queue") -> None:
-    """One rank of a world of one, its process group initialised with no WORLD_SIZE set: the
-    runtime must check the local world size against torch.distributed's world size. It runs no
-    torch op: the parent's intra-op thread pool does not survive the fork."""
-    try:
-        dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
-        try:
-            try:
-                stowage.Runtime(plan, backend="host", copy_threads=1, local_world_size=2)
-                results.put(("created", ""))
-            except stowage.StowageError as e:
-                results.put(("refused", str(e)))
-        finally:
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 — reported to the parent, which fails the test
-        results.put(("error", traceback.format_exc()))
 
 
 class LocalWorldSizeTest(unittest.TestCase):
@@ -111,23 +91,20 @@ class LocalWorldSizeTest(unittest.TestCase):
 
     @unittest.skipUnless(dist.is_available() and dist.is_gloo_available(), "no gloo in this torch")
     def test_torch_distributed_gives_the_world_size(self) -> None:
+        """A world of one, its process group initialised here with no WORLD_SIZE set: the runtime
+        checks the local world size against torch.distributed's world size. In this process, not a
+        forked one: torch's thread pools, started by the suites before, do not survive a fork."""
+        self.assertFalse(dist.is_initialized())
         with tempfile.TemporaryDirectory() as tmp:
-            context = multiprocessing.get_context("fork")
-            results = context.Queue()
-            child = context.Process(
-                target=_child, args=(self.plan, "file://" + os.path.join(tmp, "rendezvous"),
-                                     results))
-            child.start()
+            dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "rendezvous"),
+                                    rank=0, world_size=1)
             try:
-                kind, text = results.get(timeout=120)
+                message = self.refused(local_world_size=2)
+                self.create(local_world_size=1)
             finally:
-                child.join(timeout=30)
-                if child.is_alive():
-                    child.kill()
-        self.assertEqual(kind, "refused", text)
+                dist.destroy_process_group()
         self.assertIn("local_world_size is 2; allowed: a positive integer no larger than the "
-                      "world size (world_size is 1)", text)
-
+                      "world size (world_size is 1)", message)
 
 if __name__ == "__main__":
     unittest.main()
