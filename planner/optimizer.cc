@@ -1052,11 +1052,7 @@ class Search {
           pick[i] = best;
         }
       }
-      const SimResult sim = TryLeaf(pick, least_);
-      const double over_gpu =
-          static_cast<double>(sim.peak_bytes) - static_cast<double>(o_.gpu_budget_bytes);
-      const double over_host =
-          static_cast<double>(sim.host_bytes) - static_cast<double>(o_.host_budget_bytes);
+      const auto [over_gpu, over_host] = OverBudget(TryLeaf(pick, least_));
       if (over_gpu <= 0 && over_host <= 0) {
         TryEveryDistance(pick);
         return;
@@ -1064,6 +1060,12 @@ class Search {
       if (over_gpu > 0) gpu_cap -= over_gpu;
       if (over_host > 0) host_cap -= over_host;
     }
+  }
+
+  // How far a simulated plan's GPU peak and pinned host bytes exceed their budgets (<= 0: fits).
+  std::pair<double, double> OverBudget(const SimResult& sim) const {
+    return {static_cast<double>(sim.peak_bytes) - static_cast<double>(o_.gpu_budget_bytes),
+            static_cast<double>(sim.host_bytes) - static_cast<double>(o_.host_budget_bytes)};
   }
 
   // Note [Two prices] in whole layers (Note [Whole layers] in layer_counts.cc): the relaxation's
@@ -1109,11 +1111,7 @@ class Search {
         }
       }
       if (std::find(pick.begin(), pick.end(), -1) != pick.end()) return;  // cannot happen
-      const SimResult sim = TryLeaf(pick, least_);
-      const double over_gpu =
-          static_cast<double>(sim.peak_bytes) - static_cast<double>(o_.gpu_budget_bytes);
-      const double over_host =
-          static_cast<double>(sim.host_bytes) - static_cast<double>(o_.host_budget_bytes);
+      const auto [over_gpu, over_host] = OverBudget(TryLeaf(pick, least_));
       if (over_gpu <= 0 && over_host <= 0) {
         TryEveryDistance(pick);
         return;
