@@ -512,8 +512,12 @@ absl::StatusOr<uint64_t> LayerCeiling(const LayerCost& l) {
                         l.ffn_inputs_backward_bytes, l.input_bytes, l.output_bytes, l.grad_bytes,
                         // Note [Recompute moment]: the rerun's output gradient beside its forward.
                         l.output_bytes, l.checkpoint_held_bytes, l.unkept_forward_bytes}) {
-    auto sum = AddOrError(total, part, absl::StrCat("the bytes of layer ", l.index));
-    if (!sum.ok()) return sum.status();
+    // The message is built only on overflow: this runs for every layer of every plan.
+    auto sum = CheckedAdd(total, part);
+    if (!sum) {
+      return absl::OutOfRangeError(
+          absl::StrCat("the bytes of layer ", l.index, " overflow (", total, " + ", part, ")"));
+    }
     total = *sum;
   }
   return total;
@@ -621,68 +625,73 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
   }
   auto finite = [](double x) { return x >= 0 && x < 1e300; };  // NaN fails both
   for (const LayerCost& l : step.layers) {
-    const std::string what = absl::StrCat("layer ", l.index);
+    // Names the layer in an error; built only then (this loop runs for every layer of every plan).
+    auto what = [&] { return absl::StrCat("layer ", l.index); };
     for (uint64_t part :
          {l.input_bytes, l.output_bytes, l.saved_bytes, l.attn_forward_transient,
           l.ffn_forward_transient, l.attn_backward_transient, l.ffn_backward_transient,
           l.ffn_inputs_backward_bytes, l.grad_bytes, l.unkept_forward_bytes}) {
-      if (part > kMaxTensorBytes) return add(part, absl::StrCat("a byte count of ", what));
+      if (part > kMaxTensorBytes) return add(part, absl::StrCat("a byte count of ", what()));
     }
     // Note [Gradient timing]: the gradients made by a peak are some of the layer's.
     if (l.ffn_peak_grad_bytes > l.grad_bytes || l.attn_peak_grad_bytes > l.grad_bytes ||
         l.ffn_inputs_grad_bytes > l.grad_bytes ||
         (!step.gradients_in_backward && l.grad_bytes > 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, " makes ", l.grad_bytes, " gradient bytes in its backward, ", l.ffn_peak_grad_bytes,
-          " by its FFN peak and ", l.attn_peak_grad_bytes,
+          what(), " makes ", l.grad_bytes, " gradient bytes in its backward, ",
+          l.ffn_peak_grad_bytes, " by its FFN peak and ", l.attn_peak_grad_bytes,
           " by its attention peak; allowed: at most the layer's, and none unless gradients are "
           "created during backward"));
     }
     // The sums EvaluateOption subtracts from must be what they claim: a wrapped sum (tensors
     // of [2^64-1, 1] "adding up" to 0) would turn into a huge difference there.
     if (l.saved.size() > 64 || l.modules.size() > 16) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " has ", l.saved.size(),
+      return absl::InvalidArgumentError(absl::StrCat(what(), " has ", l.saved.size(),
                                                      " saved tensors and ", l.modules.size(),
                                                      " recompute modules; allowed: 64 and 16"));
     }
     uint64_t saved = 0, in_modules = 0;
     for (const SavedTensor& t : l.saved) {
-      if (t.bytes > kMaxTensorBytes) return add(t.bytes, absl::StrCat(what, "'s ", t.name));
+      if (t.bytes > kMaxTensorBytes) return add(t.bytes, absl::StrCat(what(), "'s ", t.name));
       saved += t.bytes;  // at most 64 of at most 2^56 each
     }
     for (const RecomputeModule& mod : l.modules) {
-      if (mod.saved_bytes > kMaxTensorBytes) return add(mod.saved_bytes, what + "'s " + mod.name);
+      if (mod.saved_bytes > kMaxTensorBytes)
+        return add(mod.saved_bytes, absl::StrCat(what(), "'s ", mod.name));
       in_modules += mod.saved_bytes;
     }
     if (saved != l.saved_bytes || l.ffn_saved_bytes > l.saved_bytes || in_modules > l.saved_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, "'s saved tensors add up to ", saved, " bytes but it claims ", l.saved_bytes,
+          what(), "'s saved tensors add up to ", saved, " bytes but it claims ", l.saved_bytes,
           " (FFN part ", l.ffn_saved_bytes, ", recompute modules ", in_modules, ")"));
     }
     if (l.in_flight_microbatches < 1 || l.in_flight_microbatches > kMaxInFlightMicrobatches) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " has ", l.in_flight_microbatches,
+      return absl::InvalidArgumentError(absl::StrCat(what(), " has ", l.in_flight_microbatches,
                                                      " in-flight microbatches; allowed: 1 to ",
                                                      kMaxInFlightMicrobatches));
     }
     auto ceiling = LayerCeiling(l);
     if (!ceiling.ok()) return ceiling.status();
     // Every in-flight microbatch may hold the layer's bytes (Note [In-flight microbatches]).
-    auto held = MulOrError(*ceiling, static_cast<uint64_t>(l.in_flight_microbatches),
-                           absl::StrCat("the bytes of ", what));
-    if (!held.ok()) return held.status();
-    if (absl::Status s = add(*held, absl::StrCat("the largest option of ", what)); !s.ok()) {
-      return s;
+    auto held = CheckedMul(*ceiling, static_cast<uint64_t>(l.in_flight_microbatches));
+    if (!held) {
+      return absl::OutOfRangeError(absl::StrCat("the bytes of ", what(), " overflow (", *ceiling,
+                                                " x ", l.in_flight_microbatches, ")"));
     }
+    if (*held > kMaxTensorBytes || !CheckedAdd(total, *held)) {
+      return add(*held, absl::StrCat("the largest option of ", what()));  // the error naming it
+    }
+    total += *held;
     if (!finite(l.forward_seconds) || !finite(l.backward_seconds) ||
         !finite(l.chunk_overhead_seconds) || !finite(l.forward_comm_seconds) ||
         !finite(l.backward_comm_seconds) || !finite(l.recompute_comm_seconds)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " has a negative or non-finite time (forward ", l.forward_seconds,
+          absl::StrCat(what(), " has a negative or non-finite time (forward ", l.forward_seconds,
                        " s, backward ", l.backward_seconds, " s)"));
     }
     for (const RecomputeModule& mod : l.modules) {
       if (mod.saved_bytes > l.saved_bytes || !finite(mod.seconds)) {
-        return absl::InvalidArgumentError(absl::StrCat(what, "'s module ", mod.name, " has ",
+        return absl::InvalidArgumentError(absl::StrCat(what(), "'s module ", mod.name, " has ",
                                                        mod.saved_bytes, " bytes and ", mod.seconds,
                                                        " s"));
       }

@@ -362,8 +362,8 @@ absl::StatusOr<TrainerArguments> MegatronArguments(const Plan& plan, const RunSe
           "(--cpu-offloading-num-layers) with pipeline parallelism, and its fine-grained "
           "activation offloading offloads chosen modules' inputs in every layer, not chosen "
           "layers, so ",
-          Verb(offload_saved, "it is", "they are"),
-          " not offloaded: run them under the stowage runtime"));
+          Verb(offload_saved, "it is not offloaded: run it", "they are not offloaded: run them"),
+          " under the stowage runtime"));
     }
     return out;
   }
@@ -438,10 +438,11 @@ absl::StatusOr<TrainerArguments> MegatronArguments(const Plan& plan, const RunSe
           "back before its backward), not the plan's prefetch distance and save lag");
     } else {
       out.notes.push_back(absl::StrCat(
-          LayerList(offload_saved),
-          " offload their saved activations (offload_saved); Megatron's CPU offloading takes "
-          "only the first N layers (fewer than all) and is refused together with recompute, so "
-          "they are not offloaded: run them under the stowage runtime"));
+          LayerList(offload_saved), Verb(offload_saved, " offloads its", " offload their"),
+          " saved activations (offload_saved); Megatron's CPU offloading takes only the first N "
+          "layers (fewer than all) and is refused together with recompute, so ",
+          Verb(offload_saved, "it is not offloaded: run it", "they are not offloaded: run them"),
+          " under the stowage runtime"));
     }
   }
   return out;
@@ -697,16 +698,21 @@ absl::StatusOr<TrainerConfig> TorchtitanConfig(const Plan& plan, const RunSettin
         LayerList(offload_input),
         Verb(offload_input, " offloads its input to host memory and recomputes",
              " offload their input to host memory and recompute"),
-        " the rest (offload_input); torchtitan "
-        "has no activation offload, so they are checkpointed with the input kept on the GPU: its "
-        "peak is higher than the plan's by those inputs (run them under the stowage runtime)"));
+        " the rest (offload_input); torchtitan has no activation offload, so ",
+        Verb(offload_input, "it is", "they are"),
+        " checkpointed with the input kept on the GPU: its peak is higher than the plan's by ",
+        Verb(offload_input, "that input (run it", "those inputs (run them"),
+        " under the stowage runtime)"));
   }
   if (!offload_saved.empty()) {
     out.notes.push_back(absl::StrCat(
         LayerList(offload_saved), Verb(offload_saved, " offloads its", " offload their"),
-        " saved activations (offload_saved); torchtitan has no activation offload, so they stay "
-        "on the GPU: its peak is higher than the plan's by those bytes (run them under the "
-        "stowage runtime)"));
+        " saved activations (offload_saved); torchtitan has no activation offload, so ",
+        Verb(offload_saved,
+             "they stay on the GPU: its peak is higher than the plan's by those "
+             "bytes (run it",
+             "they stay on the GPU: its peak is higher than the plan's by those bytes (run them"),
+        " under the stowage runtime)"));
   }
   out.notes.push_back(absl::StrCat(
       "the plan's per-layer bytes are the ", plan.framework,

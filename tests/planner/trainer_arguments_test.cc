@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace stowage::planner {
 namespace {
 
@@ -132,11 +134,19 @@ TEST(MegatronArguments, OffloadSavedPrefixIsCpuOffloadingOtherwiseNot) {
   ASSERT_EQ(prefix.notes.size(), 1u);  // the copy schedule is Megatron's own
   EXPECT_THAT(prefix.notes[0], HasSubstr("own schedule"));
   // Megatron refuses CPU offloading with recompute, and of every layer.
-  for (const Plan& plan :
-       {PlanOf({kOffSaved, kFull}), PlanOf({kOffSaved, kOffSaved}), PlanOf({kKeep, kOffSaved})}) {
-    const TrainerArguments a = Megatron(plan);
+  // The note agrees in number with the layers it names.
+  struct Case {
+    Plan plan;
+    const char* offloads;
+    const char* run;
+  };
+  for (const Case& c : {Case{PlanOf({kOffSaved, kFull}), "layer 0 offloads its", "run it"},
+                        Case{PlanOf({kOffSaved, kOffSaved}), "offload their", "run them"},
+                        Case{PlanOf({kKeep, kOffSaved}), "layer 1 offloads its", "run it"}}) {
+    const TrainerArguments a = Megatron(c.plan);
     EXPECT_FALSE(HasFlag(a, "--cpu-offloading-num-layers"));
-    EXPECT_THAT(a.notes.back(), HasSubstr("run them under the stowage runtime"));
+    EXPECT_THAT(a.notes.back(), HasSubstr(c.offloads));
+    EXPECT_THAT(a.notes.back(), HasSubstr(absl::StrCat(c.run, " under the stowage runtime")));
   }
 }
 
