@@ -728,6 +728,56 @@ TEST(Optimizer, ReferencePlanFitsAndBeatsFullRecompute) {
   EXPECT_LE(r.sim.step_seconds, Simulate(step, recompute, false).step_seconds);
 }
 
+// Note [Least pinned memory]: copies fast enough to hide cost nothing, so offloading ties with
+// keeping in step time; of the plans as fast as the optimum (every policy of every layer,
+// simulated), the search returns one pinning the least host memory, whatever the GPU budget leaves
+// to keep.
+TEST(Optimizer, OfPlansAsFastPinsTheLeastHostMemory) {
+  std::mt19937_64 rng(20261202);
+  StepCost step = RandomStep(rng, 5);
+  for (LayerCost& l : step.layers) l = step.layers[0];  // identical layers: the ties are real
+  for (int i = 0; i < 5; ++i) step.layers[i].index = i;
+  step.d2h_bytes_per_second = step.h2d_bytes_per_second = 1e12;  // every copy hidden
+  step.bidir_d2h_bytes_per_second = step.bidir_h2d_bytes_per_second = 1e12;
+  const uint64_t low = PeakOf(step, LayerPolicy::kOffloadSaved, 1);
+  const uint64_t high = PeakOf(step, LayerPolicy::kKeep, 1);
+  int none_pinned = 0, some_pinned = 0;  // both outcomes occur
+  for (int b = 0; b <= 8; ++b) {
+    OptimizerOptions o;
+    o.chunk_counts = {1};
+    o.prefetch_distances = {1};
+    o.host_budget_bytes = 1 << 20;
+    o.gpu_budget_bytes = low + (high - low) * b / 8;
+    SCOPED_TRACE(absl::StrCat("GPU budget ", o.gpu_budget_bytes));
+    double fastest = 1e300;
+    uint64_t least_host = ~0ull;
+    const std::vector<LayerPolicy> policies = {LayerPolicy::kKeep, LayerPolicy::kOffloadSaved,
+                                               LayerPolicy::kOffloadInput, LayerPolicy::kRecompute};
+    std::vector<SimResult> sims;
+    for (int code = 0; code < 4 * 4 * 4 * 4 * 4; ++code) {
+      Schedule s;
+      for (int i = 0, c = code; i < 5; ++i, c /= 4) s.options.push_back({policies[c % 4], 0, 1});
+      const SimResult sim = Simulate(step, s, false);
+      if (sim.peak_bytes > o.gpu_budget_bytes || sim.host_bytes > o.host_budget_bytes) continue;
+      fastest = std::min(fastest, sim.step_seconds);
+      sims.push_back(sim);
+    }
+    ASSERT_FALSE(sims.empty());
+    for (const SimResult& sim : sims) {
+      if (sim.step_seconds <= fastest * (1 + 1e-12))
+        least_host = std::min(least_host, sim.host_bytes);
+    }
+    const OptimizeResult r = Optimize(step, o);
+    ASSERT_TRUE(r.feasible);
+    EXPECT_NEAR(r.sim.step_seconds, fastest, 1e-9 * fastest);
+    EXPECT_EQ(r.sim.host_bytes, least_host);
+    none_pinned += least_host == 0;
+    some_pinned += least_host > 0;
+  }
+  EXPECT_GT(none_pinned, 0);
+  EXPECT_GT(some_pinned, 0);
+}
+
 TEST(Optimizer, InfeasibleFixedMemoryBinds) {
   const StepCost step = Reference(262144);
   OptimizerOptions o = Budgets(step);
