@@ -278,7 +278,8 @@ absl::StatusOr<TrainerArguments> MegatronArguments(const Plan& plan, const RunSe
     if (!even) {
       add("--pipeline-model-parallel-layout", MegatronLayout(plan, chunks));
     } else if (plan.vpp > 1) {
-      add("--num-layers-per-virtual-pipeline-stage", absl::StrCat(n / plan.pp / plan.vpp));
+      // The chunks per rank, not the layers per chunk: it needs no --num-layers to read back.
+      add("--num-virtual-stages-per-pipeline-rank", absl::StrCat(plan.vpp));
     }
   }
   if (plan.microbatches > 1) {

@@ -52,7 +52,7 @@ struct TrainerArguments {
 // every chunk; its offload choices become the notes they are without pipelining (recompute with
 // the input kept; keep). Otherwise MegatronArguments refuses, naming the stage and the layer that
 // breaks the setting: such a plan needs the stowage runtime, which carries per-layer plans. The
-// split is --pipeline-model-parallel-size with --num-layers-per-virtual-pipeline-stage when every
+// split is --pipeline-model-parallel-size with --num-virtual-stages-per-pipeline-rank when every
 // virtual stage holds as many layers (Megatron's even split), else
 // --pipeline-model-parallel-layout (pipeline_parallel_layer_layout.py: "E", "t", "m", "L" per
 // virtual stage, "|" between them), which gives any split; the microbatches per step are

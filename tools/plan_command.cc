@@ -78,7 +78,7 @@ cli::FlagParser MakeParser() {
          "N",
          "model chunks per stage (virtual stages; with --schedule interleaved)",
          "1",
-         {"virtual-pipeline-model-parallel-size"}});
+         {"num-virtual-stages-per-pipeline-rank"}});
   p.Add({"schedule", "1f1b|interleaved", "pipeline schedule", "1f1b"});
   p.Add({"microbatches", "M", "microbatches per step (gradient accumulation steps)",
          "--pp (1 without pipeline parallelism)"});
@@ -162,12 +162,13 @@ cli::FlagParser MakeParser() {
          ""});
   p.Add({"list-models", "", "list the config.json families (with aliases) and the presets", ""});
   p.Add({"from-megatron", "FILE",
-         "take the run settings (parallel sizes, sequence length, micro batch, optimizer, "
-         "sharding) from a Megatron-LM argument list or YAML config; flags given here win",
+         "take the run settings (parallel sizes, the pipeline split, sequence length, micro "
+         "batch, optimizer, sharding) from a Megatron-LM argument list or YAML config; flags "
+         "given here win",
          ""});
   p.Add({"from-torchtitan", "FILE",
-         "take the run settings (parallel degrees, seq_len, local/global batch, optimizer, "
-         "model flavor) from a torchtitan job .toml; flags given here win",
+         "take the run settings (parallel degrees, the pipeline stages, seq_len, local/global "
+         "batch, optimizer, model flavor) from a torchtitan job .toml; flags given here win",
          ""});
   p.Add({"format", "table|json", "stdout format", "table"});
   p.Add({"emit", "megatron|torchtitan",
@@ -231,7 +232,10 @@ absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& 
 
 // --pp, --vpp, --schedule, --microbatches or --global-batch, --pp-layout and Megatron's two
 // accounting switches; planner::ValidatePipeline checks them against each other and the model.
-absl::Status ReadPipeline(const cli::FlagParser& flags, planner::RunSettings& r) {
+// Without --pp-layout, a torchtitan job's own split of the model's `num_layers` applies.
+absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
+                          const std::optional<TorchtitanSplit>& torchtitan_split,
+                          planner::RunSettings& r) {
   auto pp = flags.GetInt("pp", 1, 1, kPlanMaxPipelineStages);
   if (!pp.ok()) return pp.status();
   r.pp = static_cast<int>(*pp);
@@ -267,6 +271,16 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, planner::RunSettings& r)
     }
     r.microbatches = static_cast<int>(*global / per_step);
   }
+  if (torchtitan_split.has_value() && !flags.Has("pp-layout")) {
+    auto stages = TorchtitanStageLayers(
+        *torchtitan_split, num_layers, r.pp, r.schedule == PipelineSchedule::kInterleaved,
+        flags.Has("vpp") ? std::optional<int>(r.vpp) : std::nullopt);
+    if (!stages.ok()) return stages.status();
+    if (!stages->layers.empty()) {
+      r.vpp = stages->vpp;
+      r.pp_layout = stages->layers;
+    }
+  }
   if (auto layout = flags.Get("pp-layout"); layout.has_value()) {
     for (absl::string_view part : absl::StrSplit(*layout, ',')) {
       int count = 0;
@@ -286,7 +300,8 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, planner::RunSettings& r)
   return absl::OkStatus();
 }
 
-absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
+absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
+                                  const std::optional<TorchtitanSplit>& torchtitan_split) {
   Inputs in;
   auto model = flags.GetString("model", "glm-5.3-flash");
   if (!model.ok()) return model.status();
@@ -330,7 +345,9 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags) {
         {"gpus", 64, &r.gpus}}) {
     if (absl::Status s = get_int(name, fallback, *out); !s.ok()) return s;
   }
-  if (absl::Status s = ReadPipeline(flags, r); !s.ok()) return s;
+  if (absl::Status s = ReadPipeline(flags, in.model.num_layers(), torchtitan_split, r); !s.ok()) {
+    return s;
+  }
   auto imbalance = flags.GetDouble("moe-imbalance", 1.0, 1.0, 1e6);
   if (!imbalance.ok()) return imbalance.status();
   r.moe_imbalance = *imbalance;
@@ -583,6 +600,7 @@ int RunPlanCommand(int argc, char** argv) {
     return kExitUsage;
   }
   // Run settings from the trainer's own config: flags given on the command line win.
+  std::optional<TorchtitanSplit> torchtitan_split;
   for (const char* from : {"from-megatron", "from-torchtitan"}) {
     auto file = flags.Get(from);
     if (!file.has_value()) continue;
@@ -611,6 +629,7 @@ int RunPlanCommand(int argc, char** argv) {
     }
     for (const std::string& note : settings->notes)
       std::fprintf(stderr, "note: %s\n", note.c_str());
+    if (settings->torchtitan_split.has_value()) torchtitan_split = settings->torchtitan_split;
   }
   if (flags.GetBool("list-models")) {
     std::fputs(planner::ListModelsText().c_str(), stdout);
@@ -638,7 +657,7 @@ int RunPlanCommand(int argc, char** argv) {
     }
     profile_step = *std::move(step);
   } else {
-    auto inputs = ReadInputs(flags);
+    auto inputs = ReadInputs(flags, torchtitan_split);
     if (!inputs.ok()) {
       std::fprintf(stderr, "stowage plan: %s\n", std::string(inputs.status().message()).c_str());
       return kExitUsage;

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -26,7 +27,6 @@ const std::map<std::string, std::string>& MegatronToStowage() {
       {"context-parallel-size", "cp"},
       {"expert-model-parallel-size", "ep"},
       {"pipeline-model-parallel-size", "pp"},
-      {"virtual-pipeline-model-parallel-size", "vpp"},
       {"seq-length", "seq-len"},
       {"micro-batch-size", "micro-batch"},
       {"global-batch-size", "global-batch"},
@@ -120,7 +120,275 @@ bool LooksLikeYaml(absl::string_view text) {
   return false;
 }
 
+// The arguments that split the decoder layers over the pipeline's stages (arguments.py
+// validate_args, transformer_config.py __post_init__, transformer_block.py
+// get_num_layers_to_build); --num-layers is read for them alone.
+bool IsPipelineSplitArgument(const std::string& name) {
+  static const auto* names = new std::set<std::string>{
+      "num-layers",
+      "pipeline-model-parallel-layout",
+      "num-layers-per-virtual-pipeline-stage",
+      "num-virtual-stages-per-pipeline-rank",
+      "decoder-first-pipeline-num-layers",
+      "decoder-last-pipeline-num-layers",
+      "account-for-embedding-in-pipeline-split",
+      "account-for-loss-in-pipeline-split",
+  };
+  return names->contains(name);
+}
+
+using ArgumentValues = std::map<std::string, std::optional<std::string>>;
+
+// An integer argument of at least `min`, or nullopt when the file does not set it.
+absl::StatusOr<std::optional<int>> IntArgument(const ArgumentValues& args, const std::string& name,
+                                               int min, const std::string& source) {
+  auto it = args.find(name);
+  if (it == args.end()) return std::nullopt;
+  int value = 0;
+  if (!it->second.has_value() || !absl::SimpleAtoi(*it->second, &value) || value < min) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": --", name, " is '",
+                                                   it->second.value_or(""),
+                                                   "'; allowed: an integer of at least ", min));
+  }
+  return value;
+}
+
+// Note [Pipeline split from Megatron]: the stages as Megatron builds them, said as --vpp and
+// --pp-layout. The layout gives every virtual stage (its vpp is stages / pp, and it conflicts with
+// the other split arguments); else --decoder-first/last-pipeline-num-layers give the first and
+// last rank theirs and the middle ranks share the rest evenly, each rank's layers divided evenly
+// over its model chunks; else the split is Megatron's even one, which `stowage plan` makes itself
+// from --vpp and the two accounting switches. More than one model chunk runs the interleaved
+// schedule (schedules.py get_forward_backward_func). The MTP depths go to the last virtual
+// stage, where the planner runs them (Note [MTP layers] in planner/cost_model.cc): a layout that
+// places them elsewhere (Megatron's standalone MTP stage) is refused. True when the split counted
+// --num-layers.
+absl::StatusOr<bool> ReadMegatronSplit(const ArgumentValues& args, int pp, int mtp_layers,
+                                       const std::string& source, TrainerSettings& out) {
+  auto int_arg = [&](const char* name, int min) { return IntArgument(args, name, min, source); };
+  auto num_layers = int_arg("num-layers", 1);
+  auto per_virtual = int_arg("num-layers-per-virtual-pipeline-stage", 1);
+  auto virtual_stages = int_arg("num-virtual-stages-per-pipeline-rank", 1);
+  auto first = int_arg("decoder-first-pipeline-num-layers", 0);
+  auto last = int_arg("decoder-last-pipeline-num-layers", 0);
+  for (const auto* v : {&num_layers, &per_virtual, &virtual_stages, &first, &last}) {
+    if (!v->ok()) return v->status();
+  }
+  const bool embedding_counted = args.contains("account-for-embedding-in-pipeline-split");
+  const bool loss_counted = args.contains("account-for-loss-in-pipeline-split");
+  const auto layout = args.find("pipeline-model-parallel-layout");
+  auto refuse = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
+  };
+  const std::vector<std::string> exclusive = {"num-layers-per-virtual-pipeline-stage",
+                                              "num-virtual-stages-per-pipeline-rank",
+                                              "pipeline-model-parallel-layout"};
+  std::vector<std::string> given;
+  for (const std::string& name : exclusive) {
+    if (args.contains(name)) given.push_back("--" + name);
+  }
+  if (given.size() > 1) {
+    return refuse(absl::StrCat("sets ", absl::StrJoin(given, " and "),
+                               "; Megatron takes at most one of them"));
+  }
+  auto needs_num_layers = [&](const char* name) {
+    return refuse(absl::StrCat("--", name,
+                               " splits --num-layers, which the file does not set; add it (the "
+                               "model's decoder layers)"));
+  };
+  std::vector<int> counts;  // decoder layers per virtual stage, when not the even split
+  int vpp = 1;
+  if (layout != args.end()) {
+    if (!layout->second.has_value()) return refuse("--pipeline-model-parallel-layout has no value");
+    if (first->has_value() || last->has_value() || embedding_counted || loss_counted) {
+      return refuse(
+          "--pipeline-model-parallel-layout gives every stage's layers; Megatron refuses it "
+          "together with --decoder-first/last-pipeline-num-layers and "
+          "--account-for-embedding/loss-in-pipeline-split");
+    }
+    auto stages = MegatronLayoutStages(*layout->second);
+    if (!stages.ok()) return refuse(std::string(stages.status().message()));
+    const std::string value =
+        absl::StrCat("--pipeline-model-parallel-layout is '", *layout->second, "'");
+    if (stages->size() % pp != 0) {
+      return refuse(absl::StrCat(value, ": its ", stages->size(),
+                                 " stages do not divide over --pipeline-model-parallel-size ", pp));
+    }
+    vpp = static_cast<int>(stages->size()) / pp;
+    std::string all;
+    for (const std::string& stage : *stages) all += stage;
+    auto occurrences = [&](char c) { return std::count(all.begin(), all.end(), c); };
+    if (all.empty() || all.front() != 'E' || all.back() != 'L' || occurrences('E') != 1 ||
+        occurrences('L') != 1) {
+      return refuse(absl::StrCat(value,
+                                 "; allowed: one E (the embedding) first and one L (the "
+                                 "loss) last"));
+    }
+    if (occurrences('m') != mtp_layers) {
+      return refuse(absl::StrCat(value, ": it places ", occurrences('m'),
+                                 " MTP depths (m); --mtp-num-layers is ", mtp_layers));
+    }
+    if (num_layers->has_value() && occurrences('t') != **num_layers) {
+      return refuse(absl::StrCat(value, ": it places ", occurrences('t'),
+                                 " decoder layers (t); --num-layers is ", **num_layers));
+    }
+    for (size_t v = 0; v < stages->size(); ++v) {
+      const std::string& stage = (*stages)[v];
+      const size_t mtp = stage.find('m');
+      if (mtp != std::string::npos &&
+          (v + 1 != stages->size() || stage.find('t', mtp) != std::string::npos)) {
+        return refuse(absl::StrCat(
+            value, ": it places MTP depths on virtual stage ", v,
+            "; allowed: in the last virtual stage, after its decoder layers (where the planner "
+            "runs them; a standalone MTP stage is not planned)"));
+      }
+      counts.push_back(static_cast<int>(std::count(stage.begin(), stage.end(), 't')));
+    }
+  } else {
+    if (virtual_stages->has_value()) vpp = **virtual_stages;
+    if (per_virtual->has_value()) {
+      if (first->has_value() || last->has_value()) {
+        return refuse(
+            "--num-layers-per-virtual-pipeline-stage with an uneven split "
+            "(--decoder-first/last-pipeline-num-layers); Megatron asks for "
+            "--num-virtual-stages-per-pipeline-rank instead");
+      }
+      if (!num_layers->has_value())
+        return needs_num_layers("num-layers-per-virtual-pipeline-stage");
+      const int total = **num_layers + (embedding_counted ? 1 : 0) + (loss_counted ? 1 : 0);
+      if (total % pp != 0 || (total / pp) % **per_virtual != 0) {
+        return refuse(absl::StrCat(
+            "--num-layers-per-virtual-pipeline-stage is ", **per_virtual, "; it must divide the ",
+            total, " layers", total != **num_layers ? " (embedding / loss counted)" : "",
+            " over --pipeline-model-parallel-size ", pp, " evenly per stage"));
+      }
+      vpp = total / pp / **per_virtual;
+    }
+    if (first->has_value() || last->has_value()) {
+      if (embedding_counted || loss_counted) {
+        return refuse(
+            "--decoder-first/last-pipeline-num-layers with "
+            "--account-for-embedding/loss-in-pipeline-split; Megatron refuses the two together");
+      }
+      if (!num_layers->has_value()) {
+        return needs_num_layers(first->has_value() ? "decoder-first-pipeline-num-layers"
+                                                   : "decoder-last-pipeline-num-layers");
+      }
+      int rest = **num_layers, middle_ranks = pp;
+      for (const auto* given_count : {&*first, &*last}) {
+        if (given_count->has_value()) {
+          rest -= **given_count;
+          --middle_ranks;
+        }
+      }
+      if (rest < 0 || (middle_ranks > 0 && rest % middle_ranks != 0)) {
+        return refuse(absl::StrCat("--decoder-first/last-pipeline-num-layers leave ", rest,
+                                   " of --num-layers ", **num_layers, " for ",
+                                   std::max(0, middle_ranks),
+                                   " middle stages; allowed: a multiple of the middle stages"));
+      }
+      std::vector<int> per_rank(pp, middle_ranks > 0 ? rest / middle_ranks : 0);
+      if (first->has_value()) per_rank.front() = **first;
+      if (last->has_value()) per_rank.back() = **last;
+      counts.assign(static_cast<size_t>(pp) * vpp, 0);
+      for (int s = 0; s < pp; ++s) {
+        if (per_rank[s] % vpp != 0) {
+          return refuse(absl::StrCat("stage ", s, "'s ", per_rank[s],
+                                     " layers do not divide over its ", vpp, " model chunks"));
+        }
+        for (int c = 0; c < vpp; ++c) counts[static_cast<size_t>(c) * pp + s] = per_rank[s] / vpp;
+      }
+    } else {
+      // Megatron's even split, which the planner makes from the same switches.
+      if (embedding_counted)
+        out.flags.push_back({"account-for-embedding-in-pipeline-split", "true"});
+      if (loss_counted) out.flags.push_back({"account-for-loss-in-pipeline-split", "true"});
+    }
+  }
+  if (vpp > 1) {
+    out.flags.push_back({"vpp", absl::StrCat(vpp)});
+    out.flags.push_back({"schedule", "interleaved"});
+  }
+  if (!counts.empty()) {
+    out.flags.push_back({"pp-layout", absl::StrJoin(counts, ",")});
+    out.notes.push_back(absl::StrCat(source, "'s pipeline split: planned as ",
+                                     vpp > 1 ? absl::StrCat("--vpp ", vpp, " ") : "",
+                                     "--pp-layout ", absl::StrJoin(counts, ",")));
+  }
+  return num_layers->has_value() && (per_virtual->has_value() || first->has_value() ||
+                                     last->has_value() || layout != args.end());
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<std::string>> MegatronLayoutStages(std::string_view layout_in) {
+  const std::string layout(layout_in);
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pipeline-model-parallel-layout is '", layout, "'; ", why));
+  };
+  // Beyond this many characters unrolled the layout cannot be a model's (at most
+  // planner::kMaxLayers layers and as many stages).
+  constexpr size_t kMaxUnrolled = size_t{1} << 22;
+  std::string text;
+  for (char c : layout) {
+    if (c != ',') text.push_back(c);  // purely cosmetic commas
+  }
+  // parse_str_to_list's two re.sub passes, each left to right: r'\(([^)]+)\)\*(\d+)' (a group up
+  // to the first ")"), then r'(.)\*(\d+)'.
+  auto repeat_count = [&](size_t at, size_t& end, int64_t& count) {
+    end = at;
+    count = 0;
+    while (end < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[end]))) {
+      count = std::min<int64_t>(count * 10 + (text[end] - '0'), int64_t{kMaxUnrolled} + 1);
+      ++end;
+    }
+    return end > at;
+  };
+  for (const bool group : {true, false}) {
+    std::string out;
+    size_t i = 0;
+    while (i < text.size()) {
+      size_t body = i, length = 1, star = i + 1;
+      if (group) {
+        const size_t close = text[i] == '(' ? text.find(')', i + 1) : std::string::npos;
+        if (close != std::string::npos && close > i + 1) {
+          body = i + 1;
+          length = close - i - 1;
+          star = close + 1;
+        } else {
+          star = std::string::npos;
+        }
+      }
+      size_t end = 0;
+      int64_t count = 0;
+      if (star == std::string::npos || star >= text.size() || text[star] != '*' ||
+          !repeat_count(star + 1, end, count)) {
+        out.push_back(text[i++]);
+        continue;
+      }
+      if (out.size() + static_cast<uint64_t>(count) * length > kMaxUnrolled) {
+        return bad(absl::StrCat("it unrolls to more than ", kMaxUnrolled, " layers"));
+      }
+      for (int64_t k = 0; k < count; ++k) out.append(text, body, length);
+      i = end;
+    }
+    text = std::move(out);
+  }
+  std::vector<std::string> stages;
+  for (absl::string_view stage : absl::StrSplit(text, '|')) {
+    for (char c : stage) {
+      if (std::string_view("EtmL").find(c) == std::string_view::npos) {
+        return bad(absl::StrCat("'", std::string(1, c),
+                                "' is not a layer; allowed: E (embedding), t (decoder layer), m "
+                                "(MTP depth), L (loss), '|' between stages, (..)*N and x*N "
+                                "repeats, commas"));
+      }
+    }
+    stages.emplace_back(stage);
+  }
+  return stages;
+}
 
 absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
                                                      std::string_view source_in) {
@@ -137,9 +405,12 @@ absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
   }
   TrainerSettings out;
   std::vector<std::string> policy, unused;
+  ArgumentValues split;
   bool distributed_optimizer = false, explicit_sharding = false;
   for (const Argument& a : arguments) {
-    if (auto it = MegatronToStowage().find(a.name); it != MegatronToStowage().end()) {
+    if (IsPipelineSplitArgument(a.name)) {
+      split[a.name] = a.value;
+    } else if (auto it = MegatronToStowage().find(a.name); it != MegatronToStowage().end()) {
       if (!a.value.has_value()) {
         return absl::InvalidArgumentError(absl::StrCat(source, ": --", a.name, " has no value"));
       }
@@ -159,9 +430,25 @@ absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
   if (distributed_optimizer && !explicit_sharding) out.flags.push_back({"sharding", "optim"});
   // Megatron-LM builds no MTP module without --mtp-num-layers (its default is None), whatever the
   // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/cost_model.cc).
+  int pp = 1, mtp_layers = 0;
   bool mtp_given = false;
-  for (const auto& flag : out.flags) mtp_given |= flag.first == "mtp-layers";
+  for (const auto& [flag, value] : out.flags) {
+    const bool is_pp = flag == "pp", is_mtp = flag == "mtp-layers";
+    mtp_given |= is_mtp;
+    if ((is_pp || is_mtp) && (!absl::SimpleAtoi(value, is_pp ? &pp : &mtp_layers) ||
+                              (is_pp ? pp < 1 : mtp_layers < 0))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": --", is_pp ? "pipeline-model-parallel-size" : "mtp-num-layers",
+                       " is '", value, "'; allowed: an integer of at least ", is_pp ? 1 : 0));
+    }
+  }
   if (!mtp_given) out.flags.push_back({"mtp-layers", "0"});
+  auto counted_layers = ReadMegatronSplit(split, pp, mtp_layers, source, out);
+  if (!counted_layers.ok()) return counted_layers.status();
+  // --num-layers is the model's shape, which comes from --model; only the split reads it.
+  if (split.contains("num-layers") && !*counted_layers) {
+    unused.insert(unused.begin(), "--num-layers");
+  }
   if (!policy.empty()) {
     out.notes.push_back(absl::StrCat(source, " sets ", absl::StrJoin(policy, ", "),
                                      ": stowage chooses recompute and offload per layer (compare "
@@ -355,19 +642,101 @@ absl::StatusOr<TrainerSettings> ReadTorchtitanSettings(std::string_view text,
                         *toml.Find(par, "fsdp_reshard_after_forward"),
                         "\"default\", \"always\", \"never\"");
   }
-  if (pp_v > 1 && schedule.has_value()) {
-    if (*schedule == "1F1B") {
-      out.flags.push_back({"schedule", "1f1b"});
-    } else if (*schedule == "Interleaved1F1B") {
-      out.flags.push_back({"schedule", "interleaved"});
-      out.notes.push_back(
-          absl::StrCat(source,
-                       ": torchtitan derives the model chunks per stage of Interleaved1F1B from "
-                       "parallelism.pipeline_parallel_layers_per_stage: give --vpp"));
+  // torch.distributed.pipelining get_schedule_class (case-insensitive): single-stage schedules
+  // run one stage per rank, multi-stage ones several (pipeline_llm).
+  const toml::node* fqns_node = toml.Find(par, "module_fqns_per_model_part");
+  STOWAGE_ASSIGN_OR_RETURN(layers_per_stage,
+                           toml.Int(par, "pipeline_parallel_layers_per_stage", 1, kMaxDegree));
+  STOWAGE_ASSIGN_OR_RETURN(
+      first_less, toml.Int(par, "pipeline_parallel_first_stage_less_layers", 0, kMaxDegree));
+  STOWAGE_ASSIGN_OR_RETURN(
+      last_less, toml.Int(par, "pipeline_parallel_last_stage_less_layers", 0, kMaxDegree));
+  if (pp_v > 1) {
+    const std::string name = absl::AsciiStrToLower(schedule.value_or("1F1B"));
+    const std::set<std::string> single = {"1f1b", "gpipe", "pipelineschedulesingle"};
+    const std::set<std::string> multi = {"interleaved1f1b", "loopedbfs", "interleavedzerobubble",
+                                         "zbvzerobubble",   "dualpipev", "pipelineschedulemulti"};
+    if (!single.contains(name) && !multi.contains(name)) {
+      return toml.Invalid(par, "pipeline_parallel_schedule",
+                          *toml.Find(par, "pipeline_parallel_schedule"),
+                          "\"1F1B\", \"GPipe\", \"Interleaved1F1B\", \"LoopedBFS\", "
+                          "\"InterleavedZeroBubble\", \"ZBVZeroBubble\", \"DualPipeV\"");
+    }
+    const bool multi_stage = multi.contains(name);
+    if (schedule.has_value() || multi_stage) {
+      out.flags.push_back({"schedule", multi_stage ? "interleaved" : "1f1b"});
+    }
+    if (name != "1f1b" && name != "interleaved1f1b") {
+      out.notes.push_back(absl::StrCat(
+          source, " sets parallelism.pipeline_parallel_schedule = \"", *schedule,
+          "\": the planner models 1F1B and Interleaved1F1B; planned as ",
+          multi_stage ? "Interleaved1F1B (its stages looped over the ranks)" : "1F1B",
+          name == "gpipe" ? ", which holds fewer microbatches in flight than GPipe's all" : ""));
+    }
+    if (fqns_node != nullptr) {
+      // Note [torchtitan model parts]: each part's modules (pipeline_module_split keeps a part's
+      // "layers.<i>" by index, and tok_embeddings, norm, output by name), said as the planner's
+      // virtual stages; the parts are looped over the ranks (stage v on rank v mod pp).
+      const std::string key = "module_fqns_per_model_part";
+      auto invalid = [&](const std::string& allowed) {
+        return toml.Invalid(par, key, *fqns_node, allowed);
+      };
+      const toml::array* parts = fqns_node->as_array();
+      if (parts == nullptr || parts->empty() || parts->size() % pp_v != 0) {
+        return invalid(
+            absl::StrCat("a list of model parts, a multiple of pipeline_parallel_degree (", pp_v,
+                         "), each a list of module names"));
+      }
+      std::vector<int> counts;
+      int next_layer = 0;
+      for (size_t v = 0; v < parts->size(); ++v) {
+        const toml::array* part = (*parts)[v].as_array();
+        if (part == nullptr) return invalid("a list of lists of module names");
+        int layers = 0;
+        for (const toml::node& module : *part) {
+          const std::optional<std::string> fqn = module.value<std::string>();
+          if (!fqn.has_value()) return invalid("a list of lists of module names (strings)");
+          const bool first = v == 0, last = v + 1 == parts->size();
+          int index = -1;
+          if (*fqn == "tok_embeddings" && first) continue;
+          if ((*fqn == "norm" || *fqn == "output") && last) continue;
+          if (fqn->rfind("layers.", 0) == 0 && absl::SimpleAtoi(fqn->substr(7), &index) &&
+              index == next_layer) {
+            ++next_layer;
+            ++layers;
+            continue;
+          }
+          return invalid(absl::StrCat(
+              "\"tok_embeddings\" in the first part, \"layers.<i>\" for i = 0, 1, ... in "
+              "order, \"norm\" and \"output\" in the last part (the planner runs the embedding "
+              "on the first stage and the LM head on the last); part ",
+              v, " has \"", *fqn, "\"",
+              index >= 0 ? absl::StrCat(" where layers.", next_layer, " is next") : ""));
+        }
+        counts.push_back(layers);
+      }
+      const int64_t per_rank = static_cast<int64_t>(parts->size()) / pp_v;
+      if (multi_stage ? per_rank < 2 : per_rank != 1) {
+        return invalid(absl::StrCat(
+            multi_stage ? "at least 2" : "exactly 1", " model parts per rank under the ",
+            multi_stage ? "multi" : "single", "-stage schedule \"", schedule.value_or("1F1B"),
+            "\" (", pp_v * (multi_stage ? 2 : 1), " parts or ",
+            multi_stage ? "more" : "a single-stage schedule", ")"));
+      }
+      if (per_rank > 1) flag("vpp", per_rank);
+      out.flags.push_back({"pp-layout", absl::StrJoin(counts, ",")});
+      out.notes.push_back(absl::StrCat(source, "'s parallelism.", key, ": planned as ",
+                                       per_rank > 1 ? absl::StrCat("--vpp ", per_rank, " ") : "",
+                                       "--pp-layout ", absl::StrJoin(counts, ",")));
     } else {
-      out.notes.push_back(
-          absl::StrCat(source, " sets parallelism.pipeline_parallel_schedule = \"", *schedule,
-                       "\": the planner models 1F1B and Interleaved1F1B; planned as 1F1B"));
+      out.torchtitan_split =
+          TorchtitanSplit{source, layers_per_stage, first_less.value_or(1), last_less.value_or(1)};
+      out.notes.push_back(absl::StrCat(
+          source,
+          " lists no parallelism.module_fqns_per_model_part: planned with torchtitan's own split "
+          "of the model's layers (generate_llm_fqn_per_model_part, the embedding and the output "
+          "counted as ",
+          first_less.value_or(1), " and ", last_less.value_or(1), " layers)"));
     }
   }
 
@@ -476,6 +845,60 @@ absl::StatusOr<TrainerSettings> ReadTorchtitanSettings(std::string_view text,
         unused.size() > 8 ? ", ..." : ""));
   }
   return out;
+}
+
+absl::StatusOr<StageLayers> TorchtitanStageLayers(const TorchtitanSplit& split, int num_layers,
+                                                  int pp, bool multi_stage,
+                                                  std::optional<int> vpp) {
+  if (pp <= 1) return StageLayers{};
+  auto refuse = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(split.source, ": ", why));
+  };
+  const int64_t n = num_layers, in = split.first_stage_less_layers,
+                out = split.last_stage_less_layers;
+  const int64_t effective = n + in + out;  // the embedding and the output counted as layers
+  int64_t stages = int64_t{pp} * (multi_stage ? 2 : 1);
+  if (vpp.has_value()) {
+    stages = int64_t{pp} * *vpp;
+  } else if (split.layers_per_stage.has_value()) {
+    // pipeline_llm: ceil((layers + weights) / layers_per_stage) virtual stages.
+    const int64_t per = *split.layers_per_stage;
+    stages = (effective + per - 1) / per;
+    const std::string given =
+        absl::StrCat("parallelism.pipeline_parallel_layers_per_stage = ", per, " makes ", stages,
+                     " stages of the model's ", n, " layers (+ ", in, " + ", out,
+                     " for the embedding and the output)");
+    if (stages % pp != 0) {
+      return refuse(absl::StrCat(given, ", not a multiple of the ", pp, " pipeline ranks"));
+    }
+    if (multi_stage ? stages / pp < 2 : stages / pp != 1) {
+      return refuse(absl::StrCat(given, ": ", stages / pp, " per rank, where the ",
+                                 multi_stage ? "multi" : "single", "-stage schedule runs ",
+                                 multi_stage ? "at least 2" : "exactly 1"));
+    }
+  }
+  // generate_llm_fqn_per_model_part: effective / stages each, the first `extra` stages one more;
+  // the first stage gives `in` of its share to the embedding, the last `out` to the output.
+  const int64_t per = effective / stages, extra = effective % stages;
+  if (stages > effective || per == 0 || in > per || out > per) {
+    return refuse(absl::StrCat(
+        stages, " pipeline stages of the model's ", n, " layers (+ ", in, " + ", out,
+        " for the embedding and the output, parallelism.pipeline_parallel_first/last_stage_less_"
+        "layers): torchtitan refuses a split with an empty stage or a weight above the ",
+        per, " layers per stage"));
+  }
+  StageLayers result;
+  result.vpp = static_cast<int>(stages / pp);
+  int64_t placed = 0;
+  for (int64_t s = 0; s < stages; ++s) {
+    int64_t share = per + (s < extra ? 1 : 0);
+    if (s == 0) share -= in;
+    if (s + 1 == stages) share -= out;
+    const int64_t layers = std::clamp<int64_t>(share, 0, n - placed);
+    placed += layers;
+    result.layers.push_back(static_cast<int>(layers));
+  }
+  return result;
 }
 
 }  // namespace stowage::tools

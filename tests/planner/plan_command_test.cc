@@ -9,12 +9,14 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "stowage/plan.h"
 #include "tests/test_util.h"
 
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 using Result = stowage::testing::CommandResult;  // out: stdout and stderr
@@ -96,6 +98,42 @@ TEST_F(PlanCommand, FromTorchtitanTakesTheRunSettingsAndFlagsWin) {
   const Result bad = Stowage("plan --from-torchtitan " + Path("missing.toml"));
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.out, HasSubstr("--from-torchtitan=" + Path("missing.toml")));
+}
+
+// A pipelined job plans the trainer's own split: torchtitan's of the model's 32 layers
+// (generate_llm_fqn_per_model_part: 34 = 9 + 9 + 8 + 8, less the embedding's and the output's
+// one each), Megatron's layout as written; the command line's --pp-layout wins.
+TEST_F(PlanCommand, FromATrainerConfigPlansItsPipelineSplit) {
+  {
+    std::ofstream(Path("pp.toml")) << "[parallelism]\npipeline_parallel_degree = 4\n"
+                                      "[training]\nlocal_batch_size = 8\n";
+    std::ofstream(Path("pp.sh")) << "--pipeline-model-parallel-size 4 \\\n"
+                                    "  --pipeline-model-parallel-layout 'E,t*7|(t*9|)*2,t*7,L'\n";
+  }
+  const std::string job =
+      "plan --model llama-3.1-8b --hardware h200 --cp 1 --gpus 64 --seq-len 8K --format json ";
+  // Each stage's chunk, in stage order, as the plan JSON lists them.
+  auto stage_layers = [](const std::string& out) {
+    std::vector<int> counts;
+    const std::string key = "\"num_layers\": ";
+    for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at)) {
+      at += key.size();
+      counts.push_back(std::atoi(out.c_str() + at));
+    }
+    return counts;
+  };
+  const Result torchtitan = Stowage(job + "--from-torchtitan " + Path("pp.toml"));
+  ASSERT_EQ(torchtitan.code, 0) << torchtitan.out;
+  EXPECT_THAT(stage_layers(torchtitan.out), ElementsAre(8, 9, 8, 7));
+  const Result megatron = Stowage(job + "--from-megatron " + Path("pp.sh"));
+  ASSERT_EQ(megatron.code, 0) << megatron.out;
+  EXPECT_THAT(stage_layers(megatron.out), ElementsAre(7, 9, 9, 7));
+  for (const std::string& from :
+       {"--from-torchtitan " + Path("pp.toml"), "--from-megatron " + Path("pp.sh")}) {
+    const Result given = Stowage(job + from + " --pp-layout 5,9,9,9");
+    ASSERT_EQ(given.code, 0) << given.out;
+    EXPECT_THAT(stage_layers(given.out), ElementsAre(5, 9, 9, 9)) << from;
+  }
 }
 
 // Note [torchtitan expressiveness]: the reference run offloads every layer input but the last

@@ -289,7 +289,7 @@ TEST(MegatronUnderPipeline, VirtualStagesAreTheEvenSplitOrTheLayout) {
   absl::StatusOr<TrainerArguments> a =
       MegatronArguments(PipelinedPlanOf(all, 2, 2, {2, 2, 2, 2}, 4), run);
   ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_THAT(ValuesOf(*a, "--num-layers-per-virtual-pipeline-stage"), ElementsAre("2"));
+  EXPECT_THAT(ValuesOf(*a, "--num-virtual-stages-per-pipeline-rank"), ElementsAre("2"));
   EXPECT_THAT(ValuesOf(*a, "--recompute-method"), ElementsAre("uniform"));
   EXPECT_THAT(ValuesOf(*a, "--global-batch-size"), ElementsAre("64"));  // 1 x 4 x 64/(2 x 2)
   EXPECT_FALSE(HasFlag(*a, "--pipeline-model-parallel-layout"));
@@ -298,7 +298,7 @@ TEST(MegatronUnderPipeline, VirtualStagesAreTheEvenSplitOrTheLayout) {
   a = MegatronArguments(mtp, run);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(ValuesOf(*a, "--pipeline-model-parallel-layout"), ElementsAre("E,t|t*2|t*2|t*3,m,L"));
-  EXPECT_FALSE(HasFlag(*a, "--num-layers-per-virtual-pipeline-stage"));
+  EXPECT_FALSE(HasFlag(*a, "--num-virtual-stages-per-pipeline-rank"));
 }
 
 TEST(MegatronUnderPipeline, SelectiveModulesOnEveryLayerAndOffloadNotes) {

@@ -169,8 +169,8 @@ class EmitMegatronPipelineTest(unittest.TestCase):
                 pp, vpp = plan["run"]["pp"], plan["run"]["vpp"]
                 n = len(plan["layers"])
                 self.assertEqual(int(args.pipeline_model_parallel_size), pp)
-                if args.num_layers_per_virtual_pipeline_stage:  # arguments.py's derivation
-                    virtual = n // pp // int(args.num_layers_per_virtual_pipeline_stage)
+                if args.num_virtual_stages_per_pipeline_rank:  # arguments.py's derivation
+                    virtual = int(args.num_virtual_stages_per_pipeline_rank)
                 else:
                     virtual = vpp
                 config = TransformerConfig(
@@ -222,6 +222,104 @@ class EmitMegatronPipelineTest(unittest.TestCase):
                         * pp)
                     self.assertEqual(int(args.global_batch_size),
                                      int(args.micro_batch_size) * dp * plan["run"]["microbatches"])
+
+    def test_from_megatron_reads_back_what_was_emitted(self) -> None:
+        """The emitted arguments, read back with --from-megatron, plan the same stages."""
+        import tempfile
+        base = ["--model", "llama-3.1-8b", "--hardware", "h200", "--cp", "1", "--gpus", "64",
+                "--seq-len", "8K"]
+        for flags in PIPELINED:
+            with self.subTest(flags=flags):
+                tokens, _ = _emitted(self.cli, flags)
+                plan = _plan(self.cli, flags)
+                with tempfile.NamedTemporaryFile("w", suffix=".sh") as script:
+                    script.write("torchrun pretrain_gpt.py " + shlex.join(tokens) + "\n")
+                    script.flush()
+                    back = _plan(self.cli, base + ["--from-megatron", script.name])
+                for key in ("pp", "vpp", "schedule", "microbatches"):
+                    self.assertEqual(back["run"][key], plan["run"][key], key)
+                self.assertEqual([s["chunks"] for s in back["stages"]],
+                                 [s["chunks"] for s in plan["stages"]])
+
+    def test_from_megatron_splits_as_megatron_core_does(self) -> None:
+        """A launch script's split (the layout; uneven first and last stages with model chunks;
+        layers per virtual stage), read with --from-megatron, gives every stage the chunks
+        Megatron-Core builds (get_num_layers_to_build, get_transformer_layer_offset)."""
+        try:
+            import torch
+            from megatron.core import parallel_state
+            from megatron.core.transformer.transformer_block import get_num_layers_to_build
+            from megatron.core.transformer.transformer_config import TransformerConfig
+            from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+        except ImportError as e:  # Debian's torch 1.13 has no megatron-core
+            self.skipTest(f"megatron-core is not installed: {e}")
+        import tempfile
+        n = 32  # llama-3.1-8b's layers
+        scripts = [
+            ["--pipeline-model-parallel-size", "4",
+             "--pipeline-model-parallel-layout", "E,t*7|(t*9|)*2,t*7,L"],
+            ["--pipeline-model-parallel-size", "2",
+             "--pipeline-model-parallel-layout", "E,t*3|(t*4|)*6,t*5,L"],
+            ["--pipeline-model-parallel-size", "4", "--decoder-first-pipeline-num-layers", "6",
+             "--decoder-last-pipeline-num-layers", "10",
+             "--num-virtual-stages-per-pipeline-rank", "2"],
+            ["--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage",
+             "4"],
+            ["--pipeline-model-parallel-size", "2", "--account-for-embedding-in-pipeline-split",
+             "--account-for-loss-in-pipeline-split"],
+        ]
+        for script in scripts:
+            with self.subTest(script=script):
+                args = _parse(self.parser, ["--num-layers", str(n)] + script)
+                with tempfile.NamedTemporaryFile("w", suffix=".sh") as f:
+                    f.write(f"torchrun pretrain_gpt.py --num-layers {n} {shlex.join(script)}\n")
+                    f.flush()
+                    plan = _plan(self.cli, ["--model", "llama-3.1-8b", "--hardware", "h200",
+                                            "--cp", "1", "--gpus", "64", "--seq-len", "8K",
+                                            "--microbatches", "8", "--from-megatron", f.name])
+                pp, vpp = plan["run"]["pp"], plan["run"]["vpp"]
+                self.assertEqual(pp, int(args.pipeline_model_parallel_size))
+                virtual = None  # arguments.py's derivation of the model chunks per rank
+                if args.num_virtual_stages_per_pipeline_rank:
+                    virtual = int(args.num_virtual_stages_per_pipeline_rank)
+                elif args.num_layers_per_virtual_pipeline_stage:
+                    virtual = n // pp // int(args.num_layers_per_virtual_pipeline_stage)
+                config = TransformerConfig(
+                    num_layers=n, hidden_size=64, num_attention_heads=4,
+                    pipeline_model_parallel_size=pp,
+                    virtual_pipeline_model_parallel_size=(
+                        virtual if virtual and virtual > 1 else None),
+                    pipeline_model_parallel_layout=args.pipeline_model_parallel_layout,
+                    num_layers_in_first_pipeline_stage=(
+                        int(args.decoder_first_pipeline_num_layers)
+                        if args.decoder_first_pipeline_num_layers else None),
+                    num_layers_in_last_pipeline_stage=(
+                        int(args.decoder_last_pipeline_num_layers)
+                        if args.decoder_last_pipeline_num_layers else None),
+                    account_for_embedding_in_pipeline_split=(
+                        args.account_for_embedding_in_pipeline_split),
+                    account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
+                    pipeline_dtype=torch.bfloat16)
+                self.assertEqual(config.virtual_pipeline_model_parallel_size or 1, vpp)
+                try:
+                    parallel_state.set_pipeline_model_parallel_world_size(pp)
+                    parallel_state.set_virtual_pipeline_model_parallel_world_size(
+                        vpp if vpp > 1 else None)
+                    for stage in plan["stages"]:
+                        rank = stage["stage"]
+                        parallel_state.set_pipeline_model_parallel_rank(rank)
+                        for chunk, want in enumerate(stage["chunks"]):
+                            vp = chunk if vpp > 1 else None
+                            parallel_state.set_virtual_pipeline_model_parallel_rank(vp)
+                            self.assertEqual(
+                                (get_transformer_layer_offset(config, vp_stage=vp, pp_rank=rank),
+                                 get_num_layers_to_build(config, vp_stage=vp, pp_rank=rank)),
+                                (want["first_layer"], want["num_layers"]))
+                finally:
+                    parallel_state.set_pipeline_model_parallel_world_size(None)
+                    parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
+                    parallel_state.set_pipeline_model_parallel_rank(None)
+                    parallel_state.set_virtual_pipeline_model_parallel_rank(None)
 
     def test_what_megatron_cannot_express_is_refused_naming_the_layer(self) -> None:
         for flags in PIPELINED_REFUSED:

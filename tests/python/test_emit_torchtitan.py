@@ -299,6 +299,83 @@ class EmitTorchtitanPipelineTest(unittest.TestCase):
                               if l["policy"] not in ("keep", "offload_saved")}
                 self.assertEqual(recomputed, wrapped)
 
+    def test_from_torchtitan_reads_back_what_was_emitted(self) -> None:
+        """The emitted job config, read back with --from-torchtitan, plans the same stages."""
+        import tempfile
+        base = ["--model", "llama-3.1-8b", "--hardware", "h200", "--cp", "1", "--gpus", "64",
+                "--seq-len", "8K"]
+        for flags in PIPELINED:
+            with self.subTest(flags=flags):
+                emitted = _run(self.cli, flags, "--emit", "torchtitan")
+                self.assertEqual(emitted.returncode, 0, emitted.stderr)
+                plan = json.loads(_run(self.cli, flags, "--format", "json").stdout)
+                with tempfile.NamedTemporaryFile("w", suffix=".toml") as job:
+                    job.write(emitted.stdout)
+                    job.flush()
+                    back = json.loads(_run(self.cli, base, "--from-torchtitan", job.name,
+                                           "--format", "json").stdout)
+                for key in ("pp", "vpp", "schedule", "microbatches"):
+                    self.assertEqual(back["run"][key], plan["run"][key], key)
+                self.assertEqual([s["chunks"] for s in back["stages"]],
+                                 [s["chunks"] for s in plan["stages"]])
+
+    def test_from_torchtitan_splits_as_pipeline_llm_does(self) -> None:
+        """Without module_fqns_per_model_part, torchtitan's own pipeline_llm (its stage count
+        from the schedule or pipeline_parallel_layers_per_stage, generate_llm_fqn_per_model_part,
+        stages looped over the ranks) gives every rank the chunks stowage plans."""
+        import tempfile
+        n = 32  # llama-3.1-8b's layers
+        jobs = [
+            {"pipeline_parallel_degree": 4},
+            {"pipeline_parallel_degree": 4, "pipeline_parallel_schedule": "Interleaved1F1B"},
+            {"pipeline_parallel_degree": 4, "pipeline_parallel_schedule": "Interleaved1F1B",
+             "pipeline_parallel_layers_per_stage": 3},
+            {"pipeline_parallel_degree": 2, "pipeline_parallel_first_stage_less_layers": 2,
+             "pipeline_parallel_last_stage_less_layers": 0},
+        ]
+        for settings in jobs:
+            with self.subTest(settings=settings):
+                job = self.job_config.JobConfig()
+                for key, value in settings.items():
+                    setattr(job.parallelism, key, value)
+                # pipeline_llm itself, with the module names it passes to pipeline_module_split
+                # captured (the stages need a process group) and no schedule built.
+                captured = []
+
+                def split(model, mesh, schedule, device, names):
+                    captured.append(names)
+                    return [], []
+
+                real = self.pp.pipeline_module_split, self.pp.build_pipeline_schedule
+                self.pp.pipeline_module_split = split
+                self.pp.build_pipeline_schedule = lambda job_config, stages, loss_fn: None
+                dims = types.SimpleNamespace(get_mesh=lambda name: None,
+                                             pp=settings["pipeline_parallel_degree"])
+                try:
+                    self.pp.pipeline_llm(None, dims, job, None, types.SimpleNamespace(n_layers=n),
+                                         None, None)
+                finally:
+                    self.pp.pipeline_module_split, self.pp.build_pipeline_schedule = real
+                names = captured[0]
+                text = "[parallelism]\n" + "".join(
+                    f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
+                with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+                    f.write(text)
+                    f.flush()
+                    plan = json.loads(_run(self.cli, ["--model", "llama-3.1-8b", "--hardware",
+                                                      "h200", "--cp", "1", "--gpus", "64",
+                                                      "--seq-len", "8K", "--microbatches", "8",
+                                                      "--from-torchtitan", f.name,
+                                                      "--format", "json"]).stdout)
+                pp = plan["run"]["pp"]
+                self.assertEqual(pp * plan["run"]["vpp"], len(names))
+                for rank, stage in enumerate(plan["stages"]):
+                    for chunk, want in enumerate(stage["chunks"]):
+                        layers = [int(m.split(".")[1]) for m in names[chunk * pp + rank]
+                                  if m.startswith("layers.")]
+                        first = want["first_layer"]
+                        self.assertEqual(layers, list(range(first, first + want["num_layers"])))
+
     def test_what_torchtitan_cannot_express_is_refused_naming_the_layer(self) -> None:
         for flags in PIPELINED_REFUSED:
             with self.subTest(flags=flags):
