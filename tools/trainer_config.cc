@@ -14,6 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "planner/model.h"
+#include "stowage/plan.h"
 #include "toml++/toml.h"
 
 namespace stowage::tools {
@@ -139,16 +141,17 @@ bool IsPipelineSplitArgument(const std::string& name) {
 
 using ArgumentValues = std::map<std::string, std::optional<std::string>>;
 
-// An integer argument of at least `min`, or nullopt when the file does not set it.
+// An integer argument in [min, max], or nullopt when the file does not set it.
 absl::StatusOr<std::optional<int>> IntArgument(const ArgumentValues& args, const std::string& name,
-                                               int min, const std::string& source) {
+                                               int min, int max, const std::string& source) {
   auto it = args.find(name);
   if (it == args.end()) return std::nullopt;
   int value = 0;
-  if (!it->second.has_value() || !absl::SimpleAtoi(*it->second, &value) || value < min) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": --", name, " is '",
-                                                   it->second.value_or(""),
-                                                   "'; allowed: an integer of at least ", min));
+  if (!it->second.has_value() || !absl::SimpleAtoi(*it->second, &value) || value < min ||
+      value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": --", name, " is '", it->second.value_or(""),
+                     "'; allowed: an integer in [", min, ", ", max, "]"));
   }
   return value;
 }
@@ -165,12 +168,17 @@ absl::StatusOr<std::optional<int>> IntArgument(const ArgumentValues& args, const
 // --num-layers.
 absl::StatusOr<bool> ReadMegatronSplit(const ArgumentValues& args, int pp, int mtp_layers,
                                        const std::string& source, TrainerSettings& out) {
-  auto int_arg = [&](const char* name, int min) { return IntArgument(args, name, min, source); };
-  auto num_layers = int_arg("num-layers", 1);
-  auto per_virtual = int_arg("num-layers-per-virtual-pipeline-stage", 1);
-  auto virtual_stages = int_arg("num-virtual-stages-per-pipeline-rank", 1);
-  auto first = int_arg("decoder-first-pipeline-num-layers", 0);
-  auto last = int_arg("decoder-last-pipeline-num-layers", 0);
+  // The planner's own limits bound every count (so nothing below overflows or allocates more
+  // than a model can have).
+  auto layers_arg = [&](const char* name, int min) {
+    return IntArgument(args, name, min, planner::kMaxLayers, source);
+  };
+  auto num_layers = layers_arg("num-layers", 1);
+  auto per_virtual = layers_arg("num-layers-per-virtual-pipeline-stage", 1);
+  auto virtual_stages =
+      IntArgument(args, "num-virtual-stages-per-pipeline-rank", 1, kPlanMaxVirtualStages, source);
+  auto first = layers_arg("decoder-first-pipeline-num-layers", 0);
+  auto last = layers_arg("decoder-last-pipeline-num-layers", 0);
   for (const auto* v : {&num_layers, &per_virtual, &virtual_stages, &first, &last}) {
     if (!v->ok()) return v->status();
   }
@@ -253,8 +261,9 @@ absl::StatusOr<bool> ReadMegatronSplit(const ArgumentValues& args, int pp, int m
             "(--decoder-first/last-pipeline-num-layers); Megatron asks for "
             "--num-virtual-stages-per-pipeline-rank instead");
       }
-      if (!num_layers->has_value())
+      if (!num_layers->has_value()) {
         return needs_num_layers("num-layers-per-virtual-pipeline-stage");
+      }
       const int total = **num_layers + (embedding_counted ? 1 : 0) + (loss_counted ? 1 : 0);
       if (total % pp != 0 || (total / pp) % **per_virtual != 0) {
         return refuse(absl::StrCat(
@@ -328,8 +337,8 @@ absl::StatusOr<std::vector<std::string>> MegatronLayoutStages(std::string_view l
         absl::StrCat("--pipeline-model-parallel-layout is '", layout, "'; ", why));
   };
   // Beyond this many characters unrolled the layout cannot be a model's (at most
-  // planner::kMaxLayers layers and as many stages).
-  constexpr size_t kMaxUnrolled = size_t{1} << 22;
+  // planner::kMaxLayers layers, kPlanMaxPipelineStages x kPlanMaxVirtualStages stages).
+  constexpr size_t kMaxUnrolled = size_t{1} << 16;
   std::string text;
   for (char c : layout) {
     if (c != ',') text.push_back(c);  // purely cosmetic commas
@@ -435,11 +444,13 @@ absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
   for (const auto& [flag, value] : out.flags) {
     const bool is_pp = flag == "pp", is_mtp = flag == "mtp-layers";
     mtp_given |= is_mtp;
-    if ((is_pp || is_mtp) && (!absl::SimpleAtoi(value, is_pp ? &pp : &mtp_layers) ||
-                              (is_pp ? pp < 1 : mtp_layers < 0))) {
+    if (!is_pp && !is_mtp) continue;
+    const int min = is_pp ? 1 : 0, max = is_pp ? kPlanMaxPipelineStages : kPlanMaxMtpLayers;
+    int& read = is_pp ? pp : mtp_layers;
+    if (!absl::SimpleAtoi(value, &read) || read < min || read > max) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": --", is_pp ? "pipeline-model-parallel-size" : "mtp-num-layers",
-                       " is '", value, "'; allowed: an integer of at least ", is_pp ? 1 : 0));
+                       " is '", value, "'; allowed: an integer in [", min, ", ", max, "]"));
     }
   }
   if (!mtp_given) out.flags.push_back({"mtp-layers", "0"});
@@ -697,11 +708,12 @@ absl::StatusOr<TrainerSettings> ReadTorchtitanSettings(std::string_view text,
           const std::optional<std::string> fqn = module.value<std::string>();
           if (!fqn.has_value()) return invalid("a list of lists of module names (strings)");
           const bool first = v == 0, last = v + 1 == parts->size();
-          int index = -1;
           if (*fqn == "tok_embeddings" && first) continue;
           if ((*fqn == "norm" || *fqn == "output") && last) continue;
-          if (fqn->rfind("layers.", 0) == 0 && absl::SimpleAtoi(fqn->substr(7), &index) &&
-              index == next_layer) {
+          int index = -1;
+          const bool layer = fqn->rfind("layers.", 0) == 0 &&
+                             absl::SimpleAtoi(fqn->substr(7), &index) && index >= 0;
+          if (layer && index == next_layer) {
             ++next_layer;
             ++layers;
             continue;
@@ -711,17 +723,19 @@ absl::StatusOr<TrainerSettings> ReadTorchtitanSettings(std::string_view text,
               "order, \"norm\" and \"output\" in the last part (the planner runs the embedding "
               "on the first stage and the LM head on the last); part ",
               v, " has \"", *fqn, "\"",
-              index >= 0 ? absl::StrCat(" where layers.", next_layer, " is next") : ""));
+              layer ? absl::StrCat(" where layers.", next_layer, " is next") : ""));
         }
         counts.push_back(layers);
       }
       const int64_t per_rank = static_cast<int64_t>(parts->size()) / pp_v;
       if (multi_stage ? per_rank < 2 : per_rank != 1) {
-        return invalid(absl::StrCat(
-            multi_stage ? "at least 2" : "exactly 1", " model parts per rank under the ",
-            multi_stage ? "multi" : "single", "-stage schedule \"", schedule.value_or("1F1B"),
-            "\" (", pp_v * (multi_stage ? 2 : 1), " parts or ",
-            multi_stage ? "more" : "a single-stage schedule", ")"));
+        return invalid(
+            absl::StrCat(multi_stage ? "at least 2" : "exactly 1",
+                         " model parts per rank under the ", multi_stage ? "multi" : "single",
+                         "-stage schedule \"", schedule.value_or("1F1B"), "\" (",
+                         multi_stage ? absl::StrCat(2 * pp_v, " parts or more")
+                                     : absl::StrCat(pp_v, " parts, or a multi-stage schedule"),
+                         ")"));
       }
       if (per_rank > 1) flag("vpp", per_rank);
       out.flags.push_back({"pp-layout", absl::StrJoin(counts, ",")});

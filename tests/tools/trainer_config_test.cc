@@ -211,8 +211,13 @@ TEST(ReadMegatronSettings, SplitsMegatronRefusesAreErrorsNamingTheArgument) {
                     "--num-layers-per-virtual-pipeline-stage 3"),
               HasSubstr("--num-layers-per-virtual-pipeline-stage is 3; it must divide the 32 "
                         "layers"));
-  EXPECT_THAT(error("--pipeline-model-parallel-size two"),
-              HasSubstr("train.sh: --pipeline-model-parallel-size is 'two'; allowed: an integer"));
+  EXPECT_THAT(error("--num-layers 32 --decoder-first-pipeline-num-layers 4294967296"),
+              HasSubstr("--decoder-first-pipeline-num-layers is '4294967296'; allowed: an "
+                        "integer in [0, 10000]"));
+  EXPECT_THAT(
+      error("--pipeline-model-parallel-size two"),
+      HasSubstr(
+          "train.sh: --pipeline-model-parallel-size is 'two'; allowed: an integer in [1, 512]"));
 }
 
 std::string TorchtitanExample(const std::string& name) {
