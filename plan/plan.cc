@@ -690,6 +690,7 @@ std::string PlanToJson(const Plan& plan) {
               {"microbatches", plan.microbatches}};
   // Written only when MTP is trained (Note [MTP layers]): other plans keep their bytes and hash.
   if (plan.mtp_layers != 0) j["run"]["mtp_layers"] = plan.mtp_layers;
+  if (plan.rank_order != "tp-cp-ep-dp-pp") j["run"]["rank_order"] = plan.rank_order;
   j["run"]["gpu_budget_bytes"] = plan.gpu_budget_bytes;
   j["run"]["host_budget_bytes"] = plan.host_budget_bytes;
   // Note [Plans that do not fit]: every plan says whether it fits; one that does not says why.
@@ -813,6 +814,12 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     STOWAGE_PLAN_RETURN_IF_ERROR(
         run->ReadOptional("microbatches", plan.microbatches, kMicrobatches));
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("mtp_layers", plan.mtp_layers, kMtpLayers));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("rank_order", plan.rank_order));
+    if (plan.rank_order != "tp-cp-ep-dp-pp" && plan.rank_order != "tp-cp-ep-pp-dp") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan: field 'run.rank_order' has value '", plan.rank_order,
+                       "'; allowed: tp-cp-ep-dp-pp, tp-cp-ep-pp-dp (Megatron's rank orders)"));
+    }
     STOWAGE_PLAN_RETURN_IF_ERROR(
         run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(

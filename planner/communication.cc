@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -15,15 +16,24 @@ namespace stowage::planner {
 
 // Note [Communication]
 // Per rank and per step, for the run's TP (with sequence parallelism), CP, EP, data-parallel
-// sharding and world size. Groups follow Megatron-Core's rank order (parallel_state.py,
-// order "tp-cp-ep-dp-pp"; expert tensor parallelism 1, as the cost model assumes): TP members
-// are adjacent ranks, CP members tp apart, the EP group is ep adjacent ranks, the dense
-// data-parallel group (with CP) gpus/(tp x pp) members tp apart, the expert data-parallel group
-// gpus/(ep x pp) members ep apart, and pipeline stage s the s-th block of gpus/pp ranks (PP
-// outermost: a stage's data-parallel groups are its own). A group stays on NVLink when its
-// span (size x stride) fits one
-// NVLink domain (groups are aligned to it: sizes and domains are powers of two in practice);
-// otherwise the network limits it, with `members_per_domain` of it on each domain.
+// sharding and world size. Groups follow Megatron-Core's rank order (GroupsOf;
+// parallel_state.py RankGenerator numbers the grid innermost first, a dense grid tp-cp-dp-pp and
+// an expert grid tp-ep-dp-pp with expert tensor parallelism 1, as the cost model assumes). Under
+// the default order "tp-cp-ep-dp-pp" (megatron/training/initialize.py): TP members are adjacent
+// ranks, CP members tp apart, the EP group is ep adjacent ranks, the dense data-parallel group
+// (with CP, Megatron's dp-cp group) dp x cp = gpus/(tp x pp) members tp apart, the expert
+// data-parallel group gpus/(ep x pp) members ep apart, and pipeline stage s the s-th block of
+// gpus/pp ranks (PP outermost: a stage's data-parallel groups are its own; the word-embedding
+// pair of first and last stage (pp-1) x gpus/pp apart). Under "tp-cp-ep-pp-dp"
+// (--use-tp-pp-dp-mapping; dense grid tp-cp-pp-dp, expert grid tp-ep-pp-dp) PP sits inside DP:
+// pipeline neighbours are tp x cp ranks apart (a stage is the blocks of tp x cp adjacent ranks
+// every tp x cp x pp), the dense data-parallel group is cp members tp apart times dp members
+// tp x cp x pp apart (two levels, GroupPlacement::block), the expert data-parallel group
+// gpus/(ep x pp) members ep x pp apart, the embedding pair (pp-1) x tp x cp apart; TP, CP and EP
+// do not move. With pp 1 the two orders are the same. A group stays on NVLink when its span
+// (size x stride, or blocks x block_stride) fits one NVLink domain (groups are aligned to it:
+// sizes and domains are powers of two in practice); otherwise the network limits it, with
+// `members_per_domain` of it on each domain.
 //
 // Time of one collective (CollectiveSeconds), alpha-beta with NCCL's bus-bandwidth factors
 // (nccl-tests doc/PERFORMANCE.md: busBw = algBw x (n-1)/n for all-gather, reduce-scatter and
@@ -89,6 +99,15 @@ struct Cost {
   double transfer = 0;
 };
 
+bool TwoLevel(GroupPlacement g) { return g.block > 0 && g.block < g.size && g.block_stride > 0; }
+
+int64_t Blocks(GroupPlacement g) { return (int64_t{g.size} + g.block - 1) / g.block; }
+
+// The ranks from the group's first to one past its last block (its extent when aligned).
+int64_t Span(GroupPlacement g) {
+  return TwoLevel(g) ? Blocks(g) * g.block_stride : int64_t{g.size} * std::max(1, g.stride);
+}
+
 double Factor(Collective c, int n) {
   const double f = static_cast<double>(n - 1) / n;
   switch (c) {
@@ -134,7 +153,7 @@ Cost CostOf(const HardwareProfile& hw, Collective c, GroupPlacement g, double by
   const int n = g.size;
   const GroupLinks links = LinksOf(hw, g);
   const bool network = links.link == CommLink::kNetwork;
-  const bool in_node = int64_t{g.size} * g.stride <= hw.gpus_per_node;
+  const bool in_node = Span(g) <= hw.gpus_per_node;
   auto nvlink_rate = [&](Collective kind) {
     const double measured = in_node ? MeasuredBusRate(hw, kind) : 0;
     return measured > 0 ? measured : hw.nvlink_bytes_per_second;
@@ -272,12 +291,50 @@ const char* CommGroupName(CommGroup group) {
 GroupLinks LinksOf(const HardwareProfile& hw, GroupPlacement g) {
   if (g.size <= 1) return {CommLink::kNone, 1};
   const int domain = std::max(1, hw.nvlink_domain_gpus);
-  const int64_t span = int64_t{g.size} * std::max(1, g.stride);
-  if (hw.nvlink_bytes_per_second > 0 && span <= domain) return {CommLink::kNvlink, g.size};
-  const int per = hw.nvlink_bytes_per_second > 0 && g.stride < domain
-                      ? std::min(g.size, domain / std::max(1, g.stride))
-                      : 1;
-  return {CommLink::kNetwork, per};
+  const bool nvlink = hw.nvlink_bytes_per_second > 0;
+  if (nvlink && Span(g) <= domain) return {CommLink::kNvlink, g.size};
+  if (!TwoLevel(g)) {
+    const int per =
+        nvlink && g.stride < domain ? std::min(g.size, domain / std::max(1, g.stride)) : 1;
+    return {CommLink::kNetwork, per};
+  }
+  // Blocks closer than a domain share it whole (a block spans block x stride <= block_stride
+  // ranks); blocks a domain or more apart leave each domain the part of one block it holds.
+  int64_t per = 1;  // without NVLink every member is on its own
+  if (nvlink && g.block_stride < domain) {
+    per = std::min<int64_t>(Blocks(g), domain / g.block_stride) * g.block;
+  } else if (nvlink && g.stride < domain) {
+    per = std::min(g.block, domain / std::max(1, g.stride));
+  }
+  return {CommLink::kNetwork, static_cast<int>(std::min<int64_t>(per, g.size))};
+}
+
+ParallelGroups GroupsOf(const RunSettings& run) {
+  const int tp = std::max(1, run.tp), cp = std::max(1, run.cp), ep = std::max(1, run.ep);
+  const int gpus = run.gpus, pp = std::max(1, run.pp);
+  ParallelGroups g;
+  g.tp = {tp, 1};
+  g.cp = {cp, tp};
+  g.ep = {ep, 1};
+  if (run.rank_order == RankOrder::kTpCpEpPpDp && pp > 1) {
+    // Dense grid tp-cp-pp-dp: dp strides over tp x cp x pp; expert grid tp(1)-ep-pp-dp.
+    const int dp = std::max(1, gpus / (tp * cp * pp));
+    g.stage_stride = tp * cp;
+    if (cp == 1 || dp == 1) {
+      g.dense_dp = cp == 1 ? GroupPlacement{dp, tp * pp} : GroupPlacement{cp, tp};
+    } else {
+      g.dense_dp = {cp * dp, tp, cp, tp * cp * pp};
+    }
+    g.expert_dp = {std::max(1, gpus / (ep * pp)), ep * pp};
+  } else {
+    // tp-cp-dp-pp and tp-ep-dp-pp: a stage is gpus / pp adjacent ranks, its DP groups its own.
+    g.stage_stride = std::max(1, gpus / pp);
+    g.dense_dp = {std::max(1, gpus / (tp * pp)), tp};
+    g.expert_dp = {std::max(1, gpus / (ep * pp)), ep};
+  }
+  // default_embedding_ranks (parallel_state.py): the first and the last rank of each PP group.
+  g.embedding = {2, (pp - 1) * g.stage_stride};
+  return g;
 }
 
 double CollectiveSeconds(const HardwareProfile& hw, Collective c, GroupPlacement g, double bytes) {
@@ -285,17 +342,27 @@ double CollectiveSeconds(const HardwareProfile& hw, Collective c, GroupPlacement
   return cost.latency + cost.transfer;
 }
 
-CommLink StageLink(const HardwareProfile& hw, int gpus, int pp, int from, int to) {
+CommLink StageLink(const HardwareProfile& hw, int gpus, int pp, int from, int to,
+                   int stage_stride) {
   if (pp <= 1 || from == to) return CommLink::kNone;
   if (!(hw.nvlink_bytes_per_second > 0)) return CommLink::kNetwork;
-  const int64_t per_stage = std::max<int64_t>(1, gpus / pp);
-  const int64_t first = int64_t{std::min(from, to)} * per_stage;  // the lower stage's first rank
-  const int64_t distance = int64_t{std::abs(to - from)} * per_stage;
+  // A stage is `blocks` blocks of `block` adjacent ranks, `period` apart (one block of gpus / pp
+  // under the default order).
+  const int64_t block = stage_stride > 0 ? stage_stride : std::max<int64_t>(1, gpus / pp);
+  const int64_t period = block * pp;
+  const int64_t blocks = std::max<int64_t>(1, gpus / period);
+  const int64_t lower = int64_t{std::min(from, to)} * block;  // the lower stage's first rank
+  const int64_t distance = int64_t{std::abs(to - from)} * block;
   const int64_t domain = std::max(1, hw.nvlink_domain_gpus);
-  // Pairs (a, a + distance) for first <= a < first + per_stage: some pair leaves its domain
-  // exactly when a domain boundary lies in (first, first + per_stage - 1 + distance].
-  return first / domain == (first + per_stage - 1 + distance) / domain ? CommLink::kNvlink
-                                                                       : CommLink::kNetwork;
+  // Pairs (a, a + distance) for a in a block starting at `first`: some pair leaves its domain
+  // exactly when a domain boundary lies in (first, first + block - 1 + distance]. That depends
+  // on first mod domain only, which repeats after domain / gcd(period, domain) blocks.
+  const int64_t distinct = std::min(blocks, domain / std::gcd(period, domain));
+  for (int64_t k = 0; k < distinct; ++k) {
+    const int64_t first = lower + k * period;
+    if (first / domain != (first + block - 1 + distance) / domain) return CommLink::kNetwork;
+  }
+  return CommLink::kNvlink;
 }
 
 double PointToPointSeconds(const HardwareProfile& hw, CommLink link, double bytes) {
@@ -312,13 +379,14 @@ double PipelineMessageBytes(const ModelConfig& m, const RunSettings& run) {
 StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const RunSettings& run,
                        const std::vector<LayerCost>& layers, int stage) {
   Builder b{m, hw, run, {}, {}};
-  const int tp = run.tp, cp = run.cp, ep = run.ep, gpus = run.gpus, pp = std::max(1, run.pp);
+  const int tp = run.tp, cp = run.cp, ep = run.ep, pp = std::max(1, run.pp);
   const bool first_stage = stage == 0, last_stage = stage == pp - 1;
-  const GroupPlacement tp_g{tp, 1}, cp_g{cp, tp}, ep_g{ep, 1};
-  // A stage's data-parallel groups (Note [Communication]): its gpus / pp ranks over tp (dense,
-  // CP included) or over ep (routed experts).
-  const GroupPlacement dense_dp{std::max(1, gpus / (tp * pp)), tp},
-      expert_dp{std::max(1, gpus / (ep * pp)), ep};
+  // Where each group's members sit for the run's rank order (Note [Communication]): the
+  // data-parallel groups are a stage's gpus / pp ranks over tp (dense, CP included) or over ep
+  // (routed experts).
+  const ParallelGroups groups = GroupsOf(run);
+  const GroupPlacement tp_g = groups.tp, cp_g = groups.cp, ep_g = groups.ep;
+  const GroupPlacement dense_dp = groups.dense_dp, expert_dp = groups.expert_dp;
   const double dt = run.activation_bytes, h = m.hidden, t = b.Tokens();
   const double wb = run.weight_bytes, gb = run.grad_bytes;
   const double tp_bytes = t * h * dt;  // one sequence-parallel gather: the whole t x h
@@ -532,10 +600,11 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
   // Word embeddings held by the first and the last stage (tied, or the MTP modules' input):
   // their gradients are all-reduced between the two once per step, after the backward and
   // before the optimizer (Megatron-Core finalize_model_grads.py, _allreduce_word_embedding_grads
-  // over the embedding group of first and last stage ranks, gpus x (pp - 1) / pp apart);
+  // over the embedding group of first and last stage ranks, (pp - 1) stage strides apart:
+  // gpus x (pp - 1) / pp under the default order, (pp - 1) x tp x cp under tp-cp-ep-pp-dp);
   // exposed.
   if (LastStageHoldsWordEmbeddings(m, run) && (first_stage || last_stage)) {
-    const GroupPlacement ends_g{2, (pp - 1) * (gpus / pp)};
+    const GroupPlacement ends_g = groups.embedding;
     CommOp ar = b.Op("PP word embedding gradient all-reduce (first and last stage)", CommGroup::kDp,
                      Collective::kAllReduce, ends_g,
                      static_cast<double>(m.vocab) * m.hidden / tp * gb, 0, 1);

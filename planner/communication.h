@@ -25,11 +25,16 @@ const char* CollectiveName(Collective collective);  // "all-gather", ..., "send/
 enum class CommLink { kNone, kNvlink, kNetwork };
 const char* CommLinkName(CommLink link);  // "none", "NVLink", "network"
 
-// A process group as Megatron lays it out: `size` members whose global ranks are `stride` apart
-// (rank order TP innermost, then CP, then EP / DP, then PP).
+// A process group as Megatron lays it out (GroupsOf below): `size` members whose global ranks are
+// `stride` apart, or, when `block` > 0, `size` / `block` blocks `block_stride` apart of `block`
+// members `stride` apart each (a group over two dimensions the rank order does not keep
+// adjacent: under tp-cp-ep-pp-dp the dense data-parallel group is cp members tp apart times dp
+// members tp x cp x pp apart). block_stride >= block x stride.
 struct GroupPlacement {
   int size = 1;
   int stride = 1;
+  int block = 0;  // 0: one level
+  int block_stride = 0;
 };
 
 struct GroupLinks {
@@ -37,6 +42,17 @@ struct GroupLinks {
   int members_per_domain = 1;  // members of the group inside one NVLink domain
 };
 GroupLinks LinksOf(const HardwareProfile& hw, GroupPlacement group);
+
+// Every group a rank of `run` belongs to, from its parallel sizes and Megatron's rank order
+// (RunSettings::rank_order; Note [Communication]).
+struct ParallelGroups {
+  GroupPlacement tp, cp, ep;
+  GroupPlacement dense_dp;   // data parallel with CP folded in (Megatron's dp-cp group)
+  GroupPlacement expert_dp;  // routed experts' data parallel
+  GroupPlacement embedding;  // the first and the last stage's word embeddings (2 members)
+  int stage_stride = 1;      // ranks between a rank and its neighbour in the next stage
+};
+ParallelGroups GroupsOf(const RunSettings& run);
 
 // Seconds of one collective on `group`, by the alpha-beta ring model with NCCL's bus-bandwidth
 // factors (Note [Communication]). `bytes` is what nccl-tests calls the size: the gathered output
@@ -47,11 +63,14 @@ double CollectiveSeconds(const HardwareProfile& hw, Collective collective, Group
                          double bytes);
 
 // The link pipeline stages `from` and `to` (0 <= both < pp) exchange over in a world of `gpus`
-// ranks. Megatron's rank order puts PP outermost, so rank r of stage `from` pairs with rank
-// r + (to - from) x gpus / pp; every pair of the two stages exchanges at once and the slowest
-// binds: NVLink when every pair shares an NVLink domain (ranks fill domains in order), the
-// network when any pair leaves it, none when from == to.
-CommLink StageLink(const HardwareProfile& hw, int gpus, int pp, int from, int to);
+// ranks whose stages are `stage_stride` ranks apart (ParallelGroups::stage_stride; 0: gpus / pp,
+// Megatron's default order with PP outermost): rank r of stage `from` pairs with rank
+// r + (to - from) x stage_stride, and a stage is the blocks of stage_stride adjacent ranks every
+// stage_stride x pp. Every pair of the two stages exchanges at once and the slowest binds: NVLink
+// when every pair shares an NVLink domain (ranks fill domains in order), the network when any
+// pair leaves it, none when from == to.
+CommLink StageLink(const HardwareProfile& hw, int gpus, int pp, int from, int to,
+                   int stage_stride = 0);
 
 // One message of `bytes` from one rank to one other over `link` (each direction of a link runs
 // at its rate, so a message each way at once takes as long as one): one hop's latency plus the

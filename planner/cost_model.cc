@@ -777,6 +777,26 @@ int OptimizerBytesPerParam(OptimizerKind kind) {
   return 0;
 }
 
+const char* RankOrderName(RankOrder order) {
+  switch (order) {
+    case RankOrder::kTpCpEpDpPp:
+      return "tp-cp-ep-dp-pp";
+    case RankOrder::kTpCpEpPpDp:
+      return "tp-cp-ep-pp-dp";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<RankOrder> ParseRankOrder(const std::string& name) {
+  for (RankOrder o : {RankOrder::kTpCpEpDpPp, RankOrder::kTpCpEpPpDp}) {
+    if (name == RankOrderName(o)) return o;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--rank-order is '", name,
+                   "'; allowed: tp-cp-ep-dp-pp (Megatron's default, pipeline "
+                   "outermost), tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping)"));
+}
+
 absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   auto bad = [](const char* flag, auto value, const std::string& rule) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, " is ", value, "; ", rule));
@@ -933,7 +953,8 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   // Fixed memory. Dense parameters shard over the data-parallel ranks of a TP group (DP x CP),
   // routed experts over the expert-data-parallel ranks (gpus / ep).
   // With pipeline parallelism each stage's state shards over its own data-parallel group, a
-  // pp-th of the ranks (Megatron's rank order puts PP outermost).
+  // pp-th of the ranks (under either rank order: RunSettings::rank_order moves its members, not
+  // their count).
   const double tp = run.tp;
   const double dense_group = static_cast<double>(run.gpus) / tp / run.pp;
   const double expert_group = static_cast<double>(run.gpus) / run.ep / run.pp;

@@ -20,12 +20,13 @@ namespace stowage::planner {
 //    stage (or virtual stage) instead. Virtual stage v = c x pp + s is chunk c of stage s.
 //  - Memory. A stage's step cost holds only its layers (cost_model.cc BuildStepCost with the
 //    stage): their weights, gradients and optimizer state, sharded over the stage's data-parallel
-//    group (gpus / (tp x pp) ranks for dense parameters, gpus / (ep x pp) for routed experts:
-//    Megatron's rank order puts PP outermost); the embedding on stage 0, the final norm, LM head,
-//    loss and MTP modules on the last. Each layer's in_flight_microbatches (plan.h
-//    InFlightMicrobatches: 1F1B stage s of p holds min(p - s, M)) multiplies what the layer keeps
-//    between its forward and backward: the simulator holds the other in-flight microbatches'
-//    resident bytes throughout and counts a host copy for each (simulator.h).
+//    group (gpus / (tp x pp) ranks for dense parameters, gpus / (ep x pp) for routed experts,
+//    under either rank order; where they sit is communication.h GroupsOf's); the embedding on stage
+//    0, the final norm, LM head, loss and MTP modules on the last. Each layer's
+//    in_flight_microbatches (plan.h InFlightMicrobatches: 1F1B stage s of p holds min(p - s, M))
+//    multiplies what the layer keeps between its forward and backward: the simulator holds the
+//    other in-flight microbatches' resident bytes throughout and counts a host copy for each
+//    (simulator.h).
 //  - Time. Every stage runs each microbatch's forward and backward once; in 1F1B the step is
 //    (M + p - 1) microbatch slots of the slowest stage, with interleaving the fill and drain
 //    shrink to (p - 1) / vpp slots (Narayanan et al. 2021, "Efficient Large-Scale Language Model
@@ -41,9 +42,10 @@ namespace stowage::planner {
 //    gradient in): one message each way over each boundary, on the link the two stages' ranks
 //    cross in Megatron's rank order (stage s is ranks s x gpus/pp ...: neighbours stay inside an
 //    NVLink domain only when gpus/pp x 2 fits one; with interleaving the last stage's chunks
-//    feed the first stage's next chunk, gpus x (pp - 1)/pp ranks away). The two directions of
-//    an exchange run at once, so one exchange costs one message. What is exposed follows
-//    Megatron-Core's schedules (pipeline_parallel/schedules.py):
+//    feed the first stage's next chunk, gpus x (pp - 1)/pp ranks away; under --rank-order
+//    tp-cp-ep-pp-dp neighbours are tp x cp ranks apart: GroupsOf's stage_stride). The two
+//    directions of an exchange run at once, so one exchange costs one message. What is exposed
+//    follows Megatron-Core's schedules (pipeline_parallel/schedules.py):
 //     - 1F1B (forward_backward_pipelining_without_interleaving): no overlap; Megatron-LM turns
 //       overlap_p2p_comm off for it and uses batched isend/irecv that are waited for
 //       (p2p_communication.py _communicate, wait_on_reqs; batch_p2p_sync), in warmup
@@ -121,6 +123,28 @@ absl::Status ValidatePipeline(const ModelConfig& model, const RunSettings& run) 
     return Bad("ep", absl::StrCat(run.ep),
                absl::StrCat("it must divide the ", run.gpus / run.pp,
                             " GPUs of one pipeline stage (--gpus / --pp)"));
+  }
+  // Megatron-Core builds a dense grid (tp-cp-dp-pp or tp-cp-pp-dp) and an expert grid (expert
+  // tp-ep-dp-pp or -pp-dp; expert tensor parallelism defaults to --tp, and is 1 in this cost
+  // model's MoE layers) and, unless the order ends in pp, asserts that their data-parallel
+  // sizes, and so their pipeline groups, agree (parallel_state.py initialize_model_parallel:
+  // "When not using pp-last rank ordering, the data parallel size of the attention and moe
+  // layers must be the same"): expert tp x ep = tp x cp.
+  if (run.pp > 1 && run.rank_order == RankOrder::kTpCpEpPpDp) {
+    bool has_moe = false;
+    for (const LayerSpec& l : model.layers) has_moe |= l.ffn == FfnKind::kMoe;
+    const int64_t expert_tp = has_moe ? 1 : run.tp, tp_cp = int64_t{run.tp} * run.cp;
+    if (expert_tp * run.ep != tp_cp) {
+      return Bad(
+          "rank-order", RankOrderName(run.rank_order),
+          absl::StrCat("with --pp ", run.pp,
+                       " Megatron-Core needs the expert grid's pipeline groups to be the dense "
+                       "grid's (parallel_state.py initialize_model_parallel): expert tp x --ep (",
+                       expert_tp, " x ", run.ep, ") must equal --tp x --cp (", run.tp, " x ",
+                       run.cp, "); allowed: tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with ",
+                       has_moe ? "--ep = --tp x --cp (expert tensor parallelism 1)"
+                               : "--cp 1 (expert tensor parallelism is --tp)"));
+    }
   }
   const int virtual_stages = run.pp * run.vpp;
   if (!run.pp_layout.empty()) {
@@ -218,6 +242,8 @@ void ChargePointToPoint(const ModelConfig& model, const HardwareProfile& hw, con
   const int virtual_stages = pp * run.vpp;
   const bool overlapped = run.schedule == PipelineSchedule::kInterleaved;
   const double bytes = PipelineMessageBytes(model, run);
+  // Neighbouring stages are gpus / pp ranks apart, or tp x cp under tp-cp-ep-pp-dp.
+  const int stage_stride = GroupsOf(run).stage_stride;
   size_t local = 0;
   for (size_t k = 0; k < stage.chunks.size(); ++k) {
     const int v = static_cast<int>(k) * pp + s;
@@ -225,7 +251,7 @@ void ChargePointToPoint(const ModelConfig& model, const HardwareProfile& hw, con
     for (int side = 0; side < 2; ++side) {
       const int neighbour = side == 0 ? v - 1 : v + 1;
       if (neighbour < 0 || neighbour >= virtual_stages) continue;
-      const CommLink link = StageLink(hw, run.gpus, pp, s, neighbour % pp);
+      const CommLink link = StageLink(hw, run.gpus, pp, s, neighbour % pp, stage_stride);
       if (link == CommLink::kNetwork || stage.p2p_link == CommLink::kNone) stage.p2p_link = link;
       exchange[side] = PointToPointSeconds(hw, link, bytes);
     }
@@ -361,6 +387,7 @@ Plan MakePipelinePlan(const PipelineResult& pipeline, const PlanLabels& labels) 
   plan.vpp = run.vpp;
   plan.schedule = run.schedule;
   plan.microbatches = run.microbatches;
+  plan.rank_order = RankOrderName(run.rank_order);
   PlanPrediction& p = plan.predicted;
   p.peak_device_bytes = 0;
   p.host_bytes_per_gpu = 0;
@@ -472,10 +499,11 @@ std::string RenderStageTable(const PipelineResult& pipeline, const Plan& plan) {
   if (run.pp > 1) {
     absl::StrAppend(
         &out, absl::StrFormat(
-                  "point-to-point         %s per message each way, the slowest boundary over %s; "
-                  "%.3f s exposed in the step (%s)\n",
+                  "point-to-point         %s per message each way, the slowest boundary over %s "
+                  "(rank order %s: stages %d ranks apart); %.3f s exposed in the step (%s)\n",
                   FormatBytes(static_cast<uint64_t>(std::min(pipeline.p2p_message_bytes, 1.8e19))),
-                  CommLinkName(pipeline.p2p_link), pipeline.p2p_step_seconds,
+                  CommLinkName(pipeline.p2p_link), RankOrderName(run.rank_order),
+                  GroupsOf(run).stage_stride, pipeline.p2p_step_seconds,
                   run.schedule == PipelineSchedule::kInterleaved
                       ? "interleaved: the steady state hides each exchange behind a chunk's pass; "
                         "fill and drain wait"

@@ -272,6 +272,9 @@ absl::StatusOr<TrainerArguments> MegatronArguments(const Plan& plan, const RunSe
   const std::vector<ChunkLayers> chunks = DecoderChunks(plan, n);
   if (pipelined) {
     add("--pipeline-model-parallel-size", absl::StrCat(plan.pp));
+    // The rank order the plan's links assume (RunSettings::rank_order): Megatron's
+    // initialize.py orders 'tp-cp-ep-pp-dp' under --use-tp-pp-dp-mapping (common_config.py).
+    if (run.rank_order == RankOrder::kTpCpEpPpDp) add("--use-tp-pp-dp-mapping");
     const bool even = std::all_of(chunks.begin(), chunks.end(), [&](const ChunkLayers& c) {
       return c.layers.num_layers * static_cast<int>(chunks.size()) == n;
     });
@@ -485,6 +488,15 @@ std::string RenderMegatronArguments(const Plan& plan, const TrainerArguments& ar
 
 absl::StatusOr<TrainerConfig> TorchtitanConfig(const Plan& plan, const RunSettings& run) {
   TrainerConfig out;
+  // torchtitan's device mesh is always pp, dp_replicate, dp_shard, cp, tp outermost first
+  // (ParallelDims build_mesh): PP outermost, the links --rank-order tp-cp-ep-dp-pp plans.
+  if (plan.pp > 1 && run.rank_order != RankOrder::kTpCpEpDpPp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rank-order is ", RankOrderName(run.rank_order),
+        "; torchtitan's device mesh puts the pipeline outermost (ParallelDims: pp, dp_replicate, "
+        "dp_shard, cp, tp), which only --rank-order tp-cp-ep-dp-pp plans; plan with that order "
+        "or emit megatron (--use-tp-pp-dp-mapping)"));
+  }
   auto set = [&](const char* section, const char* key, std::string value) {
     out.entries.push_back({section, key, std::move(value)});
   };

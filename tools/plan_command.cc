@@ -80,6 +80,12 @@ cli::FlagParser MakeParser() {
          "1",
          {"num-virtual-stages-per-pipeline-rank"}});
   p.Add({"schedule", "1f1b|interleaved", "pipeline schedule", "1f1b"});
+  p.Add({"rank-order", "tp-cp-ep-dp-pp|tp-cp-ep-pp-dp",
+         "Megatron's rank order, innermost first; it places the groups on the NVLink domains: "
+         "tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping) puts pipeline neighbours tp x cp "
+         "ranks apart and spreads the data-parallel groups over pp times more ranks (no effect "
+         "with --pp 1)",
+         "tp-cp-ep-dp-pp (Megatron's default, pipeline outermost)"});
   p.Add({"microbatches", "M", "microbatches per step (gradient accumulation steps)",
          "--pp (1 without pipeline parallelism)"});
   p.Add({"global-batch",
@@ -230,9 +236,9 @@ absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& 
   return absl::OkStatus();
 }
 
-// --pp, --vpp, --schedule, --microbatches or --global-batch, --pp-layout and Megatron's two
-// accounting switches; planner::ValidatePipeline checks them against each other and the model.
-// Without --pp-layout, a torchtitan job's own split of the model's `num_layers` applies.
+// --pp, --vpp, --schedule, --rank-order, --microbatches or --global-batch, --pp-layout and
+// Megatron's two accounting switches; planner::ValidatePipeline checks them against each other and
+// the model. Without --pp-layout, a torchtitan job's own split of the model's `num_layers` applies.
 absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
                           const std::optional<TorchtitanSplit>& torchtitan_split,
                           planner::RunSettings& r) {
@@ -250,6 +256,11 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
         absl::StrCat("--schedule is '", *schedule, "'; allowed: 1f1b, interleaved"));
   }
   r.schedule = *parsed;
+  auto order = flags.GetString("rank-order", planner::RankOrderName(r.rank_order));
+  if (!order.ok()) return order.status();
+  auto parsed_order = planner::ParseRankOrder(*order);
+  if (!parsed_order.ok()) return parsed_order.status();
+  r.rank_order = *parsed_order;
   if (flags.Has("microbatches") && flags.Has("global-batch")) {
     return absl::InvalidArgumentError(
         "--microbatches and --global-batch both set the microbatches per step; give one");
@@ -432,6 +443,7 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
                            "pp",
                            "vpp",
                            "schedule",
+                           "rank-order",
                            "microbatches",
                            "global-batch",
                            "pp-layout",

@@ -429,6 +429,9 @@ absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
       distributed_optimizer = true;
     } else if (a.name == "optimizer-cpu-offload") {
       out.flags.push_back({"optimizer-offload", "true"});
+    } else if (a.name == "use-tp-pp-dp-mapping") {
+      // initialize.py: order 'tp-cp-ep-pp-dp' under this switch (common_config.py).
+      out.flags.push_back({"rank-order", "tp-cp-ep-pp-dp"});
     } else if (IsPolicySetting(a.name)) {
       policy.push_back(absl::StrCat("--", a.name, a.value ? " " + *a.value : ""));
     } else {

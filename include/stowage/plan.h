@@ -305,6 +305,10 @@ struct Plan {
   int pp = 1, vpp = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   int microbatches = 1;
+  // Megatron's rank order the stages' links were planned for (the planner's --rank-order,
+  // planner/cost_model.h RankOrder): "tp-cp-ep-dp-pp" or "tp-cp-ep-pp-dp". Written only when not
+  // the default, so that other plans keep their bytes and hash.
+  std::string rank_order = "tp-cp-ep-dp-pp";
   // Note [MTP layers]: multi-token-prediction depths trained (0: none), the last entries of
   // `layers`.
   int mtp_layers = 0;

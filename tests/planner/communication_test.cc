@@ -102,6 +102,175 @@ TEST(StageLink, FollowsMegatronRankOrder) {
   EXPECT_EQ(StageLink(h200, 16, 1, 0, 0), CommLink::kNone);
 }
 
+// Issue 14: Megatron's two rank orders (parallel_state.py RankGenerator, innermost first) on
+// 64 H200s, 8 per NVLink domain, TP 4, PP 2 (dp 8). tp-cp-ep-dp-pp: a stage is ranks 0-31 /
+// 32-63, so rank r pairs with r + 32 (network), the dense DP group of rank 0 is 0, 4, ..., 28
+// (span 32, 2 per domain, network) and the embedding pair 0, 32 (network). tp-cp-ep-pp-dp: the
+// stages alternate in blocks of tp = 4 ranks, so rank r pairs with r + 4 (NVLink), the DP
+// group is 0, 8, ..., 56 (one per domain) and the embedding pair 0, 4 (NVLink).
+TEST(GroupsOf, FollowMegatronsRankOrder) {
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  RunSettings run;
+  run.tp = 4;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 64;
+  run.pp = 2;
+  const ParallelGroups pp_last = GroupsOf(run);
+  run.rank_order = RankOrder::kTpCpEpPpDp;
+  const ParallelGroups dp_last = GroupsOf(run);
+  for (const ParallelGroups& g : {pp_last, dp_last}) {
+    EXPECT_EQ(g.tp.size, 4);
+    EXPECT_EQ(g.tp.stride, 1);
+    EXPECT_EQ(g.dense_dp.size, 8);  // the same members count, placed differently
+    EXPECT_EQ(g.dense_dp.block, 0);
+  }
+  EXPECT_EQ(pp_last.stage_stride, 32);
+  EXPECT_EQ(dp_last.stage_stride, 4);
+  EXPECT_EQ(StageLink(h200, 64, 2, 0, 1, pp_last.stage_stride), CommLink::kNetwork);
+  EXPECT_EQ(StageLink(h200, 64, 2, 0, 1), CommLink::kNetwork);  // 0: gpus / pp
+  EXPECT_EQ(StageLink(h200, 64, 2, 1, 0, dp_last.stage_stride), CommLink::kNvlink);
+  EXPECT_EQ(pp_last.dense_dp.stride, 4);
+  EXPECT_EQ(dp_last.dense_dp.stride, 8);
+  const GroupLinks a = LinksOf(h200, pp_last.dense_dp), b = LinksOf(h200, dp_last.dense_dp);
+  EXPECT_EQ(a.link, CommLink::kNetwork);
+  EXPECT_EQ(a.members_per_domain, 2);
+  EXPECT_EQ(b.link, CommLink::kNetwork);
+  EXPECT_EQ(b.members_per_domain, 1);
+  EXPECT_EQ(pp_last.embedding.stride, 32);
+  EXPECT_EQ(dp_last.embedding.stride, 4);
+  // The embedding all-reduce of 1 GB between the pair: 2 x 1/2 of it, 2 hops, on the NIC's
+  // 50 GB/s at 14 us a hop, or on NVLink's 450 GB/s (a reduce-scatter and an all-gather) at
+  // 3.4 us.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kAllReduce, pp_last.embedding, 1e9),
+                   1e9 / 50e9 + 2 * 14e-6);
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kAllReduce, dp_last.embedding, 1e9),
+                   2 * (1e9 / 2 / 450e9) + 2 * 3.4e-6);
+  // With pp 1 the orders are the same grid.
+  run.pp = 1;
+  const ParallelGroups flat = GroupsOf(run);
+  run.rank_order = RankOrder::kTpCpEpDpPp;
+  EXPECT_EQ(flat.dense_dp.size, GroupsOf(run).dense_dp.size);
+  EXPECT_EQ(flat.dense_dp.stride, GroupsOf(run).dense_dp.stride);
+  EXPECT_EQ(flat.expert_dp.stride, GroupsOf(run).expert_dp.stride);
+}
+
+// With CP the tp-cp-ep-pp-dp dense data-parallel group (Megatron's dp-cp) has two levels: TP 2,
+// CP 2, PP 2 on 64 GPUs (dp 8): cp members 2 apart, dp blocks 2 x 2 x 2 = 8 apart, so rank 0's
+// group is {0, 2, 8, 10, ..., 56, 58}; under the default order it is 0, 2, ..., 30.
+TEST(LinksOf, TwoLevelDataParallelGroup) {
+  RunSettings run;
+  run.tp = 2;
+  run.cp = 2;
+  run.ep = 1;
+  run.gpus = 64;
+  run.pp = 2;
+  const GroupPlacement pp_last = GroupsOf(run).dense_dp;
+  run.rank_order = RankOrder::kTpCpEpPpDp;
+  const GroupPlacement dp_last = GroupsOf(run).dense_dp;
+  EXPECT_EQ(pp_last.size, 16);
+  EXPECT_EQ(pp_last.stride, 2);
+  EXPECT_EQ(pp_last.block, 0);
+  EXPECT_EQ(dp_last.size, 16);
+  EXPECT_EQ(dp_last.stride, 2);
+  EXPECT_EQ(dp_last.block, 2);
+  EXPECT_EQ(dp_last.block_stride, 8);
+  EXPECT_EQ(GroupsOf(run).stage_stride, 4);
+  EXPECT_EQ(GroupsOf(run).cp.stride, 2);  // TP and CP do not move
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  // 8-GPU domains: 4 of the default group's members on each (0, 2, 4, 6), 2 of the other's
+  // (0, 2: the next block starts at 8).
+  EXPECT_EQ(LinksOf(h200, pp_last).link, CommLink::kNetwork);
+  EXPECT_EQ(LinksOf(h200, pp_last).members_per_domain, 4);
+  EXPECT_EQ(LinksOf(h200, dp_last).link, CommLink::kNetwork);
+  EXPECT_EQ(LinksOf(h200, dp_last).members_per_domain, 2);
+  // 32-GPU domains: the default group fits one (span 32); the other spans 64, 4 blocks of 2
+  // (0, 2, 8, 10, 16, 18, 24, 26) on each domain.
+  HardwareProfile wide = h200;
+  wide.nvlink_domain_gpus = 32;
+  EXPECT_EQ(LinksOf(wide, pp_last).link, CommLink::kNvlink);
+  EXPECT_EQ(LinksOf(wide, pp_last).members_per_domain, 16);
+  EXPECT_EQ(LinksOf(wide, dp_last).link, CommLink::kNetwork);
+  EXPECT_EQ(LinksOf(wide, dp_last).members_per_domain, 8);
+  // 64-GPU domains hold both.
+  wide.nvlink_domain_gpus = 64;
+  EXPECT_EQ(LinksOf(wide, dp_last).link, CommLink::kNvlink);
+  EXPECT_EQ(LinksOf(wide, dp_last).members_per_domain, 16);
+  // A ring reduce-scatter of 1 GB over the 16 members: 15/16 of it on the NIC, 15 hops.
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(h200, Collective::kReduceScatter, dp_last, 1e9),
+                   1e9 * 15 / 16 / 50e9 + 15 * 14e-6);
+  EXPECT_DOUBLE_EQ(CollectiveSeconds(wide, Collective::kReduceScatter, dp_last, 1e9),
+                   1e9 * 15 / 16 / 450e9 + 15 * 3.4e-6);
+}
+
+// tp-cp-ep-pp-dp: a stage is blocks of tp x cp adjacent ranks every tp x cp x pp; neighbours
+// are tp x cp apart.
+TEST(StageLink, TpPpDpOrderPairsRanksTpTimesCpApart) {
+  const HardwareProfile h200 = *HardwarePreset("h200");
+  // Stride 4, PP 4 on 32 GPUs: stage 0 is 0-3, 16-19; stage 1 4-7, 20-23: each pair in one
+  // 8-GPU domain. Stages 1 and 2 (8-11) cross the boundary at 8, 3 and 0 (12-15 to 0-3) too.
+  EXPECT_EQ(StageLink(h200, 32, 4, 0, 1, 4), CommLink::kNvlink);
+  EXPECT_EQ(StageLink(h200, 32, 4, 2, 3, 4), CommLink::kNvlink);
+  EXPECT_EQ(StageLink(h200, 32, 4, 1, 2, 4), CommLink::kNetwork);
+  EXPECT_EQ(StageLink(h200, 32, 4, 3, 0, 4), CommLink::kNetwork);
+  // Stride 2, PP 4 on 64 GPUs: every block of 8 holds one rank pair of each stage: NVLink.
+  EXPECT_EQ(StageLink(h200, 64, 4, 3, 0, 2), CommLink::kNvlink);
+  // Stride 3 (TP 3), PP 2 on 24 GPUs: stage 0 is 0-2, 6-8, 12-14, 18-20; 0-2 pair with 3-5 in
+  // domain 0, but 6 and 7 pair with 9 and 10 across the boundary at 8.
+  EXPECT_EQ(StageLink(h200, 24, 2, 0, 1, 3), CommLink::kNetwork);
+  // No NVLink: the network.
+  HardwareProfile none = h200;
+  none.nvlink_bytes_per_second = 0;
+  EXPECT_EQ(StageLink(none, 32, 4, 0, 1, 4), CommLink::kNetwork);
+}
+
+// The step's collectives under both orders: Llama 3.1 8B (tied here, so first and last stage
+// all-reduce the word embeddings' gradients, 128256 x 4096 / tp x 4 bytes) on 64 H200s, TP 4,
+// PP 2, no sharding: the dense DP all-reduce runs over 8 ranks 4 apart (2 a domain) or 8 apart
+// (1 a domain), both on the network; the embedding pair leaves the node or stays on NVLink.
+TEST(StepComm, RankOrderMovesTheDataParallelAndEmbeddingGroups) {
+  ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  llama.tied_embeddings = true;
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run;
+  run.seq_len = 8192;
+  run.tp = 4;
+  run.cp = 1;
+  run.ep = 1;
+  run.gpus = 64;
+  run.pp = 2;
+  run.microbatches = 2;
+  run.sharding = Sharding::kNoShard;
+  const double embedding = 128256.0 * 4096 / 4 * 4;
+  for (RankOrder order : {RankOrder::kTpCpEpDpPp, RankOrder::kTpCpEpPpDp}) {
+    SCOPED_TRACE(RankOrderName(order));
+    run.rank_order = order;
+    const bool pp_last = order == RankOrder::kTpCpEpDpPp;
+    auto step = BuildStepCost(llama, hw, run, 1);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const CommOp* ar = Find(*step, -1, "DP dense gradient all-reduce");
+    ASSERT_NE(ar, nullptr);
+    EXPECT_EQ(ar->placement.size, 8);
+    EXPECT_EQ(ar->placement.stride, pp_last ? 4 : 8);
+    EXPECT_EQ(ar->link, CommLink::kNetwork);
+    EXPECT_DOUBLE_EQ(ar->seconds, ar->bytes * 2 * 7 / 8 / 50e9 + 14 * 14e-6);
+    const CommOp* ends =
+        Find(*step, -1, "PP word embedding gradient all-reduce (first and last stage)");
+    ASSERT_NE(ends, nullptr);
+    EXPECT_EQ(ends->placement.stride, pp_last ? 32 : 4);
+    EXPECT_DOUBLE_EQ(ends->bytes, embedding);
+    if (pp_last) {
+      EXPECT_EQ(ends->link, CommLink::kNetwork);
+      EXPECT_DOUBLE_EQ(ends->seconds, embedding / 50e9 + 2 * 14e-6);
+    } else {
+      EXPECT_EQ(ends->link, CommLink::kNvlink);
+      EXPECT_DOUBLE_EQ(ends->seconds, 2 * (embedding / 2 / 450e9) + 2 * 3.4e-6);
+    }
+    // TP stays on its 4 adjacent ranks.
+    EXPECT_EQ(Find(*step, 0, "TP all-gather")->link, CommLink::kNvlink);
+  }
+}
+
 // Megatron-Core's pipeline tensor: seq_len / cp / tp (sequence parallel) x micro_batch x hidden,
 // here x hc_mult residual streams.
 TEST(PipelineMessageBytes, ActivationOfOneMicrobatchShard) {

@@ -293,6 +293,89 @@ TEST(PipelineStep, PointToPointGrowsWhenNeighboursCrossNodes) {
   EXPECT_THAT(table, HasSubstr("16.0 MiB per message each way, the slowest boundary over network"));
 }
 
+// Issue 14: the rank order decides the link of every boundary. 64 H200s (8 per NVLink domain),
+// TP 4, PP 2: under Megatron's default tp-cp-ep-dp-pp the stages are ranks 0-31 and 32-63 and
+// every message crosses the network; under tp-cp-ep-pp-dp the stages alternate in blocks of 4,
+// rank r pairing with r + 4 in its domain, and every message runs on NVLink. 1F1B waits for
+// every exchange, so the step drops by (M + p - 1) x the difference and nothing else changes
+// but the data-parallel groups (one stage's 8 ranks, on the network either way) and their
+// once-per-step reduction.
+TEST(PipelineStep, TpPpDpOrderKeepsNeighboursOnNvlink) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run = PointToPointRun(64, 2, 4);
+  auto a = PlanPipeline(llama, hw, run, Budgets(hw));
+  run.rank_order = RankOrder::kTpCpEpPpDp;
+  auto b = PlanPipeline(llama, hw, run, Budgets(hw));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const double message = 8192.0 / 4 * 4096 * 2;
+  const double nvlink = message / 450e9 + 3.4e-6, network = message / 50e9 + 14e-6;
+  EXPECT_EQ(a->p2p_link, CommLink::kNetwork);
+  EXPECT_EQ(b->p2p_link, CommLink::kNvlink);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_DOUBLE_EQ(a->stages[s].p2p_blocking_seconds, network);
+    EXPECT_DOUBLE_EQ(b->stages[s].p2p_blocking_seconds, nvlink);
+  }
+  EXPECT_NEAR(a->p2p_step_seconds, 5 * network, 1e-12);
+  EXPECT_NEAR(b->p2p_step_seconds, 5 * nvlink, 1e-12);
+  EXPECT_DOUBLE_EQ(a->microbatch_seconds, b->microbatch_seconds);
+  EXPECT_LT(b->step_seconds, a->step_seconds);
+  const Plan plan = MakePipelinePlan(*b, {"stowage test", "llama-3.1-8b", "h200", 0, 0});
+  EXPECT_THAT(RenderStageTable(*b, plan),
+              HasSubstr("the slowest boundary over NVLink (rank order tp-cp-ep-pp-dp: stages 4 "
+                        "ranks apart)"));
+  const Plan plan_a = MakePipelinePlan(*a, {"stowage test", "llama-3.1-8b", "h200", 0, 0});
+  EXPECT_THAT(RenderStageTable(*a, plan_a),
+              HasSubstr("the slowest boundary over network (rank order tp-cp-ep-dp-pp: stages "
+                        "32 ranks apart)"));
+  // The plan says which order it was made for; the default's JSON is unchanged (no field).
+  EXPECT_EQ(plan.rank_order, "tp-cp-ep-pp-dp");
+  const std::string json = PlanToJson(plan);
+  EXPECT_THAT(json, HasSubstr("\"rank_order\": \"tp-cp-ep-pp-dp\""));
+  EXPECT_THAT(PlanToJson(plan_a), ::testing::Not(HasSubstr("rank_order")));
+  auto parsed = ParsePlanJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->rank_order, "tp-cp-ep-pp-dp");
+  std::string bad = json;
+  bad.replace(bad.find("tp-cp-ep-pp-dp"), 14, "pp-dp");
+  EXPECT_THAT(std::string(ParsePlanJson(bad).status().message()),
+              HasSubstr("plan: field 'run.rank_order' has value 'pp-dp'; allowed: "
+                        "tp-cp-ep-dp-pp, tp-cp-ep-pp-dp"));
+}
+
+// Megatron-Core refuses tp-cp-ep-pp-dp under PP unless the expert grid's data-parallel size is
+// the dense grid's (parallel_state.py initialize_model_parallel): expert tp x ep = tp x cp, with
+// expert tp 1 in MoE layers here and Megatron's default, --tp, for a dense model.
+TEST(ValidatePipeline, TpPpDpOrderNeedsMatchingExpertGrid) {
+  RunSettings run;
+  run.seq_len = 8192;
+  run.gpus = 64;
+  run.pp = 2;
+  run.microbatches = 2;
+  run.rank_order = RankOrder::kTpCpEpPpDp;
+  const ModelConfig qwen = *ModelPreset("qwen3-30b-a3b");
+  run.tp = 2;
+  run.cp = 2;
+  run.ep = 8;
+  EXPECT_THAT(ValidatePipeline(qwen, run).message(),
+              HasSubstr("--rank-order is tp-cp-ep-pp-dp; with --pp 2 Megatron-Core needs the "
+                        "expert grid's pipeline groups to be the dense grid's"));
+  EXPECT_THAT(ValidatePipeline(qwen, run).message(),
+              HasSubstr("expert tp x --ep (1 x 8) must equal --tp x --cp (2 x 2)"));
+  run.ep = 4;
+  EXPECT_TRUE(ValidatePipeline(qwen, run).ok()) << ValidatePipeline(qwen, run);
+  run.rank_order = RankOrder::kTpCpEpDpPp;
+  run.ep = 8;
+  EXPECT_TRUE(ValidatePipeline(qwen, run).ok()) << ValidatePipeline(qwen, run);
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  run.rank_order = RankOrder::kTpCpEpPpDp;
+  run.ep = 1;
+  EXPECT_THAT(ValidatePipeline(llama, run).message(), HasSubstr("--cp 1"));
+  run.cp = 1;
+  EXPECT_TRUE(ValidatePipeline(llama, run).ok()) << ValidatePipeline(llama, run);
+}
+
 // 16 GPUs in PP 4 on 8-GPU nodes: stages 0-1 share node 0, stages 2-3 node 1. A middle stage
 // exchanges with both neighbours per microbatch, the first and the last with one.
 TEST(PipelineStep, EachBoundaryOnTheLinkItsRanksCross) {

@@ -491,6 +491,53 @@ TEST_F(PlanCommand, PipelinePlansEveryStage) {
   EXPECT_EQ(plan->layers[31].in_flight_microbatches, 1);
 }
 
+// Issue 14: --rank-order tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping) puts the two
+// stages of TP 4 x PP 2 on 64 H200s 4 ranks apart, inside an 8-GPU NVLink domain, instead of 32
+// apart across the network: the exposed point-to-point time of the step drops (5 waited
+// exchanges of 8192 / 4 x 4096 x 2 bytes: 5 x (16 MiB / 450 GB/s + 3.4 us) against
+// 5 x (16 MiB / 50 GB/s + 14 us)); Megatron gets the flag, torchtitan (PP outermost) refuses;
+// an unknown order names the flag, the value and the allowed values.
+TEST_F(PlanCommand, RankOrderMovesPipelineNeighboursOntoNvlink) {
+  const std::string base =
+      "plan --model llama-3.1-8b --hardware h200 --seq-len 8K --tp 4 --cp 1 --gpus 64 --pp 2 "
+      "--microbatches 4 ";
+  const Result pp_last = Stowage(base + "--out " + Path("pp_last.json"));
+  ASSERT_EQ(pp_last.code, 0) << pp_last.out;
+  EXPECT_THAT(pp_last.out, HasSubstr("over network (rank order tp-cp-ep-dp-pp: stages 32 ranks"));
+  const Result dp_last =
+      Stowage(base + "--rank-order tp-cp-ep-pp-dp --out " + Path("dp_last.json"));
+  ASSERT_EQ(dp_last.code, 0) << dp_last.out;
+  EXPECT_THAT(dp_last.out, HasSubstr("over NVLink (rank order tp-cp-ep-pp-dp: stages 4 ranks"));
+  auto a = stowage::ReadPlanFile(Path("pp_last.json"));
+  auto b = stowage::ReadPlanFile(Path("dp_last.json"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const double message = 8192.0 / 4 * 4096 * 2;
+  EXPECT_NEAR(a->predicted.exposed_point_to_point_seconds, 5 * (message / 50e9 + 14e-6), 1e-9);
+  EXPECT_NEAR(b->predicted.exposed_point_to_point_seconds, 5 * (message / 450e9 + 3.4e-6), 1e-9);
+  EXPECT_LT(b->predicted.exposed_point_to_point_seconds,
+            a->predicted.exposed_point_to_point_seconds);
+  EXPECT_EQ(Stowage(base + "--rank-order tp-cp-ep-dp-pp --out " + Path("default.json")).code, 0);
+  auto same = stowage::ReadPlanFile(Path("default.json"));
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->predicted.exposed_point_to_point_seconds,
+            a->predicted.exposed_point_to_point_seconds);
+  const Result megatron = Stowage(base + "--rank-order tp-cp-ep-pp-dp --emit megatron");
+  ASSERT_EQ(megatron.code, 0) << megatron.out;
+  EXPECT_THAT(megatron.out, HasSubstr("--pipeline-model-parallel-size 2 \\\n"
+                                      "--use-tp-pp-dp-mapping \\\n"));
+  EXPECT_THAT(Stowage(base + "--emit megatron").out,
+              ::testing::Not(HasSubstr("--use-tp-pp-dp-mapping")));
+  const Result titan = Stowage(base + "--rank-order tp-cp-ep-pp-dp --emit torchtitan");
+  EXPECT_NE(titan.code, 0);
+  EXPECT_THAT(titan.out, HasSubstr("--rank-order is tp-cp-ep-pp-dp; torchtitan's device mesh "
+                                   "puts the pipeline outermost"));
+  const Result bad = Stowage(base + "--rank-order pp-dp");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("--rank-order is 'pp-dp'; allowed: tp-cp-ep-dp-pp (Megatron's "
+                                 "default, pipeline outermost), tp-cp-ep-pp-dp"));
+}
+
 TEST_F(PlanCommand, PipelineFlagErrors) {
   const std::string base = "plan --model llama-3.1-8b --hardware h200 --seq-len 8K --cp 1 ";
   Result run = Stowage(base + "--pp 4 --vpp 2");

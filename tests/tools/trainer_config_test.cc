@@ -58,6 +58,19 @@ TEST(ReadMegatronSettings, YamlConfigAtAnyNesting) {
                                              Pair("mtp-layers", "0")));
 }
 
+// Megatron's --use-tp-pp-dp-mapping is its rank order tp-cp-ep-pp-dp (initialize.py).
+TEST(ReadMegatronSettings, TpPpDpMappingIsTheRankOrder) {
+  const auto s =
+      ReadMegatronSettings("--pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping", "a");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("pp", "2"), Pair("rank-order", "tp-cp-ep-pp-dp"),
+                                             Pair("mtp-layers", "0")));
+  const auto yaml = ReadMegatronSettings("use_tp_pp_dp_mapping: true\n", "cfg.yaml");
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  EXPECT_THAT(yaml->flags,
+              UnorderedElementsAre(Pair("rank-order", "tp-cp-ep-pp-dp"), Pair("mtp-layers", "0")));
+}
+
 // Megatron-LM trains MTP only with --mtp-num-layers (default None): without it the plan trains
 // none, whatever the checkpoint's num_nextn_predict_layers (Note [MTP layers]).
 TEST(ReadMegatronSettings, MtpNumLayersOrNone) {
