@@ -141,6 +141,39 @@ def _plan(cli: str, flags: list) -> dict:
     return json.loads(out.stdout)
 
 
+def _planned_chunks(plan: dict) -> list:
+    """(first layer, layers) of every stage's model chunks, stage by stage."""
+    return [(c["first_layer"], c["num_layers"]) for s in plan["stages"] for c in s["chunks"]]
+
+
+def _megatron_chunks(config, plan: dict) -> list:
+    """What Megatron-Core builds for the same chunks under `config`: get_transformer_layer_offset
+    and get_num_layers_to_build per pipeline rank and virtual stage, with parallel_state set to the
+    plan's pipeline and reset after."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    pp, vpp = plan["run"]["pp"], plan["run"]["vpp"]
+    built = []
+    try:
+        parallel_state.set_pipeline_model_parallel_world_size(pp)
+        parallel_state.set_virtual_pipeline_model_parallel_world_size(vpp if vpp > 1 else None)
+        for stage in plan["stages"]:
+            rank = stage["stage"]
+            parallel_state.set_pipeline_model_parallel_rank(rank)
+            for chunk in range(len(stage["chunks"])):
+                vp = chunk if vpp > 1 else None
+                parallel_state.set_virtual_pipeline_model_parallel_rank(vp)
+                built.append((get_transformer_layer_offset(config, vp_stage=vp, pp_rank=rank),
+                              get_num_layers_to_build(config, vp_stage=vp, pp_rank=rank)))
+    finally:
+        parallel_state.set_pipeline_model_parallel_world_size(None)
+        parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
+        parallel_state.set_pipeline_model_parallel_rank(None)
+        parallel_state.set_virtual_pipeline_model_parallel_rank(None)
+    return built
+
+
 class EmitMegatronPipelineTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
@@ -155,10 +188,7 @@ class EmitMegatronPipelineTest(unittest.TestCase):
         chunks, and its recompute rule (recompute.py checkpointed_forward: uniform every layer,
         block the first K of each chunk) recomputes exactly the plan's layers."""
         try:
-            from megatron.core import parallel_state
-            from megatron.core.transformer.transformer_block import get_num_layers_to_build
             from megatron.core.transformer.transformer_config import TransformerConfig
-            from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
         except ImportError as e:  # Debian's torch 1.13 has no megatron-core
             self.skipTest(f"megatron-core is not installed: {e}")
         for flags in PIPELINED:
@@ -188,31 +218,14 @@ class EmitMegatronPipelineTest(unittest.TestCase):
                                           if args.recompute_num_layers else None),
                     recompute_modules=args.recompute_modules)
                 self.assertEqual(config.virtual_pipeline_model_parallel_size or 1, vpp)
+                built = _megatron_chunks(config, plan)
+                self.assertEqual(built, _planned_chunks(plan))
                 recomputed = set()
-                try:
-                    parallel_state.set_pipeline_model_parallel_world_size(pp)
-                    parallel_state.set_virtual_pipeline_model_parallel_world_size(
-                        vpp if vpp > 1 else None)
-                    for stage in plan["stages"]:
-                        rank = stage["stage"]
-                        parallel_state.set_pipeline_model_parallel_rank(rank)
-                        for chunk, want in enumerate(stage["chunks"]):
-                            vp = chunk if vpp > 1 else None
-                            parallel_state.set_virtual_pipeline_model_parallel_rank(vp)
-                            count = get_num_layers_to_build(config, vp_stage=vp, pp_rank=rank)
-                            first = get_transformer_layer_offset(config, vp_stage=vp,
-                                                                 pp_rank=rank)
-                            self.assertEqual((first, count),
-                                             (want["first_layer"], want["num_layers"]))
-                            if args.recompute_granularity == "full":
-                                k = (count if args.recompute_method == "uniform"
-                                     else min(int(args.recompute_num_layers), count))
-                                recomputed |= set(range(first, first + k))
-                finally:
-                    parallel_state.set_pipeline_model_parallel_world_size(None)
-                    parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
-                    parallel_state.set_pipeline_model_parallel_rank(None)
-                    parallel_state.set_virtual_pipeline_model_parallel_rank(None)
+                for first, count in built:
+                    if args.recompute_granularity == "full":
+                        k = (count if args.recompute_method == "uniform"
+                             else min(int(args.recompute_num_layers), count))
+                        recomputed |= set(range(first, first + k))
                 planned = {l["index"] for l in plan["layers"]
                            if l["policy"] in ("recompute", "offload_input")}
                 self.assertEqual(recomputed, planned)
@@ -247,10 +260,7 @@ class EmitMegatronPipelineTest(unittest.TestCase):
         Megatron-Core builds (get_num_layers_to_build, get_transformer_layer_offset)."""
         try:
             import torch
-            from megatron.core import parallel_state
-            from megatron.core.transformer.transformer_block import get_num_layers_to_build
             from megatron.core.transformer.transformer_config import TransformerConfig
-            from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
         except ImportError as e:  # Debian's torch 1.13 has no megatron-core
             self.skipTest(f"megatron-core is not installed: {e}")
         import tempfile
@@ -301,25 +311,7 @@ class EmitMegatronPipelineTest(unittest.TestCase):
                     account_for_loss_in_pipeline_split=args.account_for_loss_in_pipeline_split,
                     pipeline_dtype=torch.bfloat16)
                 self.assertEqual(config.virtual_pipeline_model_parallel_size or 1, vpp)
-                try:
-                    parallel_state.set_pipeline_model_parallel_world_size(pp)
-                    parallel_state.set_virtual_pipeline_model_parallel_world_size(
-                        vpp if vpp > 1 else None)
-                    for stage in plan["stages"]:
-                        rank = stage["stage"]
-                        parallel_state.set_pipeline_model_parallel_rank(rank)
-                        for chunk, want in enumerate(stage["chunks"]):
-                            vp = chunk if vpp > 1 else None
-                            parallel_state.set_virtual_pipeline_model_parallel_rank(vp)
-                            self.assertEqual(
-                                (get_transformer_layer_offset(config, vp_stage=vp, pp_rank=rank),
-                                 get_num_layers_to_build(config, vp_stage=vp, pp_rank=rank)),
-                                (want["first_layer"], want["num_layers"]))
-                finally:
-                    parallel_state.set_pipeline_model_parallel_world_size(None)
-                    parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
-                    parallel_state.set_pipeline_model_parallel_rank(None)
-                    parallel_state.set_virtual_pipeline_model_parallel_rank(None)
+                self.assertEqual(_megatron_chunks(config, plan), _planned_chunks(plan))
 
     def test_what_megatron_cannot_express_is_refused_naming_the_layer(self) -> None:
         for flags in PIPELINED_REFUSED:
