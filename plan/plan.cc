@@ -69,6 +69,11 @@ constexpr std::pair<PipelineSchedule, std::string_view> kScheduleNames[] = {
     {PipelineSchedule::kInterleaved, "interleaved"},
 };
 
+constexpr std::pair<RankOrder, std::string_view> kRankOrderNames[] = {
+    {RankOrder::kTpCpEpDpPp, "tp-cp-ep-dp-pp"},
+    {RankOrder::kTpCpEpPpDp, "tp-cp-ep-pp-dp"},
+};
+
 // Old name -> new name (issue 10: moe_chunks also chunks dense FFNs).
 constexpr std::pair<std::string_view, std::string_view> kRenamedLayerFields[] = {
     {"moe_chunks", "ffn_chunks"},
@@ -486,6 +491,23 @@ absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name) {
                                                  "'; allowed: 1f1b, interleaved"));
 }
 
+std::string_view RankOrderName(RankOrder order) {
+  for (const auto& [o, name] : kRankOrderNames) {
+    if (o == order) return name;
+  }
+  return "unknown";
+}
+
+absl::StatusOr<RankOrder> ParseRankOrder(std::string_view name) {
+  for (const auto& [o, n] : kRankOrderNames) {
+    if (n == name) return o;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown rank order '", std::string(name),
+                   "'; allowed: tp-cp-ep-dp-pp (Megatron's default, pipeline outermost), "
+                   "tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping)"));
+}
+
 namespace {
 
 // The interleaved schedule's table (Megatron-Core get_schedule_table): the forwards go through
@@ -690,7 +712,9 @@ std::string PlanToJson(const Plan& plan) {
               {"microbatches", plan.microbatches}};
   // Written only when MTP is trained (Note [MTP layers]): other plans keep their bytes and hash.
   if (plan.mtp_layers != 0) j["run"]["mtp_layers"] = plan.mtp_layers;
-  if (plan.rank_order != "tp-cp-ep-dp-pp") j["run"]["rank_order"] = plan.rank_order;
+  if (plan.rank_order != RankOrder::kTpCpEpDpPp) {
+    j["run"]["rank_order"] = RankOrderName(plan.rank_order);
+  }
   j["run"]["gpu_budget_bytes"] = plan.gpu_budget_bytes;
   j["run"]["host_budget_bytes"] = plan.host_budget_bytes;
   // Note [Plans that do not fit]: every plan says whether it fits; one that does not says why.
@@ -814,12 +838,15 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
     STOWAGE_PLAN_RETURN_IF_ERROR(
         run->ReadOptional("microbatches", plan.microbatches, kMicrobatches));
     STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("mtp_layers", plan.mtp_layers, kMtpLayers));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("rank_order", plan.rank_order));
-    if (plan.rank_order != "tp-cp-ep-dp-pp" && plan.rank_order != "tp-cp-ep-pp-dp") {
+    std::string rank_order(RankOrderName(plan.rank_order));
+    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("rank_order", rank_order));
+    absl::StatusOr<RankOrder> parsed_order = ParseRankOrder(rank_order);
+    if (!parsed_order.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("plan: field 'run.rank_order' has value '", plan.rank_order,
+          absl::StrCat("plan: field 'run.rank_order' has value '", rank_order,
                        "'; allowed: tp-cp-ep-dp-pp, tp-cp-ep-pp-dp (Megatron's rank orders)"));
     }
+    plan.rank_order = *parsed_order;
     STOWAGE_PLAN_RETURN_IF_ERROR(
         run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
     STOWAGE_PLAN_RETURN_IF_ERROR(

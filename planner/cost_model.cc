@@ -777,26 +777,6 @@ int OptimizerBytesPerParam(OptimizerKind kind) {
   return 0;
 }
 
-const char* RankOrderName(RankOrder order) {
-  switch (order) {
-    case RankOrder::kTpCpEpDpPp:
-      return "tp-cp-ep-dp-pp";
-    case RankOrder::kTpCpEpPpDp:
-      return "tp-cp-ep-pp-dp";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<RankOrder> ParseRankOrder(const std::string& name) {
-  for (RankOrder o : {RankOrder::kTpCpEpDpPp, RankOrder::kTpCpEpPpDp}) {
-    if (name == RankOrderName(o)) return o;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--rank-order is '", name,
-                   "'; allowed: tp-cp-ep-dp-pp (Megatron's default, pipeline "
-                   "outermost), tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping)"));
-}
-
 absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   auto bad = [](const char* flag, auto value, const std::string& rule) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, " is ", value, "; ", rule));

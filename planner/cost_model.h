@@ -39,17 +39,6 @@ const char* OptimizerKindName(OptimizerKind kind);  // "adam", "sgd", "none"
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
 int OptimizerBytesPerParam(OptimizerKind kind);  // 12, 8, 0
 
-// How Megatron-Core numbers the ranks of the parallel grid, innermost first (parallel_state.py
-// RankGenerator; megatron/training/initialize.py passes 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp'
-// under --use-tp-pp-dp-mapping). It decides which ranks form each group and so the link each
-// collective crosses (GroupsOf in communication.h, Note [Communication]): kTpCpEpDpPp puts the
-// pipeline outermost (stages gpus / pp ranks apart, data parallelism inside a stage);
-// kTpCpEpPpDp puts pipeline neighbours tp x cp ranks apart and spreads the data-parallel groups
-// over pp times more ranks.
-enum class RankOrder { kTpCpEpDpPp, kTpCpEpPpDp };
-const char* RankOrderName(RankOrder order);  // "tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"
-absl::StatusOr<RankOrder> ParseRankOrder(const std::string& name);
-
 struct RunSettings {
   uint64_t seq_len = 1048576;  // tokens per sequence
   int micro_batch = 1;         // sequences per micro-batch
@@ -86,8 +75,8 @@ struct RunSettings {
   std::vector<int> pp_layout;
   bool account_for_embedding_in_pipeline_split = false;
   bool account_for_loss_in_pipeline_split = false;
-  // Megatron's rank order (--rank-order); only the pipeline's placement depends on it: with
-  // pp 1 both orders make the same groups.
+  // Megatron's rank order (--rank-order; stowage/plan.h RankOrder): with pp 1 both orders make
+  // the same groups.
   RankOrder rank_order = RankOrder::kTpCpEpDpPp;
   // Multi-token-prediction depths trained (Megatron-Core's --mtp-num-layers; Note [MTP layers] in
   // cost_model.cc): -1 takes the config's num_nextn_predict_layers under megatron (as

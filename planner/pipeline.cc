@@ -136,7 +136,7 @@ absl::Status ValidatePipeline(const ModelConfig& model, const RunSettings& run) 
     const int64_t expert_tp = has_moe ? 1 : run.tp, tp_cp = int64_t{run.tp} * run.cp;
     if (expert_tp * run.ep != tp_cp) {
       return Bad(
-          "rank-order", RankOrderName(run.rank_order),
+          "rank-order", std::string(RankOrderName(run.rank_order)),
           absl::StrCat("with --pp ", run.pp,
                        " Megatron-Core needs the expert grid's pipeline groups to be the dense "
                        "grid's (parallel_state.py initialize_model_parallel): expert tp x --ep (",
@@ -387,7 +387,7 @@ Plan MakePipelinePlan(const PipelineResult& pipeline, const PlanLabels& labels) 
   plan.vpp = run.vpp;
   plan.schedule = run.schedule;
   plan.microbatches = run.microbatches;
-  plan.rank_order = RankOrderName(run.rank_order);
+  plan.rank_order = run.rank_order;
   PlanPrediction& p = plan.predicted;
   p.peak_device_bytes = 0;
   p.host_bytes_per_gpu = 0;
@@ -502,7 +502,7 @@ std::string RenderStageTable(const PipelineResult& pipeline, const Plan& plan) {
                   "point-to-point         %s per message each way, the slowest boundary over %s "
                   "(rank order %s: stages %d ranks apart); %.3f s exposed in the step (%s)\n",
                   FormatBytes(static_cast<uint64_t>(std::min(pipeline.p2p_message_bytes, 1.8e19))),
-                  CommLinkName(pipeline.p2p_link), RankOrderName(run.rank_order),
+                  CommLinkName(pipeline.p2p_link), std::string(RankOrderName(run.rank_order)),
                   GroupsOf(run).stage_stride, pipeline.p2p_step_seconds,
                   run.schedule == PipelineSchedule::kInterleaved
                       ? "interleaved: the steady state hides each exchange behind a chunk's pass; "

@@ -492,7 +492,7 @@ absl::StatusOr<TrainerConfig> TorchtitanConfig(const Plan& plan, const RunSettin
   // (ParallelDims build_mesh): PP outermost, the links --rank-order tp-cp-ep-dp-pp plans.
   if (plan.pp > 1 && run.rank_order != RankOrder::kTpCpEpDpPp) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--rank-order is ", RankOrderName(run.rank_order),
+        "--rank-order is ", std::string(RankOrderName(run.rank_order)),
         "; torchtitan's device mesh puts the pipeline outermost (ParallelDims: pp, dp_replicate, "
         "dp_shard, cp, tp), which only --rank-order tp-cp-ep-dp-pp plans; plan with that order "
         "or emit megatron (--use-tp-pp-dp-mapping)"));

@@ -256,10 +256,15 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
         absl::StrCat("--schedule is '", *schedule, "'; allowed: 1f1b, interleaved"));
   }
   r.schedule = *parsed;
-  auto order = flags.GetString("rank-order", planner::RankOrderName(r.rank_order));
+  auto order = flags.GetString("rank-order", std::string(RankOrderName(r.rank_order)));
   if (!order.ok()) return order.status();
-  auto parsed_order = planner::ParseRankOrder(*order);
-  if (!parsed_order.ok()) return parsed_order.status();
+  auto parsed_order = ParseRankOrder(*order);
+  if (!parsed_order.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank-order is '", *order,
+                     "'; allowed: tp-cp-ep-dp-pp (Megatron's default, pipeline outermost), "
+                     "tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping)"));
+  }
   r.rank_order = *parsed_order;
   if (flags.Has("microbatches") && flags.Has("global-batch")) {
     return absl::InvalidArgumentError(

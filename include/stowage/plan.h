@@ -135,6 +135,18 @@ enum class PipelineSchedule {
 std::string_view PipelineScheduleName(PipelineSchedule schedule);
 absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name);
 
+// How Megatron-Core numbers the ranks of the parallel grid, innermost first (parallel_state.py
+// RankGenerator; megatron/training/initialize.py passes 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp'
+// under --use-tp-pp-dp-mapping). It decides which ranks form each group and so the link each
+// collective crosses (planner/communication.h GroupsOf, Note [Communication]): kTpCpEpDpPp puts
+// the pipeline outermost (stages gpus / pp ranks apart, data parallelism inside a stage);
+// kTpCpEpPpDp puts pipeline neighbours tp x cp ranks apart and spreads the data-parallel groups
+// over pp times more ranks. With pp 1 the two are the same.
+enum class RankOrder { kTpCpEpDpPp, kTpCpEpPpDp };
+// "tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp" (the CLI's --rank-order words).
+std::string_view RankOrderName(RankOrder order);
+absl::StatusOr<RankOrder> ParseRankOrder(std::string_view name);
+
 // Microbatches of chunk `chunk` that stage `stage` of `pp` holds at once under `schedule` with
 // `microbatches` microbatches per step (Megatron-Core pipeline_parallel/schedules.py):
 //  - 1F1B: warmup runs pp - stage - 1 forwards (get_pp_rank_microbatches), then each forward is
@@ -305,10 +317,9 @@ struct Plan {
   int pp = 1, vpp = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   int microbatches = 1;
-  // Megatron's rank order the stages' links were planned for (the planner's --rank-order,
-  // planner/cost_model.h RankOrder): "tp-cp-ep-dp-pp" or "tp-cp-ep-pp-dp". Written only when not
-  // the default, so that other plans keep their bytes and hash.
-  std::string rank_order = "tp-cp-ep-dp-pp";
+  // Megatron's rank order the stages' links were planned for (the planner's --rank-order).
+  // Written only when not the default, so that other plans keep their bytes and hash.
+  RankOrder rank_order = RankOrder::kTpCpEpDpPp;
   // Note [MTP layers]: multi-token-prediction depths trained (0: none), the last entries of
   // `layers`.
   int mtp_layers = 0;

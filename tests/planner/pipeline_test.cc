@@ -330,13 +330,13 @@ TEST(PipelineStep, TpPpDpOrderKeepsNeighboursOnNvlink) {
               HasSubstr("the slowest boundary over network (rank order tp-cp-ep-dp-pp: stages "
                         "32 ranks apart)"));
   // The plan says which order it was made for; the default's JSON is unchanged (no field).
-  EXPECT_EQ(plan.rank_order, "tp-cp-ep-pp-dp");
+  EXPECT_EQ(plan.rank_order, RankOrder::kTpCpEpPpDp);
   const std::string json = PlanToJson(plan);
   EXPECT_THAT(json, HasSubstr("\"rank_order\": \"tp-cp-ep-pp-dp\""));
   EXPECT_THAT(PlanToJson(plan_a), ::testing::Not(HasSubstr("rank_order")));
   auto parsed = ParsePlanJson(json);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->rank_order, "tp-cp-ep-pp-dp");
+  EXPECT_EQ(parsed->rank_order, RankOrder::kTpCpEpPpDp);
   std::string bad = json;
   bad.replace(bad.find("tp-cp-ep-pp-dp"), 14, "pp-dp");
   EXPECT_THAT(std::string(ParsePlanJson(bad).status().message()),
