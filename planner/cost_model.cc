@@ -765,6 +765,20 @@ absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name) {
       absl::StrCat("--optimizer is '", name, "'; allowed: adam, sgd, none"));
 }
 
+RunSettings DefaultRunSettings(Framework framework, const ModelConfig& model) {
+  RunSettings run;
+  run.framework = framework;
+  const bool has_moe = std::any_of(model.layers.begin(), model.layers.end(),
+                                   [](const LayerSpec& l) { return l.ffn == FfnKind::kMoe; });
+  if (!has_moe) run.ep = 1;
+  if (framework == Framework::kHf) {
+    // ValidateHfRun's rules, as defaults.
+    run.cp = run.ep = 1;
+    run.loss_chunk_tokens = 0;
+  }
+  return run;
+}
+
 int OptimizerBytesPerParam(OptimizerKind kind) {
   switch (kind) {
     case OptimizerKind::kAdam:
@@ -1016,6 +1030,7 @@ absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& m, const HardwareProfi
   if (!last_stage) {
     c.tail_seconds = 0, c.tail_bytes = 0, c.tail_grad_bytes = 0, c.held_logits_bytes = 0;
   }
+  if (hf) ApplyHfDataParallel(run, c);
   c.comm = BuildStepComm(m, hw, run, c.layers, stage);
   for (size_t i = 0; i < c.layers.size(); ++i) {
     c.layers[i].forward_comm_seconds = c.comm.layers[i].forward_exposed_seconds;

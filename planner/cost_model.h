@@ -85,6 +85,13 @@ struct RunSettings {
   int mtp_layers = -1;
 };
 
+// The settings of a run where its request or command line says nothing, per framework: the
+// struct's (the reference run: CP 8, EP 8, the loss in 8K-token chunks) under megatron, EP 1
+// for a dense model; under hf what transformers eager runs: no context or expert parallelism
+// and the loss over every token at once (ForCausalLMLoss). The CLI and plan requests both start
+// from it, so a run that names only its framework plans what that framework can run.
+RunSettings DefaultRunSettings(Framework framework, const ModelConfig& model);
+
 // The MTP depths `run` trains (RunSettings::mtp_layers resolved): the layers after the model's
 // decoder layers, on the last pipeline stage.
 int TrainedMtpLayers(const ModelConfig& model, const RunSettings& run);
@@ -231,6 +238,11 @@ struct StepCost {
   bool gradients_in_backward = false;
   uint64_t tail_grad_bytes = 0;
   uint64_t embedding_grad_bytes = 0;
+  // Once a layer's backward has ended it holds a layer_grad_shards-th of its gradients
+  // (LayerCost::grad_bytes, rounded up): 1 unless the data-parallel engine reduce-scatters each
+  // layer's gradients as its backward ends and frees the unsharded ones (torch FSDP2 under hf,
+  // Note [hf data parallel] in framework_hf.cc).
+  int layer_grad_shards = 1;
   // Of tail_bytes, what the caller holds from the LM head's forward to the end of the step: the
   // model output's logits (transformers returns them and the training loop keeps the output
   // while it runs the backward). 0 where nothing outlives the loss (Megatron's vocab-parallel

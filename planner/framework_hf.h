@@ -72,6 +72,12 @@ int SortKeyBits(uint64_t largest_key);
 void ApplyHfStep(const ModelConfig& model, const HardwareProfile& hardware, const RunSettings& run,
                  StepCost& step);
 
+// What torch's data-parallel engine holds beyond the one-GPU step when a stage has more than one
+// data-parallel rank, by --sharding (Note [hf data parallel]): DDP's gradient buckets, FSDP2's
+// reduce-scattered layer gradients and its root module's unsharded parameters. Runs on the
+// stage's step (its layers, tail and embedding) after ApplyHfStep.
+void ApplyHfDataParallel(const RunSettings& run, StepCost& step);
+
 // Note [hf linear attention]: the line the plan summary prints under --framework hf when the
 // step has gated DeltaNet or KDA layers: which code path their recipe models (transformers'
 // torch fallbacks, what runs without flash-linear-attention and causal-conv1d installed), or ""

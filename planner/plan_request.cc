@@ -51,10 +51,22 @@ absl::StatusOr<HardwareProfile> ReadHardware(const json::Object& o, std::string&
   return hw;
 }
 
-absl::Status ReadRun(const json::Object& o, RunSettings& run) {
-  if (!o.Has("run")) return absl::OkStatus();
+// The request's run settings over DefaultRunSettings of its framework and model.
+absl::StatusOr<RunSettings> ReadRun(const json::Object& o, const ModelConfig& model) {
+  if (!o.Has("run")) return DefaultRunSettings(Framework::kMegatron, model);
   auto r = o.Child("run");
   if (!r.ok()) return r.status();
+  // Whose code runs the layers, as the CLI's --framework and the plan's run.framework spell it;
+  // read first, since the defaults follow it.
+  std::string framework;
+  if (absl::Status s = r->ReadOptional("framework", framework); !s.ok()) return s;
+  Framework parsed_framework = Framework::kMegatron;
+  if (!framework.empty()) {
+    auto parsed = ParseFramework(framework);
+    if (!parsed.ok()) return r->Invalid("framework", "megatron or hf");
+    parsed_framework = *parsed;
+  }
+  RunSettings run = DefaultRunSettings(parsed_framework, model);
   const json::Range<int> parallel{1, 1 << 20};
   if (absl::Status s =
           r->ReadOptional("seq_len", run.seq_len, json::Range<uint64_t>{1, uint64_t{1} << 40});
@@ -84,15 +96,8 @@ absl::Status ReadRun(const json::Object& o, RunSettings& run) {
           r->ReadOptional("mtp_layers", run.mtp_layers, json::Range<int>{0, kPlanMaxMtpLayers});
       !s.ok())
     return s;
-  // Whose code runs the layers and the optimizer's state, as the CLI's --framework and
-  // --optimizer and the plan's run.framework / run.optimizer spell them.
-  std::string framework, optimizer;
-  if (absl::Status s = r->ReadOptional("framework", framework); !s.ok()) return s;
-  if (!framework.empty()) {
-    auto parsed = ParseFramework(framework);
-    if (!parsed.ok()) return r->Invalid("framework", "megatron or hf");
-    run.framework = *parsed;
-  }
+  // The optimizer's state, as the CLI's --optimizer and the plan's run.optimizer spell it.
+  std::string optimizer;
   // The transformers release the hf recipe follows, as --transformers (Note [hf transformers
   // versions] in framework_hf.cc).
   std::string transformers;
@@ -118,7 +123,7 @@ absl::Status ReadRun(const json::Object& o, RunSettings& run) {
                         "optim_grads_params");
     run.sharding = *parsed;
   }
-  return absl::OkStatus();
+  return run;
 }
 
 absl::StatusOr<Source> ReadSource(const json::Object& o) {
@@ -179,12 +184,9 @@ absl::StatusOr<Source> ReadSource(const json::Object& o) {
     src.hardware_label = "b200";
     hw = *HardwarePreset("b200");
   }
-  RunSettings run;
-  bool has_moe = false;
-  for (const LayerSpec& l : model.layers) has_moe |= l.ffn == FfnKind::kMoe;
-  if (!has_moe) run.ep = 1;
-  if (absl::Status s = ReadRun(o, run); !s.ok()) return s;
-  auto step = BuildStepCost(model, hw, run);
+  auto run = ReadRun(o, model);
+  if (!run.ok()) return run.status();
+  auto step = BuildStepCost(model, hw, *run);
   if (!step.ok()) return step.status();
   src.step = *std::move(step);
   src.default_gpu_budget = hw.UsableBytes();

@@ -146,7 +146,8 @@ BackwardHeld BackwardHeldBytes(const StepCost& step) {
   uint64_t level = sum(step.held_logits_bytes, grads ? step.tail_grad_bytes : 0);
   for (int j = n - 1; j >= 0; --j) {
     held.in_layer[j] = level;
-    level = sum(level, grads ? step.layers[j].grad_bytes : 0);
+    const uint64_t shards = static_cast<uint64_t>(std::max(1, step.layer_grad_shards));
+    level = sum(level, grads ? (step.layers[j].grad_bytes + shards - 1) / shards : 0);
   }
   held.at_end = sum(level, grads ? step.embedding_grad_bytes : 0);
   return held;

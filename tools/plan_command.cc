@@ -66,11 +66,12 @@ cli::FlagParser MakeParser() {
          "tensor parallel size (with sequence parallelism)",
          "1",
          {"tensor-model-parallel-size"}});
-  p.Add({"cp", "N", "context parallel size", "8", {"context-parallel-size"}});
+  p.Add(
+      {"cp", "N", "context parallel size", "8 (1 with --framework hf)", {"context-parallel-size"}});
   p.Add({"ep",
          "N",
          "expert parallel size",
-         "8 (1 for dense models)",
+         "8 (1 for dense models and with --framework hf)",
          {"expert-model-parallel-size"}});
   p.Add({"gpus", "N", "GPUs in the job (data parallel = gpus / (tp x cp x pp))", "64"});
   p.Add({"pp", "N", "pipeline parallel size (stages)", "1", {"pipeline-model-parallel-size"}});
@@ -121,7 +122,8 @@ cli::FlagParser MakeParser() {
          "loaders and the trainer"});
   p.Add({"sharding", "MODE",
          "data-parallel sharding: no_shard, optim (distributed optimizer), optim_grads, "
-         "optim_grads_params",
+         "optim_grads_params; under --framework hf torch's DDP, DDP + ZeroRedundancyOptimizer, "
+         "FSDP2 without and with resharding after forward",
          "optim_grads_params"});
   p.Add({"grad-dtype", "fp32|bf16", "main gradient precision", "fp32"});
   p.Add({"framework", "megatron|hf",
@@ -341,10 +343,15 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
   if (!hw.ok()) return hw.status();
   in.hardware = *hw;
 
-  bool has_moe = false;
-  for (const auto& l : in.model.layers) has_moe |= l.ffn == planner::FfnKind::kMoe;
+  // The framework comes first: the run's defaults follow it (planner::DefaultRunSettings).
+  auto framework = flags.GetString("framework", "megatron");
+  if (!framework.ok()) return framework.status();
+  auto parsed_framework = planner::ParseFramework(*framework);
+  if (!parsed_framework.ok()) return parsed_framework.status();
+  in.run = planner::DefaultRunSettings(*parsed_framework, in.model);
   planner::RunSettings& r = in.run;
-  auto seq = flags.GetCount("seq-len", 1048576);
+  const planner::RunSettings defaults = r;
+  auto seq = flags.GetCount("seq-len", defaults.seq_len);
   if (!seq.ok()) return seq.status();
   r.seq_len = *seq;
   auto get_int = [&](const char* name, int fallback, int& out) -> absl::Status {
@@ -354,11 +361,11 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
     return absl::OkStatus();
   };
   for (auto [name, fallback, out] :
-       {std::tuple<const char*, int, int*>{"micro-batch", 1, &r.micro_batch},
-        {"tp", 1, &r.tp},
-        {"cp", 8, &r.cp},
-        {"ep", has_moe ? 8 : 1, &r.ep},
-        {"gpus", 64, &r.gpus}}) {
+       {std::tuple<const char*, int, int*>{"micro-batch", defaults.micro_batch, &r.micro_batch},
+        {"tp", defaults.tp, &r.tp},
+        {"cp", defaults.cp, &r.cp},
+        {"ep", defaults.ep, &r.ep},
+        {"gpus", defaults.gpus, &r.gpus}}) {
     if (absl::Status s = get_int(name, fallback, *out); !s.ok()) return s;
   }
   if (absl::Status s = ReadPipeline(flags, in.model.num_layers(), torchtitan_split, r); !s.ok()) {
@@ -379,11 +386,6 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
         absl::StrCat("--grad-dtype is '", *grad, "'; allowed: fp32, bf16"));
   }
   r.grad_bytes = *grad == "fp32" ? 4 : 2;
-  auto framework = flags.GetString("framework", "megatron");
-  if (!framework.ok()) return framework.status();
-  auto parsed_framework = planner::ParseFramework(*framework);
-  if (!parsed_framework.ok()) return parsed_framework.status();
-  r.framework = *parsed_framework;
   if (flags.Has("transformers")) {
     if (r.framework != planner::Framework::kHf) {
       return absl::InvalidArgumentError(
@@ -406,9 +408,7 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
   if (!parsed_optimizer.ok()) return parsed_optimizer.status();
   r.optimizer = *parsed_optimizer;
   r.optimizer_offload = flags.GetBool("optimizer-offload");
-  // transformers computes its loss over every token at once; Megatron chunks it.
-  const uint64_t chunk_default = r.framework == planner::Framework::kHf ? 0 : 8192;
-  auto loss_chunk = flags.GetCount("loss-chunk-tokens", chunk_default, /*min=*/0);
+  auto loss_chunk = flags.GetCount("loss-chunk-tokens", defaults.loss_chunk_tokens, /*min=*/0);
   if (!loss_chunk.ok()) return loss_chunk.status();
   r.loss_chunk_tokens = *loss_chunk;
 

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "planner/hardware.h"
 #include "planner/model.h"
 #include "planner/optimizer.h"
+#include "planner/simulator.h"
 
 namespace stowage::planner {
 namespace {
@@ -325,6 +327,59 @@ TEST(CostModel, HfAttnCoreHoldsTheMasksWhereItIsHandedOne) {
       EXPECT_NE(step->layers[0].checkpoint_held_group, step->layers[1].checkpoint_held_group);
     }
   }
+}
+
+// Note [hf data parallel]: transformers eager on 8 data-parallel GPUs. DDP (no_shard) keeps
+// gradient buckets as large as every gradient; FSDP2 (optim_grads, optim_grads_params) holds a
+// dp-th of each layer's gradients once its backward ends, the LM head's whole until the end;
+// fully_shard also keeps its root's (embedding, LM head) whole weights. One GPU is the measured
+// step, none of it.
+TEST(CostModel, HfDataParallelHoldsWhatTorchsEngineHolds) {
+  const ModelConfig m = *ModelPreset("qwen3-30b-a3b");
+  const HardwareProfile hw = *HardwarePreset("h200");
+  RunSettings run = DefaultRunSettings(Framework::kHf, m);
+  run.seq_len = 8192;
+  run.optimizer = OptimizerKind::kNone;
+  auto build = [&](int gpus, Sharding sharding) {
+    run.gpus = gpus;
+    run.sharding = sharding;
+    absl::StatusOr<StepCost> step = BuildStepCost(m, hw, run);
+    EXPECT_TRUE(step.ok()) << step.status();
+    return *step;
+  };
+  const StepCost one = build(1, Sharding::kNoShard);
+  uint64_t grads = one.tail_grad_bytes + one.embedding_grad_bytes;
+  for (const LayerCost& l : one.layers) grads += l.grad_bytes;
+  EXPECT_EQ(one.layer_grad_shards, 1);
+
+  const StepCost ddp = build(8, Sharding::kNoShard);
+  EXPECT_EQ(ddp.fixed.comm_buffers, one.fixed.comm_buffers + grads);
+  EXPECT_EQ(ddp.layer_grad_shards, 1);
+  EXPECT_EQ(BackwardHeldBytes(ddp).at_end, BackwardHeldBytes(one).at_end);
+
+  const int n = static_cast<int>(one.layers.size());
+  for (Sharding s : {Sharding::kOptimGrads, Sharding::kOptimGradsParams}) {
+    const StepCost fsdp = build(8, s);
+    EXPECT_EQ(fsdp.layer_grad_shards, 8) << ShardingName(s);
+    const BackwardHeld held = BackwardHeldBytes(fsdp);
+    // In the last layer's backward only the LM head's gradients (and the logits) are held ...
+    EXPECT_EQ(held.in_layer[n - 1], fsdp.held_logits_bytes + fsdp.tail_grad_bytes);
+    // ... and in the first layer's, a shard of every later layer's.
+    uint64_t sharded = 0;
+    for (int j = 1; j < n; ++j) sharded += (fsdp.layers[j].grad_bytes + 7) / 8;
+    EXPECT_EQ(held.in_layer[0], held.in_layer[n - 1] + sharded) << ShardingName(s);
+    EXPECT_LT(held.at_end, BackwardHeldBytes(one).at_end / 4);
+  }
+  // fully_shard over reshard_after_forward=False: the two gathered layers of every fully_shard
+  // step, and the root's whole weights.
+  uint64_t max_layer_grads = 0;
+  for (const LayerCost& l : one.layers) max_layer_grads = std::max(max_layer_grads, l.grad_bytes);
+  const auto weights_of = [&](uint64_t grad_bytes) {
+    return grad_bytes / run.grad_bytes * run.weight_bytes;
+  };
+  EXPECT_EQ(build(8, Sharding::kOptimGradsParams).fixed.comm_buffers,
+            build(8, Sharding::kOptimGrads).fixed.comm_buffers + 2 * weights_of(max_layer_grads) +
+                weights_of(one.tail_grad_bytes + one.embedding_grad_bytes));
 }
 
 // Note [Step time] in framework_hf.cc: the matmuls transformers runs on fp32 operands take the

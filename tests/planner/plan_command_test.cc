@@ -448,6 +448,27 @@ TEST_F(PlanCommand, BadInputIsAUsageError) {
   EXPECT_THAT(run.out, HasSubstr("--moe-imbalance"));
 }
 
+// The parallel sizes' defaults follow --framework: transformers eager runs no CP or EP, so an
+// MoE model under hf plans at CP 1, EP 1 without being told (the reference run's 8 and 8 were
+// refused as though the user had asked for them); a size the user does give is still checked.
+TEST_F(PlanCommand, HfDefaultsToNoContextOrExpertParallelism) {
+  const std::string moe = "plan --model " + std::string(STOWAGE_SOURCE_DIR) +
+                          "/tests/planner/data/measured/qwen3moe-6layer.config.json --seq-len 8K";
+  const Result run = Stowage(moe + " --framework hf --format json");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("\"cp\": 1,"));
+  EXPECT_THAT(run.out, HasSubstr("\"ep\": 1,"));
+  const Result megatron = Stowage(moe + " --format json");
+  EXPECT_THAT(megatron.out, HasSubstr("\"cp\": 8,"));
+  EXPECT_THAT(megatron.out, HasSubstr("\"ep\": 8,"));
+  for (const std::string flag : {"cp", "ep"}) {
+    const Result given = Stowage(moe + " --framework hf --" + flag + " 2");
+    EXPECT_EQ(given.code, 2) << given.out;
+    EXPECT_THAT(given.out, HasSubstr("--" + flag + " is 2 with --framework hf"));
+  }
+  EXPECT_THAT(Stowage("plan --help").out, HasSubstr("(default: 8 (1 with --framework hf))"));
+}
+
 // Regressions (issue 11): wrapped numbers planned "fits" with exit 0; --loss-chunk-tokens 0 was
 // documented but rejected; `--tp --format json` blamed "json".
 TEST_F(PlanCommand, HostileNumbersAreClearUsageErrors) {

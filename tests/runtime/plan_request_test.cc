@@ -140,6 +140,25 @@ TEST(PlanRequest, ModelConfigsPlanToo) {
   EXPECT_EQ(plan->cp, 2);
 }
 
+// A request that names only its framework plans what that framework runs
+// (planner::DefaultRunSettings): under hf, CP 1, EP 1 and the loss over every token, where the
+// megatron defaults (CP 8, EP 8, 8K-token loss chunks) were refused as though asked for.
+TEST(PlanRequest, HfRequestsDefaultToWhatTransformersRuns) {
+  Json request = {{"model", "qwen3-30b-a3b"},
+                  {"hardware", "h200"},
+                  {"run", {{"seq_len", 8192}, {"gpus", 8}, {"framework", "hf"}}}};
+  const Answer hf = Call(false, request);
+  ASSERT_EQ(hf.status, STOWAGE_OK) << hf.text;
+  auto plan = stowage::ParsePlanJson(hf.text);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->cp, 1);
+  EXPECT_EQ(plan->ep, 1);
+  request["run"]["ep"] = 2;
+  const Answer given = Call(false, request);
+  EXPECT_EQ(given.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(given.text, HasSubstr("--ep is 2 with --framework hf"));
+}
+
 // Note [MTP layers]: "mtp_layers" means what --mtp-layers means — absent, the config's count
 // (GLM-5.3-Flash trains one MTP layer after its 45); 0, none; under hf, an error naming it.
 TEST(PlanRequest, MtpLayersAsTheFlag) {
