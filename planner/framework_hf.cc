@@ -1926,7 +1926,8 @@ int SortKeyBits(uint64_t largest_key) {
 //    allocated when DistributedDataParallel is built (gradient_as_bucket_view=False, the
 //    default; distributed.py's docstring: True saves "the total gradients size"). So a full
 //    gradient-sized set of buckets is fixed memory beside the gradients made in backward.
-//  - FSDP2 (optim_grads, optim_grads_params): each layer is its own fully_shard unit; its
+//  - FSDP2 (optim_grads, optim_grads_params; checked on CPU by tests/python/
+//    test_hf_data_parallel.py, as DDP's buckets are): each layer is its own fully_shard unit; its
 //    post_backward (_fsdp_param_group.py) takes the layer's unsharded .grad tensors, sets them
 //    to None and foreach_reduce (_fsdp_collectives.py) copies them into one reduce-scatter input
 //    and assigns each parameter a view of the reduce-scatter output as its sharded grad: from
