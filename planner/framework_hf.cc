@@ -1939,9 +1939,14 @@ int SortKeyBits(uint64_t largest_key) {
 //    (fully_shard's reshard_after_forward=None: False for the root module), so fully_shard
 //    (optim_grads_params) also holds the root's whole weights, embedding and LM head, as an
 //    all-gather output beside their shards.
+// One rank (dp 1) runs no data-parallel engine at all, whatever --sharding says: the step is the
+// measured one-GPU step, with no gathered or reduce-scattered buffers.
 void ApplyHfDataParallel(const RunSettings& run, StepCost& c) {
   const int dp = run.gpus / std::max(1, run.pp);
-  if (dp <= 1) return;
+  if (dp <= 1) {
+    c.fixed.comm_buffers = 0;  // under hf they are the sharding's alone (TP, CP, EP are 1)
+    return;
+  }
   if (run.sharding <= Sharding::kOptim) {
     uint64_t buckets = c.tail_grad_bytes + c.embedding_grad_bytes;
     for (const LayerCost& l : c.layers) buckets += l.grad_bytes;

@@ -348,6 +348,9 @@ TEST(CostModel, HfDataParallelHoldsWhatTorchsEngineHolds) {
     return *step;
   };
   const StepCost one = build(1, Sharding::kNoShard);
+  // One rank runs no data-parallel engine: --sharding changes nothing.
+  EXPECT_EQ(build(1, Sharding::kOptimGradsParams).fixed.total(), one.fixed.total());
+  EXPECT_EQ(one.fixed.comm_buffers, 0u);
   uint64_t grads = one.tail_grad_bytes + one.embedding_grad_bytes;
   for (const LayerCost& l : one.layers) grads += l.grad_bytes;
   EXPECT_EQ(one.layer_grad_shards, 1);
