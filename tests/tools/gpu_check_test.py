@@ -119,10 +119,11 @@ class PackagedFolderTest(unittest.TestCase):
             else:
                 self.assertIn(t["name"], names)
         # Then the fixed steps, in the order of the brief, and each listed by --dry-run.
-        self.assertEqual(names[-7:], ["bench_grouped_mm (torch._grouped_mm)", "calibrate",
+        self.assertEqual(names[-8:], ["bench_grouped_mm (torch._grouped_mm)", "calibrate",
                                       "plan with the calibrated profile",
                                       "bench_moe_block (Qwen3-MoE block)",
                                       "bench_sdpa (attention rates)",
+                                      "bench_hf_step (measured steps by op class)",
                                       "bench offload (cuda)", "bench_torch (anchor size)"])
         # calibrate folds in the file the torch._grouped_mm benchmark writes.
         by_name = {s["name"]: s for s in steps}
@@ -143,7 +144,9 @@ class PackagedFolderTest(unittest.TestCase):
                 self.assertIn(needed, libs)
         self.assertIn("libstowage.so", libs)
         for rel in ("run", "steps.json", "tools/bench_torch.py", "tools/bench_grouped_mm.py",
-                    "tools/bench_moe_block.py", "tools/bench_sdpa.py",
+                    "tools/bench_moe_block.py", "tools/bench_sdpa.py", "tools/bench_hf_step.py",
+                    "tests/planner/data/measured/hf-h200.jsonl",
+                    "tests/planner/data/measured/llama-8layer.config.json",
                     "tests/python/run_tests.py",
                     "tests/python/test_torch_gpu.py", "runtime/python/stowage/__init__.py"):
             self.assertTrue(os.path.isfile(os.path.join(self.root, rel)), rel)
