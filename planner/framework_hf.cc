@@ -1941,6 +1941,21 @@ int SortKeyBits(uint64_t largest_key) {
 //    all-gather output beside their shards.
 // One rank (dp 1) runs no data-parallel engine at all, whatever --sharding says: the step is the
 // measured one-GPU step, with no gathered or reduce-scattered buffers.
+std::string HfDataParallelEngine(const RunSettings& run) {
+  if (run.gpus / std::max(1, run.pp) <= 1) return "no data-parallel engine: one rank";
+  switch (run.sharding) {
+    case Sharding::kNoShard:
+      return "torch DDP";
+    case Sharding::kOptim:
+      return "torch DDP + ZeroRedundancyOptimizer";
+    case Sharding::kOptimGrads:
+      return "torch FSDP2, reshard_after_forward=False";
+    case Sharding::kOptimGradsParams:
+      return "torch FSDP2 fully_shard";
+  }
+  return "";
+}
+
 void ApplyHfDataParallel(const RunSettings& run, StepCost& c) {
   const int dp = run.gpus / std::max(1, run.pp);
   if (dp <= 1) {

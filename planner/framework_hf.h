@@ -77,6 +77,9 @@ void ApplyHfStep(const ModelConfig& model, const HardwareProfile& hardware, cons
 // reduce-scattered layer gradients and its root module's unsharded parameters. Runs on the
 // stage's step (its layers, tail and embedding) after ApplyHfStep.
 void ApplyHfDataParallel(const RunSettings& run, StepCost& step);
+// The torch engine a --framework hf run's --sharding names (Note [hf data parallel]), as the
+// plan summary says it: "DDP", "FSDP2 fully_shard", ...; "no data-parallel engine" on one rank.
+std::string HfDataParallelEngine(const RunSettings& run);
 
 // Note [hf linear attention]: the line the plan summary prints under --framework hf when the
 // step has gated DeltaNet or KDA layers: which code path their recipe models (transformers'

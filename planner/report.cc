@@ -295,9 +295,13 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
   absl::StrAppend(
       &out,
       absl::StrFormat("tokens per GPU         %d (%d x %d / CP %d), TP %d, EP %d, "
-                      "%d GPUs, sharding %s\n",
+                      "%d GPUs, sharding %s%s\n",
                       step.tokens_per_rank, step.run.seq_len, step.run.micro_batch, step.run.cp,
-                      step.run.tp, step.run.ep, step.run.gpus, ShardingName(step.run.sharding)));
+                      step.run.tp, step.run.ep, step.run.gpus, ShardingName(step.run.sharding),
+                      // Note [hf data parallel]: which of torch's engines that is.
+                      !stated && step.run.framework == Framework::kHf
+                          ? absl::StrCat(" (", HfDataParallelEngine(step.run), ")")
+                          : std::string()));
   auto said = [](bool given, const char* what) {
     return given ? std::string(what) : std::string("(not stated)");
   };

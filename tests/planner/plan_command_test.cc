@@ -467,6 +467,13 @@ TEST_F(PlanCommand, HfDefaultsToNoContextOrExpertParallelism) {
     EXPECT_THAT(given.out, HasSubstr("--" + flag + " is 2 with --framework hf"));
   }
   EXPECT_THAT(Stowage("plan --help").out, HasSubstr("(default: 8 (1 with --framework hf))"));
+  // Note [hf data parallel]: the summary names torch's engine the sharding stands for.
+  EXPECT_THAT(Stowage(moe + " --framework hf --gpus 8").out,
+              HasSubstr("8 GPUs, sharding optim_grads_params (torch FSDP2 fully_shard)\n"));
+  EXPECT_THAT(Stowage(moe + " --framework hf --gpus 8 --sharding no_shard").out,
+              HasSubstr("sharding no_shard (torch DDP)\n"));
+  EXPECT_THAT(Stowage(moe + " --framework hf --gpus 1").out,
+              HasSubstr("1 GPUs, sharding optim_grads_params (no data-parallel engine: one rank)"));
 }
 
 // Regressions (issue 11): wrapped numbers planned "fits" with exit 0; --loss-chunk-tokens 0 was
