@@ -26,6 +26,18 @@ import torch.nn.functional as F  # noqa: E402
 import stowage  # noqa: E402
 
 
+def load_tool(name: str):
+    """tools/<name>.py as a module: the benchmark scripts are files to run, not a package."""
+    import importlib.machinery
+    import importlib.util
+    path = os.path.join(HERE, "..", "..", "tools", name + ".py")
+    loader = importlib.machinery.SourceFileLoader(name, os.path.realpath(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
 class MLPBlock(nn.Module):
     def __init__(self, hidden: int, dropout: float = 0.1):
         super().__init__()

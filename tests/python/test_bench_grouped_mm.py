@@ -7,33 +7,25 @@ Note [torch._grouped_mm rate]).
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
 import tempfile
 import unittest
 
+import support
+
 import torch
 
-SOURCE_DIR = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.path.join(SOURCE_DIR, "tools", "bench_grouped_mm.py")
 
 
-def load():
-    loader = importlib.machinery.SourceFileLoader("bench_grouped_mm", SCRIPT)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 @unittest.skipUnless(hasattr(torch, "_grouped_mm"), "torch without _grouped_mm (before 2.8)")
 class BenchGroupedMmTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
-        cls.bench = load()
+        cls.bench = support.load_tool("bench_grouped_mm")
         cls.tmp = tempfile.mkdtemp(prefix="bench-grouped-mm-")
         cls.out = os.path.join(cls.tmp, "rates.json")
         # 4 experts, hidden 32, moe_intermediate 16, top-2: 24 rows per expert routed, 16 aligned.

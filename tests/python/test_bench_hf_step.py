@@ -9,36 +9,25 @@ the measured steps' time goes, against tests/planner/hf_measured_test.cc's terms
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import os
 import tempfile
 import unittest
 
-import support  # noqa: F401  (puts the package on sys.path)
+import support
 
-SOURCE_DIR = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.path.join(SOURCE_DIR, "tools", "bench_hf_step.py")
 
 try:
-    import torch
     import transformers  # noqa: F401
 except ImportError:  # Debian's torch 1.13 interpreter has no transformers
     transformers = None
 
 
-def load():
-    loader = importlib.machinery.SourceFileLoader("bench_hf_step", SCRIPT)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 class BenchHfStepArgumentsTest(unittest.TestCase):
     def test_only_names_what_is_allowed(self) -> None:
-        bench = load()
+        bench = support.load_tool("bench_hf_step")
         for bad in ("llama-8layer", "llama-8layer:offload", ":keep"):
             with self.assertRaises(argparse.ArgumentTypeError) as caught:
                 bench.parse_only(bad)
@@ -49,7 +38,7 @@ class BenchHfStepArgumentsTest(unittest.TestCase):
         self.assertIn("qwen2-6layer:keep: no such case", str(caught.exception))
 
     def test_classes_are_the_planners(self) -> None:
-        bench = load()
+        bench = support.load_tool("bench_hf_step")
         self.assertEqual(bench.op_class("aten::_scaled_dot_product_cudnn_attention"),
                          "attention_forward")
         self.assertEqual(bench.op_class("aten::_scaled_dot_product_cudnn_attention_backward"),
@@ -62,7 +51,7 @@ class BenchHfStepArgumentsTest(unittest.TestCase):
 @unittest.skipIf(transformers is None, "needs transformers")
 class BenchHfStepRunTest(unittest.TestCase):
     def test_each_case_steps_and_its_time_is_in_one_class(self) -> None:
-        bench = load()
+        bench = support.load_tool("bench_hf_step")
         with tempfile.TemporaryDirectory(prefix="bench-hf-step-") as tmp:
             out = os.path.join(tmp, "hf-step.json")
             rc = bench.main(["--device", "cpu", "--only",

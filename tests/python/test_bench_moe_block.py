@@ -9,18 +9,16 @@ step time, planner/hardware.cc Note [torch._grouped_mm rate]).
 from __future__ import annotations
 
 import collections
-import importlib.machinery
-import importlib.util
 import json
 import os
 import tempfile
 import unittest
 
+import support
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-SOURCE_DIR = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.path.join(SOURCE_DIR, "tools", "bench_moe_block.py")
 
 try:
     from transformers import AutoConfig
@@ -29,12 +27,6 @@ except ImportError:  # Debian's torch 1.13 interpreter has no transformers
     Qwen3MoeSparseMoeBlock = None
 
 
-def load():
-    loader = importlib.machinery.SourceFileLoader("bench_moe_block", SCRIPT)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 class Ops(TorchDispatchMode):
@@ -58,7 +50,7 @@ E, H, FE, K, T = 8, 32, 16, 2, 24
 class BenchMoeBlockTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
-        cls.bench = load()
+        cls.bench = support.load_tool("bench_moe_block")
 
     def run_mine(self, p: dict, x: torch.Tensor, grad: torch.Tensor, variant: str):
         x = x.detach().requires_grad_()

@@ -8,25 +8,17 @@ Note [Op rates]).
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import os
 import tempfile
 import unittest
 
+import support
+
 import torch
 
-SOURCE_DIR = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.path.join(SOURCE_DIR, "tools", "bench_sdpa.py")
 
 
-def load():
-    loader = importlib.machinery.SourceFileLoader("bench_sdpa", SCRIPT)
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 def has_enable_gqa() -> bool:
@@ -40,7 +32,7 @@ def has_enable_gqa() -> bool:
 
 class BenchSdpaArgumentsTest(unittest.TestCase):
     def test_bad_cases_name_what_is_allowed(self) -> None:
-        bench = load()
+        bench = support.load_tool("bench_sdpa")
         for bad in ("llama:32:8:128", "x:3:2:8:64", "x:4:2:0:64", "x:4:2:8:", ""):
             with self.assertRaises(argparse.ArgumentTypeError) as caught:
                 bench.parse_cases(bad)
@@ -49,7 +41,7 @@ class BenchSdpaArgumentsTest(unittest.TestCase):
 
     def test_flops_are_the_planners(self) -> None:
         # Causal forward 4 s^2 h d / 2, backward 2.5x (planner/op_time.h, Note [Op rates]).
-        forward, backward = load().attention_flops(16384, 32, 128)
+        forward, backward = support.load_tool("bench_sdpa").attention_flops(16384, 32, 128)
         self.assertEqual(forward, 2 * 16384 ** 2 * 32 * 128)
         self.assertEqual(backward, 2.5 * forward)
 
@@ -57,7 +49,7 @@ class BenchSdpaArgumentsTest(unittest.TestCase):
 @unittest.skipUnless(has_enable_gqa(), "torch without SDPA enable_gqa (before 2.5)")
 class BenchSdpaRunTest(unittest.TestCase):
     def test_the_table_names_each_case_and_its_kernel(self) -> None:
-        bench = load()
+        bench = support.load_tool("bench_sdpa")
         with tempfile.TemporaryDirectory(prefix="bench-sdpa-") as tmp:
             out = os.path.join(tmp, "sdpa.json")
             rc = bench.main(["--device", "cpu", "--cases", "g:4:2:16:64,96;m:2:2:8:32",
