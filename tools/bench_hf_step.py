@@ -6,9 +6,10 @@ time goes in the steps tests/planner/hf_measured_test.cc predicts.
                                    [--out hf-step.json] [--device cuda]
 
 Each case is a line of FILE (default tests/planner/data/measured/hf-h200.jsonl, the public
-cases of shared/reference/measured; its config inline or a file beside FILE), built and stepped as that reference's measure_hf.py does:
-AutoConfig.for_model with the line's config, SDPA, bf16 weights, train(), the model's own loss
-(`model(input_ids=ids, labels=ids).loss.backward()`), gradients set to None before each step,
+cases of shared/reference/measured; its config inline or a file beside FILE), built and
+stepped as that reference's measure_hf.py does: AutoConfig.for_model with the line's config,
+SDPA, bf16 weights, train(), the model's own loss (`model(input_ids=ids,
+labels=ids).loss.backward()`), gradients set to None before each step, and
 gradient_checkpointing_enable(use_reentrant=False) where the line says gradient_checkpointing.
 For each it prints
   - wall: the synchronized step (median of 3 after 2 warm-ups), beside the line's step_seconds;
@@ -156,27 +157,21 @@ def measure(torch, transformers, case: dict, device: str) -> dict:
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
 
-    try:
-        for _ in range(2):
-            step()
-        walls = []
-        for _ in range(3):
-            synchronize(torch, device)
-            start = time.perf_counter()
-            step()
-            synchronize(torch, device)
-            walls.append(time.perf_counter() - start)
-        from torch.profiler import ProfilerActivity, profile
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=activities) as prof:
-            step()
-            synchronize(torch, device)
-        classes, ops, busy = by_class(prof, device)
-    finally:
-        del model
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+    for _ in range(2):
+        step()
+    walls = []
+    for _ in range(3):
+        synchronize(torch, device)
+        start = time.perf_counter()
+        step()
+        synchronize(torch, device)
+        walls.append(time.perf_counter() - start)
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        synchronize(torch, device)
+    classes, ops, busy = by_class(prof, device)
     return {"case": case["case"], "seq_len": seq_len,
             "policy": "recompute" if case["gradient_checkpointing"] else "keep",
             "wall_s": statistics.median(walls), "measured_step_s": case.get("step_seconds"),
@@ -233,6 +228,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             failures.append(f"{case['case']}: {type(ex).__name__}: {ex}")
             print(f"{case['case']}: failed: {type(ex).__name__}: {ex}")
             continue
+        finally:  # the case's model is gone with measure's frame: give its memory back
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
         results.append(r)
         print_result(r, args.rows)
     for f in failures:
