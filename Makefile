@@ -12,7 +12,7 @@ JOBS ?= $(shell nproc)
 all: build
 
 deps:
-	@tools/setup-deps
+	@scripts/setup-deps
 
 configure: deps
 	@cmake --preset $(PRESET) >/dev/null
@@ -21,7 +21,7 @@ build: configure
 	@cmake --build --preset $(PRESET) -j $(JOBS)
 
 demo: build
-	$(BUILD_DIR)/tools/stowage plan
+	$(BUILD_DIR)/cli/stowage plan
 
 test: build
 	ctest --preset $(PRESET) -j $(JOBS)

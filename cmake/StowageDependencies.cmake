@@ -1,4 +1,4 @@
-# Third-party dependencies, all from Debian packages (tools/setup-deps installs them).
+# Third-party dependencies, all from Debian packages (scripts/setup-deps installs them).
 find_package(absl REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(prometheus-cpp REQUIRED COMPONENTS core pull)

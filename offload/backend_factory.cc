@@ -7,7 +7,7 @@
 #include "offload/host_backend.h"
 #include "offload/node_ledger.h"
 #ifdef STOWAGE_HAVE_CUDA
-#include "offload/cuda_backend.h"
+#include "offload/cuda/cuda_backend.h"
 #endif
 
 namespace stowage::offload {

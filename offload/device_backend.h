@@ -1,6 +1,6 @@
 // The device backend: the few primitives the copy engine needs from "a device with its own copy
 // streams". Two implementations share this contract and one typed conformance suite
-// (tests/offload/copy_engine*_test.cc): the CUDA backend (offload/cuda_backend.h) and the host
+// (tests/offload/copy_engine*_test.cc): the CUDA backend (offload/cuda/cuda_backend.h) and the host
 // backend (offload/host_backend.h), in which "device" memory is ordinary memory and the copy
 // streams are worker threads, so the engine's logic runs in CPU-only CI.
 //

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/bytes.h"
 #include "offload/topology.h"
 
 namespace stowage::offload {
@@ -149,7 +150,7 @@ CgroupMemory ReadCgroup(const HostRoots& roots) {
 }
 
 std::string Limit(const std::optional<uint64_t>& bytes) {
-  return bytes.has_value() ? FormatBytes(*bytes) : std::string("unlimited");
+  return bytes.has_value() ? FormatBytesExact(*bytes) : std::string("unlimited");
 }
 
 }  // namespace
@@ -163,14 +164,6 @@ std::optional<uint64_t> CgroupMemory::headroom_bytes() const {
   return HeadroomOf(level);
 }
 
-std::string FormatBytes(uint64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (uint64_t{1} << 30))
-    return absl::StrFormat("%.2f GiB (%d bytes)", b / (1 << 30), bytes);
-  if (bytes >= (uint64_t{1} << 20))
-    return absl::StrFormat("%.2f MiB (%d bytes)", b / (1 << 20), bytes);
-  return absl::StrFormat("%d bytes", bytes);
-}
 
 absl::StatusOr<HostMemorySnapshot> ReadHostMemory(int numa_node, const HostRoots& roots) {
   HostMemorySnapshot snapshot;
@@ -219,21 +212,21 @@ absl::StatusOr<HostMemorySnapshot> ReadHostMemory(int numa_node, const HostRoots
 }
 
 std::string DescribeHostMemory(const HostMemorySnapshot& s) {
-  std::string out = absl::StrCat("MemAvailable ", FormatBytes(s.mem_available_bytes), " of ",
-                                 FormatBytes(s.mem_total_bytes));
+  std::string out = absl::StrCat("MemAvailable ", FormatBytesExact(s.mem_available_bytes), " of ",
+                                 FormatBytesExact(s.mem_total_bytes));
   if (s.cgroup.version == 0) {
     absl::StrAppend(&out, "; no memory cgroup");
   } else if (!s.cgroup.limit_bytes.has_value()) {
     absl::StrAppend(&out, "; cgroup v", s.cgroup.version, " ", s.cgroup.path, " unlimited");
   } else {
     absl::StrAppend(&out, "; cgroup v", s.cgroup.version, " ", s.cgroup.limiting_path, " limit ",
-                    FormatBytes(*s.cgroup.limit_bytes), ", usage ",
-                    FormatBytes(s.cgroup.usage_bytes), " of which reclaimable ",
-                    FormatBytes(s.cgroup.reclaimable_bytes), ", headroom ",
-                    FormatBytes(*s.cgroup.headroom_bytes()));
+                    FormatBytesExact(*s.cgroup.limit_bytes), ", usage ",
+                    FormatBytesExact(s.cgroup.usage_bytes), " of which reclaimable ",
+                    FormatBytesExact(s.cgroup.reclaimable_bytes), ", headroom ",
+                    FormatBytesExact(*s.cgroup.headroom_bytes()));
   }
   absl::StrAppend(&out, "; RLIMIT_MEMLOCK ", Limit(s.memlock_limit_bytes), " (locked ",
-                  FormatBytes(s.memlock_used_bytes), s.cap_ipc_lock ? ", CAP_IPC_LOCK" : "", ")");
+                  FormatBytesExact(s.memlock_used_bytes), s.cap_ipc_lock ? ", CAP_IPC_LOCK" : "", ")");
   if (s.node >= 0) {
     absl::StrAppend(&out, "; node ", s.node, " of ", s.online_nodes, " available ",
                     Limit(s.node_available_bytes), " of ", Limit(s.node_total_bytes));
@@ -258,7 +251,7 @@ std::string RankName(int rank, int local_rank) {
 
 std::string DescribeShare(const RankShare& share) {
   return absl::StrCat(RankName(share.rank, share.local_rank), " pid ", share.pid, " node ",
-                      share.numa_node, ": ", FormatBytes(share.bytes),
+                      share.numa_node, ": ", FormatBytesExact(share.bytes),
                       share.resident ? " resident" : " pending");
 }
 
@@ -270,7 +263,7 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
       request.numa_node >= 0 ? absl::StrCat(" on NUMA node ", request.numa_node) : "";
   if (request.numa_node >= 0 && s.online_nodes > 0 && !s.node_total_bytes.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        request.what, " of ", FormatBytes(request.bytes), where, ": the machine has no node ",
+        request.what, " of ", FormatBytesExact(request.bytes), where, ": the machine has no node ",
         request.numa_node, " (", s.online_nodes, " nodes)"));
   }
   // What the other ranks add to the request, per limit (Note [Admission with other ranks]).
@@ -294,7 +287,7 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
   add(with_reserved, reserved);
   auto others_text = [](uint64_t bytes, const char* what) {
     return bytes == 0 ? std::string()
-                      : absl::StrCat(" (with ", FormatBytes(bytes), " ", what, " by other ranks)");
+                      : absl::StrCat(" (with ", FormatBytesExact(bytes), " ", what, " by other ranks)");
   };
   std::vector<std::string> binding;
   // `available` less the margin of `total` (Note [Admission margin]); the request must fit in it.
@@ -303,33 +296,33 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
     return available > margin ? available - margin : 0;
   };
   auto kept = [](uint64_t total, const char* of) {
-    return absl::StrCat(", of which ", FormatBytes(AdmissionMarginBytes(total)),
+    return absl::StrCat(", of which ", FormatBytesExact(AdmissionMarginBytes(total)),
                         " is kept as the admission margin (5% of ", of, ", at least 1 GiB)");
   };
   if (with_pending > usable(s.mem_available_bytes, s.mem_total_bytes)) {
-    binding.push_back(absl::StrCat("MemAvailable is ", FormatBytes(s.mem_available_bytes),
+    binding.push_back(absl::StrCat("MemAvailable is ", FormatBytesExact(s.mem_available_bytes),
                                    kept(s.mem_total_bytes, "MemTotal"),
                                    others_text(pending, "admitted and not yet resident")));
   }
   if (const std::optional<uint64_t> headroom = s.cgroup.headroom_bytes();
       headroom.has_value() && with_pending > usable(*headroom, *s.cgroup.limit_bytes)) {
     binding.push_back(absl::StrCat("cgroup ", s.cgroup.limiting_path, " limit ",
-                                   FormatBytes(*s.cgroup.limit_bytes), " leaves ",
-                                   FormatBytes(*headroom), kept(*s.cgroup.limit_bytes, "the limit"),
+                                   FormatBytesExact(*s.cgroup.limit_bytes), " leaves ",
+                                   FormatBytesExact(*headroom), kept(*s.cgroup.limit_bytes, "the limit"),
                                    others_text(pending, "admitted and not yet resident")));
   }
   if (request.numa_node >= 0 && s.online_nodes > 1 && s.node_available_bytes.has_value() &&
       with_pending_on_node >
           usable(*s.node_available_bytes, s.node_total_bytes.value_or(*s.node_available_bytes))) {
     binding.push_back(absl::StrCat(
-        "node ", request.numa_node, " has ", FormatBytes(*s.node_available_bytes), " available",
+        "node ", request.numa_node, " has ", FormatBytesExact(*s.node_available_bytes), " available",
         kept(s.node_total_bytes.value_or(*s.node_available_bytes), "the node's memory"),
         others_text(pending_on_node, "admitted on it and not yet resident")));
   }
   if (shares.node_budget_bytes.has_value() &&
       with_reserved > usable(*shares.node_budget_bytes, *shares.node_budget_bytes)) {
     binding.push_back(absl::StrCat(
-        "the node budget (STOWAGE_NODE_MEMORY_BYTES) is ", FormatBytes(*shares.node_budget_bytes),
+        "the node budget (STOWAGE_NODE_MEMORY_BYTES) is ", FormatBytesExact(*shares.node_budget_bytes),
         kept(*shares.node_budget_bytes, "the budget"), others_text(reserved, "reserved")));
   }
   if (request.memlock == MemlockUse::kLocked && !s.cap_ipc_lock &&
@@ -338,8 +331,8 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
                               ? *s.memlock_limit_bytes - s.memlock_used_bytes
                               : 0;
     if (request.bytes > left) {
-      binding.push_back(absl::StrCat("RLIMIT_MEMLOCK ", FormatBytes(*s.memlock_limit_bytes),
-                                     " leaves ", FormatBytes(left),
+      binding.push_back(absl::StrCat("RLIMIT_MEMLOCK ", FormatBytesExact(*s.memlock_limit_bytes),
+                                     " leaves ", FormatBytesExact(left),
                                      " (raise `ulimit -l` or grant CAP_IPC_LOCK)"));
     }
   }
@@ -351,10 +344,10 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
     ranks = absl::StrCat(". Reservations on this node (", shares.ledger,
                          "): ", listed.empty() ? std::string("none") : absl::StrJoin(listed, "; "),
                          "; this request: ", RankName(shares.rank, shares.local_rank), " pid ",
-                         getpid(), " node ", request.numa_node, ": ", FormatBytes(request.bytes));
+                         getpid(), " node ", request.numa_node, ": ", FormatBytesExact(request.bytes));
   }
   return absl::ResourceExhaustedError(
-      absl::StrCat(request.what, " of ", FormatBytes(request.bytes), where, " does not fit: ",
+      absl::StrCat(request.what, " of ", FormatBytesExact(request.bytes), where, " does not fit: ",
                    absl::StrJoin(binding, "; "), ranks, ". Host memory: ", DescribeHostMemory(s)));
 }
 

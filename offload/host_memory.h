@@ -150,9 +150,6 @@ absl::StatusOr<MappingResidency> ReadMappingResidency(const void* begin, uint64_
 absl::StatusOr<std::map<int, uint64_t>> BytesByNode(const void* begin, uint64_t bytes,
                                                     uint64_t stride = uint64_t{2} << 20);
 
-// "12.5 GiB (13421772800 bytes)".
-std::string FormatBytes(uint64_t bytes);
-
 }  // namespace stowage::offload
 
 #endif  // STOWAGE_OFFLOAD_HOST_MEMORY_H_

@@ -20,7 +20,7 @@
 #include "offload/host_memory.h"
 
 #ifdef STOWAGE_HAVE_CUDA
-#include "offload/cuda_host.h"
+#include "offload/cuda/cuda_host.h"
 #endif
 
 namespace stowage::offload {

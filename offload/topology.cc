@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 
 #ifdef STOWAGE_HAVE_CUDA
-#include "offload/cuda_host.h"
+#include "offload/cuda/cuda_host.h"
 #endif
 
 namespace stowage::offload {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "base/checked_math.h"
 #include "base/json_reader.h"
+#include "base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace stowage {
@@ -29,11 +30,6 @@ constexpr std::pair<LayerPolicy, std::string_view> kPolicyNames[] = {
     {LayerPolicy::kOffloadSaved, "offload_saved"},
 };
 
-#define STOWAGE_PLAN_RETURN_IF_ERROR(expr) \
-  do {                                     \
-    absl::Status status_ = (expr);         \
-    if (!status_.ok()) return status_;     \
-  } while (0)
 
 // Errors from reading name the source "plan"; ReadPlanFile puts the file's path in front.
 constexpr std::string_view kSource = "plan";
@@ -93,7 +89,7 @@ absl::StatusOr<StagePlan> ReadStage(const json::Json& value, const std::string& 
   const json::Object& st = *object;
   StagePlan stage;
   stage.prefetch_distance = prefetch_distance;
-  STOWAGE_PLAN_RETURN_IF_ERROR(st.Read("stage", stage.stage, kStageIndex));
+  STOWAGE_RETURN_IF_ERROR(st.Read("stage", stage.stage, kStageIndex));
   absl::StatusOr<const json::Json*> chunks = st.Array("chunks");
   if (!chunks.ok()) return chunks.status();
   if ((*chunks)->size() > static_cast<size_t>(kPlanMaxVirtualStages)) {
@@ -106,26 +102,26 @@ absl::StatusOr<StagePlan> ReadStage(const json::Json& value, const std::string& 
         (**chunks)[k], std::string(kSource), absl::StrCat(st.PathOf("chunks"), "[", k, "]"));
     if (!c.ok()) return c.status();
     LayerRange range;
-    STOWAGE_PLAN_RETURN_IF_ERROR(c->Read("first_layer", range.first_layer, kLayerIndex));
-    STOWAGE_PLAN_RETURN_IF_ERROR(c->Read("num_layers", range.num_layers, kChunkLayers));
+    STOWAGE_RETURN_IF_ERROR(c->Read("first_layer", range.first_layer, kLayerIndex));
+    STOWAGE_RETURN_IF_ERROR(c->Read("num_layers", range.num_layers, kChunkLayers));
     stage.chunks.push_back(range);
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       st.ReadOptional("prefetch_distance", stage.prefetch_distance, kPrefetchDistance));
-  STOWAGE_PLAN_RETURN_IF_ERROR(st.ReadOptional("embedding", stage.embedding));
-  STOWAGE_PLAN_RETURN_IF_ERROR(st.ReadOptional("lm_head", stage.lm_head));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(st.ReadOptional("embedding", stage.embedding));
+  STOWAGE_RETURN_IF_ERROR(st.ReadOptional("lm_head", stage.lm_head));
+  STOWAGE_RETURN_IF_ERROR(
       st.ReadOptional("peak_device_bytes", stage.peak_device_bytes, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       st.ReadOptional("fixed_device_bytes", stage.fixed_device_bytes, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       st.ReadOptional("host_bytes_per_gpu", stage.host_bytes_per_gpu, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(st.ReadOptional("host_arena_bytes", stage.host_arena_bytes, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(st.ReadOptional("host_arena_bytes", stage.host_arena_bytes, kBytes));
+  STOWAGE_RETURN_IF_ERROR(
       st.ReadOptional("microbatch_seconds", stage.microbatch_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       st.ReadOptional("exposed_copy_seconds", stage.exposed_copy_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       st.ReadOptional("point_to_point_seconds", stage.point_to_point_seconds, kSeconds));
   return stage;
 }
@@ -137,24 +133,24 @@ absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& 
   const json::Object& l = *object;
   LayerPlan layer;
   std::string policy;
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("index", layer.index, kLayerIndex));
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("type", layer.type));
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("name", layer.name));
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("policy", policy));
+  STOWAGE_RETURN_IF_ERROR(l.Read("index", layer.index, kLayerIndex));
+  STOWAGE_RETURN_IF_ERROR(l.Read("type", layer.type));
+  STOWAGE_RETURN_IF_ERROR(l.ReadOptional("name", layer.name));
+  STOWAGE_RETURN_IF_ERROR(l.Read("policy", policy));
   absl::StatusOr<LayerPolicy> parsed = ParseLayerPolicy(policy);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan: field '", l.PathOf("policy"), "': ", parsed.status().message()));
   }
   layer.policy = *parsed;
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("device_saved_bytes", layer.device_saved_bytes, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.Read("host_bytes", layer.host_bytes, kBytes));
+  STOWAGE_RETURN_IF_ERROR(l.Read("device_saved_bytes", layer.device_saved_bytes, kBytes));
+  STOWAGE_RETURN_IF_ERROR(l.Read("host_bytes", layer.host_bytes, kBytes));
   if (l.Has("recompute_modules")) {
     absl::StatusOr<const json::Json*> modules = l.Array("recompute_modules");
     if (!modules.ok()) return modules.status();
     for (size_t k = 0; k < (*modules)->size(); ++k) {
       std::string module;
-      STOWAGE_PLAN_RETURN_IF_ERROR(
+      STOWAGE_RETURN_IF_ERROR(
           json::ReadValue((**modules)[k], kSource,
                           absl::StrCat(l.PathOf("recompute_modules"), "[", k, "]"), module));
       layer.recompute_modules.push_back(std::move(module));
@@ -169,23 +165,23 @@ absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& 
                                                      "'; rename it in the plan"));
     }
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("ffn_chunks", layer.ffn_chunks, kFfnChunks));
+  STOWAGE_RETURN_IF_ERROR(l.ReadOptional("ffn_chunks", layer.ffn_chunks, kFfnChunks));
   given->save_wait_before_layer = l.Has("save_wait_before_layer");
   given->prefetch_after_layer = l.Has("prefetch_after_layer");
   given->in_flight_microbatches = l.Has("in_flight_microbatches");
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       l.ReadOptional("in_flight_microbatches", layer.in_flight_microbatches, kInFlight));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       l.ReadOptional("save_wait_before_layer", layer.save_wait_before_layer, kSaveWaitBeforeLayer));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       l.ReadOptional("prefetch_after_layer", layer.prefetch_after_layer, kPrefetchAfterLayer));
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("forward_seconds", layer.forward_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(l.ReadOptional("forward_seconds", layer.forward_seconds, kSeconds));
+  STOWAGE_RETURN_IF_ERROR(
       l.ReadOptional("backward_seconds", layer.backward_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       l.ReadOptional("recompute_seconds", layer.recompute_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("d2h_seconds", layer.d2h_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(l.ReadOptional("h2d_seconds", layer.h2d_seconds, kSeconds));
+  STOWAGE_RETURN_IF_ERROR(l.ReadOptional("d2h_seconds", layer.d2h_seconds, kSeconds));
+  STOWAGE_RETURN_IF_ERROR(l.ReadOptional("h2d_seconds", layer.h2d_seconds, kSeconds));
   if (l.Has("transfers")) {
     absl::StatusOr<const json::Json*> transfers = l.Array("transfers");
     if (!transfers.ok()) return transfers.status();
@@ -194,8 +190,8 @@ absl::StatusOr<LayerPlan> ReadLayer(const json::Json& value, const std::string& 
           (**transfers)[k], std::string(kSource), absl::StrCat(l.PathOf("transfers"), "[", k, "]"));
       if (!t.ok()) return t.status();
       PlannedTransfer transfer;
-      STOWAGE_PLAN_RETURN_IF_ERROR(t->ReadOptional("name", transfer.name));
-      STOWAGE_PLAN_RETURN_IF_ERROR(t->Read("bytes", transfer.bytes, kBytes));
+      STOWAGE_RETURN_IF_ERROR(t->ReadOptional("name", transfer.name));
+      STOWAGE_RETURN_IF_ERROR(t->Read("bytes", transfer.bytes, kBytes));
       layer.transfers.push_back(std::move(transfer));
     }
   } else if (layer.host_bytes > 0) {
@@ -224,9 +220,9 @@ absl::Status CheckRange(std::string_view path, T value, json::Range<T> range) {
 
 // The run's pipeline fields, each in range and agreeing with the others.
 absl::Status CheckPipelineRunFields(PipelineSchedule schedule, int pp, int vpp, int microbatches) {
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.pp", pp, kPipelineStages));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.vpp", vpp, kVirtualStages));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.microbatches", microbatches, kMicrobatches));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.pp", pp, kPipelineStages));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.vpp", vpp, kVirtualStages));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.microbatches", microbatches, kMicrobatches));
   const bool interleaved = schedule == PipelineSchedule::kInterleaved;
   if (schedule != PipelineSchedule::k1F1B && !interleaved) {
     return absl::InvalidArgumentError(absl::StrCat("plan: field 'run.schedule' is not a schedule (",
@@ -257,7 +253,7 @@ absl::Status CheckPipelineRunFields(PipelineSchedule schedule, int pp, int vpp, 
 // cover the layers in virtual-stage order (chunk c of stage s is virtual stage c x pp + s).
 // O(pp x vpp): the reader runs it before walking the layers.
 absl::Status CheckStages(const Plan& plan) {
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckPipelineRunFields(plan.schedule, plan.pp, plan.vpp, plan.microbatches));
   if (plan.stages.size() != static_cast<size_t>(plan.pp)) {
     return absl::InvalidArgumentError(absl::StrCat("plan: field 'stages' has ", plan.stages.size(),
@@ -286,9 +282,9 @@ absl::Status CheckStages(const Plan& plan) {
           {"fixed_device_bytes", st.fixed_device_bytes},
           {"host_bytes_per_gpu", st.host_bytes_per_gpu},
           {"host_arena_bytes", st.host_arena_bytes}}) {
-      STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".", name), bytes, kBytes));
+      STOWAGE_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".", name), bytes, kBytes));
     }
-    STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".prefetch_distance"),
+    STOWAGE_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".prefetch_distance"),
                                             st.prefetch_distance, kPrefetchDistance));
     if (plan.pp == 1 && st.prefetch_distance != plan.runtime.prefetch_distance) {
       return absl::InvalidArgumentError(
@@ -296,11 +292,11 @@ absl::Status CheckStages(const Plan& plan) {
                        st.prefetch_distance, "; allowed: runtime.prefetch_distance (",
                        plan.runtime.prefetch_distance, ") in a plan of one stage"));
     }
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         CheckRange(absl::StrCat(path, ".microbatch_seconds"), st.microbatch_seconds, kSeconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         CheckRange(absl::StrCat(path, ".exposed_copy_seconds"), st.exposed_copy_seconds, kSeconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".point_to_point_seconds"),
+    STOWAGE_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".point_to_point_seconds"),
                                             st.point_to_point_seconds, kSeconds));
   }
   int64_t next = 0;
@@ -308,7 +304,7 @@ absl::Status CheckStages(const Plan& plan) {
     for (int s = 0; s < plan.pp; ++s) {
       const LayerRange& r = plan.stages[s].chunks[c];
       const std::string path = absl::StrCat("stages[", s, "].chunks[", c, "]");
-      STOWAGE_PLAN_RETURN_IF_ERROR(
+      STOWAGE_RETURN_IF_ERROR(
           CheckRange(absl::StrCat(path, ".num_layers"), r.num_layers, kChunkLayers));
       if (r.first_layer != next) {
         return absl::InvalidArgumentError(
@@ -332,7 +328,7 @@ absl::Status CheckStages(const Plan& plan) {
 // all in the last virtual stage (the last chunk of the last stage); no other layer is named. The
 // stages passed CheckStages.
 absl::Status CheckMtpLayers(const Plan& plan) {
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.mtp_layers", plan.mtp_layers, kMtpLayers));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.mtp_layers", plan.mtp_layers, kMtpLayers));
   const int n = static_cast<int>(plan.layers.size());
   if (plan.mtp_layers >= n && plan.mtp_layers > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -802,44 +798,44 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
   const json::Object& j = *root;
   Plan plan;
   // The version first: a plan of another schema may differ anywhere else.
-  STOWAGE_PLAN_RETURN_IF_ERROR(j.Read("schema_version", plan.schema_version, kSchemaVersion));
+  STOWAGE_RETURN_IF_ERROR(j.Read("schema_version", plan.schema_version, kSchemaVersion));
   if (plan.schema_version != kPlanSchemaVersion) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan: field 'schema_version' is ", plan.schema_version,
                      "; this runtime reads schema_version ", kPlanSchemaVersion));
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("generator", plan.generator));
-  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("model", plan.model));
-  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("model_parameters", plan.model_parameters));
-  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("hardware", plan.hardware));
+  STOWAGE_RETURN_IF_ERROR(j.ReadOptional("generator", plan.generator));
+  STOWAGE_RETURN_IF_ERROR(j.ReadOptional("model", plan.model));
+  STOWAGE_RETURN_IF_ERROR(j.ReadOptional("model_parameters", plan.model_parameters));
+  STOWAGE_RETURN_IF_ERROR(j.ReadOptional("hardware", plan.hardware));
   if (j.Has("run")) {
     absl::StatusOr<json::Object> run = j.Child("run");
     if (!run.ok()) return run.status();
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("seq_len", plan.seq_len, kSeqLen));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("micro_batch", plan.micro_batch, kParallel));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("framework", plan.framework));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("seq_len", plan.seq_len, kSeqLen));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("micro_batch", plan.micro_batch, kParallel));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("framework", plan.framework));
     if (plan.framework != "megatron" && plan.framework != "hf") {
       return absl::InvalidArgumentError(absl::StrCat("plan: field 'run.framework' has value '",
                                                      plan.framework, "'; allowed: megatron, hf"));
     }
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("tp", plan.tp, kParallel));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("cp", plan.cp, kParallel));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("ep", plan.ep, kParallel));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("pp", plan.pp, kPipelineStages));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("vpp", plan.vpp, kVirtualStages));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("tp", plan.tp, kParallel));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("cp", plan.cp, kParallel));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("ep", plan.ep, kParallel));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("pp", plan.pp, kPipelineStages));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("vpp", plan.vpp, kVirtualStages));
     std::string schedule(PipelineScheduleName(plan.schedule));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("schedule", schedule));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("schedule", schedule));
     absl::StatusOr<PipelineSchedule> parsed_schedule = ParsePipelineSchedule(schedule);
     if (!parsed_schedule.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("plan: field 'run.schedule' has value '",
                                                      schedule, "'; allowed: 1f1b, interleaved"));
     }
     plan.schedule = *parsed_schedule;
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         run->ReadOptional("microbatches", plan.microbatches, kMicrobatches));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("mtp_layers", plan.mtp_layers, kMtpLayers));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("mtp_layers", plan.mtp_layers, kMtpLayers));
     std::string rank_order(RankOrderName(plan.rank_order));
-    STOWAGE_PLAN_RETURN_IF_ERROR(run->ReadOptional("rank_order", rank_order));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("rank_order", rank_order));
     absl::StatusOr<RankOrder> parsed_order = ParseRankOrder(rank_order);
     if (!parsed_order.ok()) {
       return absl::InvalidArgumentError(
@@ -847,62 +843,62 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
                        "'; allowed: tp-cp-ep-dp-pp, tp-cp-ep-pp-dp (Megatron's rank orders)"));
     }
     plan.rank_order = *parsed_order;
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         run->ReadOptional("host_budget_bytes", plan.host_budget_bytes, kBytes));
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(j.ReadOptional("fits", plan.fits));
+  STOWAGE_RETURN_IF_ERROR(j.ReadOptional("fits", plan.fits));
   if (!plan.fits) {
     // A plan that does not fit says why (Note [Plans that do not fit]); one that fits needs no
     // binding, and any it carries is ignored like an unknown field.
     absl::StatusOr<json::Object> b = j.Child("binding");
     if (!b.ok()) return b.status();
     PlanBinding& out = plan.binding;
-    STOWAGE_PLAN_RETURN_IF_ERROR(b->Read("budget", out.budget));
-    STOWAGE_PLAN_RETURN_IF_ERROR(b->Read("exceeded_by_bytes", out.exceeded_by_bytes, kBytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(b->ReadOptional("stage", out.stage, kStageIndex));
-    STOWAGE_PLAN_RETURN_IF_ERROR(b->ReadOptional("at", out.at));
-    STOWAGE_PLAN_RETURN_IF_ERROR(b->ReadOptional("what", out.what));
-    STOWAGE_PLAN_RETURN_IF_ERROR(b->ReadOptional("explanation", out.explanation));
+    STOWAGE_RETURN_IF_ERROR(b->Read("budget", out.budget));
+    STOWAGE_RETURN_IF_ERROR(b->Read("exceeded_by_bytes", out.exceeded_by_bytes, kBytes));
+    STOWAGE_RETURN_IF_ERROR(b->ReadOptional("stage", out.stage, kStageIndex));
+    STOWAGE_RETURN_IF_ERROR(b->ReadOptional("at", out.at));
+    STOWAGE_RETURN_IF_ERROR(b->ReadOptional("what", out.what));
+    STOWAGE_RETURN_IF_ERROR(b->ReadOptional("explanation", out.explanation));
   }
   {
     absl::StatusOr<json::Object> p = j.Child("predicted");
     if (!p.ok()) return p.status();
     PlanPrediction& out = plan.predicted;
-    STOWAGE_PLAN_RETURN_IF_ERROR(p->Read("peak_device_bytes", out.peak_device_bytes, kBytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(p->Read("host_bytes_per_gpu", out.host_bytes_per_gpu, kBytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(p->Read("step_seconds", out.step_seconds, kSeconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(p->Read("peak_device_bytes", out.peak_device_bytes, kBytes));
+    STOWAGE_RETURN_IF_ERROR(p->Read("host_bytes_per_gpu", out.host_bytes_per_gpu, kBytes));
+    STOWAGE_RETURN_IF_ERROR(p->Read("step_seconds", out.step_seconds, kSeconds));
+    STOWAGE_RETURN_IF_ERROR(
         p->Read("exposed_copy_seconds", out.exposed_copy_seconds, kSeconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         p->ReadOptional("fixed_device_bytes", out.fixed_device_bytes, kBytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         p->ReadOptional("host_bytes_per_numa_node", out.host_bytes_per_numa_node, kBytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(p->ReadOptional("baseline", out.baseline));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(p->ReadOptional("baseline", out.baseline));
+    STOWAGE_RETURN_IF_ERROR(
         p->ReadOptional("baseline_step_seconds", out.baseline_step_seconds, kSeconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         p->ReadOptional("unoverlapped_step_seconds", out.unoverlapped_step_seconds, kSeconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(p->ReadOptional("exposed_point_to_point_seconds",
+    STOWAGE_RETURN_IF_ERROR(p->ReadOptional("exposed_point_to_point_seconds",
                                                  out.exposed_point_to_point_seconds, kSeconds));
-    STOWAGE_PLAN_RETURN_IF_ERROR(p->ReadOptional("optimality", out.optimality));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(p->ReadOptional("optimality", out.optimality));
+    STOWAGE_RETURN_IF_ERROR(
         p->ReadOptional("optimality_gap", out.optimality_gap, kOptimalityGap));
   }
   if (j.Has("runtime")) {
     absl::StatusOr<json::Object> r = j.Child("runtime");
     if (!r.ok()) return r.status();
     RuntimeSettings& out = plan.runtime;
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         r->ReadOptional("prefetch_distance", out.prefetch_distance, kPrefetchDistance));
-    STOWAGE_PLAN_RETURN_IF_ERROR(r->ReadOptional("save_lag", out.save_lag, kSaveLag));
-    STOWAGE_PLAN_RETURN_IF_ERROR(r->ReadOptional("host_arena_bytes", out.host_arena_bytes, kBytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(r->ReadOptional("save_lag", out.save_lag, kSaveLag));
+    STOWAGE_RETURN_IF_ERROR(r->ReadOptional("host_arena_bytes", out.host_arena_bytes, kBytes));
+    STOWAGE_RETURN_IF_ERROR(
         r->ReadOptional("copy_chunk_bytes", out.copy_chunk_bytes, kCopyChunk));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         r->ReadOptional("gpus_per_numa_node", out.gpus_per_numa_node, kGpusPerNumaNode));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         r->ReadOptional("link_bytes_per_second", out.link_bytes_per_second, kLinkRate));
   }
   absl::StatusOr<const json::Json*> layers = j.Array("layers");
@@ -944,7 +940,7 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
   }
   // A protocol or in-flight field a plan leaves out (one written before it existed) is the
   // protocol's (the schedule's) value.
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckStages(plan));
+  STOWAGE_RETURN_IF_ERROR(CheckStages(plan));
   const std::vector<LayerPlace> places = PlacesOfLayers(plan);
   const std::vector<std::vector<int>> in_flight = InFlightOfStages(plan);
   const int n = static_cast<int>(plan.layers.size());
@@ -960,7 +956,7 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
       layer.in_flight_microbatches = in_flight[place.stage][place.chunk];
     }
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(ValidatePlan(plan));
+  STOWAGE_RETURN_IF_ERROR(ValidatePlan(plan));
   return plan;
 }
 
@@ -988,33 +984,33 @@ absl::Status ValidatePlan(const Plan& plan) {
         absl::StrCat("plan: field 'schema_version' is ", plan.schema_version,
                      "; this runtime reads schema_version ", kPlanSchemaVersion));
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.seq_len", plan.seq_len, kSeqLen));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.micro_batch", plan.micro_batch, kParallel));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.tp", plan.tp, kParallel));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.cp", plan.cp, kParallel));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.ep", plan.ep, kParallel));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("run.host_budget_bytes", plan.host_budget_bytes, kBytes));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.seq_len", plan.seq_len, kSeqLen));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.micro_batch", plan.micro_batch, kParallel));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.tp", plan.tp, kParallel));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.cp", plan.cp, kParallel));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.ep", plan.ep, kParallel));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.host_budget_bytes", plan.host_budget_bytes, kBytes));
 
   const PlanPrediction& p = plan.predicted;
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("predicted.peak_device_bytes", p.peak_device_bytes, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("predicted.fixed_device_bytes", p.fixed_device_bytes, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("predicted.host_bytes_per_gpu", p.host_bytes_per_gpu, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("predicted.host_bytes_per_numa_node", p.host_bytes_per_numa_node, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("predicted.step_seconds", p.step_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(CheckRange("predicted.step_seconds", p.step_seconds, kSeconds));
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("predicted.exposed_copy_seconds", p.exposed_copy_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("predicted.baseline_step_seconds", p.baseline_step_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("predicted.unoverlapped_step_seconds", p.unoverlapped_step_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("predicted.exposed_point_to_point_seconds",
+  STOWAGE_RETURN_IF_ERROR(CheckRange("predicted.exposed_point_to_point_seconds",
                                           p.exposed_point_to_point_seconds, kSeconds));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("predicted.optimality_gap", p.optimality_gap, kOptimalityGap));
   if (!p.optimality.empty() && p.optimality != "proven" && p.optimality != "within_gap" &&
       p.optimality != "unproven") {
@@ -1023,15 +1019,15 @@ absl::Status ValidatePlan(const Plan& plan) {
   }
 
   const RuntimeSettings& r = plan.runtime;
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("runtime.prefetch_distance", r.prefetch_distance, kPrefetchDistance));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("runtime.save_lag", r.save_lag, kSaveLag));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange("runtime.host_arena_bytes", r.host_arena_bytes, kBytes));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(CheckRange("runtime.save_lag", r.save_lag, kSaveLag));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("runtime.host_arena_bytes", r.host_arena_bytes, kBytes));
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("runtime.copy_chunk_bytes", r.copy_chunk_bytes, kCopyChunk));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("runtime.gpus_per_numa_node", r.gpus_per_numa_node, kGpusPerNumaNode));
-  STOWAGE_PLAN_RETURN_IF_ERROR(
+  STOWAGE_RETURN_IF_ERROR(
       CheckRange("runtime.link_bytes_per_second", r.link_bytes_per_second, kLinkRate));
   // One computation of the per-node figure: every GPU of the node holds host_bytes_per_gpu.
   // Both factors are bounded (2^60 and 2^10) but their product is not below 2^64: checked.
@@ -1050,8 +1046,8 @@ absl::Status ValidatePlan(const Plan& plan) {
     return absl::InvalidArgumentError(absl::StrCat("plan: field 'layers' has ", plan.layers.size(),
                                                    " layers; allowed: at most ", kPlanMaxLayers));
   }
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckStages(plan));
-  STOWAGE_PLAN_RETURN_IF_ERROR(CheckMtpLayers(plan));
+  STOWAGE_RETURN_IF_ERROR(CheckStages(plan));
+  STOWAGE_RETURN_IF_ERROR(CheckMtpLayers(plan));
   const std::vector<LayerPlace> places = PlacesOfLayers(plan);
   const std::vector<std::vector<int>> in_flight_of = InFlightOfStages(plan);
   const int n = static_cast<int>(plan.layers.size());
@@ -1070,15 +1066,15 @@ absl::Status ValidatePlan(const Plan& plan) {
           "); allowed: keep, recompute, selective_recompute, offload_input, "
           "offload_saved"));
     }
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         CheckRange(absl::StrCat(path, ".ffn_chunks"), l.ffn_chunks, kFfnChunks));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         CheckRange(absl::StrCat(path, ".device_saved_bytes"), l.device_saved_bytes, kBytes));
-    STOWAGE_PLAN_RETURN_IF_ERROR(
+    STOWAGE_RETURN_IF_ERROR(
         CheckRange(absl::StrCat(path, ".host_bytes"), l.host_bytes, kBytes));
     uint64_t transfer_sum = 0;
     for (size_t k = 0; k < l.transfers.size(); ++k) {
-      STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".transfers[", k, "].bytes"),
+      STOWAGE_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".transfers[", k, "].bytes"),
                                               l.transfers[k].bytes, kBytes));
       const std::optional<uint64_t> sum = CheckedAdd(transfer_sum, l.transfers[k].bytes);
       if (!sum) {
@@ -1132,9 +1128,9 @@ absl::Status ValidatePlan(const Plan& plan) {
           {"recompute_seconds", l.recompute_seconds},
           {"d2h_seconds", l.d2h_seconds},
           {"h2d_seconds", l.h2d_seconds}}) {
-      STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".", name), seconds, kSeconds));
+      STOWAGE_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".", name), seconds, kSeconds));
     }
-    STOWAGE_PLAN_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".in_flight_microbatches"),
+    STOWAGE_RETURN_IF_ERROR(CheckRange(absl::StrCat(path, ".in_flight_microbatches"),
                                             l.in_flight_microbatches, kInFlight));
     const int in_flight = in_flight_of[place.stage][place.chunk];
     if (l.in_flight_microbatches != in_flight) {

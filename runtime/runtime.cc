@@ -11,7 +11,7 @@
 #include "offload/checksum.h"
 #include "runtime/metrics.h"
 #ifdef STOWAGE_HAVE_CUDA
-#include "offload/cuda_host.h"
+#include "offload/cuda/cuda_host.h"
 #endif
 
 namespace stowage::runtime {

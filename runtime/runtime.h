@@ -1,6 +1,6 @@
 // The runtime: one per GPU (per rank). Carries out a plan every step over the copy engine and
 // the pinned arena: per-layer host regions, tensor ids, the step lifecycle, integrity checks,
-// counters. The C ABI (runtime/c_api.cc) is a thin shell over this class; it also owns the
+// counters. The C ABI (capi/c_api.cc) is a thin shell over this class; it also owns the
 // Prometheus exporter and the mapping of statuses to the C codes. The parts: the backend comes
 // from offload::CreateBackend, the per-layer host regions are StepRegions
 // (runtime/step_regions.h), the ids and states of saved tensors a TensorTable

@@ -25,7 +25,7 @@ inline constexpr double kPlanMaxSeconds = 1e9;                // any one predict
 // Copies are split into chunks of copy_chunk_bytes; every chunk is one backend operation, so tiny
 // chunks cost a call per few bytes (1-byte chunks took ~1 GB of queue for 30 MiB) and huge ones
 // stop the directions interleaving. The runtime enforces the same range on its option
-// (offload::kMinCopyChunkBytes / kMaxCopyChunkBytes; runtime/c_api.cc asserts they agree).
+// (offload::kMinCopyChunkBytes / kMaxCopyChunkBytes; capi/c_api.cc asserts they agree).
 inline constexpr uint64_t kPlanMinCopyChunkBytes = uint64_t{4} << 10;
 inline constexpr uint64_t kPlanMaxCopyChunkBytes = uint64_t{1} << 30;
 inline constexpr double kPlanMaxLinkBytesPerSecond = 1e15;  // 1 PB/s
@@ -138,7 +138,7 @@ absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name);
 // How Megatron-Core numbers the ranks of the parallel grid, innermost first (parallel_state.py
 // RankGenerator; megatron/training/initialize.py passes 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp'
 // under --use-tp-pp-dp-mapping). It decides which ranks form each group and so the link each
-// collective crosses (planner/communication.h GroupsOf, Note [Communication]): kTpCpEpDpPp puts
+// collective crosses (planner/cost/communication.h GroupsOf, Note [Communication]): kTpCpEpDpPp puts
 // the pipeline outermost (stages gpus / pp ranks apart, data parallelism inside a stage);
 // kTpCpEpPpDp puts pipeline neighbours tp x cp ranks apart and spreads the data-parallel groups
 // over pp times more ranks. With pp 1 the two are the same.
@@ -240,7 +240,7 @@ struct PlanPrediction {
   // Pipeline point-to-point time (activations and their gradients between stages) in
   // step_seconds: what no compute hides (planner Note [Pipeline]); 0 without stages.
   double exposed_point_to_point_seconds = 0;
-  // How far the planner's search got (Note [Optimality gap] in planner/optimizer.cc): "proven" (no
+  // How far the planner's search got (Note [Optimality gap] in planner/search/optimizer.cc): "proven" (no
   // plan within the budgets is faster), "within_gap" (within the requested optimality gap of the
   // search's bound) or "unproven" (its work budget ran out first); "" for a plan that does not fit
   // or one read without it. optimality_gap: step / that bound - 1, no plan being faster by more
@@ -305,7 +305,7 @@ struct Plan {
   std::string generator;  // "stowage <version>"
   std::string model;      // preset name or config path
   std::string hardware;   // preset name or profile path
-  // Every trained parameter of the model (planner/model.h ModelParameters).
+  // Every trained parameter of the model (planner/model/model.h ModelParameters).
   uint64_t model_parameters = 0;
   // Run settings the plan was made for (echoed so a plan file explains itself).
   uint64_t seq_len = 0;

@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(base_json_reader_test base_json_parse_strict_test plan_plan_test plan_plan_reader_test
          planner_cost_model_test planner_hardware_test planner_model_test planner_optimizer_test
-         planner_simulator_test planner_report_test planner_profile_test tools_cli_test
-         tools_fuzz_regressions_test)
+         planner_simulator_test planner_report_test planner_profile_test cli_cli_test
+         cli_fuzz_regressions_test)
 cmake --preset asan -DSTOWAGE_CUDA=OFF >/dev/null
 cmake --build --preset asan -j "${JOBS:-2}" --target "${targets[@]}" >/dev/null
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1

@@ -1,4 +1,4 @@
-// libFuzzer harness: the CLI flag parser (tools/cli.cc). The input is an argument vector, one
+// libFuzzer harness: the CLI flag parser (cli/cli.cc). The input is an argument vector, one
 // argument per NUL-separated piece; the parser and every typed getter return a value or an error
 // naming the flag, never crash. Counts that parse are within range and do not wrap.
 #include <cstddef>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_util.h"
-#include "tools/cli.h"
+#include "cli/cli.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using stowage::cli::Flag;

@@ -1,13 +1,13 @@
-// libFuzzer harness: the hardware profile reader (planner/hardware.cc). Whatever the input, the
+// libFuzzer harness: the hardware profile reader (planner/hardware/hardware.cc). Whatever the input, the
 // reader returns a profile or an error; a profile it accepts validates, writes back to JSON
 // that reads back to the same profile, and yields a step cost without overflow (UBSan).
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "planner/cost_model.h"
-#include "planner/hardware.h"
-#include "planner/model.h"
+#include "planner/cost/cost_model.h"
+#include "planner/hardware/hardware.h"
+#include "planner/model/model.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

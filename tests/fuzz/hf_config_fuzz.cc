@@ -1,14 +1,14 @@
-// libFuzzer harness: the Hugging Face config.json reader (planner/model.cc's ParseHfConfigJson).
+// libFuzzer harness: the Hugging Face config.json reader (planner/model/model.cc's ParseHfConfigJson).
 // Whatever the input: a model or an error, never a crash, UB (UBSan) or a huge allocation; a
 // model it accepts validates and, when shallow enough to be quick, costs out without overflow.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "planner/cost_model.h"
-#include "planner/hardware.h"
-#include "planner/model.h"
-#include "planner/simulator.h"
+#include "planner/cost/cost_model.h"
+#include "planner/hardware/hardware.h"
+#include "planner/model/model.h"
+#include "planner/search/simulator.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -392,7 +392,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=None, help="folder for failing inputs")
     a = ap.parse_args()
-    stowage = os.path.join(a.build, "tools", "stowage")
+    stowage = os.path.join(a.build, "cli", "stowage")
     lib = os.path.join(a.build, "runtime", "libstowage.so")
     rng = random.Random(a.seed)
     tally = Tally()

@@ -1,4 +1,4 @@
-// libFuzzer harness: the measured layer-profile reader (planner/profile.cc's ParseProfileJson).
+// libFuzzer harness: the measured layer-profile reader (planner/frameworks/layer_profile.cc's ParseProfileJson).
 // A profile it accepts writes back to JSON that reads back unchanged, and its step cost is
 // either refused with an error or planned (optimizer and simulator) without UB or a wrapped peak.
 #include <cstddef>
@@ -6,8 +6,8 @@
 #include <string>
 #include <string_view>
 
-#include "planner/optimizer.h"
-#include "planner/profile.h"
+#include "planner/search/optimizer.h"
+#include "planner/frameworks/layer_profile.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,7 +1,7 @@
 # cmake -P script: install into a scratch prefix, then use what was installed the ways a user
 # would: a C++ consumer of every library (find_package COMPONENTS cxx), a C consumer of the C ABI
 # through find_package with every dependency's package made unfindable and through pkg-config
-# alone, the dashboards, and the Python package installed offline from runtime/python finding
+# alone, the dashboards, and the Python package installed offline from python finding
 # the installed library with no environment variable set at run time.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
@@ -62,7 +62,7 @@ endif()
 # pkg-config at build time and bundled, so at run time no variable points at it.
 if(PYTHON)
   set(site ${WORK_DIR}/site)
-  file(COPY ${SOURCE_DIR}/runtime/python/ DESTINATION ${WORK_DIR}/python_src
+  file(COPY ${SOURCE_DIR}/python/ DESTINATION ${WORK_DIR}/python_src
        PATTERN "__pycache__" EXCLUDE PATTERN "libstowage.so*" EXCLUDE)
   run(${CMAKE_COMMAND} -E env --unset=STOWAGE_LIBRARY
       ${PYTHON} -m pip install --no-deps --no-index --disable-pip-version-check

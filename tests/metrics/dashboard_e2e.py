@@ -57,7 +57,7 @@ SKIP = 77  # ctest's SKIP_RETURN_CODE for this test
 
 RANKS = 8
 TOKENS_PER_RANK_STEP = 8  # rank r runs 8 (r + 1) tokens
-# The demo's built-in plan (tools/demo_runtime_command.cc): 45 layers, the input of every layer
+# The demo's built-in plan (cli/demo_runtime_command.cc): 45 layers, the input of every layer
 # but the last offloaded, each 4 x 4096 x 2 bytes per token.
 OFFLOADED_LAYERS = 44
 INPUT_BYTES_PER_TOKEN = 4 * 4096 * 2
@@ -501,7 +501,7 @@ def main():
     if not args.prometheus or not os.access(args.prometheus, os.X_OK):
         print("SKIP: the prometheus server is not installed (looked for "
               f"{args.prometheus or 'prometheus on PATH'}), so the dashboards' queries were not "
-              "run. Install it with tools/setup-deps (Debian package `prometheus`) and re-run "
+              "run. Install it with scripts/setup-deps (Debian package `prometheus`) and re-run "
               "cmake.", file=sys.stderr)
         return SKIP
 

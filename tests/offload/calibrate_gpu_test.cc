@@ -17,11 +17,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// STOWAGE_CLI names the CLI where the build tree is not at hand (tools/gpu-check's folder).
+// STOWAGE_CLI names the CLI where the build tree is not at hand (scripts/gpu-check's folder).
 std::string Cli() {
   const char* cli = std::getenv("STOWAGE_CLI");
   return cli != nullptr && *cli != '\0' ? std::string(cli)
-                                        : std::string(STOWAGE_BINARY_DIR) + "/tools/stowage";
+                                        : std::string(STOWAGE_BINARY_DIR) + "/cli/stowage";
 }
 
 TEST(CalibrateGpu, WritesAMeasuredProfile) {
@@ -57,7 +57,7 @@ TEST(CalibrateGpu, WritesAMeasuredProfile) {
   std::printf("%s", text.str().c_str());
 }
 
-// The per-op-class rates (tools/calibrate_command.cc Note [Calibrated op rates]): each measured
+// The per-op-class rates (cli/calibrate_command.cc Note [Calibrated op rates]): each measured
 // share in (0, 1], the launch floor under a millisecond, and the table says what it did not
 // measure (fused attention).
 TEST(CalibrateGpu, MeasuresTheComputeRates) {

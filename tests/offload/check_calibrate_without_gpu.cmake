@@ -40,7 +40,7 @@ expect_in("${err}" "no-such-flag" "stderr for an unknown flag")
 run(2 calibrate --base not-a-gpu)
 run(2 calibrate --min-chunk 1M --max-chunk 64K)
 
-# tools/bench_grouped_mm.py's file is read and checked before any measuring: a bad one is a usage
+# bench/bench_grouped_mm.py's file is read and checked before any measuring: a bad one is a usage
 # error naming the flag and the field, GPU or not; a missing one names the path.
 file(WRITE bad-torch-grouped-mm.json
      "{\"kernel\": \"torch._grouped_mm\", \"points\": [{\"rows_per_expert\": 512, "

@@ -7,7 +7,7 @@
 #ifdef STOWAGE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "offload/cuda_backend.h"
+#include "offload/cuda/cuda_backend.h"
 #include "tests/offload/copy_engine_suite.h"
 #ifdef STOWAGE_HAVE_TEST_KERNELS
 #include "tests/offload/spin_kernel.h"

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "base/bytes.h"
+
 namespace stowage::offload {
 namespace {
 
@@ -12,7 +14,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 HostRoots Tree(const std::string& name) {
   const std::string root =
@@ -177,12 +178,6 @@ TEST(RealMachine, ReadsAndAdmits) {
   const absl::Status huge = AdmitHostMemory({.bytes = uint64_t{1} << 60});
   EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(huge.message()), HasSubstr("MemAvailable"));
-}
-
-TEST(FormatBytes, Units) {
-  EXPECT_EQ(FormatBytes(512), "512 bytes");
-  EXPECT_EQ(FormatBytes(3u << 20), "3.00 MiB (3145728 bytes)");
-  EXPECT_EQ(FormatBytes(5 * kGiB / 2), "2.50 GiB (2684354560 bytes)");
 }
 
 }  // namespace

@@ -103,7 +103,7 @@ TEST(PlanValidation, RejectsInconsistentPlans) {
   plan.layers[1].index = 7;
   EXPECT_THAT(ValidatePlan(plan).message(), HasSubstr("'layers[1].index' is 7"));
 
-  // Note [Optimality gap] (planner/optimizer.cc): the search's three outcomes, a gap >= 0.
+  // Note [Optimality gap] (planner/search/optimizer.cc): the search's three outcomes, a gap >= 0.
   plan = TwoLayerPlan();
   plan.predicted.optimality = "optimal";
   EXPECT_THAT(

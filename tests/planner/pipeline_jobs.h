@@ -2,7 +2,7 @@
 #ifndef STOWAGE_TESTS_PLANNER_PIPELINE_JOBS_H_
 #define STOWAGE_TESTS_PLANNER_PIPELINE_JOBS_H_
 
-#include "planner/cost_model.h"
+#include "planner/cost/cost_model.h"
 
 namespace stowage::planner::jobs {
 

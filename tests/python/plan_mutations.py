@@ -27,7 +27,7 @@ import time
 from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "runtime", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import stowage  # noqa: E402
 from stowage import _lib  # noqa: E402

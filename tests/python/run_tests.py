@@ -25,7 +25,7 @@ def main() -> int:
         import torch
     except ImportError as e:
         print(f"{sys.executable} cannot import torch ({e}); the PyTorch integration tests need "
-              "it: install python3-torch (tools/setup-deps) or configure with "
+              "it: install python3-torch (scripts/setup-deps) or configure with "
               "-DSTOWAGE_PYTHON=<a python that has torch>", file=sys.stderr)
         return 1
     if which == "gpu" and not torch.cuda.is_available():

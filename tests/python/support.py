@@ -16,8 +16,8 @@ import tempfile
 from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Run from the source tree: the package is runtime/python/stowage.
-sys.path.insert(0, os.path.join(HERE, "..", "..", "runtime", "python"))
+# Run from the source tree: the package is python/stowage.
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -30,7 +30,7 @@ def load_tool(name: str):
     """tools/<name>.py as a module: the benchmark scripts are files to run, not a package."""
     import importlib.machinery
     import importlib.util
-    path = os.path.join(HERE, "..", "..", "tools", name + ".py")
+    path = os.path.join(HERE, "..", "..", "bench", name + ".py")
     loader = importlib.machinery.SourceFileLoader(name, os.path.realpath(path))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     module = importlib.util.module_from_spec(spec)
@@ -125,7 +125,7 @@ def clone_layers(layers: nn.ModuleList) -> nn.ModuleList:
 def transformers_flag() -> list:
     """`--transformers` set to the installed transformers release, for an hf plan compared with
     the installed code's measurements (Note [hf transformers versions] in
-    planner/framework_hf.cc: the planner's default is the release of the measured reference
+    planner/frameworks/hf.cc: the planner's default is the release of the measured reference
     steps); empty without transformers."""
     try:
         import transformers

@@ -1,7 +1,7 @@
-"""tools/bench_grouped_mm.py on CPU at small shapes: what it times is what autograd runs, its
+"""bench/bench_grouped_mm.py on CPU at small shapes: what it times is what autograd runs, its
 FLOP counts, and that `stowage calibrate --torch-grouped-mm` takes the file it writes.
 
-The times mean nothing on a CPU; tools/gpu-check runs the script on an H200 (planner/hardware.cc
+The times mean nothing on a CPU; scripts/gpu-check runs the script on an H200 (planner/hardware/hardware.cc
 Note [torch._grouped_mm rate]).
 """
 

@@ -1,9 +1,9 @@
-"""tools/bench_hf_step.py on CPU at tiny widths: it steps each measured case's family as the
+"""bench/bench_hf_step.py on CPU at tiny widths: it steps each measured case's family as the
 reference measured it, puts every timed op in one of the planner's op classes (the SDPA ops in
 attention forward and backward, _grouped_mm only for the MoE family), and writes it all.
 
-The times mean nothing on a CPU; tools/gpu-check runs the script on an H200 (issue 12: where
-the measured steps' time goes, against tests/planner/hf_measured_test.cc's terms).
+The times mean nothing on a CPU; scripts/gpu-check runs the script on an H200 (issue 12: where
+the measured steps' time goes, against tests/planner/frameworks/hf_measured_test.cc's terms).
 """
 
 from __future__ import annotations

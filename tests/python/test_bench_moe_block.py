@@ -1,9 +1,9 @@
-"""tools/bench_moe_block.py on CPU at small shapes: the block it times is transformers' own
+"""bench/bench_moe_block.py on CPU at small shapes: the block it times is transformers' own
 Qwen3MoeSparseMoeBlock (the same aten ops, forward and backward, and the same values), the 5.17
 path adds only its sentinel masks, and the JSON it writes has every field.
 
-The times mean nothing on a CPU; tools/gpu-check runs the script on an H200 (issue 12: the MoE
-step time, planner/hardware.cc Note [torch._grouped_mm rate]).
+The times mean nothing on a CPU; scripts/gpu-check runs the script on an H200 (issue 12: the MoE
+step time, planner/hardware/hardware.cc Note [torch._grouped_mm rate]).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""tools/bench_sdpa.py on CPU at small shapes: what it times is transformers' SDPA call and its
+"""bench/bench_sdpa.py on CPU at small shapes: what it times is transformers' SDPA call and its
 backward, with the planner's FLOP counts, and the JSON it writes names the kernel.
 
-The times mean nothing on a CPU; tools/gpu-check runs the script on an H200 (planner/hardware.cc
+The times mean nothing on a CPU; scripts/gpu-check runs the script on an H200 (planner/hardware/hardware.cc
 Note [Op rates]).
 """
 
@@ -40,7 +40,7 @@ class BenchSdpaArgumentsTest(unittest.TestCase):
         self.assertEqual(bench.parse_cases("a:4:2:16:64,128"), [("a", 4, 2, 16, [64, 128])])
 
     def test_flops_are_the_planners(self) -> None:
-        # Causal forward 4 s^2 h d / 2, backward 2.5x (planner/op_time.h, Note [Op rates]).
+        # Causal forward 4 s^2 h d / 2, backward 2.5x (planner/hardware/op_time.h, Note [Op rates]).
         forward, backward = support.load_tool("bench_sdpa").attention_flops(16384, 32, 128)
         self.assertEqual(forward, 2 * 16384 ** 2 * 32 * 128)
         self.assertEqual(backward, 2.5 * forward)

@@ -201,7 +201,7 @@ def _configs() -> dict:
 
 @unittest.skipIf(transformers is None,
                  "transformers is not installed for this Python (Debian's torch 1.13 has none; "
-                 "tools/setup-deps pins transformers 5.23 into the PATH python)")
+                 "scripts/setup-deps pins transformers 5.23 into the PATH python)")
 class TransformersDecoderLayersTest(unittest.TestCase):
     def layer_inputs(self, model: nn.Module, ids: torch.Tensor) -> tuple:
         """The hidden state and keyword arguments the model passes its first layer."""

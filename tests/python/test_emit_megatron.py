@@ -1,6 +1,6 @@
 """`stowage plan --emit megatron` prints arguments Megatron-LM takes: every name is one of
 Megatron-LM's (tests/data/megatron-lm-arguments.json, listed from its own parser by
-tools/gen-megatron-arguments), a parser with Megatron's names, nargs and choices parses them, and
+scripts/gen-megatron-arguments), a parser with Megatron's names, nargs and choices parses them, and
 where megatron-core is installed its TransformerConfig accepts the recompute / offload settings
 together (its __post_init__ refuses the combinations Megatron cannot run). CTest passes the CLI as
 STOWAGE_CLI."""

@@ -1,11 +1,11 @@
 """`stowage plan --emit torchtitan` prints TOML that torchtitan's own config takes: every section
 and key is a field of torchtitan's JobConfig dataclasses (torchtitan/config/job_config.py of the
-release tools/setup-deps pins, 0.2.2), every value has the field's type and is one of its Literal
+release scripts/setup-deps pins, 0.2.2), every value has the field's type and is one of its Literal
 choices, the dataclasses build from it, torchtitan's ParallelDims accepts the degrees for the
 job's GPUs, and torchtitan's own apply_ac, run on a stand-in model with the plan's layer count,
 checkpoints at least the layers the plan recomputes (exactly those when nothing is noted).
 
-torchtitan is installed without its dependencies (tools/setup-deps): its package __init__ pulls in
+torchtitan is installed without its dependencies (scripts/setup-deps): its package __init__ pulls in
 tyro and the data stack, so the modules are loaded by path under stand-in parent packages. The
 suite skips where torchtitan is not installed (Debian's torch 1.13 interpreter). CTest passes the
 CLI as STOWAGE_CLI."""
@@ -24,7 +24,7 @@ import types
 import typing
 import unittest
 
-import support  # noqa: F401  (puts runtime/python on the path)
+import support  # noqa: F401  (puts python on the path)
 
 PINNED = "0.2.2"
 

@@ -1,7 +1,7 @@
 """What torch's data-parallel engines hold of a transformers model's gradients, on CPU (gloo, two
-ranks): the facts Note [hf data parallel] (planner/framework_hf.cc) plans from, checked against
+ranks): the facts Note [hf data parallel] (planner/frameworks/hf.cc) plans from, checked against
 torch itself rather than its docs. The planner's arithmetic over them is
-tests/planner/cost_model_test.cc (CostModel.HfDataParallelHoldsWhatTorchsEngineHolds).
+tests/planner/cost/cost_model_test.cc (CostModel.HfDataParallelHoldsWhatTorchsEngineHolds).
 
 - FSDP2 (fully_shard per decoder layer, then the root): when a layer's backward begins, every
   later layer's parameter gradients are already sharded DTensors, a world-size-th of the

@@ -176,7 +176,7 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
     every SwiGLU activation (the experts' _apply_gate, integrations/moe.py or the family's own;
     a decoder layer's MLP's `act_fn(gate_proj(x)) * up_proj(x)`; Llama 4's bmm experts'
     `up * act_fn(gate)`) runs under torch.utils.checkpoint, as the planner's ffn_act / moe_act
-    module reruns it (Note [hf FFN act] in planner/framework_hf.cc); shared experts are not
+    module reruns it (Note [hf FFN act] in planner/frameworks/hf.cc); shared experts are not
     rerun (no module)."""
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type])
@@ -227,7 +227,7 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
         # empty_like(q)), as CPU's flash kernel does; the memory-efficient kernel writes
         # [b, s, h, d]. A query in that layout (a transposed projection) gives the GPU's layout
         # on CPU too and is measured as it is. A query made by a cat ([b, h, s, d] contiguous:
-        # MLA, the partial-rotary families, Note [hf partial rotary] in planner/framework_hf.cc)
+        # MLA, the partial-rotary families, Note [hf partial rotary] in planner/frameworks/hf.cc)
         # gets, from cuDNN or flash, an output the caller's `.transpose(1, 2).contiguous()`
         # copies for o_proj.
         unequal = query.shape[-1] != value.shape[-1]
@@ -362,7 +362,7 @@ def planned_saved_per_layer(cli: str, model_type: str, seq_len: int) -> list[int
                                            seq_len, PLAN_FLAGS.get(model_type, ()))
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class HfLayerKindsTest(unittest.TestCase):
     def test_saved_bytes_per_layer_match_autograd(self) -> None:
         cli = os.environ.get("STOWAGE_CLI")
@@ -434,7 +434,7 @@ def planned_act_recompute_per_layer(model_type: str, seq_len: int) -> list[int]:
 RECOMPUTED_ACT = ("mistral", "gemma2", "gpt_oss", "llama4_text", "deepseek_v3")
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class RecomputedActTest(unittest.TestCase):
     """ffn_act / moe_act free exactly what the activation no longer holds when it is rerun:
     the layer's saved bytes with the activation checkpointed, measured, equal the planner's
@@ -472,7 +472,7 @@ RECOMPUTED = ("mistral", "gemma2", "gemma3_text", "gpt_oss", "llama4_text", "dee
               "deepseek_v3", "glm_moe_dsa", "qwen3_next")
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class RecomputedCoreTest(unittest.TestCase):
     """attn_core frees exactly what the attention call no longer holds when it is rerun: the
     layer's saved bytes with the call checkpointed, measured, equal the planner's prediction

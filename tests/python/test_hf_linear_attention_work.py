@@ -1,5 +1,5 @@
 """The real linear-attention token mixers' op work against LinearAttentionWorkOf
-(planner/framework_hf.cc, Note [hf linear attention work]).
+(planner/frameworks/hf.cc, Note [hf linear attention work]).
 
 tests/planner/data/hf_linear_attention_work.json states, per row (a family's mixer at small
 widths and a length), what the mixer runs through transformers' torch fallbacks
@@ -11,7 +11,7 @@ stowage.hf_profile's LiveBytes (op_work), on fake tensors. Either drifting fails
 Rows cover both paddings (a length a multiple of the 64-token chunk and one that is not) and
 Qwen3-Next's value heads with and without repeat_interleave.
 
-Torch 2.x with transformers only (the PATH python of tools/setup-deps).
+Torch 2.x with transformers only (the PATH python of scripts/setup-deps).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def measure(config: dict, seq_len: int) -> dict[str, float]:
             "linear_weights": linears}
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class LinearAttentionWorkTest(unittest.TestCase):
     def test_each_real_mixer_runs_what_linear_attention_work_of_counts(self) -> None:
         with open(DATA) as f:

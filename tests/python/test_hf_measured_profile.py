@@ -10,7 +10,7 @@
 - the live-bytes peak of a whole forward + backward against the hf profile's predicted peak;
 - the public H200 cases through the measured profile: peaks within 3%, as the analytic profile.
 
-Torch 2.x with transformers only (the PATH python of tools/setup-deps): torch 1.13 has neither
+Torch 2.x with transformers only (the PATH python of scripts/setup-deps): torch 1.13 has neither
 FakeTensorMode on "cpu" nor storage objects that live as long as their StorageImpl (the weakref
 finalizers LiveBytes relies on). CTest passes the CLI as STOWAGE_CLI.
 """
@@ -117,7 +117,7 @@ FAMILIES = {
                       num_attention_heads=16, num_key_value_heads=16, vocab_size=151936,
                       decoder_sparse_step=1, tie_word_embeddings=False),
     # phi-4 (Phi3ForCausalLM): fused qkv_proj and gate_up_proj, partial-rotary RoPE's cat
-    # (Note [hf OLMo and Phi-3] in planner/framework_hf.cc).
+    # (Note [hf OLMo and Phi-3] in planner/frameworks/hf.cc).
     "phi3": dict(model_type="phi3", hidden_size=5120, intermediate_size=17920,
                  num_hidden_layers=2, num_attention_heads=40, num_key_value_heads=10,
                  vocab_size=100352, tie_word_embeddings=False, rope_scaling=None,
@@ -182,7 +182,7 @@ FAMILIES = {
                                           num_key_value_heads=4, head_dim=128,
                                           vocab_size=151936, decoder_sparse_step=1)),
     # Eager attention (the classes refuse SDPA, Note [hf eager attention] in
-    # planner/framework_hf.cc) with logit soft-capping on the scores and the logits, a sliding
+    # planner/frameworks/hf.cc) with logit soft-capping on the scores and the logits, a sliding
     # and a full layer: Gemma-2-9B's widths.
     "gemma2": dict(model_type="gemma2", hidden_size=3584, intermediate_size=14336,
                    num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8,
@@ -240,7 +240,7 @@ FAMILIES = {
                         tie_word_embeddings=False),
     # The linear-attention hybrids, through transformers' torch fallbacks of the chunk kernels
     # (flash-linear-attention and causal-conv1d are not installed, as on the GPU machines: Note
-    # [hf linear attention] in planner/framework_hf.cc), whose Python loops over 64-token chunks
+    # [hf linear attention] in planner/frameworks/hf.cc), whose Python loops over 64-token chunks
     # are folded (Note [Loops in the step] in stowage/hf_profile.py). A linear layer and a full
     # attention layer each. Qwen3-Next-80B-A3B: gated DeltaNet (16 key heads, 32 value heads of
     # 128), gated attention with partial RoPE, 512 experts top-10 and a gated shared expert.
@@ -309,7 +309,7 @@ HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
             "--grad-dtype", "bf16", "--loss-chunk-tokens", "0", *support.transformers_flag()]
 # Held throughout a CUDA step and invisible on CPU: one cuBLAS workspace per handle, forward and
-# backward thread, 32 MiB each on sm90+ (planner/framework_hf.cc kCublasWorkspaceBytes).
+# backward thread, 32 MiB each on sm90+ (planner/frameworks/hf.cc kCublasWorkspaceBytes).
 CUBLAS_WORKSPACES = 2 * 32 * 2**20
 
 
@@ -384,16 +384,16 @@ MEASURED_BELOW: dict = {}
 # (loss.held_logits_bytes, Note [The backward peak's moment] in stowage/hf_profile.py):
 # deepseek_v3 4096 recompute (at the step's end, every gradient made) -1.32% -> -0.07%;
 # glm_moe_dsa 4096 recompute (layer 0's rerun with the DSA indexer's scores, Note [Recompute
-# moment] in planner/cost_model.cc: -6.15% -> -2.40%) -2.40% -> 0.00%.
+# moment] in planner/cost/cost_model.cc: -6.15% -> -2.40%) -2.40% -> 0.00%.
 
 # Where the two profiles' step times differ by more than 1%, and why: family -> the reason.
 # The linear-attention hybrids were all here (measured step +10% to +92% at 768 tokens) until
 # the recipe counted the torch fallbacks' chunk loops op by op (Note [hf linear attention work]
-# in planner/framework_hf.cc): qwen3_5_text +10.4% -> +0.1%, kimi_linear +91.9% / +78.9% ->
+# in planner/frameworks/hf.cc): qwen3_5_text +10.4% -> +0.1%, kimi_linear +91.9% / +78.9% ->
 # +0.2% / +0.2%, qwen3_next +16.0% / +14.4% -> +1.2% / +1.1%, qwen3_5_moe_text +14.8% -> +1.2%.
 # The last two kept +1.2% in their MoE block (8 us forward, 66 us backward a layer) until both
 # sides counted its sorts and index_puts from their CUDA code (Note [Routing kernels] in
-# planner/framework_hf.cc): qwen3_next +1.2% -> +0.7%, qwen3_5_moe_text +1.2% -> +0.8%.
+# planner/frameworks/hf.cc): qwen3_next +1.2% -> +0.7%, qwen3_5_moe_text +1.2% -> +0.8%.
 STEP_GAPS: dict = {}
 
 # Where `--framework hf` misses what transformers' code holds by more than 1% (the live bytes
@@ -401,20 +401,20 @@ STEP_GAPS: dict = {}
 # or None for every length) -> the term. Mistral 4096 recompute, Mixtral (both lengths) and
 # Llama 4 4096 recompute were here until the simulator made each layer's gradients when its
 # modules' backward runs and the hf recipe held the output's logits through the backward (Note
-# [Gradient timing] in planner/cost_model.cc, Note [hf gradient timing] in
-# planner/framework_hf.cc); Llama 4 recompute went from +4.17% to +0.68% (the 0.21 GiB its entry
+# [Gradient timing] in planner/cost/cost_model.cc, Note [hf gradient timing] in
+# planner/frameworks/hf.cc); Llama 4 recompute went from +4.17% to +0.68% (the 0.21 GiB its entry
 # left unattributed).
 ANALYTIC_GAPS = {
     # Gemma 2 at 16384 with recompute (-6.8%, then -1.05% with the logits held) peaks in the
     # backward of layer 1 with the step's two s x s masks alive, which the layers' checkpoints
     # hold: it left this table with them counted in a recomputed layer's backward
-    # (LayerCost::checkpoint_held_bytes, Note [hf masks] in planner/framework_hf.cc): +0.37%;
+    # (LayerCost::checkpoint_held_bytes, Note [hf masks] in planner/frameworks/hf.cc): +0.37%;
     # gpt_oss recompute -0.18% -> +0.18% at 4096, -0.44% -> +0.44% at 16384 by the same masks.
     # glm_moe_dsa 4096 recompute (-5.2%) left it with the rerun forward's indexer scores in the
-    # backward peak (Note [Recompute moment] in planner/cost_model.cc): 0.00%. gpt_oss (4096
+    # backward peak (Note [Recompute moment] in planner/cost/cost_model.cc): 0.00%. gpt_oss (4096
     # and 16384 recompute, 16384 keep: -6.0%, -5.8%, -4.1%) left it with the held logits.
     # glm4_moe 4096 keep (-1.05%: o_proj's copy of the attention output after GLM-4.5's
-    # partial-RoPE cat) left it with Note [hf partial rotary] in planner/framework_hf.cc: -0.00%.
+    # partial-RoPE cat) left it with Note [hf partial rotary] in planner/frameworks/hf.cc: -0.00%.
     # glm_moe_dsa 4096 keep (-1.04%) and deepseek_v3 4096 recompute (-1.7%) left this table with
     # the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
     # kimi_linear 768 keep and recompute (+2.62%: the KDA core's backward transient charged as
@@ -431,21 +431,21 @@ ANALYTIC_GAPS = {
 
 # How close the analytic hf plan and the measured profile's plan must be where neither is known
 # to miss (no gap above): the two count the same moments (EvaluateOption's, Note [Measured
-# layers] in planner/profile.cc), so they agree to the bytes the fit rounds (every row within
+# layers] in planner/frameworks/layer_profile.cc), so they agree to the bytes the fit rounds (every row within
 # 0.01%). Looser, the bookkeeping of a moment slips through: olmo3 4096 recompute was -0.73%
 # (the input's gradient counted before autograd makes it, and down_proj's gradient at the
-# post-feedforward norm's moment: Note [Gradient timing] in planner/cost_model.cc, Note [hf
-# OLMo and Phi-3] in planner/framework_hf.cc), llama4_text 16384 recompute -0.26% without the
+# post-feedforward norm's moment: Note [Gradient timing] in planner/cost/cost_model.cc, Note [hf
+# OLMo and Phi-3] in planner/frameworks/hf.cc), llama4_text 16384 recompute -0.26% without the
 # shared expert's input gradient at the routed experts' moment.
 HF_MEASURED_AGREEMENT = 0.0005
 
 # The families whose forward under recompute the hf recipe counts at its moment (every layer's
 # forward level within 1% of the live bytes): Note [hf recompute forward] in
-# planner/framework_hf.cc. Llama 4's MoE layers were 13.8 GiB low at 16384 tokens.
+# planner/frameworks/hf.cc. Llama 4's MoE layers were 13.8 GiB low at 16384 tokens.
 RECOMPUTE_FORWARD = ("llama4_text",)
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class LiveBytesTest(unittest.TestCase):
     def test_hand_count_of_a_tiny_module(self) -> None:
         w = torch.randn(8, 16, requires_grad=True)
@@ -501,7 +501,7 @@ class LiveBytesTest(unittest.TestCase):
                 self.assertEqual(layer.retained_bytes - layer.output_bytes, layer.saved_bytes)
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class BackwardMomentTest(unittest.TestCase):
     """Note [The backward peak's moment], worked by hand on a logged step of one layer: what its
     backward holds at its peak of its gradients and saved tensors, and the logits the caller
@@ -573,7 +573,7 @@ class BackwardMomentTest(unittest.TestCase):
         self.assertEqual(peaks, [257, 317])
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class KernelBytesTest(unittest.TestCase):
     """Note [Kernel bytes]: ops whose CUDA kernels move other bytes than their arguments."""
 
@@ -601,7 +601,7 @@ class KernelBytesTest(unittest.TestCase):
         self.assertGreaterEqual(w.elementwise_bytes, logp.nbytes)
 
     def test_sort_and_fills(self) -> None:
-        # Note [Routing kernels] in planner/framework_hf.cc (tests/planner/hf_routing_test.cc
+        # Note [Routing kernels] in planner/frameworks/hf.cc (tests/planner/frameworks/hf_routing_test.cc
         # pins RadixSortWork to the same numbers): every bit of an int64 key, 8 passes, the
         # positions' fill; 21 kernels.
         keys = torch.randint(0, 128, (1000,))
@@ -651,7 +651,7 @@ class KernelBytesTest(unittest.TestCase):
         self.assertEqual(self.work(lambda: torch.histc(ids, bins=60, min=0, max=59)).kernels, 2)
 
     def test_a_matmul_on_fp32_operands_is_an_fp32_gemm(self) -> None:
-        # Note [Op time] (planner/op_time.cc): float32 mm / bmm run on the CUDA cores (TF32 off
+        # Note [Op time] (planner/hardware/op_time.cc): float32 mm / bmm run on the CUDA cores (TF32 off
         # by torch's default), bf16 ones on the tensor cores; the operands' dtype decides.
         a, b = torch.randn(4, 64, 32), torch.randn(4, 32, 16)
         w = self.work(lambda: a @ b)
@@ -670,7 +670,7 @@ class KernelBytesTest(unittest.TestCase):
         self.assertEqual((w.kernels, w.torch_grouped_mm_flops), (2, 2 * 32 * 16 * 8))
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class FakeTensorTest(unittest.TestCase):
     def test_fake_tensors_measure_what_real_ones_do(self) -> None:
         for family, config in TINY.items():
@@ -716,7 +716,7 @@ class FakeTensorTest(unittest.TestCase):
         self.assertEqual(len(hf.model.model.layers), 2)
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class FitTest(unittest.TestCase):
     def test_fit_recovers_a_quadratic(self) -> None:
         pts = [(s, 7 + 3 * s + 2 * s * s) for s in (100, 200, 400)]
@@ -797,7 +797,7 @@ class FitTest(unittest.TestCase):
             H.measure_hf(TINY["llama"], lengths=(256, 256))
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class AgreementTest(unittest.TestCase):
     def test_measured_and_analytic_hf_profiles_agree_within_1_percent(self) -> None:
         # Three peaks per family, length and policy: the live bytes of the whole step at full
@@ -845,7 +845,7 @@ class AgreementTest(unittest.TestCase):
                             self.assertLessEqual(abs(measured - truth) / truth, 0.01, rows[-1])
                         # Step time: the same op work by class on both sides (Note [Kernel
                         # bytes] in stowage/hf_profile.py; Note [Step time] in
-                        # planner/framework_hf.cc), so the same seconds within 1%.
+                        # planner/frameworks/hf.cc), so the same seconds within 1%.
                         step_gap = STEP_GAPS.get(family)
                         if step_gap is None:
                             self.assertLessEqual(abs(tb - ta) / ta, 0.01, rows[-1])
@@ -865,7 +865,7 @@ class AgreementTest(unittest.TestCase):
                                                f"{rows[-1]}: {gap}")
                         # Each layer's forward under recompute (the plan's level there, the
                         # timeline's points 1..n: plan_levels), where the recipe states the
-                        # moment (Note [hf recompute forward] in planner/framework_hf.cc).
+                        # moment (Note [hf recompute forward] in planner/frameworks/hf.cc).
                         if force == "recompute" and family in RECOMPUTE_FORWARD:
                             for j, live in enumerate(live_forward):
                                 live += CUBLAS_WORKSPACES
@@ -919,9 +919,9 @@ def plan_levels(config: dict, seq_len: int) -> list[int]:
             return [e["args"]["bytes"] for e in json.load(f)["traceEvents"] if e.get("ph") == "C"]
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class EagerAttentionTest(unittest.TestCase):
-    """Note [hf eager attention] and Note [hf masks] (planner/framework_hf.cc): the transients of
+    """Note [hf eager attention] and Note [hf masks] (planner/frameworks/hf.cc): the transients of
     eager attention — the scores' copies at softmax in the forward, the gradients at softmax's
     backward — and the step's masks, against the live bytes of each layer's forward and of the
     last layer's backward. A vocabulary of 2048 keeps the LM head and loss below the layers, so
@@ -953,7 +953,7 @@ class EagerAttentionTest(unittest.TestCase):
                                      f"plan {levels[2 + n]}, live {live}")
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class CheckpointHeldMasksTest(unittest.TestCase):
     """Note [hf masks]: Gemma2Model.forward builds the full and the sliding mask ([b, 1, s, s]
     bf16 each) and hands each layer its type's; under gradient checkpointing a layer's
@@ -1017,9 +1017,9 @@ class CheckpointHeldMasksTest(unittest.TestCase):
         self.assertLessEqual(abs(planned - live), 2**20, f"plan {planned}, live {live}")
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class LinearAttentionBackwardTest(unittest.TestCase):
-    """The gated DeltaNet layer's backward moment (LinearAttention in planner/framework_hf.cc):
+    """The gated DeltaNet layer's backward moment (LinearAttention in planner/frameworks/hf.cc):
     torch_chunk_gated_delta_rule's backward peaks in the scan's second chunk to run backward,
     with the whole bases' accumulated gradients alive and the gated norm freed. With a small FFN
     and vocabulary that moment is the layer's backward peak, so the planned level there is the
@@ -1053,7 +1053,7 @@ class LinearAttentionBackwardTest(unittest.TestCase):
                                      f"plan {levels[2 * n + 1]}, live {live}")
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class CommandTest(unittest.TestCase):
     def test_python_m_stowage_profile_writes_what_the_planner_reads(self) -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -1061,7 +1061,7 @@ class CommandTest(unittest.TestCase):
             with open(cfg, "w") as f:
                 json.dump(TINY["llama"], f)
             env = dict(os.environ)
-            env["PYTHONPATH"] = os.path.join(HERE, "..", "..", "runtime", "python")
+            env["PYTHONPATH"] = os.path.join(HERE, "..", "..", "python")
             import sys
             out = subprocess.run([sys.executable, "-m", "stowage.profile", "--hf", cfg,
                                   "--seq-len", "4096", "--out", prof], env=env,

@@ -1,6 +1,6 @@
 """Parameter counts of real Hugging Face configs: the planner's `model_parameters` (stowage plan
 --format json) against the real transformers model built from the same config on the meta
-device (no weights, no memory). Needs transformers (pinned in tools/setup-deps); skipped without
+device (no weights, no memory). Needs transformers (pinned in scripts/setup-deps); skipped without
 it (Debian's torch 1.13 run). CTest passes the CLI as STOWAGE_CLI.
 
 The configs are tests/planner/data/hf/*.json (published configs, provenance in SOURCES.json)
@@ -31,7 +31,7 @@ DATA = os.path.join(HERE, "..", "planner", "data", "hf")
 TOLERANCE = 1e-4  # 0.01%
 
 # Families the planner reads as one graph under another transformers class (Note [Family
-# resolution] in planner/hf_config.cc); the test builds what transformers builds.
+# resolution] in planner/model/hf_config.cc); the test builds what transformers builds.
 WRAPPER_TEXT_TYPES = {"llama4": "llama4_text", "qwen3_vl": "qwen3_vl_text",
                       "qwen3_vl_moe": "qwen3_vl_moe_text", "qwen2_5_vl": "qwen2_5_vl_text",
                       "gemma3": "gemma3_text", "mllama": "mllama_text_model",
@@ -104,7 +104,7 @@ def planner_plan(cli: str, path: str) -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=300)
 
 
-@unittest.skipIf(transformers is None, "transformers is not installed (tools/setup-deps)")
+@unittest.skipIf(transformers is None, "transformers is not installed (scripts/setup-deps)")
 class HfModelParametersTest(unittest.TestCase):
     def setUp(self) -> None:
         self.cli = os.environ.get("STOWAGE_CLI")

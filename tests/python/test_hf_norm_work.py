@@ -1,4 +1,4 @@
-"""The real transformers RMSNorms' element-wise work against NormWorkOf (planner/framework_hf.cc).
+"""The real transformers RMSNorms' element-wise work against NormWorkOf (planner/frameworks/hf.cc).
 
 tests/planner/data/hf_norm_work.json states each family's norm work per element of its width:
 bytes read + written and kernels, forward and backward. planner_hf_norm_work_test checks that
@@ -8,7 +8,7 @@ bytes: each op's tensors read and written, Note [Kernel bytes] for the ops whose
 other bytes), on bf16 [1024, 4096] fake tensors on the CPU. The per-row terms (the variance, rsqrt) and the
 weight's gradient summed over the rows add under 0.03 B per element at this size.
 
-Torch 2.x with transformers only (the PATH python of tools/setup-deps).
+Torch 2.x with transformers only (the PATH python of scripts/setup-deps).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def measure(cls: type) -> tuple["H.OpWork", "H.OpWork"]:
     return mode.work["forward"], mode.work["backward"]
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class NormWorkTest(unittest.TestCase):
     def test_each_real_norm_runs_what_norm_work_of_counts(self) -> None:
         with open(DATA) as f:

@@ -1,5 +1,5 @@
 """The planner's `hf` profile against the real transformers code (Note [hf profile] in
-planner/framework_hf.cc): small Llama, Qwen2 and Qwen3-MoE models run forward on CPU under
+planner/frameworks/hf.cc): small Llama, Qwen2 and Qwen3-MoE models run forward on CPU under
 torch 2.x with `saved_tensors_hooks`; what autograd keeps for backward per decoder layer
 (deduplicated by storage, parameters excluded) must match the planner's per-layer
 `device_saved_bytes` under `--force keep`, at two sequence lengths. On CPU SDPA runs its flash
@@ -89,7 +89,7 @@ def planned_saved_per_layer(cli: str, model_type: str, seq_len: int) -> list[int
                                            seq_len)
 
 
-@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of tools/setup-deps)")
+@unittest.skipUnless(HAVE, "needs torch 2.x and transformers (the PATH python of scripts/setup-deps)")
 class HfProfileTest(unittest.TestCase):
     def test_saved_bytes_per_layer_match_autograd(self) -> None:
         cli = os.environ.get("STOWAGE_CLI")

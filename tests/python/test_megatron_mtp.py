@@ -1,4 +1,4 @@
-"""The planner's MTP layer under megatron (Note [MTP layers] in planner/cost_model.cc) against
+"""The planner's MTP layer under megatron (Note [MTP layers] in planner/cost/cost_model.cc) against
 Megatron-Core's own MultiTokenPredictionLayer: megatron_layers.py builds one on CPU around the
 local spec's dense layer (test_megatron_profile.py's shape) and reports what autograd keeps per
 submodule; this test compares each group, at two sequence lengths, with the MTP row
@@ -85,7 +85,7 @@ def predicted(seq: int, t: dict) -> dict:
 
 
 @unittest.skipUnless(profile.HAVE, "needs torch 2.x and megatron-core (the PATH python of "
-                                   "tools/setup-deps)")
+                                   "scripts/setup-deps)")
 class MegatronMtpLayerTest(unittest.TestCase):
     def test_saved_bytes_per_module_match_megatron_core(self) -> None:
         cli = os.environ.get("STOWAGE_CLI")

@@ -1,4 +1,4 @@
-"""The planner's `megatron` profile (Note [megatron profile] in planner/cost_model.cc) against
+"""The planner's `megatron` profile (Note [megatron profile] in planner/cost/cost_model.cc) against
 Megatron-Core's own layers: megatron_layers.py builds a `TransformerLayer` from the local
 (non-TransformerEngine) layer spec on CPU and reports what autograd keeps per Megatron-Core module;
 this test compares each module group, at two sequence lengths, with what
@@ -6,7 +6,7 @@ this test compares each module group, at two sequence lengths, with what
 documented differences between the local spec and the TE kernels the profile models (LOCAL_*
 below, each cited to the code). The terms both paths share (linear inputs, Megatron's fused
 SwiGLU, the router, the permute, the experts) are asserted exactly as the profile counts them.
-Needs torch 2.x and megatron-core (tools/setup-deps pins it for the PATH python3); skipped
+Needs torch 2.x and megatron-core (scripts/setup-deps pins it for the PATH python3); skipped
 otherwise, e.g. under Debian's torch 1.13."""
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def planned(cli: str, case: dict, seq: int) -> dict:
 
 
 @unittest.skipUnless(HAVE, "needs torch 2.x and megatron-core (the PATH python of "
-                           "tools/setup-deps)")
+                           "scripts/setup-deps)")
 class MegatronProfileTest(unittest.TestCase):
     def test_saved_bytes_per_module_match_megatron_core(self) -> None:
         cli = os.environ.get("STOWAGE_CLI")

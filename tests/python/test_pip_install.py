@@ -1,4 +1,4 @@
-"""`pip install runtime/python` works offline with pip's default build isolation (the package's
+"""`pip install python` works offline with pip's default build isolation (the package's
 own standard-library backend, build_backend/stowage_build.py, needs nothing downloaded) and gives
 an importable package that finds the runtime library: bundled into the package when the build
 was told where it is, and through STOWAGE_LIBRARY when it was not. The installed-prefix case
@@ -15,7 +15,7 @@ import unittest
 
 import support
 
-SOURCE = os.path.join(support.HERE, "..", "..", "runtime", "python")
+SOURCE = os.path.join(support.HERE, "..", "..", "python")
 
 PROBE = """
 import os, sys, stowage

@@ -1,5 +1,5 @@
-"""Every flag of tools/bench_torch.py says what it does in --help (the C++ CLI's flags cannot lack
-help: its parser renders --help from the same table, tests/tools/cli_test.cc)."""
+"""Every flag of bench/bench_torch.py says what it does in --help (the C++ CLI's flags cannot lack
+help: its parser renders --help from the same table, tests/cli/cli_test.cc)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import unittest
 
 import support
 
-BENCH = os.path.join(support.HERE, "..", "..", "tools", "bench_torch.py")
+BENCH = os.path.join(support.HERE, "..", "..", "bench", "bench_torch.py")
 
 
 class ToolHelpTest(unittest.TestCase):

@@ -114,7 +114,7 @@ class CudaTest(unittest.TestCase):
         self.assertLess(peaks["offload_input"], peaks["offload_saved"], peaks)
 
     def test_bench_runs(self) -> None:
-        bench = os.path.join(support.HERE, "..", "..", "tools", "bench_torch.py")
+        bench = os.path.join(support.HERE, "..", "..", "bench", "bench_torch.py")
         out = subprocess.run(
             [sys.executable, bench, "--device", "cuda", "--layers", "4", "--tokens", "4096",
              "--hidden", "1024", "--steps", "2", "--warmup", "1"],

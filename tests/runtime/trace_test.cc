@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
-#include "planner/profile.h"
+#include "planner/frameworks/layer_profile.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
 #include "tests/runtime/test_plans.h"
