@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "planner/cost/run_settings.h"
 
 namespace stowage::planner {
 namespace {
@@ -40,7 +41,8 @@ bool IsPrefix(const std::vector<int>& layers) {
   return true;
 }
 
-// The planner's selective-recompute module names (planner/cost/cost_model.cc) in Megatron's words
+// The planner's selective-recompute module names (planner/frameworks/megatron.cc) in Megatron's
+// words
 // (TransformerConfig.recompute_modules). The others have no Megatron counterpart.
 const std::map<std::string, std::string>& MegatronModuleNames() {
   static const auto* names = new std::map<std::string, std::string>{

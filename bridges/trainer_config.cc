@@ -164,9 +164,9 @@ absl::StatusOr<std::optional<int>> IntArgument(const ArgumentValues& args, const
 // over its model chunks; else the split is Megatron's even one, which `stowage plan` makes itself
 // from --vpp and the two accounting switches. More than one model chunk runs the interleaved
 // schedule (schedules.py get_forward_backward_func). The MTP depths go to the last virtual
-// stage, where the planner runs them (Note [MTP layers] in planner/cost/cost_model.cc): a layout that
-// places them elsewhere (Megatron's standalone MTP stage) is refused. True when the split counted
-// --num-layers.
+// stage, where the planner runs them (Note [MTP layers] in planner/frameworks/megatron.cc): a
+// layout that places them elsewhere (Megatron's standalone MTP stage) is refused. True when the
+// split counted --num-layers.
 absl::StatusOr<bool> ReadMegatronSplit(const ArgumentValues& args, int pp, int mtp_layers,
                                        const std::string& source, TrainerSettings& out) {
   // The planner's own limits bound every count (so nothing below overflows or allocates more
@@ -442,7 +442,7 @@ absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
   // Megatron's distributed optimizer shards optimizer state over data parallel: --sharding optim.
   if (distributed_optimizer && !explicit_sharding) out.flags.push_back({"sharding", "optim"});
   // Megatron-LM builds no MTP module without --mtp-num-layers (its default is None), whatever the
-  // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/cost/cost_model.cc).
+  // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/frameworks/megatron.cc).
   int pp = 1, mtp_layers = 0;
   bool mtp_given = false;
   for (const auto& [flag, value] : out.flags) {

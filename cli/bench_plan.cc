@@ -19,10 +19,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "planner/cost/cost_model.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
 #include "planner/search/optimizer.h"
 #include "planner/report/report.h"
+#include "planner/search/baseline.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "base/bytes.h"
 #include "planner/cost/cost_model.h"
+#include "planner/cost/run_settings.h"
 #include "planner/model/model.h"
 
 namespace stowage::planner {
@@ -397,8 +398,9 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
     const LayerCost& cost = layers[i];
     const size_t index = static_cast<size_t>(std::max(0, cost.index));
     if (m.layers.empty()) break;
-    // An MTP depth (index past the decoder layers, Note [MTP layers] in cost_model.cc) runs a
-    // transformer layer of the last layer's kind: its collectives are that layer's.
+    // An MTP depth (index past the decoder layers, Note [MTP layers] in
+    // planner/frameworks/megatron.cc) runs a transformer layer of the last layer's kind: its
+    // collectives are that layer's.
     const LayerSpec& spec = m.layers[std::min(index, m.layers.size() - 1)];
     forward_compute += cost.forward_seconds;
     backward_compute += cost.backward_seconds;
@@ -543,10 +545,11 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
   double dense = outside.dense;
   double experts = outside.experts;
   if (fsdp && last_stage) {
-    // Note [MTP layers] (cost_model.cc): Megatron-FSDP's units are the TransformerLayers
-    // (distributed/fsdp/mcore_fsdp_adapter.py fsdp_unit_modules, for optim_grads_params), the
-    // MTP depths' own included, which each MTP layer gathers above; the rest of an MTP module
-    // (enorm, hnorm, eh_proj, final_layernorm: 3h + 2h^2) stays with the root's parameters.
+    // Note [MTP layers] (planner/frameworks/megatron.cc): Megatron-FSDP's units are the
+    // TransformerLayers (distributed/fsdp/mcore_fsdp_adapter.py fsdp_unit_modules, for
+    // optim_grads_params), the MTP depths' own included, which each MTP layer gathers above; the
+    // rest of an MTP module (enorm, hnorm, eh_proj, final_layernorm: 3h + 2h^2) stays with the
+    // root's parameters.
     const int mtp = TrainedMtpLayers(m, run);
     if (mtp > 0 && !m.layers.empty()) {
       dense -= mtp * static_cast<double>(DenseLayerParams(m, m.layers.back())) / tp;

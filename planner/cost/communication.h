@@ -1,8 +1,8 @@
 // Communication time: the bytes each collective of a training step moves on one rank, the link
 // it crosses, its time on that link and how much of it compute hides. Note [Communication] in
 // communication.cc states the collectives, their byte counts, the cost model and the overlap
-// rules; the cost model (cost_model.cc) adds each layer's exposed part to the layer's times and
-// the simulator adds the once-per-step part to the step.
+// rules; the step's assembly (planner/frameworks/step_cost.cc) adds each layer's exposed part to
+// the layer's times and the simulator adds the once-per-step part to the step.
 #ifndef STOWAGE_PLANNER_COMMUNICATION_H_
 #define STOWAGE_PLANNER_COMMUNICATION_H_
 

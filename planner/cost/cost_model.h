@@ -1,104 +1,25 @@
-// The cost model: per-layer bytes and seconds of one training step on one rank, counted from the
-// model's shapes, the run's parallelism and the hardware's rates. See Note [Cost model] in
-// cost_model.cc for what is counted and why.
-#ifndef STOWAGE_PLANNER_COST_MODEL_H_
-#define STOWAGE_PLANNER_COST_MODEL_H_
+// The cost model's types: what one layer (LayerCost) and one step (StepCost) on one rank hold and
+// spend, as the framework recipes (planner/frameworks/: megatron.h, hf.h, layer_profile.h) count
+// them and planner/frameworks/step_cost.h assembles them, and what each option for a layer
+// (LayerOption: keep, recompute, offload ...) costs (EvaluateOption), which the simulator and
+// optimizer consume. Note [Cost model] in planner/frameworks/megatron.cc says what is counted and
+// why.
+#ifndef STOWAGE_PLANNER_COST_COST_MODEL_H_
+#define STOWAGE_PLANNER_COST_COST_MODEL_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "planner/cost/communication.h"
+#include "planner/cost/run_settings.h"
 #include "planner/hardware/hardware.h"
-#include "planner/model/model.h"
 #include "planner/hardware/op_time.h"
 #include "stowage/plan.h"
 
 namespace stowage::planner {
-
-// How the data-parallel group shards training state (Megatron-FSDP's names). Each level includes
-// the previous: "optim" is Megatron's distributed optimizer; "optim_grads_params" also shards
-// weights and gradients, gathering one layer's weights at a time.
-enum class Sharding { kNoShard, kOptim, kOptimGrads, kOptimGradsParams };
-const char* ShardingName(Sharding sharding);
-absl::StatusOr<Sharding> ParseSharding(const std::string& name);
-
-// Whose code runs the layers, which decides what a layer holds for backward and when gradients
-// exist. kMegatron: Megatron-Core with TransformerEngine kernels (Note [Cost model]); kHf:
-// Hugging Face transformers eager code with SDPA and its default loss (framework_hf.cc).
-enum class Framework { kMegatron, kHf };
-const char* FrameworkName(Framework framework);  // "megatron", "hf"
-absl::StatusOr<Framework> ParseFramework(const std::string& name);
-
-// The optimizer's state per parameter. kAdam: fp32 master weights + m + v; kSgd (with
-// momentum): fp32 master weights + momentum; kNone: no optimizer state at all.
-enum class OptimizerKind { kAdam, kSgd, kNone };
-const char* OptimizerKindName(OptimizerKind kind);  // "adam", "sgd", "none"
-absl::StatusOr<OptimizerKind> ParseOptimizerKind(const std::string& name);
-int OptimizerBytesPerParam(OptimizerKind kind);  // 12, 8, 0
-
-struct RunSettings {
-  uint64_t seq_len = 1048576;  // tokens per sequence
-  int micro_batch = 1;         // sequences per micro-batch
-  int tp = 1;                  // tensor parallel, with sequence parallelism
-  int cp = 8;                  // context parallel
-  int ep = 8;                  // expert parallel
-  int gpus = 64;               // world size; data parallel = gpus / (tp * cp)
-  double moe_imbalance = 1.0;  // tokens on the busiest expert-parallel rank over the average
-  int activation_bytes = 2;    // bf16 activations
-  int weight_bytes = 2;        // bf16 weights
-  int grad_bytes = 4;          // fp32 main gradients
-  OptimizerKind optimizer = OptimizerKind::kAdam;  // its state: OptimizerBytesPerParam
-  // Optimizer state lives in pinned host memory and the step runs on the CPU (Megatron's
-  // --optimizer-cpu-offload): gradients go D2H and updated weights H2D once per step.
-  bool optimizer_offload = false;
-  Framework framework = Framework::kMegatron;
-  // Under kHf: the transformers 5.x release whose code the recipe follows where releases differ,
-  // as its minor version (Note [hf transformers versions] in framework_hf.cc). 17: the version
-  // of the measured reference steps (reference/measured/).
-  int transformers_minor = 17;
-  Sharding sharding = Sharding::kOptimGradsParams;
-  // The LM head and loss run over this many tokens at a time (a fused/chunked cross-entropy);
-  // 0 materializes the logits of every token at once.
-  uint64_t loss_chunk_tokens = 8192;
-  // Pipeline parallelism (planner/search/pipeline.h, Note [Pipeline] in pipeline.cc): stages, model
-  // chunks per stage, schedule, microbatches per step (gradient accumulation without pipeline),
-  // layers per stage or virtual stage (empty: Megatron-Core's even split), and whether that
-  // split counts the embedding / the loss as a layer (Megatron's
-  // --account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split).
-  int pp = 1;
-  int vpp = 1;
-  PipelineSchedule schedule = PipelineSchedule::k1F1B;
-  int microbatches = 1;
-  std::vector<int> pp_layout;
-  bool account_for_embedding_in_pipeline_split = false;
-  bool account_for_loss_in_pipeline_split = false;
-  // Megatron's rank order (--rank-order; stowage/plan.h RankOrder): with pp 1 both orders make
-  // the same groups.
-  RankOrder rank_order = RankOrder::kTpCpEpDpPp;
-  // Multi-token-prediction depths trained (Megatron-Core's --mtp-num-layers; Note [MTP layers] in
-  // cost_model.cc): -1 takes the config's num_nextn_predict_layers under megatron (as
-  // Megatron-Bridge's providers set mtp_num_layers) and 0 under hf (transformers drops the MTP
-  // weights on load); 0 trains none (the MTP weights are then neither trained nor held).
-  int mtp_layers = -1;
-};
-
-// The settings of a run where its request or command line says nothing, per framework: the
-// struct's (the reference run: CP 8, EP 8, the loss in 8K-token chunks) under megatron, EP 1
-// for a dense model; under hf what transformers eager runs: no context or expert parallelism
-// and the loss over every token at once (ForCausalLMLoss). The CLI and plan requests both start
-// from it, so a run that names only its framework plans what that framework can run.
-RunSettings DefaultRunSettings(Framework framework, const ModelConfig& model);
-
-// The MTP depths `run` trains (RunSettings::mtp_layers resolved): the layers after the model's
-// decoder layers, on the last pipeline stage.
-int TrainedMtpLayers(const ModelConfig& model, const RunSettings& run);
-
-// Checks ranges and divisibility (e.g. gpus by tp*cp, experts by ep) and the limits above;
-// errors name the flag (or model field), its value and what is allowed.
-absl::Status ValidateRun(const ModelConfig& model, const RunSettings& run);
 
 // One tensor a layer keeps for its backward when nothing is recomputed.
 struct SavedTensor {
@@ -164,18 +85,19 @@ struct LayerCost {
   uint64_t ffn_inputs_grad_bytes = 0;
   // What the layer's checkpoint holds beyond its input from its forward until its backward ends
   // when the layer is recomputed, that its forward transients count while the forward runs
-  // (transformers: the step's attention masks, passed to every checkpointed layer; Note
-  // [Recompute moment] in cost_model.cc). 0 where the checkpoint holds its input only.
+  // (transformers: the step's attention masks, passed to every checkpointed layer;
+  // Note [Recompute moment] in cost_model.cc). 0 where the checkpoint holds its input only.
   uint64_t checkpoint_held_bytes = 0;
   // Which tensors those are: layers of one group hold the same ones (one copy however many
   // hold them), layers of different groups different ones (transformers: each layer type's
-  // mask, Note [hf masks]); the simulator counts each group's once (Note [Checkpoint-held
-  // inputs] in simulator.cc).
+  // mask, Note [hf masks]); the simulator counts each group's once
+  // (Note [Checkpoint-held inputs] in planner/search/simulator.cc).
   int checkpoint_held_group = 0;
   // The layer's own bytes at its forward's peak beyond its input when its checkpoint keeps none
   // of its saved tensors (recompute, offload_input: each is freed once the forward's own
-  // references to it are gone), where the recipe states it (hf: Llama 4, Note [hf recompute
-  // forward] in framework_hf.cc); 0: the forward transients alone count there.
+  // references to it are gone), where the recipe states it (hf: Llama 4,
+  // Note [hf recompute forward] in planner/frameworks/hf.cc); 0: the forward transients alone count
+  // there.
   uint64_t unkept_forward_bytes = 0;
   // Microbatches of this layer a pipeline stage holds at once (1F1B: stage s of p holds
   // min(p - s, M)); the simulator keeps the other m - 1 microbatches' resident bytes on the GPU
@@ -183,7 +105,7 @@ struct LayerCost {
   int in_flight_microbatches = 1;
   // Whether the trainer can run this layer's FFN/MoE in token chunks (LayerOption::chunks > 1).
   // Megatron's recipe can; transformers' eager MLP and expert loop take every token at once
-  // (framework_hf.cc), and a measured layer ran as it was measured.
+  // (planner/frameworks/hf.cc), and a measured layer ran as it was measured.
   bool ffn_chunkable = true;
   // Exposed communication of one forward (made again by a recompute) and one backward
   // (StepComm::layers; planner/cost/communication.h), added to the pass times by EvaluateOption.
@@ -196,6 +118,13 @@ struct LayerCost {
   double attention_core_backward_seconds = 0;
 };
 inline constexpr int kMaxInFlightMicrobatches = 1024;
+
+// Appends recompute module `name` to `layer` (rerun in `seconds`; `in_ffn`: RecomputeModule::
+// in_ffn), its saved_bytes the sum of the layer's saved tensors that name it (SavedTensor::module):
+// the recipes call it once the module's tensors are saved. An error when that sum is beyond
+// kMaxTensorBytes (Note [Limits] in cost_model.cc); the module is appended then too, with the sum
+// (the largest uint64_t where it overflows uint64), which CheckStepCostBounds refuses.
+absl::Status AddModule(LayerCost& layer, const std::string& name, double seconds, bool in_ffn);
 
 struct FixedMemory {
   uint64_t weights = 0;
@@ -241,7 +170,7 @@ struct StepCost {
   // Once a layer's backward has ended it holds a layer_grad_shards-th of its gradients
   // (LayerCost::grad_bytes, rounded up): 1 unless the data-parallel engine reduce-scatters each
   // layer's gradients as its backward ends and frees the unsharded ones (torch FSDP2 under hf,
-  // Note [hf data parallel] in framework_hf.cc).
+  // Note [hf data parallel] in planner/frameworks/hf.cc).
   int layer_grad_shards = 1;
   // Of tail_bytes, what the caller holds from the LM head's forward to the end of the step: the
   // model output's logits (transformers returns them and the training loop keeps the output
@@ -264,32 +193,10 @@ struct StepCost {
   std::optional<ProfileStated> profile;
 };
 
-// Parameters a rank of pipeline stage `stage` holds outside its layers (dense ones over tp,
-// routed experts over ep): the input embedding on the first stage; the final norm, LM head (its
-// own copy of the word embeddings when pp > 1 and they are tied or feed the MTP modules) and,
-// where the framework trains them, the multi-token-prediction modules on the last. The fixed memory
-// and the gradient reduction of a stage both count these (BuildStepCost, planner/cost/communication.h
-// BuildStepComm).
-struct NonLayerParams {
-  double dense = 0;
-  double experts = 0;
-};
-NonLayerParams StageNonLayerParams(const ModelConfig& model, const RunSettings& run, int stage);
-// Whether the last of several stages keeps a copy of the word embeddings (tied to the LM head,
-// or the input of the MTP modules under Megatron), whose gradients it all-reduces with stage 0's
-// once per step.
-bool LastStageHoldsWordEmbeddings(const ModelConfig& model, const RunSettings& run);
-
-// One pipeline stage's step (run.pp = 1: the whole model; planner/search/pipeline.h): that stage's
-// layers (LayerCost::index is the model's layer index; in_flight_microbatches the schedule's),
-// their weights, gradients and optimizer state sharded over the stage's data-parallel group, the
-// embedding on stage 0 and the final norm, LM head and loss on the last stage.
-absl::StatusOr<StepCost> BuildStepCost(const ModelConfig& model, const HardwareProfile& hardware,
-                                       const RunSettings& run, int stage = 0);
-
 // Whether a step cost (built here, or from a measured profile) keeps within kMaxLayers,
 // kMaxTensorBytes and kMaxStepBytes, and has finite, non-negative seconds: what the simulator
-// and optimizer assume. BuildStepCost checks it before returning; Optimize checks it too.
+// and optimizer assume. BuildStepCost (planner/frameworks/step_cost.h) checks it before returning;
+// Optimize checks it too.
 absl::Status CheckStepCostBounds(const StepCost& step);
 
 // One choice for one layer.
@@ -333,4 +240,4 @@ std::vector<LayerOption> AllOptions(const LayerCost& layer, const std::vector<in
 
 }  // namespace stowage::planner
 
-#endif  // STOWAGE_PLANNER_COST_MODEL_H_
+#endif  // STOWAGE_PLANNER_COST_COST_MODEL_H_

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/checked_math.h"
 #include "base/json_reader.h"
+#include "planner/cost/run_settings.h"
 
 namespace stowage::planner {
 namespace {

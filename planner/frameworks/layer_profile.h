@@ -16,7 +16,6 @@
 #include "planner/cost/cost_model.h"
 #include "planner/hardware/hardware.h"
 #include "planner/hardware/op_time.h"
-#include "planner/search/optimizer.h"
 
 namespace stowage::planner {
 

@@ -11,7 +11,9 @@
 #include "absl/strings/str_join.h"
 #include "base/bytes.h"
 #include "plan/chrome_trace.h"
+#include "planner/cost/run_settings.h"
 #include "planner/frameworks/hf.h"
+#include "planner/search/baseline.h"
 
 namespace stowage::planner {
 namespace {
@@ -90,16 +92,6 @@ PlanBinding BindingOf(const SimResult& sim, const OptimizeResult& result, const 
 }
 
 }  // namespace
-
-Baseline ComputeBaseline(const StepCost& step, uint64_t gpu_budget_bytes) {
-  Schedule keep;
-  keep.options.assign(step.layers.size(), {LayerPolicy::kKeep, 0, 1});
-  SimResult sim = Simulate(step, keep, false);
-  if (sim.peak_bytes <= gpu_budget_bytes) return {"keep", sim};
-  Schedule recompute;
-  recompute.options.assign(step.layers.size(), {LayerPolicy::kRecompute, 0, 1});
-  return {"recompute", Simulate(step, recompute, false)};
-}
 
 Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline& baseline,
               const PlanLabels& labels) {
@@ -312,7 +304,8 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
                 step.gradients_in_backward ? " (created during backward)" : "",
                 stated.has_value() ? "; from the layer profile" : ""));
   absl::StrAppend(&out, HfLinearAttentionPath(step));  // Note [hf linear attention]
-  // Note [MTP layers] (cost_model.cc): whether this run trains the model's MTP modules.
+  // Note [MTP layers] (planner/frameworks/megatron.cc): whether this run trains the model's MTP
+  // modules.
   if (step.mtp_layers > 0) {
     absl::StrAppend(
         &out, absl::StrFormat(

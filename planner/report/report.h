@@ -7,6 +7,7 @@
 
 #include "base/bytes.h"
 #include "planner/cost/cost_model.h"
+#include "planner/search/baseline.h"
 #include "planner/search/optimizer.h"
 #include "stowage/plan.h"
 
@@ -19,14 +20,6 @@ struct PlanLabels {
   uint64_t gpu_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
 };
-
-// What the plan is compared with: keep everything where that fits the GPU budget, else full
-// recompute (every layer input kept on the GPU).
-struct Baseline {
-  std::string name;  // "keep" or "recompute"
-  SimResult sim;
-};
-Baseline ComputeBaseline(const StepCost& step, uint64_t gpu_budget_bytes);
 
 // The plan for a simulated schedule; passes ValidatePlan.
 Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline& baseline,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/checked_math.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/search/layer_counts.h"
 #include "base/bytes.h"
 

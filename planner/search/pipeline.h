@@ -1,40 +1,25 @@
-// Pipeline parallelism: which layers each stage runs, what each stage costs with the microbatches
-// its schedule keeps in flight, and the step of the whole pipeline. Note [Pipeline] in
-// pipeline.cc states the split, the memory and the step-time terms; the plan contract for stages
-// is Note [Pipeline stages] in include/stowage/plan.h.
-#ifndef STOWAGE_PLANNER_PIPELINE_H_
-#define STOWAGE_PLANNER_PIPELINE_H_
+// Pipeline parallelism: what each stage costs with the microbatches its schedule keeps in flight,
+// each stage planned, and the step of the whole pipeline (which layers each stage runs:
+// planner/cost/pipeline_layout.h; the plan and the table: planner/report/pipeline_report.h).
+// Note [Pipeline] in pipeline.cc states the split, the memory and the step-time terms; the plan
+// contract for stages is Note [Pipeline stages] in include/stowage/plan.h.
+#ifndef STOWAGE_PLANNER_SEARCH_PIPELINE_H_
+#define STOWAGE_PLANNER_SEARCH_PIPELINE_H_
 
-#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "planner/cost/communication.h"
 #include "planner/cost/cost_model.h"
+#include "planner/cost/run_settings.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
+#include "planner/search/baseline.h"
 #include "planner/search/optimizer.h"
-#include "planner/report/report.h"
+#include "planner/search/simulator.h"
 #include "stowage/plan.h"
 
 namespace stowage::planner {
-
-// Checks the pipeline settings of `run` against each other and the model (errors name the flag,
-// its value and the rule): --pp, --vpp only with --schedule interleaved (which needs --pp >= 2
-// and --microbatches a multiple of --pp), --microbatches, and --pp-layout (one count per stage,
-// or per virtual stage with --vpp, summing to the model's layers) or, without it, layers (with
-// the embedding and loss when counted) dividing evenly over pp x vpp virtual stages.
-absl::Status ValidatePipeline(const ModelConfig& model, const RunSettings& run);
-
-// The layers of every virtual stage, in virtual-stage order (virtual stage v = chunk c of stage
-// s, v = c x pp + s): --pp-layout, or Megatron-Core's even split, of the decoder layers; the
-// last virtual stage also runs the TrainedMtpLayers after them (Note [MTP layers]). pp = 1: one
-// range of every layer.
-absl::StatusOr<std::vector<LayerRange>> VirtualStageLayers(const ModelConfig& model,
-                                                           const RunSettings& run);
-// Stage `stage`'s chunks (vpp of them) out of VirtualStageLayers.
-std::vector<LayerRange> StageChunks(const std::vector<LayerRange>& virtual_stages, int pp, int vpp,
-                                    int stage);
 
 // One stage planned: its step cost (its layers, each with its in-flight count), the optimizer's
 // schedule for it, and what it is compared with.
@@ -88,14 +73,6 @@ absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const Hard
                                             const RunSettings& run,
                                             const OptimizerOptions& options);
 
-// The plan of a pipelined run: every layer with its stage's choices, one section per stage, the
-// whole step's predictions (peak and host bytes: the binding stage's). Passes ValidatePlan.
-Plan MakePipelinePlan(const PipelineResult& pipeline, const PlanLabels& labels);
-
-// The per-stage table (layers, peaks, in-flight counts, time) and the lines the summary adds for
-// the pipeline: the binding and the slowest stage, bubble and point-to-point time.
-std::string RenderStageTable(const PipelineResult& pipeline, const Plan& plan);
-
 }  // namespace stowage::planner
 
-#endif  // STOWAGE_PLANNER_PIPELINE_H_
+#endif  // STOWAGE_PLANNER_SEARCH_PIPELINE_H_

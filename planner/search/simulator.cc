@@ -376,7 +376,7 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
   if (peaked && peak_phase == Phase::kTail) {
     r.peak_at = "LM head and loss";
   } else if (peaked) {
-    // An MTP layer by its name (Note [MTP layers] in cost_model.cc).
+    // An MTP layer by its name (Note [MTP layers] in planner/frameworks/megatron.cc).
     const std::string* name = peak_layer >= 0 &&
                                       peak_layer < static_cast<int>(step.layers.size()) &&
                                       !step.layers[peak_layer].name.empty()

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "planner/cost/cost_model.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
 #include "planner/search/simulator.h"

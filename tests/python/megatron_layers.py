@@ -77,8 +77,8 @@ def build_layer(case: dict):
 
 def build_mtp_layer(case: dict):
     """One MultiTokenPredictionLayer (transformer/multi_token_prediction.py) around the local
-    spec's layer of `case` (Note [MTP layers] in planner/cost/cost_model.cc), and the embedding it
-    shares with the model: the local spec's VocabParallelEmbedding at TP 1 is F.embedding, which
+    spec's layer of `case` (Note [MTP layers] in planner/frameworks/megatron.cc), and the embedding
+    it shares with the model: the local spec's VocabParallelEmbedding at TP 1 is F.embedding, which
     is what torch.nn.Embedding runs."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.process_groups_config import ProcessGroupCollection

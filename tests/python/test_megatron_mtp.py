@@ -1,7 +1,7 @@
-"""The planner's MTP layer under megatron (Note [MTP layers] in planner/cost/cost_model.cc) against
-Megatron-Core's own MultiTokenPredictionLayer: megatron_layers.py builds one on CPU around the
-local spec's dense layer (test_megatron_profile.py's shape) and reports what autograd keeps per
-submodule; this test compares each group, at two sequence lengths, with the MTP row
+"""The planner's MTP layer under megatron (Note [MTP layers] in planner/frameworks/megatron.cc)
+against Megatron-Core's own MultiTokenPredictionLayer: megatron_layers.py builds one on CPU
+around the local spec's dense layer (test_megatron_profile.py's shape) and reports what autograd
+keeps per submodule; this test compares each group, at two sequence lengths, with the MTP row
 (`mtp.0`) of `stowage plan --framework megatron --mtp-layers 1 --force offload_saved` for the same
 shape, with the local spec's documented norm differences (test_megatron_profile.local_norm_delta):
   the shifted token ids the embedding keeps, enorm and hnorm (their inputs and statistics)

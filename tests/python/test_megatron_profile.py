@@ -1,5 +1,5 @@
-"""The planner's `megatron` profile (Note [megatron profile] in planner/cost/cost_model.cc) against
-Megatron-Core's own layers: megatron_layers.py builds a `TransformerLayer` from the local
+"""The planner's `megatron` profile (Note [megatron profile] in planner/frameworks/megatron.cc)
+against Megatron-Core's own layers: megatron_layers.py builds a `TransformerLayer` from the local
 (non-TransformerEngine) layer spec on CPU and reports what autograd keeps per Megatron-Core module;
 this test compares each module group, at two sequence lengths, with what
 `stowage plan --framework megatron --force offload_saved` lists for the same shape, plus the

@@ -1,7 +1,7 @@
 // Multi-token prediction as plannable layers of the last stage under megatron (Note [MTP layers]
-// in planner/cost/cost_model.cc, Note [MTP layers] in include/stowage/plan.h): the saved bytes of an
-// MTP layer counted by hand from Megatron-Core's multi_token_prediction.py, its place after the
-// decoder layers on the last pipeline stage, --mtp-layers 0, the hf refusal, the emitted
+// in planner/frameworks/megatron.cc, Note [MTP layers] in include/stowage/plan.h): the saved bytes
+// of an MTP layer counted by hand from Megatron-Core's multi_token_prediction.py, its place after
+// the decoder layers on the last pipeline stage, --mtp-layers 0, the hf refusal, the emitted
 // --mtp-num-layers and the plan JSON round trip.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,13 +9,18 @@
 #include <algorithm>
 #include <string>
 
+#include "bridges/trainer_arguments.h"
 #include "planner/cost/cost_model.h"
+#include "planner/cost/pipeline_layout.h"
+#include "planner/cost/run_settings.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
+#include "planner/report/pipeline_report.h"
+#include "planner/report/report.h"
+#include "planner/search/baseline.h"
 #include "planner/search/optimizer.h"
 #include "planner/search/pipeline.h"
-#include "planner/report/report.h"
-#include "bridges/trainer_arguments.h"
 #include "stowage/plan.h"
 #include "tests/planner/pipeline_jobs.h"
 

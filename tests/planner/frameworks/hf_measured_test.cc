@@ -14,6 +14,7 @@
 
 #include "nlohmann/json.hpp"
 #include "planner/cost/cost_model.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
 #include "planner/hardware/op_time.h"

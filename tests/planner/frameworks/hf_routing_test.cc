@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/cost/cost_model.h"
 #include "planner/frameworks/hf.h"
+#include "planner/frameworks/step_cost.h"
 
 namespace stowage::planner {
 namespace {

@@ -1,5 +1,5 @@
 // The layer kinds and features of issue 13, each checked against a hand count of what its
-// Megatron-Core/TE layer keeps per token (cost_model.cc names the code each term comes from), and
+// Megatron-Core/TE layer keeps per token (megatron.cc names the code each term comes from), and
 // the parameter terms they add. One rank, TP 1, CP 1, bf16 activations: a tensor of width w
 // keeps 2w bytes per token.
 #include <gmock/gmock.h>
@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/cost/cost_model.h"
 #include "planner/frameworks/hf.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/search/optimizer.h"
 
 namespace stowage::planner {
@@ -520,9 +521,9 @@ TEST(LayerKinds, MtpModuleIsInFixedMemory) {
   EXPECT_NEAR(static_cast<double>(with.fixed.weights - without.fixed.weights), 2 * mtp, 8.0);
 }
 
-// transformers drops the MTP weights on load and never runs the module (Note [MTP] in
-// cost_model.cc): under the hf profile the fixed memory holds none of it, though the model's
-// parameter count still names it.
+// transformers drops the MTP weights on load and never runs the module (Note [MTP layers] in
+// planner/frameworks/megatron.cc): under the hf profile the fixed memory holds none of it, though
+// the model's parameter count still names it.
 TEST(LayerKinds, MtpModuleIsNotLoadedByTransformers) {
   ModelConfig m = Read("glm-5.1.json");
   ASSERT_EQ(m.mtp_layers, 1);

@@ -17,6 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/frameworks/step_cost.h"
+#include "planner/search/baseline.h"
 #include "stowage/plan.h"
 
 namespace stowage::planner {

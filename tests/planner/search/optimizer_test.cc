@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "planner/frameworks/step_cost.h"
 #include "tests/planner/pipeline_jobs.h"
 
 namespace stowage::planner {
@@ -690,8 +691,8 @@ OptimizerOptions Budgets(const StepCost& step) {
 
 // A pipeline stage of the reference model holding 2 or 4 microbatches of every layer: proven
 // optimal too; 4 at 512K tokens needs more host memory than a B200 has, and says so. Such a stage
-// is not the last (1F1B: the last holds one microbatch), so it has no MTP layer (Note [MTP
-// layers] in cost_model.cc).
+// is not the last (1F1B: the last holds one microbatch), so it has no MTP layer
+// (Note [MTP layers] in planner/frameworks/megatron.cc).
 TEST(Optimizer, ReferenceStagesWithMicrobatchesInFlightAreProvenOptimal) {
   auto Reference = [](uint64_t seq_len) {
     RunSettings run;
