@@ -98,8 +98,8 @@ absl::StatusOr<RunSettings> ReadRun(const json::Object& o, const ModelConfig& mo
     return s;
   // The optimizer's state, as the CLI's --optimizer and the plan's run.optimizer spell it.
   std::string optimizer;
-  // The transformers release the hf recipe follows, as --transformers (Note [hf transformers
-  // versions] in framework_hf.cc).
+  // The transformers release the hf recipe follows, as --transformers
+  // (Note [hf transformers versions] in planner/frameworks/).
   std::string transformers;
   if (absl::Status s = r->ReadOptional("transformers", transformers); !s.ok()) return s;
   if (!transformers.empty()) {

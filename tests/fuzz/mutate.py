@@ -33,7 +33,7 @@ import threading
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus")
 TIMEOUT = 10.0
-WRAPPED = 2**62  # no byte, token or count stowage plans reaches this (README "Limits")
+WRAPPED = 2**62  # no byte, token or count stowage plans reaches this (docs/limits.md)
 
 SPECIAL_NUMBERS = [0, -1, 1, 2, 1.5, 0.5, -0.0, 2**31, 2**31 - 1, 2**32 + 2, 2**53, 2**63 - 1,
                    2**63, 2**64 - 1, 2**64, 2**70, -(2**63), 1e30, -1e30, 1e308, 1e-308,
@@ -175,7 +175,7 @@ def plan_problems(plan, generated):
                 if field in runtime and not runtime[field] > 0:
                     problems.append(f"runtime.{field} = {runtime[field]}")
             for layer in plan["layers"]:
-                # Left out, a layer's transfers are its input as one piece (README "Plan format").
+                # Left out, a layer's transfers are its input as one piece (ParsePlanJson).
                 transfers = layer.get("transfers")
                 if transfers is None:
                     transfers = [{"name": "input", "bytes": layer.get("host_bytes", 0)}]

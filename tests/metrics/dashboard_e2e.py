@@ -365,7 +365,7 @@ def by_rank(result):
 
 def check_filters(dashboard):
     """Every panel of the runtime dashboard follows the $job and $hostname variables, and none
-    derives the machine from `instance` (regression, issue 16: label_replace(..., "instance",
+    derives the machine from `instance` (a regression: label_replace(..., "instance",
     "(.*):[0-9]+") assumed a scrape address of host:port)."""
     failures = []
     names = [v.get("name") for v in dashboard.get("templating", {}).get("list", [])]

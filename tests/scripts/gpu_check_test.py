@@ -118,7 +118,7 @@ class PackagedFolderTest(unittest.TestCase):
                 self.assertIn(gtest[0].split("=", 1)[1], argv)  # its filter is in the step's
             else:
                 self.assertIn(t["name"], names)
-        # Then the fixed steps, in the order of the brief, and each listed by --dry-run.
+        # Then the fixed steps, in the order docs/gpu-check.md gives, and each listed by --dry-run.
         self.assertEqual(names[-8:], ["bench_grouped_mm (torch._grouped_mm)", "calibrate",
                                       "plan with the calibrated profile",
                                       "bench_moe_block (Qwen3-MoE block)",
