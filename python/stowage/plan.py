@@ -167,8 +167,9 @@ class Plan:
 
     # -- serialization ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The plan.h JSON object, fields in the order PlanToJson writes them. Values are written as
-        they are (no int() here): a field holding 1.5 or -1 is refused by validate(), not rounded."""
+        """The plan.h JSON object, fields in the order PlanToJson writes them. Values are written
+        as they are (no int() here): a field holding 1.5 or -1 is refused by validate(), not
+        rounded."""
         layers = []
         for l in self.layers:
             d: dict[str, Any] = {
@@ -292,10 +293,12 @@ class Plan:
         return Plan(
             layers=layers, stages=stages,
             predicted=Prediction(**{
-                f.name: (float if f.type in (float, "float") else _same)(get(pred, f.name, f.default))
+                f.name: (float if f.type in (float, "float") else _same)(
+                    get(pred, f.name, f.default))
                 for f in dataclasses.fields(Prediction)}),
             runtime=RuntimeSettings(**{
-                f.name: (float if f.type in (float, "float") else _same)(get(rt, f.name, f.default))
+                f.name: (float if f.type in (float, "float") else _same)(
+                    get(rt, f.name, f.default))
                 for f in dataclasses.fields(RuntimeSettings)}),
             run=RunSettings(**{f.name: get(run, f.name, f.default)
                                for f in dataclasses.fields(RunSettings)}),
