@@ -392,7 +392,7 @@ def main():
     ap.add_argument("--out", default=None, help="folder for failing inputs")
     a = ap.parse_args()
     stowage = os.path.join(a.build, "cli", "stowage")
-    lib = os.path.join(a.build, "runtime", "libstowage.so")
+    lib = os.path.join(a.build, "capi", "libstowage.so")
     rng = random.Random(a.seed)
     tally = Tally()
 
