@@ -63,11 +63,10 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
-from . import plan as plan_mod
-from . import runtime as runtime_mod
 from ._tensors import ResidentMemory, hidden_state, offload_nbytes, offloadable, saved_key
-from .plan import Plan, PlanError
-from .runtime import PlanLike, Runtime, Stats, StowageError, plan_json_text
+from .plan import (KEEP, OFFLOAD_INPUT, OFFLOAD_SAVED, OFFLOADING_POLICIES, POLICIES, RECOMPUTE,
+                   SELECTIVE_RECOMPUTE, Plan, PlanError)
+from .runtime import PlanLike, Runtime, Stats, StowageError, check_status, plan_json_text
 
 # An offload_saved layer's saves are issued in batches (see Note [Per-tensor cost]): when this
 # many bytes or tensors have gathered, and when the layer's forward returns.
@@ -160,7 +159,7 @@ class _Calls:
         out = ctypes.c_uint64()
         code = self._save(self._handle, layer, microbatch, src, nbytes, stream, ctypes.byref(out))
         if code:
-            runtime_mod.check_status("stowage_save_microbatch", code)
+            check_status("stowage_save_microbatch", code)
         return out.value
 
     def save_many(self, layer: int, microbatch: int, srcs: list, sizes: list,
@@ -187,7 +186,7 @@ class _Calls:
         done = ctypes.c_int32()
         code = self._query(self._handle, tensor_id, ctypes.byref(done))
         if code:
-            runtime_mod.check_status("stowage_save_query", code)
+            check_status("stowage_save_query", code)
         return bool(done.value)
 
     def wait(self, tensor_id: int, stream: Optional[int]) -> None:
@@ -195,17 +194,17 @@ class _Calls:
         code = (self._wait(self._handle, tensor_id) if stream is None
                 else self._wait_stream(self._handle, tensor_id, stream))
         if code:
-            runtime_mod.check_status("stowage_save_wait", code)
+            check_status("stowage_save_wait", code)
 
     def prefetch(self, tensor_id: int, microbatch: int, dst: int, stream: Optional[int]) -> None:
         code = self._prefetch(self._handle, tensor_id, microbatch, dst, stream)
         if code:
-            runtime_mod.check_status("stowage_prefetch_microbatch", code)
+            check_status("stowage_prefetch_microbatch", code)
 
     def restore(self, tensor_id: int, microbatch: int, dst: int, stream: Optional[int]) -> None:
         code = self._restore(self._handle, tensor_id, microbatch, dst, stream)
         if code:
-            runtime_mod.check_status("stowage_restore_microbatch", code)
+            check_status("stowage_restore_microbatch", code)
 
 
 class _InputBox:
@@ -338,7 +337,7 @@ class _StepState:
         if ids:  # copies under way, failure or not
             self.pending.append([layer, ids, tensors[:len(ids)] if code else tensors, 0])
         if code:
-            runtime_mod.check_status("stowage_save_many", code)
+            check_status("stowage_save_many", code)
 
     def resident(self) -> "ResidentMemory":
         """Memory of every parameter and buffer of the wrapped layers (shared or tied weights
@@ -402,7 +401,7 @@ class _StepState:
             for h in todo[issued:]:
                 h.tensor = None  # never written: restore allocates again
             if code:
-                runtime_mod.check_status("stowage_prefetch_many", code)
+                check_status("stowage_prefetch_many", code)
 
     # -- end --------------------------------------------------------------------------------
     def close(self, failing: bool = False) -> None:
@@ -474,7 +473,7 @@ class PlannedLayers(nn.Module):
         # first; a save whose wait is not given is waited for when backward starts.
         self._prefetch_after: dict[int, list[int]] = collections.defaultdict(list)
         for l in reversed(plan.layers):
-            if l.policy in plan_mod.OFFLOADING_POLICIES and l.prefetch_after_layer >= 0:
+            if l.policy in OFFLOADING_POLICIES and l.prefetch_after_layer >= 0:
                 self._prefetch_after[l.prefetch_after_layer].append(l.index)
         n = len(plan.layers)
         self._save_wait_before = [l.save_wait_before_layer if l.save_wait_before_layer >= 0 else n
@@ -580,7 +579,7 @@ class PlannedLayers(nn.Module):
         state = self._state
         if state is None and self._runtime is not None:
             offloading = [l.index for l in self.plan.layers
-                          if l.policy in plan_mod.OFFLOADING_POLICIES]
+                          if l.policy in OFFLOADING_POLICIES]
             raise RuntimeError(
                 f"the plan offloads layers {offloading}: run forward and backward inside "
                 "`with planned.step():`")
@@ -600,21 +599,21 @@ class PlannedLayers(nn.Module):
 
     def _run_layer(self, i: int, layer: nn.Module, policy: str, x: torch.Tensor,
                    args: tuple, kwargs: dict, state: Optional[_StepState]) -> torch.Tensor:
-        if policy == plan_mod.KEEP:
+        if policy == KEEP:
             return layer(x, *args, **kwargs)
-        if policy == plan_mod.RECOMPUTE:
+        if policy == RECOMPUTE:
             return _checkpoint(layer, x, *args, **kwargs)
-        if policy == plan_mod.SELECTIVE_RECOMPUTE:
+        if policy == SELECTIVE_RECOMPUTE:
             with _checkpointed_submodules(i, layer, self.plan.layers[i].recompute_modules):
                 return layer(x, *args, **kwargs)
         assert state is not None
         state.enter_layer(i, x.device)
-        if policy == plan_mod.OFFLOAD_SAVED:
+        if policy == OFFLOAD_SAVED:
             with torch.autograd.graph.saved_tensors_hooks(*_saved_hooks(state, i, x.device)):
                 out = layer(x, *args, **kwargs)
             state.flush()
             return out
-        if policy == plan_mod.OFFLOAD_INPUT:
+        if policy == OFFLOAD_INPUT:
             box = _InputBox(x, i)
             handle = state.save(i, x, now=True)  # the D2H overlaps this layer's forward
             # A zero-size tensor on the input's device: checkpoint looks at its tensor arguments
@@ -625,7 +624,7 @@ class PlannedLayers(nn.Module):
             box.handle = handle
             return out
         raise PlanError(f"plan: layers[{i}].policy is {policy!r}; allowed: "
-                        f"{', '.join(plan_mod.POLICIES)}")
+                        f"{', '.join(POLICIES)}")
 
 
 class PlannedLayer:
@@ -752,7 +751,7 @@ def check_plan_matches(plan: Plan, layers: Sequence[nn.Module]) -> None:
             f"the plan has {len(plan.layers)} layers but the model has {len(layers)}; a plan "
             "must list every layer of the sequence it is applied to, in order")
     for i, lp in enumerate(plan.layers):
-        if lp.policy == plan_mod.SELECTIVE_RECOMPUTE and not lp.recompute_modules:
+        if lp.policy == SELECTIVE_RECOMPUTE and not lp.recompute_modules:
             raise PlanError(f"plan: layers[{i}].policy is selective_recompute but "
                             "recompute_modules is empty")
         if lp.ffn_chunks > 1:

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Union
 
-from . import _lib
+from ._lib import load as load_library
 
 SCHEMA_VERSION = 1
 
@@ -351,7 +351,7 @@ def validate_json(text: str) -> None:
         data = text.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 spelling exists
         raise PlanError(f"plan: not valid UTF-8 text ({e})") from e
-    lib = _lib.load()
+    lib = load_library()
     if lib.stowage_plan_validate(data, len(data)) != 0:
         message = lib.stowage_last_error().decode("utf-8", "replace")
         prefix = "stowage_plan_validate: "

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from . import _lib
+from ._lib import load as load_library
 from .layers import PlannedLayers
 from .measure.layer_profile import ModelProfile
 from .measure.profile import profile_layers
@@ -63,7 +63,7 @@ class Evaluation:
 
 
 def _call(name: str, request: dict) -> str:
-    lib = _lib.load()
+    lib = load_library()
     text = json.dumps(request).encode()
     out = ctypes.c_void_p()
     code = getattr(lib, name)(text, len(text), ctypes.byref(out))

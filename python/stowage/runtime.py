@@ -14,7 +14,11 @@ import os
 import sys
 from typing import Any, NamedTuple, Optional, Union
 
-from . import _lib
+from ._lib import BACKEND_NAMES, STATUS_NAMES, Options
+from ._lib import PipelineOp as PipelineOpStruct
+from ._lib import Stats as StatsStruct
+from ._lib import TraceEvent as TraceEventStruct
+from ._lib import load as load_library
 from .plan import Plan, PlanError
 
 
@@ -24,7 +28,7 @@ class StowageError(RuntimeError):
     def __init__(self, call: str, code: int, message: str):
         self.call = call
         self.code = code
-        self.status = _lib.STATUS_NAMES.get(code, f"status {code}")
+        self.status = STATUS_NAMES.get(code, f"status {code}")
         self.message = message
         super().__init__(f"{call}: {self.status}: {message}" if message
                          else f"{call}: {self.status}")
@@ -78,13 +82,13 @@ def check_status(call: str, code: int) -> None:
     """Raises StowageError for a failed C ABI call `call` that returned `code` (the thread's
     stowage_last_error() is its message); nothing for STOWAGE_OK."""
     if code != 0:
-        lib = _lib.load()
+        lib = load_library()
         raise StowageError(call, code, lib.stowage_last_error().decode("utf-8", "replace"))
 
 
 def version() -> str:
     """The runtime library's version string."""
-    return _lib.load().stowage_version().decode()
+    return load_library().stowage_version().decode()
 
 
 _U64_MAX = 2**64 - 1
@@ -158,7 +162,7 @@ def plan_hash(plan: PlanLike) -> int:
         text = plan_json_text(plan).encode("utf-8")
     except UnicodeEncodeError as e:
         raise PlanError(f"plan: not valid UTF-8 text ({e})") from e
-    lib = _lib.load()
+    lib = load_library()
     out = ctypes.c_uint64()
     if lib.stowage_plan_hash(text, len(text), ctypes.byref(out)) != 0:
         raise PlanError(lib.stowage_last_error().decode("utf-8", "replace"))
@@ -178,13 +182,13 @@ def pipeline_order(schedule: str, pp: int, vpp: int, microbatches: int,
     (stowage_pipeline_order: the C++ PipelineOrder, the order the plan's in_flight_microbatches
     counts come from). schedule "1f1b" or "interleaved"; pp = 1 is gradient accumulation.
     Raises StowageError (INVALID_ARGUMENT) for values a plan's run fields could not hold."""
-    lib = _lib.load()
+    lib = load_library()
     args = (str(schedule).encode(), _int_arg("pp", pp, *_I32), _int_arg("vpp", vpp, *_I32),
             _int_arg("microbatches", microbatches, *_I32), _int_arg("stage", stage, *_I32))
     count = ctypes.c_size_t()
     check_status("stowage_pipeline_order", lib.stowage_pipeline_order(*args, None, 0,
                                                                       ctypes.byref(count)))
-    ops = (_lib.PipelineOp * max(count.value, 1))()
+    ops = (PipelineOpStruct * max(count.value, 1))()
     check_status("stowage_pipeline_order", lib.stowage_pipeline_order(*args, ops, count.value,
                                                                       ctypes.byref(count)))
     return [PipelineOp(bool(op.forward), op.chunk, op.microbatch) for op in ops[:count.value]]
@@ -223,16 +227,16 @@ class Runtime:
                  stage: int = 0, metrics_step_buckets=None, rank: Optional[int] = None,
                  local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
                  world_size: Optional[int] = None):
-        backends = {v: k for k, v in _lib.BACKEND_NAMES.items()}
+        backends = {v: k for k, v in BACKEND_NAMES.items()}
         if backend not in backends:
             raise ValueError(f"backend is {backend!r}; allowed: {', '.join(backends)}")
-        self._lib = _lib.load()
+        self._lib = load_library()
         self._handle = ctypes.c_void_p()
         try:
             text = plan_json_text(plan).encode("utf-8")
         except UnicodeEncodeError as e:
             raise PlanError(f"plan: not valid UTF-8 text ({e})") from e
-        opts = _lib.Options()
+        opts = Options()
         check_status("stowage_options_init", self._lib.stowage_options_init(ctypes.byref(opts)))
         opts.backend = backends[backend]
         opts.device = _int_arg("device", device, 0, _I32[1])
@@ -371,10 +375,10 @@ class Runtime:
 
     # -- observability ----------------------------------------------------------------------
     def stats(self) -> Stats:
-        s = _lib.Stats()
+        s = StatsStruct()
         check_status("stowage_get_stats", self._lib.stowage_get_stats(self._h(), ctypes.byref(s)))
-        values = {name: getattr(s, name) for name, _ in _lib.Stats._fields_}
-        values["backend"] = _lib.BACKEND_NAMES.get(values["backend"], str(values["backend"]))
+        values = {name: getattr(s, name) for name, _ in StatsStruct._fields_}
+        values["backend"] = BACKEND_NAMES.get(values["backend"], str(values["backend"]))
         return Stats(**values)
 
     def set_trace_capacity(self, events: int) -> None:
@@ -389,7 +393,7 @@ class Runtime:
         dropped = ctypes.c_uint64()
         check_status("stowage_get_trace", self._lib.stowage_get_trace(
             self._h(), None, 0, ctypes.byref(count), ctypes.byref(dropped)))
-        buf = (_lib.TraceEvent * max(count.value, 1))()
+        buf = (TraceEventStruct * max(count.value, 1))()
         check_status("stowage_get_trace", self._lib.stowage_get_trace(
             self._h(), buf, count.value, ctypes.byref(count), ctypes.byref(dropped)))
         name = self._lib.stowage_event_kind_name

@@ -4,15 +4,16 @@ family runs: the SDPA kernel an H200 picks where the CPU would pick another
 vision states Mllama's text decoder gets (Note [hf cross-attention] in planner/frameworks/hf.cc).
 
 Note [SDPA on the GPU]
-SDPA picks a kernel per call (Note [SDPA Runtime Dispatch], aten/src/ATen/native/transformers/
-cuda/sdp_utils.cpp; the CPU's in sdp_utils_cpp.cpp), and where the CPU's choice keeps other
-bytes than the GPU's, a fake step runs the GPU's kernel (its meta function) instead. On an H200,
-torch 2.11 tries cuDNN, flash, memory-efficient, math in that order (check_prefer_cudnn_attention:
-cuDNN runtime > 9.15 on sm90; the cu130 wheel ships cuDNN 9.19). cuDNN takes head dims up to 128,
-or d_qk 192 with d_v 128 on sm90 with cuDNN >= 9.11 (check_cudnn_tensor_shapes; the 9.22 d256
-branch of later versions is not in 2.11's library: no 92200 constant, no d256 message), any
-layout, and a mask; flash takes no mask and one head dim up to 256 (check_head_dim_size_flash);
-the memory-efficient kernel takes any head dims divisible by 8. Where the CPU differs:
+SDPA picks a kernel per call (PyTorch's "SDPA Runtime Dispatch" note in
+aten/src/ATen/native/transformers/cuda/sdp_utils.cpp; the CPU's in sdp_utils_cpp.cpp), and where the
+CPU's choice keeps other bytes than the GPU's, a fake step runs the GPU's kernel (its meta function)
+instead. On an H200, torch 2.11 tries cuDNN, flash, memory-efficient, math in that order
+(check_prefer_cudnn_attention: cuDNN runtime > 9.15 on sm90; the cu130 wheel ships cuDNN 9.19).
+cuDNN takes head dims up to 128, or d_qk 192 with d_v 128 on sm90 with cuDNN >= 9.11
+(check_cudnn_tensor_shapes; the 9.22 d256 branch of later versions is not in 2.11's library: no
+92200 constant, no d256 message), any layout, and a mask; flash takes no mask and one head dim up to
+256 (check_head_dim_size_flash); the memory-efficient kernel takes any head dims divisible by 8.
+Where the CPU differs:
  - q/k and v head dims differ (MLA: qk_nope + qk_rope against v_head_dim): the CPU flash kernel
    needs one head dim (check_head_dim_size_cpp), so the CPU runs the math decomposition, which
    keeps the s x s scores and their softmax. The GPU runs cuDNN for DeepSeek's 192/128 (else

@@ -40,7 +40,8 @@ class LiveBytes(TorchDispatchMode):
         self.peak = 0
         self.sizes: list[int] = []       # by allocation id
         self.allocated_in: list[Any] = []  # by allocation id: the phase that made it
-        self.made_by: list[str] = []     # by allocation id: the op that made it (Note [Loops])
+        # By allocation id: the op that made it (Note [Loops in the step]).
+        self.made_by: list[str] = []
         self.events: list[tuple[str, Any]] = []  # ("a", id), ("f", id), ("p", phase), ("m", x)
         self.live_ids: dict[int, int] = {}  # storage key -> allocation id, while alive
         self.phase: Any = None

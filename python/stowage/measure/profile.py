@@ -36,7 +36,7 @@ import torch.nn as nn
 from .._tensors import (ResidentMemory, hidden_state, offload_nbytes, offloadable,
                         resident_storages, saved_key, storage_ptr)
 from ..plan import PlanError
-from . import hf_profile
+from .hf_profile import DEFAULT_LENGTHS, profile_hf
 from .layer_profile import MAX_MODULES, LayerProfile, ModelProfile, ModuleTime, SavedTensor
 
 
@@ -294,7 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="tokens per sequence the profile is for (4096)")
     parser.add_argument("--lengths", default=None, metavar="A,B,C",
                         help="the sequence lengths measured and fitted through (default: "
-                             f"{','.join(map(str, hf_profile.DEFAULT_LENGTHS))}, scaled to lie "
+                             f"{','.join(map(str, DEFAULT_LENGTHS))}, scaled to lie "
                              "on --seq-len's side of the sliding window and of softmax rows of "
                              "48 KiB)")
     parser.add_argument("--real", action="store_true",
@@ -307,8 +307,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError:
         parser.error(f"--lengths is {args.lengths!r}; allowed: comma-separated integers")
     try:
-        profile = hf_profile.profile_hf(args.hf, args.seq_len, lengths=lengths,
-                                        fake=not args.real)
+        profile = profile_hf(args.hf, args.seq_len, lengths=lengths,
+                             fake=not args.real)
     except (PlanError, OSError, ValueError) as e:
         print(f"python -m stowage.measure.profile: {e}", file=sys.stderr)
         return 2
