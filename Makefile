@@ -36,9 +36,14 @@ fuzz: deps
 
 format:
 	@git ls-files '*.h' '*.cc' '*.cu' | xargs clang-format -i
+	@{ git ls-files '*.py'; git grep -l '^#!/usr/bin/env python3' -- scripts; } | sort -u \
+	  | xargs autopep8 -i
 
 tidy: configure
 	@git ls-files '*.cc' | xargs clang-tidy -p $(BUILD_DIR) --quiet
+	@{ git ls-files '*.py'; git grep -l '^#!/usr/bin/env python3' -- scripts; } | sort -u \
+	  | xargs flake8
+	@scripts/check-imports
 
 clean:
 	rm -rf build

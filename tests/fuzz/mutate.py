@@ -19,7 +19,6 @@ valid. Prints the counts; exits 1 on any failure, saving each failing input unde
 import argparse
 import concurrent.futures
 import copy
-import ctypes
 import json
 import math
 import os
@@ -154,7 +153,7 @@ def bad_numbers(node, where=""):
         if isinstance(node, float) and not math.isfinite(node):
             out.append(f"{where} = {node}")
         elif node < 0 and not (where.endswith((".prefetch_after_layer", ".save_wait_before_layer"))
-                              and node == -1):
+                               and node == -1):
             out.append(f"{where} = {node} (negative)")  # -1 above: "never prefetched"
         elif node >= WRAPPED:
             out.append(f"{where} = {node} (wrapped)")

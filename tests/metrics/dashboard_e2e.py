@@ -211,7 +211,8 @@ def start_demos(stowage, base, workdir, demos):
         # The runtime's rule, which the demo follows: base + LOCAL_RANK.
         if endpoint != f"127.0.0.1:{base + rank}":
             raise Failure(f"rank {rank} (LOCAL_RANK {rank}) serves {endpoint}, not "
-                          f"127.0.0.1:{base + rank} (STOWAGE_METRICS_ADDR base {base} + LOCAL_RANK)")
+                          f"127.0.0.1:{base + rank} (STOWAGE_METRICS_ADDR base {base} + "
+                          "LOCAL_RANK)")
         endpoints.append(endpoint)
     return endpoints
 
