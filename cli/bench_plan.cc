@@ -281,7 +281,7 @@ int BenchPipelineRow(const planner::ModelConfig& model, const planner::RunSettin
 // one cost model and one search per stage; a row is all 16 (the slowest stage's search and the
 // binding stage's peak are what a user would look at). One row per hardware: the chosen one and
 // h800, whose smaller memory makes stages offload and wait for their copies, which the search
-// must still prove (Note [Forward waits] in planner/search/optimizer.cc).
+// must still prove (Note [Forward waits] in planner/search/bound_model.cc).
 int BenchPipeline(const std::vector<planner::HardwareProfile>& hardware, int64_t repeats,
                   double gap) {
   const planner::ModelConfig model = *planner::ModelPreset("deepseek-v3");

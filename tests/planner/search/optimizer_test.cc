@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/planner/pipeline_jobs.h"
+#include "tests/planner/search/exhaustive_search.h"
 
 namespace stowage::planner {
 namespace {
@@ -494,7 +495,7 @@ TEST(Optimizer, InFlightMicrobatchesMultiplyLayerMemory) {
   EXPECT_EQ(Simulate(step, offload, false).host_bytes, 3 * step.layers[0].input_bytes);
 }
 
-// Note [Option groups] (optimizer.cc): with microbatches in flight, the options of a layer that
+// Note [Option groups] (pareto_fronts.cc): with microbatches in flight, the options of a layer that
 // differ only in their chunk count (the same resident bytes, a smaller working set for more
 // compute) yield, per label of the next front, only the cheapest up to the first whose own room
 // admits the label's slack. Several chunk counts and budgets near the offloading peak, so that a
