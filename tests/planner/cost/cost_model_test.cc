@@ -1,6 +1,6 @@
-// The cost model against first-principles arithmetic, including the published reference figures
-// (README.md): 1M tokens / CP 8 of GLM-5.3-Flash offload 180 GiB of layer inputs per GPU, and at
-// 256K offloading the layer inputs saves about 45 GiB of peak memory.
+// The cost model against first-principles arithmetic, including the published GLM-5.3-Flash
+// figures (docs/planner.md "The cost model"): 1M tokens / CP 8 offload 180 GiB of layer inputs per
+// GPU, and at 256K offloading the layer inputs saves about 45 GiB of peak memory.
 #include "planner/cost/cost_model.h"
 
 #include <gmock/gmock.h>
