@@ -50,20 +50,19 @@ absl::Status Cuda(cudaError_t error, const char* call) {
 }  // namespace
 
 absl::Status AgreeOverNccl(uint64_t hash, void* nccl_comm) {
-  absl::StatusOr<std::unique_ptr<offload::NcclApi> > api = offload::NcclApi::FromProcess();
+  auto api = offload::NcclApi::FromProcess();
   if (!api.ok()) {
     return absl::UnavailableError(absl::StrCat("stowage_agree_nccl: ", api.status().message()));
   }
-  const offload::NcclApi& nccl_api = **api;
+  const offload::NcclApi& nccl = **api;
   ncclComm_t comm = static_cast<ncclComm_t>(nccl_comm);
-  auto nccl = [&](ncclResult_t result, const char* call) -> absl::Status {
-    return nccl_api.Ok(result, absl::StrCat("stowage_agree_nccl: ", call));
+  auto check = [&](ncclResult_t result, const char* call) -> absl::Status {
+    return nccl.Ok(result, absl::StrCat("stowage_agree_nccl: ", call));
   };
   int count = 0, rank = 0, device = 0;
-  if (absl::Status s = nccl(nccl_api.comm_count(comm, &count), "ncclCommCount"); !s.ok()) return s;
-  if (absl::Status s = nccl(nccl_api.user_rank(comm, &rank), "ncclCommUserRank"); !s.ok()) return s;
-  if (absl::Status s = nccl(nccl_api.cu_device(comm, &device), "ncclCommCuDevice"); !s.ok())
-    return s;
+  if (absl::Status s = check(nccl.comm_count(comm, &count), "ncclCommCount"); !s.ok()) return s;
+  if (absl::Status s = check(nccl.user_rank(comm, &rank), "ncclCommUserRank"); !s.ok()) return s;
+  if (absl::Status s = check(nccl.cu_device(comm, &device), "ncclCommCuDevice"); !s.ok()) return s;
   int previous = 0;
   if (absl::Status s = Cuda(cudaGetDevice(&previous), "cudaGetDevice"); !s.ok()) return s;
   if (absl::Status s = Cuda(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
@@ -90,8 +89,8 @@ absl::Status AgreeOverNccl(uint64_t hash, void* nccl_comm) {
     }
     // In place: rank r's contribution already sits at r in the output.
     if (absl::Status s =
-            nccl(nccl_api.all_gather(mine, scratch.buffer, 1, ncclUint64, comm, scratch.stream),
-                 "ncclAllGather");
+            check(nccl.all_gather(mine, scratch.buffer, 1, ncclUint64, comm, scratch.stream),
+                  "ncclAllGather");
         !s.ok()) {
       return s;
     }

@@ -3,10 +3,6 @@
 // running runtime and through the C ABI: metrics_engine_test.cc.
 #include "runtime/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,21 +14,18 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/runtime.h"
-#include "stowage/plan.h"
 #include "stowage/stowage.h"
 #include "tests/runtime/metrics_scrape.h"
 
