@@ -1,6 +1,8 @@
 # The two Quickstart commands, plus the steps they are made of.
-#   make demo   install what is missing, configure, build, run `stowage plan` on its default
-#   make test   install what is missing, configure, build, run every test (GPU tests skip cleanly)
+#   make demo   install what the CLI needs (Debian packages only), configure, build the CLI, run
+#               `stowage plan` on its default
+#   make test   install everything the tests need (Debian and the pinned PyPI packages),
+#               configure, build, run every test (GPU tests skip cleanly)
 #   make fuzz   build the libFuzzer harnesses with clang and run each for FUZZ_SECONDS
 # PRESET picks a CMakePresets.json preset (dev, dev-nocuda, release, asan).
 PRESET ?= dev
