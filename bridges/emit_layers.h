@@ -16,8 +16,8 @@ std::string LayerList(const std::vector<int>& layers);
 // The verb for LayerList(layers): `one` for a single layer, `many` otherwise.
 const char* Verb(const std::vector<int>& layers, const char* one, const char* many);
 
-// The decoder layers of one model chunk (Note [Pipeline stages]; the MTP depths, Note [MTP
-// layers], left out): the chunk's layers within [0, decoder layers).
+// The decoder layers of one model chunk (Note [Pipeline stages]; the MTP depths,
+// Note [MTP layers], left out): the chunk's layers within [0, decoder layers).
 struct ChunkLayers {
   int stage = 0;
   int chunk = 0;

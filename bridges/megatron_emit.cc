@@ -1,5 +1,6 @@
-// A plan as Megatron-LM arguments (`stowage plan --emit megatron`; Note [Megatron
-// expressiveness] and Note [Megatron under pipeline parallelism] in bridges/megatron_emit.h).
+// A plan as Megatron-LM arguments (`stowage plan --emit megatron`;
+// Note [Megatron expressiveness] and Note [Megatron under pipeline parallelism] in
+// bridges/megatron_emit.h).
 #include "bridges/megatron_emit.h"
 
 #include <algorithm>

@@ -1,5 +1,6 @@
-// A plan as torchtitan job config sections (`stowage plan --emit torchtitan`; Note [torchtitan
-// expressiveness] and Note [torchtitan under pipeline parallelism] in bridges/torchtitan_emit.h).
+// A plan as torchtitan job config sections (`stowage plan --emit torchtitan`;
+// Note [torchtitan expressiveness] and Note [torchtitan under pipeline parallelism] in
+// bridges/torchtitan_emit.h).
 #include "bridges/torchtitan_emit.h"
 
 #include <algorithm>

@@ -508,9 +508,9 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return true;
 }
 
-// --emit's text, or why the trainer cannot express the plan (Note [Megatron under pipeline
-// parallelism] in bridges/megatron_emit.h, Note [torchtitan under pipeline parallelism] in
-// bridges/torchtitan_emit.h).
+// --emit's text, or why the trainer cannot express the plan
+// (Note [Megatron under pipeline parallelism] in bridges/megatron_emit.h,
+// Note [torchtitan under pipeline parallelism] in bridges/torchtitan_emit.h).
 absl::StatusOr<std::string> EmitText(const std::string& emit, const Plan& plan,
                                      const planner::RunSettings& run) {
   if (emit == "megatron") {
