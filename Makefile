@@ -9,20 +9,28 @@ PRESET ?= dev
 BUILD_DIR := build/$(PRESET)
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build demo test fuzz format tidy clean
+.PHONY: all deps deps-demo configure configure-demo build demo test fuzz format tidy clean
 
 all: build
 
 deps:
 	@scripts/setup-deps
 
+deps-demo:
+	@scripts/setup-deps --demo
+
 configure: deps
+	@cmake --preset $(PRESET) >/dev/null
+
+configure-demo: deps-demo
 	@cmake --preset $(PRESET) >/dev/null
 
 build: configure
 	@cmake --build --preset $(PRESET) -j $(JOBS)
 
-demo: build
+# The demo builds the CLI alone (not the test binaries) from what deps-demo installs.
+demo: configure-demo
+	@cmake --build --preset $(PRESET) -j $(JOBS) --target stowage
 	$(BUILD_DIR)/cli/stowage plan
 
 test: build
@@ -36,9 +44,14 @@ fuzz: deps
 
 format:
 	@git ls-files '*.h' '*.cc' '*.cu' | xargs clang-format -i
+	@{ git ls-files '*.py'; git grep -l '^#!/usr/bin/env python3' -- scripts; } | sort -u \
+	  | xargs autopep8 -i
 
 tidy: configure
 	@git ls-files '*.cc' | xargs clang-tidy -p $(BUILD_DIR) --quiet
+	@{ git ls-files '*.py'; git grep -l '^#!/usr/bin/env python3' -- scripts; } | sort -u \
+	  | xargs flake8
+	@scripts/check-imports
 
 clean:
 	rm -rf build

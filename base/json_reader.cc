@@ -1,5 +1,6 @@
 #include "base/json_reader.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -7,12 +8,13 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace stowage::json {
 namespace {
 
 std::string Quoted(std::string_view source, std::string_view path) {
-  return absl::StrCat(std::string(source), ": field '", std::string(path), "'");
+  return absl::StrCat(std::string(source), ": field '", Excerpt(path, 256), "'");
 }
 
 // A value as the error shows it; long values (a whole object) are cut.
@@ -68,7 +70,54 @@ absl::Status ReadInteger(const Json& value, std::string_view source, std::string
 
 }  // namespace
 
+std::string Excerpt(std::string_view text, size_t max_chars) {
+  if (text.size() <= max_chars) return std::string(text);
+  return absl::StrCat(std::string(text.substr(0, max_chars)), "... (", text.size() - max_chars,
+                      " more characters)");
+}
+
+namespace {
+
+// The first place `text` nests deeper than kMaxJsonDepth, as an error naming its line and column;
+// OK otherwise. One pass over the bytes, brackets inside strings not counted.
+absl::Status CheckDepth(std::string_view text, std::string_view source) {
+  int depth = 0;
+  bool in_string = false;
+  size_t line = 1, column = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    ++column;
+    if (c == '\n') {
+      ++line;
+      column = 0;
+    }
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character (an escaped newline is not valid JSON; the parser says so)
+        ++column;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Excerpt(source), ": arrays and objects nest more than ", kMaxJsonDepth,
+                         " levels deep at line ", line, ", column ", column, "; at most ",
+                         kMaxJsonDepth, " are allowed"));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Json> Parse(std::string_view text, std::string_view source) {
+  if (absl::Status deep = CheckDepth(text, source); !deep.ok()) return deep;
   // Keys seen so far in each object being read, innermost last. A duplicate key is an error: JSON
   // readers disagree on which copy wins (nlohmann's ordered_json keeps the first, Python's json the
   // last), so two readers of one file would see two different documents.
@@ -92,7 +141,7 @@ absl::StatusOr<Json> Parse(std::string_view text, std::string_view source) {
     Json json = Json::parse(text.begin(), text.end(), track);
     if (!duplicate.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": duplicate key '",
-                                                     duplicate,
+                                                     Excerpt(duplicate),
                                                      "' in one object; each key may appear once"));
     }
     return json;
@@ -135,6 +184,19 @@ absl::StatusOr<Object> Object::Of(const Json& value, std::string source, std::st
                                     "; allowed: a JSON object"));
   }
   return Object(&value, std::move(source), std::move(path));
+}
+
+absl::Status Object::OnlyKeys(absl::Span<const std::string_view> allowed) const {
+  for (const auto& [key, value] : json_->items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_, ": unknown field '", Excerpt(PathOf(key), 256), "'; allowed",
+        path_.empty() ? "" : absl::StrCat(" in '", path_, "'"), ": ",
+        absl::StrJoin(allowed, ", ", [](std::string* out, std::string_view allowed_key) {
+          out->append(allowed_key);
+        })));
+  }
+  return absl::OkStatus();
 }
 
 std::string Object::PathOf(std::string_view key) const {

@@ -16,14 +16,26 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "nlohmann/json.hpp"
 
 namespace stowage::json {
 
 using Json = nlohmann::ordered_json;
 
-// Parses `text`; a syntax error names `source` and the line and column where it was found.
+// How deeply arrays and objects may nest in any JSON input. Real inputs nest under 10 levels (a
+// plan request holding a config.json); the bound keeps every recursive walk of a parsed document
+// (nlohmann's dump(), used in error messages) far inside the smallest thread stack a trainer gives
+// a worker (a few hundred KiB).
+inline constexpr int kMaxJsonDepth = 100;
+
+// Parses `text`; a syntax error names `source` and the line and column where it was found. Text
+// nested deeper than kMaxJsonDepth is refused before anything recursive runs on it.
 absl::StatusOr<Json> Parse(std::string_view text, std::string_view source);
+
+// At most `max_chars` of `text` for an error message: longer text is cut and says how much was cut,
+// so a huge input never makes a huge message.
+std::string Excerpt(std::string_view text, size_t max_chars = 64);
 
 template <typename T>
 struct Range {
@@ -42,6 +54,10 @@ class Object {
   // "a.b" for key "b" of the object at "a".
   std::string PathOf(std::string_view key) const;
   bool Has(std::string_view key) const { return json_->contains(key); }
+
+  // Fails naming the first key of this object that is not in `allowed`, and the keys allowed: a
+  // misspelt optional field is an error, never a default silently used in its place.
+  absl::Status OnlyKeys(absl::Span<const std::string_view> allowed) const;
 
   // Required fields: a missing one is an error naming it.
   absl::Status Read(std::string_view key, int64_t& out, Range<int64_t> range = {}) const;

@@ -3,23 +3,22 @@
 
     python3 bench/bench_grouped_mm.py [--out rates.json] [--device cuda] [--rows 256,512,...]
 
-What it times is what autograd runs for transformers' grouped_mm experts
-(integrations/moe.py grouped_mm_experts_forward; planner/hardware/hardware.cc Note [torch._grouped_mm
-rate]), per projection with K inputs and N outputs per expert and S routed rows:
+What it times is what autograd runs for transformers' grouped_mm experts (integrations/moe.py
+grouped_mm_experts_forward; planner/hardware/hardware.cc Note [torch._grouped_mm rate]), per
+projection with K inputs and N outputs per expert and S routed rows:
 
     forward          x [S, K] @ W [E, N, K]^T   -> [S, N]      (2-D x 3-D, groups of rows)
     input gradient   g [S, N] @ W [E, N, K]     -> [S, K]      (2-D x 3-D)
     weight gradient  g^T [N, S] @ x [S, K]      -> [E, N, K]   (2-D x 2-D, groups of the reduction)
 
 for the experts' gate/up projection (K = hidden, N = 2 x moe_intermediate) and down projection
-(K = moe_intermediate, N = hidden). The backward calls are checked once against
-torch.autograd.grad of the forward: the same _grouped_mm operands (shapes and strides, seen by a
-TorchDispatchMode) and values. Rows per expert come from routing: top-k of random logits over the experts (counts
-not multiples of any tile, as in a routed training step), and once with every expert given
-exactly the same count ("aligned"), the public benchmark's "uniform" case. A dense torch.mm with
-the FLOPs of the gate/up forward at 512 rows per expert is the reference. Rows per expert at or
-below 128 take another kernel (GroupMM.cu's pingpong 64x128x128 tiles) and are left out of the
-default list.
+(K = moe_intermediate, N = hidden). The backward calls are checked once against torch.autograd.grad
+of the forward: the same _grouped_mm operands (shapes and strides, seen by a TorchDispatchMode) and
+values. Rows per expert come from routing: top-k of random logits over the experts (counts not
+multiples of any tile, as in a routed training step), and once with every expert given exactly the
+same count ("aligned"), the public benchmark's "uniform" case. A dense torch.mm with the FLOPs of
+the gate/up forward at 512 rows per expert is the reference. Rows per expert at or below 128 take
+another kernel (GroupMM.cu's pingpong 64x128x128 tiles) and are left out of the default list.
 
 Each time is CUDA-event timed over enough calls to run >= 50 ms after a warm-up call, on data
 that is not zero. `--out` writes the JSON `stowage calibrate --torch-grouped-mm` reads (rates in
@@ -67,8 +66,8 @@ def seconds_per_call(torch, device: str, run: Callable[[], object]) -> float:
         reps *= max(2, min(64, int(60 / ms) + 1)) if ms > 0 else 64
 
 
-def routed_counts(torch, experts: int, top_k: int, rows: int, aligned: bool, gen) -> "torch.Tensor":
-    """Rows per expert for `rows` rows per expert on average."""
+def routed_counts(torch, experts: int, top_k: int, rows: int, aligned: bool, gen):
+    """Rows per expert for `rows` rows per expert on average: an int64 tensor of `experts`."""
     if aligned:
         return torch.full((experts,), rows, dtype=torch.int64)
     tokens = rows * experts // top_k
@@ -84,6 +83,7 @@ def projection(torch, device: str, counts, k: int, n: int, gen) -> Dict[str, Cal
     # Small, finite, not zero: zeros draw less power and clock higher than training data. Made
     # on the device (`gen` is the device's generator): gigabytes of randn on one CPU thread
     # would take longer than the timing.
+
     def randn(*shape: int, scale: float):
         return (torch.randn(*shape, generator=gen, device=device) * scale).to(torch.bfloat16)
 

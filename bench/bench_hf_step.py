@@ -6,8 +6,8 @@ time goes in the steps tests/planner/frameworks/hf_measured_test.cc predicts.
                                    [--out hf-step.json] [--device cuda]
 
 Each case is a line of FILE (default tests/planner/data/measured/hf-h200.jsonl, the public
-cases of shared/reference/measured; its config inline or a file beside FILE), built and
-stepped as that reference's measure_hf.py does: AutoConfig.for_model with the line's config,
+measured cases; its config inline or a file beside FILE), built and stepped as those cases
+were measured: AutoConfig.for_model with the line's config,
 SDPA, bf16 weights, train(), the model's own loss (`model(input_ids=ids,
 labels=ids).loss.backward()`), gradients set to None before each step, and
 gradient_checkpointing_enable(use_reentrant=False) where the line says gradient_checkpointing.
@@ -21,8 +21,8 @@ For each it prints
     and the rest, which the planner prices as memory-bound element-wise work;
   - the aten ops with the most device time.
 A kernel counts for the aten op that launched it (the innermost one), so every kernel is in one
-class. What it settles (issue 12): whether the dense cases' missing step time is attention's, as
-the analysis in the session notes says, and what the MoE case's rest is. `--device cpu` runs
+class. What it settles: whether the step time hf_measured_test.cc's dense cases miss is
+attention's, and what the MoE case's rest is. `--device cpu` runs
 each case's family at tiny widths for a smoke test (times are host times and mean nothing).
 Exits 3 without a CUDA device or without transformers.
 """
@@ -42,7 +42,8 @@ EXIT_UNAVAILABLE = 3  # cli/commands.h kExitUnavailable: the gpu-check runner's 
 SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CASES = os.path.join(SOURCE_DIR, "tests", "planner", "data", "measured", "hf-h200.jsonl")
 
-# The planner's op classes (planner/hardware/op_time.h OpWork), by the aten op that launches the kernel.
+# The planner's op classes (planner/hardware/op_time.h OpWork), by the aten op that launches the
+# kernel.
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
 ATTENTION_FORWARD_OPS = {"aten::_scaled_dot_product_cudnn_attention",
                          "aten::_scaled_dot_product_flash_attention",
@@ -89,7 +90,7 @@ def read_cases(path: str, only: Optional[List[Tuple[str, bool]]]) -> List[dict]:
     with open(path) as f:
         lines = [json.loads(line) for line in f if line.strip()]
     cases = [c for c in lines if "case" in c and "error" not in c]
-    for c in cases:  # the repo's copy names each config's file; the reference inlines it
+    for c in cases:  # a line names its config's file beside FILE, or inlines the config
         if isinstance(c["config"], str):
             with open(os.path.join(os.path.dirname(path), c["config"])) as f:
                 c["config"] = json.load(f)

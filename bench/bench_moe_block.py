@@ -9,13 +9,13 @@ restated op for op in `moe_block` below: the router linear, fp32 softmax, top-k 
 renormalisation, the sort by expert, the gather `hidden[perm // k]`, histc and cumsum into
 offsets, the gate/up _grouped_mm, silu(gate) * up, the down _grouped_mm, the routing-weight
 mul, the inverse permutation and its gather, the sum over k. `--variant 5.17` adds what
-transformers 5.17 (the version of shared/reference/measured) runs besides: the EP-sentinel
+transformers 5.17 (the version the public measured cases ran) runs besides: the EP-sentinel
 mask made and applied unconditionally (one in-place masked_fill on the gathered states, one
 out of place after each _grouped_mm, and the clamp); `5.23` (the pinned version) runs them
-only under expert parallelism. tests/python/test_bench_moe_block.py checks on CPU that the
+only under expert parallelism. tests/python/bench/test_bench_moe_block.py checks on CPU that the
 5.23 restatement dispatches the same aten ops as the real block and gives its output.
 
-The unknowns it settles (planner/hardware/hardware.cc Note [torch._grouped_mm rate], issue 12): what
+The unknowns it settles (Note [torch._grouped_mm rate] in planner/hardware/hardware.cc): what
 the H200 spends on each kernel of the block, the non-GEMM ones above all (CUB's radix sort,
 index_put with duplicate rows, top-k, the gathers), and whether the host keeps up. For each
 token count and variant it prints

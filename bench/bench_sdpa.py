@@ -5,21 +5,21 @@ apart: a table of TFLOP/s and the kernel torch picked.
     python3 bench/bench_sdpa.py [--out sdpa.json] [--device cuda] [--cases NAME:HQ:HKV:D:S1,S2;...]
 
 What it times is what transformers' sdpa_attention_forward runs for a causal decoder without a
-padding mask (integrations/sdpa_attention.py: no mask, so use_gqa_in_sdpa() is true and k/v are
-not repeated; `is_causal=True`): F.scaled_dot_product_attention(q, k, v, is_causal=True,
-enable_gqa=hkv < hq) on bf16 q [1, hq, s, d], k and v [1, hkv, s, d], each the transpose of a
-[1, s, h, d] projection output as the model makes them, and its backward (autograd.grad of all
-three inputs). FLOPs are counted as the planner counts them (planner/hardware/op_time.h, Note [Op rates]):
-forward 4 s^2 hq d halved by the causal mask, backward 2.5x the forward. The kernel is the
-aten op autograd recorded (_scaled_dot_product_cudnn_attention, _flash_attention,
-_efficient_attention or the math decomposition), read from torch.profiler. The backward is timed
-alone: one forward's graph, its autograd.grad rerun (retain_graph).
+padding mask (integrations/sdpa_attention.py: no mask, so use_gqa_in_sdpa() is true and k/v are not
+repeated; `is_causal=True`): F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv
+< hq) on bf16 q [1, hq, s, d], k and v [1, hkv, s, d], each the transpose of a [1, s, h, d]
+projection output as the model makes them, and its backward (autograd.grad of all three inputs).
+FLOPs are counted as the planner counts them (planner/hardware/op_time.h, Note [Op rates]): forward
+4 s^2 hq d halved by the causal mask, backward 2.5x the forward. The kernel is the aten op autograd
+recorded (_scaled_dot_product_cudnn_attention, _flash_attention, _efficient_attention or the math
+decomposition), read from torch.profiler. The backward is timed alone: one forward's graph, its
+autograd.grad rerun (retain_graph).
 
-The H200 preset's attention rates (flash_forward_efficiency, flash_backward_efficiency) are
-cuDNN 9.19's on an H200 from cudnn-frontend's own benchmark at 64/8 heads (planner/hardware/hardware.cc
-Note [SDPA on sm90]: 673 / 579 TFLOP/s at 16K tokens, the kernel torch 2.11 picks for this
-call); this table is the H200's own at the public and held-back measured cases' shapes
-(reference/measured/: Llama 32/8 heads, Qwen2 28/4, Qwen3-MoE 32/4, head dim 128), and its
+The H200 preset's attention rates (flash_forward_efficiency, flash_backward_efficiency) are cuDNN
+9.19's on an H200 from cudnn-frontend's own benchmark at 64/8 heads (planner/hardware/hardware.cc
+Note [SDPA on sm90]: 673 / 579 TFLOP/s at 16K tokens, the kernel torch 2.11 picks for this call);
+this table is the H200's own at the public and held-back measured cases' shapes
+(tests/planner/data/measured: Llama 32/8 heads, Qwen2 28/4, Qwen3-MoE 32/4, head dim 128), and its
 kernel column says whether cuDNN ran.
 
 Each time is CUDA-event timed over enough calls to run >= 50 ms after a warm-up call. `--device
@@ -35,8 +35,8 @@ import os
 import sys
 from typing import Callable, List, Tuple
 
-# The one CUDA-event timing loop of the benchmarks (its sibling in tools/, here and in the
-# gpu-check folder).
+# The one CUDA-event timing loop of the benchmarks: bench_grouped_mm.py's, the file beside this
+# one (in bench/ and in the gpu-check folder).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_grouped_mm import seconds_per_call  # noqa: E402
 

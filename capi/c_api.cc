@@ -136,7 +136,17 @@ stowage_status StatusToStowageCode(const absl::Status& status) {
   }
 }
 
+// The longest message stowage_last_error() returns. Messages quote what they refuse, and a caller
+// may hand the library a 100 MB name: the thread's last error stays a readable size whatever the
+// input (the real messages are well under 1 KiB).
+constexpr size_t kMaxErrorChars = 4096;
+
 stowage_status Fail(stowage_status status, std::string message) {
+  if (message.size() > kMaxErrorChars) {
+    const size_t cut = message.size() - kMaxErrorChars;
+    message.resize(kMaxErrorChars);
+    absl::StrAppend(&message, "... (", cut, " more characters)");
+  }
   last_error = std::move(message);
   return status;
 }

@@ -48,7 +48,7 @@ namespace stowage::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kDefaultLayers = 45;  // the reference model (DESIGN.md)
+constexpr int kDefaultLayers = 45;  // GLM-5.3-Flash's decoder layers
 constexpr int kBuffers = 4;         // device buffers per side, reused round-robin
 
 double Since(Clock::time_point t) {

@@ -191,10 +191,10 @@ std::optional<StagesPlanned> PlanEveryStage(const planner::ModelConfig& model,
 
 // Deep models: Llama-3-8B's layer repeated N times, split over P pipeline stages (1F1B, P
 // microbatches: stage s holds P - s in flight), every stage planned. The layers x stages
-// curve of Note [Bounded work] in planner/search/optimizer.cc: a stage has about N/P layers and P stages
-// are planned, so the work grows with N, and the cpu time per layer (us/layer) stays flat when it
-// grows no worse than linearly. gap and proven are the worst stage's; peak and host the highest;
-// stage s the slowest stage's simulated step.
+// curve of Note [Bounded work] in planner/search/optimizer.cc: a stage has about N/P layers and P
+// stages are planned, so the work grows with N, and the cpu time per layer (us/layer) stays flat
+// when it grows no worse than linearly. gap and proven are the worst stage's; peak and host the
+// highest; stage s the slowest stage's simulated step.
 int BenchDepth(const std::string& list, const std::string& stage_list,
                const planner::HardwareProfile& hardware, int64_t repeats, double gap) {
   std::vector<int> depths, stages;
@@ -276,12 +276,12 @@ int BenchPipelineRow(const planner::ModelConfig& model, const planner::RunSettin
   return kExitOk;
 }
 
-// The pipeline job: DeepSeek-V3 on 2,048 GPUs, PP 16 (1F1B, 16 microbatches), EP 64,
+// A large pipeline job: DeepSeek-V3 on 2,048 GPUs, PP 16 (1F1B, 16 microbatches), EP 64,
 // 4K tokens, distributed optimizer, the layout Megatron users give for 61 layers. Planning it is
 // one cost model and one search per stage; a row is all 16 (the slowest stage's search and the
 // binding stage's peak are what a user would look at). One row per hardware: the chosen one and
 // h800, whose smaller memory makes stages offload and wait for their copies, which the search
-// must still prove (Note [Forward waits] in planner/search/optimizer.cc).
+// must still prove (Note [Forward waits] in planner/search/bound_model.cc).
 int BenchPipeline(const std::vector<planner::HardwareProfile>& hardware, int64_t repeats,
                   double gap) {
   const planner::ModelConfig model = *planner::ModelPreset("deepseek-v3");

@@ -36,7 +36,8 @@ namespace stowage::tools {
 namespace {
 
 // The reference model's layer input (GLM-5.3-Flash: mHC keeps 4 residual streams of hidden 4096,
-// bf16), per token, and its layer pattern; see DESIGN.md.
+// bf16), per token, and its layer pattern; see the glm-5.3-flash preset in
+// planner/model/model_presets.cc.
 constexpr uint64_t kInputBytesPerToken = 4 * 4096 * 2;
 constexpr int kReferenceLayers = 45;
 constexpr char kDefaultAddress[] = "127.0.0.1:9464";

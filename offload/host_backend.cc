@@ -72,8 +72,8 @@ class HostFence final : public CopyFence {
   std::atomic<int64_t> stall_nanos_{0};
 };
 
-// One issued copy. Its chunks are claimed one at a time from the stream's queue (Note [Host
-// stream queue]), so a copy costs one Job whatever its chunk size.
+// One issued copy. Its chunks are claimed one at a time from the stream's queue
+// (Note [Host stream queue]), so a copy costs one Job whatever its chunk size.
 struct Job {
   CopyRequest request;
   std::shared_ptr<HostFence> fence;

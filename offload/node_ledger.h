@@ -21,9 +21,9 @@
 // Lines from another pid namespace (a container sharing /dev/shm but not pids) cannot be checked
 // and are kept.
 //
-// The check itself is CheckAdmission's (offload/host_memory.h, Note [Admission with other
-// ranks]). STOWAGE_NODE_MEMORY_BYTES sets a fixed budget for all arenas of the job on the node
-// together (containers whose limits /proc and the cgroup do not show; tests).
+// The check itself is CheckAdmission's (offload/host_memory.h, Note [Admission with other ranks]).
+// STOWAGE_NODE_MEMORY_BYTES sets a fixed budget for all arenas of the job on the node together
+// (containers whose limits /proc and the cgroup do not show; tests).
 #ifndef STOWAGE_OFFLOAD_NODE_LEDGER_H_
 #define STOWAGE_OFFLOAD_NODE_LEDGER_H_
 
@@ -131,8 +131,8 @@ class NodeReservation {
   // Removes the reservation; failures are logged to stderr.
   ~NodeReservation();
 
-  // The arena is touched: from now on the host memory readings include it (Note [Admission with
-  // other ranks]).
+  // The arena is touched: from now on the host memory readings include it
+  // (Note [Admission with other ranks]).
   absl::Status MarkResident();
 
   int slot() const { return entry_.slot; }

@@ -6,8 +6,8 @@
 // sets) are built once in Start(), and a scrape copies them and fills in the values it reads
 // from the atomics. Nothing is registered per step or per tensor, so the label sets stay
 // bounded: the identity labels below, `numa_node`, `direction` (d2h, h2d), `layer_type` (the
-// plan's distinct layer types), `kind` (the stowage_status names, lower case). The README section
-// "Metrics and dashboards" lists every metric; dashboards/stowage.json queries them.
+// plan's distinct layer types), `kind` (the stowage_status names, lower case). docs/metrics.md
+// "Metrics" lists every metric; dashboards/stowage.json queries them.
 //
 // Note [Rank labels]. Every series carries `rank` and `local_rank` (the launcher's RANK and
 // LOCAL_RANK; "unknown" when unset), `stage` (the pipeline stage; 0 without pipeline

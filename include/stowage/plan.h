@@ -1,7 +1,7 @@
 // The plan: the one contract between the planner (which writes it) and the runtime (which carries
-// it out every step). Serialized as versioned JSON; the README's "Plan format" section documents
-// every field. Readers accept any plan whose schema_version they know and ignore unknown fields,
-// so the planner may add fields without breaking deployed runtimes.
+// it out every step). Serialized as versioned JSON; docs/plan-format.md documents every field.
+// Readers accept any plan whose schema_version they know and ignore unknown fields, so the planner
+// may add fields without breaking deployed runtimes.
 #ifndef STOWAGE_PLAN_H_
 #define STOWAGE_PLAN_H_
 
@@ -16,9 +16,9 @@ namespace stowage {
 
 inline constexpr int kPlanSchemaVersion = 1;
 
-// The limits ValidatePlan enforces (the README's "Plan format" states them too). They are far
-// above any real run and far below where the runtime's arithmetic could wrap: a plan outside them
-// was written by mistake or by hand, and is refused with the field, its value and the limit.
+// The limits ValidatePlan enforces (docs/plan-format.md lists them too). They are far above any
+// real run and far below where the runtime's arithmetic could wrap: a plan outside them was written
+// by mistake or by hand, and is refused with the field, its value and the limit.
 inline constexpr int kPlanMaxLayers = 100000;
 inline constexpr uint64_t kPlanMaxBytes = uint64_t{1} << 60;  // any one byte count: 1 EiB
 inline constexpr double kPlanMaxSeconds = 1e9;                // any one predicted duration
@@ -138,8 +138,8 @@ absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(std::string_view name);
 // How Megatron-Core numbers the ranks of the parallel grid, innermost first (parallel_state.py
 // RankGenerator; megatron/training/initialize.py passes 'tp-cp-ep-dp-pp', or 'tp-cp-ep-pp-dp'
 // under --use-tp-pp-dp-mapping). It decides which ranks form each group and so the link each
-// collective crosses (planner/cost/communication.h GroupsOf, Note [Communication]): kTpCpEpDpPp puts
-// the pipeline outermost (stages gpus / pp ranks apart, data parallelism inside a stage);
+// collective crosses (planner/cost/communication.h GroupsOf, Note [Communication]): kTpCpEpDpPp
+// puts the pipeline outermost (stages gpus / pp ranks apart, data parallelism inside a stage);
 // kTpCpEpPpDp puts pipeline neighbours tp x cp ranks apart and spreads the data-parallel groups
 // over pp times more ranks. With pp 1 the two are the same.
 enum class RankOrder { kTpCpEpDpPp, kTpCpEpPpDp };
@@ -240,11 +240,11 @@ struct PlanPrediction {
   // Pipeline point-to-point time (activations and their gradients between stages) in
   // step_seconds: what no compute hides (planner Note [Pipeline]); 0 without stages.
   double exposed_point_to_point_seconds = 0;
-  // How far the planner's search got (Note [Optimality gap] in planner/search/optimizer.cc): "proven" (no
-  // plan within the budgets is faster), "within_gap" (within the requested optimality gap of the
-  // search's bound) or "unproven" (its work budget ran out first); "" for a plan that does not fit
-  // or one read without it. optimality_gap: step / that bound - 1, no plan being faster by more
-  // than this fraction (0 when proven; with stages, the worst stage's).
+  // How far the planner's search got (Note [Optimality gap] in planner/search/optimizer.cc):
+  // "proven" (no plan within the budgets is faster), "within_gap" (within the requested optimality
+  // gap of the search's bound) or "unproven" (its work budget ran out first); "" for a plan that
+  // does not fit or one read without it. optimality_gap: step / that bound - 1, no plan being
+  // faster by more than this fraction (0 when proven; with stages, the worst stage's).
   std::string optimality;
   double optimality_gap = 0;
 };
@@ -310,7 +310,7 @@ struct Plan {
   // Run settings the plan was made for (echoed so a plan file explains itself).
   uint64_t seq_len = 0;
   int micro_batch = 1;
-  std::string framework = "megatron";  // the planner's framework profile: "megatron" or "hf"
+  std::string framework = "megatron";  // the planner's framework recipe: "megatron" or "hf"
   int tp = 1, cp = 1, ep = 1;
   // Pipeline parallelism (Note [Pipeline stages]): stages, model chunks per stage, schedule and
   // microbatches per step.

@@ -107,11 +107,11 @@ typedef struct stowage_options {
   /* Upper bounds in seconds of the stowage_step_duration_seconds histogram, comma-separated,
    * increasing ("1,2.5,5,10,30,60"; +Inf implied; 1 to 128 of them). NULL: read
    * STOWAGE_METRICS_STEP_BUCKETS. "" (or NULL with that unset or empty): 12 per decade from 10 ms
-   * to 681 s (README "Metrics"). INVALID_ARGUMENT naming the setting and the entry otherwise. */
+   * to 681 s (docs/metrics.md). INVALID_ARGUMENT naming the setting and the entry otherwise. */
   const char* metrics_step_buckets;
-  /* The launcher's ranks (README "Ranks sharing a machine admit together"): this rank, its rank
-   * on this machine, the job's ranks on this machine and in all. -1 (default): from the
-   * environment, RANK / LOCAL_RANK / LOCAL_WORLD_SIZE / WORLD_SIZE as torchrun sets them (else
+  /* The launcher's ranks (docs/runtime-api.md "Ranks sharing a machine admit together"): this
+   * rank, its rank on this machine, the job's ranks on this machine and in all. -1 (default): from
+   * the environment, RANK / LOCAL_RANK / LOCAL_WORLD_SIZE / WORLD_SIZE as torchrun sets them (else
    * SLURM_PROCID / SLURM_LOCALID / - / SLURM_NTASKS). The local world size divides the node's CPUs
    * among its ranks from the first one to start; it must be at most the world size and above the
    * local rank: INVALID_ARGUMENT naming the setting (or variable) and its value otherwise. */
@@ -160,12 +160,12 @@ STOWAGE_API stowage_status stowage_options_init(stowage_options* options);
  * Thread-safe. */
 STOWAGE_API stowage_status stowage_plan_validate(const char* plan_json, size_t plan_json_bytes);
 
-/* Plan agreement (README "Plan agreement"): the ranks of a job check before step 0 that they hold
- * the same plan by comparing one number, the hash of the canonical plan (XXH3-64 of the plan as
- * the strict reader fills it, written by the one writer: whitespace, key order and fields the
- * reader ignores do not change it). stowage_plan_hash validates as stowage_plan_validate does
- * (INVALID_ARGUMENT otherwise); stowage_get_plan_hash is that of the plan `rt` was created from.
- * stowage_check_plan_agreement is the rule every rank applies to the gathered hashes
+/* Plan agreement (docs/runtime-api.md "Plan agreement"): the ranks of a job check before step 0
+ * that they hold the same plan by comparing one number, the hash of the canonical plan (XXH3-64 of
+ * the plan as the strict reader fills it, written by the one writer: whitespace, key order and
+ * fields the reader ignores do not change it). stowage_plan_hash validates as stowage_plan_validate
+ * does (INVALID_ARGUMENT otherwise); stowage_get_plan_hash is that of the plan `rt` was created
+ * from. stowage_check_plan_agreement is the rule every rank applies to the gathered hashes
  * (hashes[r]: rank r's; 0: rank r has no valid plan): OK when all ranks hold one valid plan, else
  * FAILED_PRECONDITION with stowage_last_error() naming the ranks that differ and the hash each
  * holds -- the same text on every rank. Thread-safe. */
@@ -180,7 +180,7 @@ STOWAGE_API stowage_status stowage_check_plan_agreement(const uint64_t* hashes, 
  * be loaded; INTERNAL naming the CUDA or NCCL call that failed. Blocks like any collective. */
 STOWAGE_API stowage_status stowage_agree_nccl(stowage_runtime* rt, void* nccl_comm);
 
-/* Creates a runtime from a plan (JSON text, see the README's "Plan format"). Checks host memory
+/* Creates a runtime from a plan (JSON text, see docs/plan-format.md). Checks host memory
  * admission, then maps, binds, touches and pins the arena the plan asks for. */
 STOWAGE_API stowage_status stowage_create(const char* plan_json, size_t plan_json_bytes,
                                           const stowage_options* options, stowage_runtime** out);
@@ -256,11 +256,11 @@ STOWAGE_API stowage_status stowage_prefetch_many_microbatch(stowage_runtime* rt,
 /* The order in which pipeline stage `stage` runs the forwards and backwards of one step under
  * `schedule` ("1f1b" or "interleaved") with `pp` stages, `vpp` model chunks per stage and
  * `microbatches` microbatches -- the order the planner's in_flight_microbatches counts come from
- * (README "Microbatches in flight"). pp = 1 is gradient accumulation: each microbatch's forward
- * and backward before the next. Copies min(capacity, total) ops into `out` (NULL when capacity
- * is 0) and sets *count to the total, 2 x microbatches x vpp. INVALID_ARGUMENT for values the
- * plan's run fields could not hold (naming the field, its value and what is allowed) or a stage
- * outside [0, pp). Thread-safe. */
+ * (docs/runtime-api.md "Microbatches in flight"). pp = 1 is gradient accumulation: each
+ * microbatch's forward and backward before the next. Copies min(capacity, total) ops into `out`
+ * (NULL when capacity is 0) and sets *count to the total, 2 x microbatches x vpp. INVALID_ARGUMENT
+ * for values the plan's run fields could not hold (naming the field, its value and what is allowed)
+ * or a stage outside [0, pp). Thread-safe. */
 typedef struct stowage_pipeline_op {
   int32_t forward;    /* 1: forward, 0: backward */
   int32_t chunk;      /* the stage's model chunk, 0 to vpp - 1 */
@@ -273,10 +273,10 @@ STOWAGE_API stowage_status stowage_pipeline_order(const char* schedule, int32_t 
 
 STOWAGE_API stowage_status stowage_get_stats(stowage_runtime* rt, stowage_stats* out);
 
-/* What the plan says about one layer, so a trainer can drive the plan's protocol (README,
- * "Runtime protocol"): wait for a layer's saves before the forward of `save_wait_before_layer`
- * (the number of layers: when backward starts), prefetch its tensors when the backward of
- * `prefetch_after_layer` starts. */
+/* What the plan says about one layer, so a trainer can drive the plan's protocol
+ * (docs/plan-format.md "Runtime protocol"): wait for a layer's saves before the forward of
+ * `save_wait_before_layer` (the number of layers: when backward starts), prefetch its tensors when
+ * the backward of `prefetch_after_layer` starts. */
 typedef struct stowage_layer_info {
   uint32_t struct_size; /* sizeof(stowage_layer_info); set by the caller */
   int32_t index;
@@ -297,10 +297,10 @@ STOWAGE_API stowage_status stowage_get_layer_info(stowage_runtime* rt, int32_t l
  * exported next to the plan's prediction. */
 STOWAGE_API stowage_status stowage_report_device_peak(stowage_runtime* rt, uint64_t bytes);
 
-/* Step trace (README: "Step trace"). Off by default; stowage_set_trace_capacity(rt, n) switches
- * it on between steps (FAILED_PRECONDITION inside a step; INVALID_ARGUMENT past 1<<20 events;
- * 0 switches it off). Then each step records, in the order the runtime sees them: a save issued
- * (stowage_save), its landing in host memory, each save wait (stowage_save_wait[_stream]), a
+/* Step trace (docs/runtime-api.md "Step trace"). Off by default; stowage_set_trace_capacity(rt, n)
+ * switches it on between steps (FAILED_PRECONDITION inside a step; INVALID_ARGUMENT past 1<<20
+ * events; 0 switches it off). Then each step records, in the order the runtime sees them: a save
+ * issued (stowage_save), its landing in host memory, each save wait (stowage_save_wait[_stream]), a
  * prefetch issued (stowage_prefetch, or a restore that issues the H2D itself), its landing in
  * device memory, each restore (stowage_restore). Calls are recorded when made; landings on the
  * copy threads when they happen, so their place among the calls depends on copy speed. At most
@@ -342,19 +342,19 @@ STOWAGE_API const char* stowage_event_kind_name(int32_t kind);
  * success *out is a NUL-terminated string the caller frees with stowage_free_string. */
 STOWAGE_API stowage_status stowage_get_trace_json(stowage_runtime* rt, char** out);
 
-/* Planning (the C++ planner, in this library too). A request is JSON (README: "Planning through
- * the C ABI"): a cost source -- "profile" (a measured layer profile) or "model" (a preset name or
- * a Hugging Face config.json object) with "hardware" and "run" -- and "gpu_budget_bytes" (the
- * whole device memory a step may peak at, fixed memory included), optional "host_budget_bytes",
- * "force" (a policy name), "prefetch_distance" and "optimality_gap" (0 to 0.01, default 1e-4: the
- * search stops within that relative gap of its bound; 0 proves the plan optimal). On success *out
- * points at a NUL-terminated string the caller frees with stowage_free_string; on failure *out is
- * NULL, except as below. Errors: INVALID_ARGUMENT for a bad request (the message names the field,
- * its value and what is allowed); RESOURCE_EXHAUSTED from stowage_plan_request when no plan fits
- * (the message names the smallest peak any plan reaches and what binds) -- and then *out holds the
- * closest plan, "fits": false with its "binding" (what `stowage plan` prints then; the runtime
- * refuses to run it), to be freed the same way; NULL only when some layer has no option at all.
- * Safe from any thread. */
+/* Planning (the C++ planner, in this library too). A request is JSON (docs/runtime-api.md
+ * "Planning through the C ABI"): a cost source -- "profile" (a measured layer profile) or "model"
+ * (a preset name or a Hugging Face config.json object) with "hardware" and "run" -- and
+ * "gpu_budget_bytes" (the whole device memory a step may peak at, fixed memory included), optional
+ * "host_budget_bytes", "force" (a policy name), "prefetch_distance" and "optimality_gap" (0 to
+ * 0.01, default 1e-4: the search stops within that relative gap of its bound; 0 proves the plan
+ * optimal). On success *out points at a NUL-terminated string the caller frees with
+ * stowage_free_string; on failure *out is NULL, except as below. Errors: INVALID_ARGUMENT for a bad
+ * request (the message names the field, its value and what is allowed); RESOURCE_EXHAUSTED from
+ * stowage_plan_request when no plan fits (the message names the smallest peak any plan reaches and
+ * what binds) -- and then *out holds the closest plan, "fits": false with its "binding" (what
+ * `stowage plan` prints then; the runtime refuses to run it), to be freed the same way; NULL only
+ * when some layer has no option at all. Safe from any thread. */
 /* The plan JSON of the fastest plan within the budgets. */
 STOWAGE_API stowage_status stowage_plan_request(const char* request_json, size_t request_json_bytes,
                                                 char** plan_json_out);

@@ -249,10 +249,10 @@ inline StatusOr<std::string> PlanningCall(stowage_status (*call)(const char*, si
 }
 }  // namespace internal
 
-// The planner (stowage_plan_request): the plan JSON for a request (README: "Planning through the
-// C ABI"); RESOURCE_EXHAUSTED, naming the smallest peak and what binds, when nothing fits — and
-// then the closest plan ("fits": false) in `*closest_plan` when given (empty only when some
-// layer has no option at all).
+// The planner (stowage_plan_request): the plan JSON for a request (docs/runtime-api.md "Planning
+// through the C ABI"); RESOURCE_EXHAUSTED, naming the smallest peak and what binds, when nothing
+// fits — and then the closest plan ("fits": false) in `*closest_plan` when given (empty only when
+// some layer has no option at all).
 inline StatusOr<std::string> PlanRequest(std::string_view request_json,
                                          std::string* closest_plan = nullptr) {
   return internal::PlanningCall(stowage_plan_request, request_json, closest_plan);

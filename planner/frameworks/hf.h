@@ -1,6 +1,6 @@
 // The `hf` framework profile: what a Hugging Face transformers decoder holds and spends when it
 // trains in eager PyTorch (SDPA attention, the model's default loss). See Note [hf profile] in
-// framework_hf.cc for the recipe of each module kind and the code each term comes from.
+// hf_layer.h for the recipe of each module kind and the code each term comes from.
 #ifndef STOWAGE_PLANNER_FRAMEWORK_HF_H_
 #define STOWAGE_PLANNER_FRAMEWORK_HF_H_
 
@@ -25,21 +25,22 @@ LayerCost BuildHfLayer(const ModelConfig& model, const HardwareProfile& hardware
                        const RunSettings& run, int index, double tokens);
 
 // An RMSNorm's element-wise work in the model family's code, per element of its width: bytes read
-// + written forward and backward, and kernels (NormWorkOf in framework_hf.cc says how each is
+// + written forward and backward, and kernels (NormWorkOf in hf_layer.cc says how each is
 // counted). Pinned against the real transformers norms by tests/planner/data/hf_norm_work.json
-// (tests/planner/frameworks/layer_kinds_test.cc, tests/python/test_hf_norm_work.py).
+// (tests/planner/frameworks/layer_kinds_test.cc, tests/python/measure/test_hf_norm_work.py).
 struct HfNormWork {
   double fwd, bwd, fwd_kernels, bwd_kernels;
 };
 HfNormWork NormWorkOf(const ModelConfig& model);
 
-// A gated DeltaNet or KDA token mixer's work in transformers' torch fallbacks (Note [hf linear
-// attention work] in framework_hf.cc), for one sequence of `seq_len` tokens: element-wise bytes
-// read + written, kernels and the chunk loops' GEMM FLOPs (on fp32 operands: OpWork::
-// fp32_gemm_flops), forward and backward; everything the
+// A gated DeltaNet or KDA token mixer's work in transformers' torch fallbacks
+// (Note [hf linear attention work] in hf_linear_attention.cc), for one sequence of `seq_len`
+// tokens: element-wise bytes read + written, kernels and the chunk loops' GEMM FLOPs (on fp32
+// operands: OpWork::fp32_gemm_flops), forward and backward; everything the
 // mixer module runs except its projections' GEMMs (counted from the layer's parameters). Pinned
 // against the real fallbacks' captured ops by tests/planner/data/hf_linear_attention_work.json
-// (tests/planner/frameworks/hf_norm_work_test.cc, tests/python/test_hf_linear_attention_work.py).
+// (tests/planner/frameworks/hf_norm_work_test.cc,
+// tests/python/measure/test_hf_linear_attention_work.py).
 struct HfLinearAttentionWork {
   double fwd_bytes = 0, bwd_bytes = 0, fwd_kernels = 0, bwd_kernels = 0;
   double fwd_fp32_gemm_flops = 0, bwd_fp32_gemm_flops = 0;
@@ -48,8 +49,9 @@ HfLinearAttentionWork LinearAttentionWorkOf(const ModelConfig& model, AttentionK
                                             double seq_len);
 
 // The transformers release `version` names ("5.N" or "5.N.P"), as RunSettings::transformers_minor
-// (N); the recipe follows 5.17's code and that of the releases after it, so N >= 17 (Note [hf
-// transformers versions] in framework_hf.cc). Errors name --transformers, the value and the rule.
+// (N); the recipe follows 5.17's code and that of the releases after it, so N >= 17
+// (Note [hf transformers versions] in hf_versions.cc). Errors name --transformers, the value and
+// the rule.
 absl::StatusOr<int> ParseTransformersVersion(const std::string& version);
 
 // One CUDA routine's work per element it is called on: bytes read + written and kernels
@@ -58,9 +60,10 @@ struct HfKernelWork {
   double bytes = 0, kernels = 0;
 };
 // CUB's onesweep radix sort of keys `key_bytes` wide with int64 values over the low `key_bits`
-// bits, as torch 2.11 calls it (at::cuda::cub::radix_sort_pairs), per key: Note [Routing
-// kernels] in framework_hf.cc. Pinned with stowage/hf_profile.py's _radix_sort by the same
-// numbers (tests/planner/frameworks/layer_kinds_test.cc, tests/python/test_hf_measured_profile.py).
+// bits, as torch 2.11 calls it (at::cuda::cub::radix_sort_pairs), per key:
+// Note [Routing kernels] in hf_ffn.cc. Pinned with stowage/measure/op_work.py's radix_sort_work by
+// the same numbers (tests/planner/frameworks/layer_kinds_test.cc,
+// tests/python/measure/test_hf_kernel_bytes.py).
 HfKernelWork RadixSortWork(int key_bytes, int key_bits);
 // The bits torch sorts a non-negative key below `largest_key` + 1 on (at::cuda::cub::get_num_bits,
 // cub.h): 1 + floor(log2(largest_key)), at least 1.

@@ -19,13 +19,13 @@ namespace {
 
 using ordered_json = json::Json;
 
-
 // Note [Op rates]
-// Where the per-op-class rates of hardware.h's defaults and the presets (planner/hardware/op_time.h) come
-// from. None is fitted to the measured training steps in reference/measured/; `stowage calibrate`
-// replaces them all with measurements on the user's GPU.
-//  - gemm_efficiency 0.755: the probe's torch anchor (reference/h200-probe.log, torch_anchor.py:
-//    12 blocks of LayerNorm, [32768 x 4096] x [4096 x 16384] GEMM, GELU, GEMM, residual; bf16).
+// Where the per-op-class rates of hardware.h's defaults and the presets
+// (planner/hardware/op_time.h) come from. None is fitted to measured training steps (the public
+// ones are in tests/planner/data/measured/); `stowage calibrate` replaces them all with
+// measurements on the user's GPU.
+//  - gemm_efficiency 0.755: the torch anchor of a probe run on one H200 (a torch script of 12
+//    blocks of LayerNorm, [32768 x 4096] x [4096 x 16384] GEMM, GELU, GEMM, residual; bf16).
 //    Its recompute run (609.0 ms) is 4 forward-GEMM passes of 1.055e14 FLOPs plus element-wise
 //    traffic of 102 bytes per hidden element per token (forward 26: LayerNorm r2 w2, GELU over
 //    4x width r8 w8, residual add r4 w2 — twice; backward 50: bias-gradient sums r2 + r8, GELU
@@ -107,8 +107,8 @@ using ordered_json = json::Json;
 //    (pytorch/pytorch#139586: cuDNN takes hq != hkv as valid factors; huggingface/transformers
 //    #48163: on Hopper cuDNN is 1.7-2.3x torch's FA2 for training shapes). These are rates of
 //    the kernel alone; whether a training step runs it as fast is unmeasured (the dense cases'
-//    gaps, tests/planner/frameworks/hf_measured_test.cc). bench/bench_sdpa.py (gpu-check) measures the
-//    three cases' own shapes, kernel column included.
+//    gaps, tests/planner/frameworks/hf_measured_test.cc). bench/bench_sdpa.py (gpu-check) measures
+//    the three cases' own shapes, kernel column included.
 
 // Note [torch._grouped_mm rate]
 // What transformers' grouped_mm experts (integrations/moe.py grouped_mm_experts_forward: the
@@ -192,7 +192,7 @@ void CudnnSm90Attention(HardwareProfile& p) {
   p.flash_backward_efficiency = 579.0 / 989.0;
 }
 
-// H200, PCIe Gen5 x16, figures from reference/h200-probe.log (DESIGN.md "Measured ceilings").
+// H200, PCIe Gen5 x16: figures a probe measured on one H200 (docs/hardware.md "Presets").
 // The host side (2 sockets, 1 TiB and 4 GPUs per NUMA node) is the HGX H200 reference layout,
 // since the probe VM's single node is not what training nodes look like.
 HardwareProfile H200() {
@@ -313,7 +313,7 @@ HardwareProfile GB200() {
 // Note [Hardware limits]
 // The range every hardware field must lie in, read or built: wide enough for any GPU and host
 // of the next decade (1 PiB of HBM, 1 PB/s of bandwidth, 1e18 FLOP/s), narrow enough that the
-// cost model's products of bytes, tokens and rates stay far from overflowing (README "Limits").
+// cost model's products of bytes, tokens and rates stay far from overflowing (docs/limits.md).
 // One table serves the JSON reader (which names the field, its JSON path and the range) and
 // ValidateHardwareProfile (presets and profiles built in code).
 constexpr json::Range<uint64_t> kHbmBytes{1ull << 20, 1ull << 50};

@@ -1,6 +1,6 @@
 // Hardware profiles: what the planner needs to know about one GPU and the host it hangs off.
-// Presets for H200 (measured, see DESIGN.md), H800, B200 and GB200 (datasheet values), or a JSON
-// profile file — the format `stowage calibrate` writes with HardwareProfileToJson.
+// Presets for H200 (measured, see docs/hardware.md), H800, B200 and GB200 (datasheet values), or a
+// JSON profile file — the format `stowage calibrate` writes with HardwareProfileToJson.
 #ifndef STOWAGE_PLANNER_HARDWARE_H_
 #define STOWAGE_PLANNER_HARDWARE_H_
 
@@ -39,13 +39,13 @@ struct HardwareProfile {
   // torch's default precision (no TF32). Default: H100/H200 SXM's datasheet 67 TFLOP/s (Note
   // [Op rates] in hardware.cc); each preset states its own.
   double dense_fp32_flops = 67e12;
-  // Per-op-class rates, the ones planner/hardware/op_time.h turns work into seconds with (Note [Op time]
-  // in op_time.cc; each preset says where its figures come from; `stowage calibrate` measures
-  // them): the share of dense_bf16_flops large dense GEMMs reach; the shares a fused causal
-  // attention kernel reaches forward and backward; the share grouped expert GEMMs (TE's, under
-  // megatron) reach with many tokens per expert and the tokens per expert at which they reach
-  // half of it; the share of hbm_bytes_per_second memory-bound kernels reach; and the time one
-  // kernel costs however little it does.
+  // Per-op-class rates, the ones planner/hardware/op_time.h turns work into seconds with
+  // (Note [Op time] in op_time.cc; each preset says where its figures come from;
+  // `stowage calibrate` measures them): the share of dense_bf16_flops large dense GEMMs reach; the
+  // shares a fused causal attention kernel reaches forward and backward; the share grouped expert
+  // GEMMs (TE's, under megatron) reach with many tokens per expert and the tokens per expert at
+  // which they reach half of it; the share of hbm_bytes_per_second memory-bound kernels reach; and
+  // the time one kernel costs however little it does.
   // Defaults (the presets', and a JSON profile's that omits a field): derived for H200 in
   // Note [Op rates] (hardware.cc), with elementwise_efficiency relative to a datasheet HBM rate;
   // the flash shares are cuDNN's on H100 from the FlashAttention-3 paper, which the H200 and
@@ -125,7 +125,7 @@ std::string HardwareProfileToJson(const HardwareProfile& profile);
 // Required: hbm_bytes, hbm_bytes_per_second, dense_bf16_flops, d2h_bytes_per_second,
 // h2d_bytes_per_second. The bidirectional rates default to the one-way rates, the rest to the
 // defaults above. Read with base/json_reader.h: integers only where integers are meant, every
-// field range-checked (Note [Hardware limits] in hardware.cc; README "Limits"). Errors name
+// field range-checked (Note [Hardware limits] in hardware.cc; docs/limits.md). Errors name
 // `source`, the JSON path, the value and the allowed range.
 absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(
     const std::string& json, const std::string& source = "hardware profile");

@@ -1,5 +1,5 @@
 // Op time: the one place the planner turns work into seconds. Every compute-time number (the
-// megatron and hf analytic profiles, measured profiles, every layer kind) describes what a
+// megatron and hf analytic recipes, measured profiles, every layer kind) describes what a
 // module runs as an OpWork and asks OpSeconds how long it takes on a HardwareProfile, so one
 // set of per-op-class rates (hardware.h, measured by `stowage calibrate`) drives them all.
 #ifndef STOWAGE_PLANNER_OP_TIME_H_

@@ -11,7 +11,7 @@
 
 namespace stowage::planner {
 
-// Input limits (README "Limits"). They keep every byte, token and FLOP count the cost model,
+// Input limits (docs/limits.md). They keep every byte, token and FLOP count the cost model,
 // simulator and optimizer derive far from overflowing, and the optimizer's work bounded; see
 // Note [Limits] in cost_model.cc. The config reader refuses a model beyond them. A request beyond
 // one is refused up front, naming it.
@@ -118,7 +118,7 @@ struct ModelConfig {
   // form (GLM-4.5, Phi-3, Qwen3-Next, Qwen3.5: it rotates q[..., :rotary_dim] and cats the
   // passed-through rest back on): the width of transformers' cos/sin, from
   // int(head_dim * partial_rotary_factor) (hf_config.cc ReadAttention). 0: the family rotates
-  // the whole head in place, no cat (Note [hf partial rotary] in framework_hf.cc).
+  // the whole head in place, no cat (Note [hf partial rotary] in planner/frameworks/).
   int rotary_dim = 0;
   // MLA / DSA.
   int q_lora_rank = 0;  // 0: q is projected directly from the hidden state

@@ -13,7 +13,7 @@ extern const PresetText kModelPresets[];
 extern const int kModelPresetCount;
 
 const PresetText kModelPresets[] = {
-    // GLM-5.3-Flash text model (shared/reference/glm-5.3-flash.config.json)
+    // GLM-5.3-Flash config.json, the text model's fields
     {"glm-5.3-flash", R"json({
  "model_type": "glm5_next",
  "num_hidden_layers": 45,

@@ -10,11 +10,11 @@
 #include "base/json_reader.h"
 #include "planner/cost/cost_model.h"
 #include "planner/frameworks/hf.h"
+#include "planner/frameworks/layer_profile.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
-#include "planner/search/optimizer.h"
-#include "planner/frameworks/layer_profile.h"
 #include "planner/report/report.h"
+#include "planner/search/optimizer.h"
 #include "planner/search/simulator.h"
 #include "stowage/plan.h"
 
@@ -22,6 +22,24 @@ namespace stowage::planner {
 namespace {
 
 constexpr char kSource[] = "plan request";
+// The fields of a plan request (stowage_plan_request), and of an evaluation request
+// (stowage_plan_evaluate), which adds the layers' assignment. Any other key is refused.
+constexpr std::string_view kPlanRequestKeys[] = {
+    "model",      "profile",          "hardware",
+    "run",        "gpu_budget_bytes", "host_budget_bytes",
+    "force",      "optimality_gap",   "prefetch_distance",
+    "model_label"};
+constexpr std::string_view kEvaluateRequestKeys[] = {"model",
+                                                     "profile",
+                                                     "hardware",
+                                                     "run",
+                                                     "gpu_budget_bytes",
+                                                     "host_budget_bytes",
+                                                     "force",
+                                                     "optimality_gap",
+                                                     "prefetch_distance",
+                                                     "model_label",
+                                                     "layers"};
 constexpr int kMaxPrefetchDistance = 64;
 
 // What a request plans from: its step cost and the labels and defaults that go with it.
@@ -66,6 +84,11 @@ absl::StatusOr<RunSettings> ReadRun(const json::Object& o, const ModelConfig& mo
     if (!parsed.ok()) return r->Invalid("framework", "megatron or hf");
     parsed_framework = *parsed;
   }
+  if (absl::Status s = r->OnlyKeys({"framework", "seq_len", "micro_batch", "tp", "cp", "ep", "gpus",
+                                    "moe_imbalance", "loss_chunk_tokens", "grad_bytes",
+                                    "mtp_layers", "transformers", "optimizer", "sharding"});
+      !s.ok())
+    return s;
   RunSettings run = DefaultRunSettings(parsed_framework, model);
   const json::Range<int> parallel{1, 1 << 20};
   if (absl::Status s =
@@ -98,8 +121,8 @@ absl::StatusOr<RunSettings> ReadRun(const json::Object& o, const ModelConfig& mo
     return s;
   // The optimizer's state, as the CLI's --optimizer and the plan's run.optimizer spell it.
   std::string optimizer;
-  // The transformers release the hf recipe follows, as --transformers (Note [hf transformers
-  // versions] in framework_hf.cc).
+  // The transformers release the hf recipe follows, as --transformers
+  // (Note [hf transformers versions] in planner/frameworks/).
   std::string transformers;
   if (absl::Status s = r->ReadOptional("transformers", transformers); !s.ok()) return s;
   if (!transformers.empty()) {
@@ -280,6 +303,9 @@ absl::StatusOr<Schedule> ReadAssignment(const json::Object& o, const StepCost& s
     const LayerCost& cost = step.layers[i];
     auto entry = json::Object::Of((**layers)[i], kSource, absl::StrCat("layers[", i, "]"));
     if (!entry.ok()) return entry.status();
+    if (absl::Status s = entry->OnlyKeys({"policy", "chunks", "recompute_modules"}); !s.ok()) {
+      return s;
+    }
     std::string name;
     if (absl::Status s = entry->Read("policy", name); !s.ok()) return s;
     auto policy = ParseLayerPolicy(name);
@@ -331,6 +357,7 @@ absl::StatusOr<std::string> PlanFromRequestJson(std::string_view request,
   if (!parsed.ok()) return parsed.status();
   auto root = Root(*parsed);
   if (!root.ok()) return root.status();
+  if (absl::Status s = root->OnlyKeys(kPlanRequestKeys); !s.ok()) return s;
   auto src = ReadSource(*root);
   if (!src.ok()) return src.status();
   OptimizerOptions options;
@@ -364,6 +391,7 @@ absl::StatusOr<std::string> EvaluateRequestJson(std::string_view request,
   if (!parsed.ok()) return parsed.status();
   auto root = Root(*parsed);
   if (!root.ok()) return root.status();
+  if (absl::Status s = root->OnlyKeys(kEvaluateRequestKeys); !s.ok()) return s;
   auto src = ReadSource(*root);
   if (!src.ok()) return src.status();
   OptimizerOptions options;

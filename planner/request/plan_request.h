@@ -1,8 +1,8 @@
 // The planning service behind the C ABI's stowage_plan_request and stowage_plan_evaluate: a JSON
 // request in (a cost source — a measured layer profile, or a model config with hardware and run
 // settings — plus budgets and options), a plan or a prediction out. Every language binding plans
-// through here, so there is one planner. The request format is in the README ("Planning through
-// the C ABI").
+// through here, so there is one planner. The request format is in docs/runtime-api.md ("Planning
+// through the C ABI").
 #ifndef STOWAGE_PLANNER_PLAN_REQUEST_H_
 #define STOWAGE_PLANNER_PLAN_REQUEST_H_
 

@@ -1,4 +1,4 @@
-// The two-budget relaxation of Note [Two prices] (optimizer.cc) in whole layers: layers whose
+// The two-budget relaxation of Note [Two prices] (prices.cc) in whole layers: layers whose
 // options are equal form a group, and a choice for a group of n layers is a count per option
 // (n binary decisions become one small knapsack in counts). Its linear relaxation's Lagrangian
 // dual (BestTwoPrices) and its exact integer optimum by branch and bound over the counts

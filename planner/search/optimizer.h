@@ -65,10 +65,6 @@ const char* OptimalityName(const OptimizeResult& result);
 // OptimizerOptions::optimality_gap checked: `what` names it in the error (a flag, a field).
 absl::Status CheckOptimalityGap(double gap, const std::string& what);
 
-// Every combination of AllOptions per layer and every prefetch distance, simulated (tests; only
-// for a handful of layers).
-OptimizeResult ExhaustiveSearch(const StepCost& step, const OptimizerOptions& options);
-
 // The smallest peak stowage's options reach within the host budget, and which term binds.
 OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& options);
 

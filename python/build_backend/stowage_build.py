@@ -255,4 +255,3 @@ def build_sdist(sdist_directory, config_settings=None):
         entry.size = len(pkg_info)
         sdist.addfile(entry, io.BytesIO(pkg_info))
     return filename
-

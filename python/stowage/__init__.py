@@ -14,13 +14,23 @@ Ranks of a distributed job check they hold one plan with stowage.agree(plan) (to
 The plan and runtime bindings (stowage.Plan, stowage.Runtime) do not need torch; the wrapper
 (stowage.wrap, stowage.PlannedLayers), the profiler (stowage.profile_layers) and the planner
 calls (stowage.plan_for_budget, stowage.evaluate: the C++ planner through the C ABI) import it.
+
+The package's layers, each importing only those before it:
+  _lib, plan, runtime, agree   the C ABI through ctypes and the plan's typed view; no torch
+  _tensors                     what the wrapper and the profiler both say of a tensor
+  layers                       the torch wrapper: PlannedLayers runs layers under a plan
+  measure                      measurements that write the layer profile the planner reads:
+                               measure.profile (torch layers; `python -m stowage.measure.profile`)
+                               and measure.hf_profile (a transformers model on fake tensors)
+  planner                      the C++ planner's plans for a measured profile; wrap
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from ._lib import LibraryNotFoundError
+from ._lib import AbiMismatchError, LibraryNotFoundError
 from .plan import LayerPlan, Plan, PlanError, Transfer
 from .runtime import (PipelineOp, Runtime, Stats, StowageError, Trace, TraceEvent, pipeline_order,
                       plan_hash, version)
@@ -28,11 +38,11 @@ from .agree import PlanAgreementError, agree
 
 
 _TORCH_NAMES = {
-    "PlannedLayers": "layers", "StaleTensorError": "layers", "wrap": "layers",
-    "check_plan_matches": "layers",
+    "PlannedLayers": "layers", "StaleTensorError": "layers", "check_plan_matches": "layers",
     "BudgetTooSmallError": "planner", "Evaluation": "planner", "evaluate": "planner",
-    "plan_for_budget": "planner", "plan_request": "planner",
-    "ModelProfile": "profile", "LayerProfile": "profile", "profile_layers": "profile",
+    "plan_for_budget": "planner", "plan_request": "planner", "wrap": "planner",
+    "ModelProfile": "measure.layer_profile", "LayerProfile": "measure.layer_profile",
+    "profile_layers": "measure.profile",
 }
 
 
@@ -45,11 +55,10 @@ def __getattr__(name: str) -> Any:
     module = _TORCH_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'stowage' has no attribute {name!r}")
-    import importlib
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
-__all__ = ["LayerPlan", "LibraryNotFoundError", "PipelineOp", "Plan", "PlanAgreementError",
-           "PlanError", "Runtime", "Stats", "StowageError", "Transfer", "agree", "pipeline_order",
-           "plan_hash", "version",
+__all__ = ["AbiMismatchError", "LayerPlan", "LibraryNotFoundError", "PipelineOp", "Plan",
+           "PlanAgreementError", "PlanError", "Runtime", "Stats", "StowageError", "Trace",
+           "TraceEvent", "Transfer", "agree", "pipeline_order", "plan_hash", "version",
            "__version__", *_TORCH_NAMES]

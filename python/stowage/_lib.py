@@ -8,6 +8,10 @@ Search order (the first that exists wins):
   2. a libstowage.so* shipped inside this package's directory;
   3. ctypes.util.find_library("stowage") and the dynamic loader's own search
      (LD_LIBRARY_PATH, the ld.so cache, system library directories).
+
+The library that wins must speak this binding's ABI: its stowage_get_version() ABI number must be
+ABI_VERSION, the STOWAGE_ABI_VERSION of the header these declarations copy; AbiMismatchError
+otherwise (the structs' layouts differ between ABI versions, so calling it would corrupt memory).
 """
 
 from __future__ import annotations
@@ -48,6 +52,25 @@ _HOW_TO_BUILD = (
 
 class LibraryNotFoundError(OSError):
     """libstowage.so could not be found or loaded; the message says where it looked."""
+
+
+class AbiMismatchError(LibraryNotFoundError):
+    """The libstowage.so found speaks another C ABI version than this package declares.
+    `library_abi` and `package_abi` are the two numbers, `path` the library's."""
+
+    def __init__(self, path: str, how: str, library_abi: int, library_version: str) -> None:
+        self.path = path
+        self.library_abi = library_abi
+        self.package_abi = ABI_VERSION
+        package = os.path.dirname(os.path.abspath(__file__))
+        super().__init__(
+            f"{path} (found via {how}) is libstowage {library_version} with C ABI version "
+            f"{library_abi}, but this stowage Python package ({package}) declares ABI version "
+            f"{ABI_VERSION} (STOWAGE_ABI_VERSION of include/stowage/stowage.h): the two come "
+            "from different builds. Rebuild the library from the package's source tree (`cmake "
+            "--preset dev && cmake --build build/dev --target stowage_runtime`, then "
+            "build/dev/capi/libstowage.so), or set STOWAGE_LIBRARY to a libstowage.so whose ABI "
+            f"version is {ABI_VERSION}")
 
 
 class Options(ctypes.Structure):
@@ -228,6 +251,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes = argtypes
 
 
+def library_abi(lib: ctypes.CDLL) -> tuple[int, str]:
+    """(ABI number, "MAJOR.MINOR.PATCH") that a declared library reports (stowage_get_version)."""
+    major, minor, patch, abi = (ctypes.c_int32() for _ in range(4))
+    lib.stowage_get_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch),
+                            ctypes.byref(abi))
+    return abi.value, f"{major.value}.{minor.value}.{patch.value}"
+
+
 def load() -> ctypes.CDLL:
     """Returns the loaded library, loading it on first use. Raises LibraryNotFoundError."""
     global _loaded, _loaded_path
@@ -254,6 +285,9 @@ def load() -> ctypes.CDLL:
             except AttributeError as e:
                 raise LibraryNotFoundError(
                     f"{path} (found via {how}) is not the stowage runtime: {e}") from e
+            abi, version = library_abi(lib)
+            if abi != ABI_VERSION:
+                raise AbiMismatchError(path, how, abi, version)
             _loaded, _loaded_path = lib, path
             return lib
         where = "; ".join(tried) if tried else "nowhere"

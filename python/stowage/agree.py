@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Optional, Union
 
-from . import _lib
+from ._lib import load as load_library
 from .plan import PlanError
 from .runtime import PlanLike, Runtime, plan_hash
 
@@ -60,7 +60,7 @@ def agree(plan: Union[PlanLike, Runtime], group: Optional[Any] = None) -> int:
     gathered = [torch.zeros_like(contribution) for _ in range(world)]
     dist.all_gather(gathered, contribution, group=group)
     hashes = [int(t.item()) & _MASK for t in gathered]
-    lib = _lib.load()
+    lib = load_library()
     array = (ctypes.c_uint64 * world)(*hashes)
     if lib.stowage_check_plan_agreement(array, world) != 0:
         message = lib.stowage_last_error().decode("utf-8", "replace")

@@ -52,11 +52,9 @@ RNG state checkpoint saved. Loss and gradients therefore equal those of the unwr
 
 from __future__ import annotations
 
-import bisect
 import collections
 import contextlib
 import ctypes
-import itertools
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -65,10 +63,10 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
-from . import plan as plan_mod
-from .plan import Plan, PlanError
-from . import runtime as runtime_mod
-from .runtime import PlanLike, Runtime, Stats, StowageError, plan_json_text
+from ._tensors import ResidentMemory, hidden_state, offload_nbytes, offloadable, saved_key
+from .plan import (KEEP, OFFLOAD_INPUT, OFFLOAD_SAVED, OFFLOADING_POLICIES, POLICIES, RECOMPUTE,
+                   SELECTIVE_RECOMPUTE, Plan, PlanError)
+from .runtime import PlanLike, Runtime, Stats, StowageError, check_status, plan_json_text
 
 # An offload_saved layer's saves are issued in batches (see Note [Per-tensor cost]): when this
 # many bytes or tensors have gathered, and when the layer's forward returns.
@@ -78,28 +76,6 @@ kSaveBatchTensors = 1024
 
 class StaleTensorError(RuntimeError):
     """Backward reached a tensor offloaded in a step that has already ended."""
-
-
-def _storage(t: torch.Tensor) -> Any:
-    if hasattr(t, "untyped_storage"):
-        return t.untyped_storage()
-    return t.storage()  # torch 1.x
-
-
-def _storage_ptr(t: torch.Tensor) -> int:
-    return _storage(t).data_ptr()
-
-
-def offload_nbytes(t: torch.Tensor) -> int:
-    """The bytes offloading `t` moves: the span of memory its elements lie in, from data_ptr()
-    up (numel() elements for a dense tensor; fewer for an expanded one, more for one with
-    gaps). The copy keeps the tensor's strides, so backward sees the same layout and runs the
-    same kernels: copying into a contiguous tensor (as a clone in torch's own saved-tensor hooks
-    does) changed gradient bits of Hugging Face MoE layers. The profiler counts saved bytes
-    with this function too, so plans reserve what is moved."""
-    if t.numel() == 0:
-        return 0
-    return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
 
 def _checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -170,7 +146,7 @@ class _Calls:
                  "_prefetch", "_prefetch_many", "_restore")
 
     def __init__(self, rt: Runtime):
-        lib, self._handle = rt._lib, rt._handle
+        lib, self._handle = rt.library, rt.handle
         self._save, self._save_many = lib.stowage_save_microbatch, lib.stowage_save_many_microbatch
         self._query = lib.stowage_save_query
         self._wait, self._wait_stream = lib.stowage_save_wait, lib.stowage_save_wait_stream
@@ -183,7 +159,7 @@ class _Calls:
         out = ctypes.c_uint64()
         code = self._save(self._handle, layer, microbatch, src, nbytes, stream, ctypes.byref(out))
         if code:
-            runtime_mod._check("stowage_save_microbatch", code)
+            check_status("stowage_save_microbatch", code)
         return out.value
 
     def save_many(self, layer: int, microbatch: int, srcs: list, sizes: list,
@@ -210,7 +186,7 @@ class _Calls:
         done = ctypes.c_int32()
         code = self._query(self._handle, tensor_id, ctypes.byref(done))
         if code:
-            runtime_mod._check("stowage_save_query", code)
+            check_status("stowage_save_query", code)
         return bool(done.value)
 
     def wait(self, tensor_id: int, stream: Optional[int]) -> None:
@@ -218,17 +194,17 @@ class _Calls:
         code = (self._wait(self._handle, tensor_id) if stream is None
                 else self._wait_stream(self._handle, tensor_id, stream))
         if code:
-            runtime_mod._check("stowage_save_wait", code)
+            check_status("stowage_save_wait", code)
 
     def prefetch(self, tensor_id: int, microbatch: int, dst: int, stream: Optional[int]) -> None:
         code = self._prefetch(self._handle, tensor_id, microbatch, dst, stream)
         if code:
-            runtime_mod._check("stowage_prefetch_microbatch", code)
+            check_status("stowage_prefetch_microbatch", code)
 
     def restore(self, tensor_id: int, microbatch: int, dst: int, stream: Optional[int]) -> None:
         code = self._restore(self._handle, tensor_id, microbatch, dst, stream)
         if code:
-            runtime_mod._check("stowage_restore_microbatch", code)
+            check_status("stowage_restore_microbatch", code)
 
 
 class _InputBox:
@@ -361,7 +337,7 @@ class _StepState:
         if ids:  # copies under way, failure or not
             self.pending.append([layer, ids, tensors[:len(ids)] if code else tensors, 0])
         if code:
-            runtime_mod._check("stowage_save_many", code)
+            check_status("stowage_save_many", code)
 
     def resident(self) -> "ResidentMemory":
         """Memory of every parameter and buffer of the wrapped layers (shared or tied weights
@@ -425,7 +401,7 @@ class _StepState:
             for h in todo[issued:]:
                 h.tensor = None  # never written: restore allocates again
             if code:
-                runtime_mod._check("stowage_prefetch_many", code)
+                check_status("stowage_prefetch_many", code)
 
     # -- end --------------------------------------------------------------------------------
     def close(self, failing: bool = False) -> None:
@@ -497,7 +473,7 @@ class PlannedLayers(nn.Module):
         # first; a save whose wait is not given is waited for when backward starts.
         self._prefetch_after: dict[int, list[int]] = collections.defaultdict(list)
         for l in reversed(plan.layers):
-            if l.policy in plan_mod.OFFLOADING_POLICIES and l.prefetch_after_layer >= 0:
+            if l.policy in OFFLOADING_POLICIES and l.prefetch_after_layer >= 0:
                 self._prefetch_after[l.prefetch_after_layer].append(l.index)
         n = len(plan.layers)
         self._save_wait_before = [l.save_wait_before_layer if l.save_wait_before_layer >= 0 else n
@@ -582,7 +558,7 @@ class PlannedLayers(nn.Module):
         out: Any = x
         for view in self:
             out = view(x, *args, **kwargs)
-            x = _hidden(out, view.index, view.layer)
+            x = hidden_state(out, view.index, view.layer)
         return out
 
     # -- a sequence of layers, as a model's ModuleList is used ------------------------------
@@ -603,7 +579,7 @@ class PlannedLayers(nn.Module):
         state = self._state
         if state is None and self._runtime is not None:
             offloading = [l.index for l in self.plan.layers
-                          if l.policy in plan_mod.OFFLOADING_POLICIES]
+                          if l.policy in OFFLOADING_POLICIES]
             raise RuntimeError(
                 f"the plan offloads layers {offloading}: run forward and backward inside "
                 "`with planned.step():`")
@@ -615,7 +591,7 @@ class PlannedLayers(nn.Module):
             if state is not None and state.hook_error is not None:
                 raise state.hook_error from None
             raise
-        y = _hidden(out, i, layer)
+        y = hidden_state(out, i, layer)
         if state is not None and y.requires_grad and (i in self._prefetch_after
                                                       or i == len(self.layers) - 1):
             y.register_hook(_BackwardStart(state, i, state.microbatch))
@@ -623,21 +599,21 @@ class PlannedLayers(nn.Module):
 
     def _run_layer(self, i: int, layer: nn.Module, policy: str, x: torch.Tensor,
                    args: tuple, kwargs: dict, state: Optional[_StepState]) -> torch.Tensor:
-        if policy == plan_mod.KEEP:
+        if policy == KEEP:
             return layer(x, *args, **kwargs)
-        if policy == plan_mod.RECOMPUTE:
+        if policy == RECOMPUTE:
             return _checkpoint(layer, x, *args, **kwargs)
-        if policy == plan_mod.SELECTIVE_RECOMPUTE:
+        if policy == SELECTIVE_RECOMPUTE:
             with _checkpointed_submodules(i, layer, self.plan.layers[i].recompute_modules):
                 return layer(x, *args, **kwargs)
         assert state is not None
         state.enter_layer(i, x.device)
-        if policy == plan_mod.OFFLOAD_SAVED:
+        if policy == OFFLOAD_SAVED:
             with torch.autograd.graph.saved_tensors_hooks(*_saved_hooks(state, i, x.device)):
                 out = layer(x, *args, **kwargs)
             state.flush()
             return out
-        if policy == plan_mod.OFFLOAD_INPUT:
+        if policy == OFFLOAD_INPUT:
             box = _InputBox(x, i)
             handle = state.save(i, x, now=True)  # the D2H overlaps this layer's forward
             # A zero-size tensor on the input's device: checkpoint looks at its tensor arguments
@@ -648,7 +624,7 @@ class PlannedLayers(nn.Module):
             box.handle = handle
             return out
         raise PlanError(f"plan: layers[{i}].policy is {policy!r}; allowed: "
-                        f"{', '.join(plan_mod.POLICIES)}")
+                        f"{', '.join(POLICIES)}")
 
 
 class PlannedLayer:
@@ -679,18 +655,6 @@ class PlannedLayer:
     def __repr__(self) -> str:
         return (f"PlannedLayer({self.index}, {self.owner.plan.layers[self.index].policy}, "
                 f"{type(self.layer).__name__})")
-
-
-def _hidden(out: Any, i: int, layer: nn.Module) -> torch.Tensor:
-    """The hidden state a layer returned: the tensor itself, or a tuple's first element (the
-    Hugging Face convention before transformers 4.54, and of many decoder layers still)."""
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    raise TypeError(f"layer {i} ({type(layer).__name__}) returned {type(out).__name__}; "
-                    "PlannedLayers passes a tensor, or a tuple's first element, from layer to "
-                    "layer")
 
 
 class _BackwardStart:
@@ -751,44 +715,6 @@ def _saved_hooks(state: _StepState, layer_index: int, device: torch.device,
     return pack, unpack
 
 
-def saved_key(t: torch.Tensor) -> tuple:
-    """What makes two saved tensors the same tensor to offload: one copy serves both."""
-    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-class ResidentMemory:
-    """The address ranges of the storages of a module's parameters and buffers: a saved tensor
-    that lies in one (the weight itself, its transpose, a slice) stays on the device. Looked up
-    by address (a bisection), as a saved tensor's own storage object costs more to build."""
-
-    def __init__(self, module: nn.Module):
-        spans: dict[int, int] = {}
-        for t in itertools.chain(module.parameters(), module.buffers()):
-            storage = _storage(t)
-            start, nbytes = storage.data_ptr(), storage.nbytes()
-            if nbytes > 0:
-                spans[start] = max(spans.get(start, 0), nbytes)
-        self._starts = sorted(spans)
-        self._ends = [start + spans[start] for start in self._starts]
-
-    def holds(self, t: torch.Tensor) -> bool:
-        ptr = t.data_ptr()
-        i = bisect.bisect_right(self._starts, ptr) - 1
-        return i >= 0 and ptr < self._ends[i]
-
-
-def resident_storages(module: nn.Module) -> ResidentMemory:
-    """The memory of a module's parameters and buffers (see ResidentMemory)."""
-    return ResidentMemory(module)
-
-
-def offloadable(t: torch.Tensor, device: torch.device, resident: ResidentMemory) -> bool:
-    """Whether an offload_saved layer sends this saved tensor to the host. The profiler
-    (stowage.profile) uses the same rule, so plan host_bytes and the bytes saved agree."""
-    return (t.layout is torch.strided and t.device == device and t.numel() > 0
-            and not resident.holds(t))
-
-
 @contextlib.contextmanager
 def _checkpointed_submodules(i: int, layer: nn.Module, names: Iterable[str]) -> Iterator[None]:
     patched = []
@@ -825,7 +751,7 @@ def check_plan_matches(plan: Plan, layers: Sequence[nn.Module]) -> None:
             f"the plan has {len(plan.layers)} layers but the model has {len(layers)}; a plan "
             "must list every layer of the sequence it is applied to, in order")
     for i, lp in enumerate(plan.layers):
-        if lp.policy == plan_mod.SELECTIVE_RECOMPUTE and not lp.recompute_modules:
+        if lp.policy == SELECTIVE_RECOMPUTE and not lp.recompute_modules:
             raise PlanError(f"plan: layers[{i}].policy is selective_recompute but "
                             "recompute_modules is empty")
         if lp.ffn_chunks > 1:
@@ -834,30 +760,5 @@ def check_plan_matches(plan: Plan, layers: Sequence[nn.Module]) -> None:
                           "up to the model", RuntimeWarning, stacklevel=3)
 
 
-def wrap(layers: Union[nn.ModuleList, Sequence[nn.Module]], plan: Optional[PlanLike] = None, *,
-         gpu_budget_bytes: Optional[int] = None, sample_input: Optional[torch.Tensor] = None,
-         **kwargs: Any) -> PlannedLayers:
-    """Wraps layers under a given plan, or under the C++ planner's plan for `gpu_budget_bytes`
-    (the whole device memory a step may peak at, weights, gradients and the sample input
-    included, as `stowage plan --gpu-mem`), the layers profiled on `sample_input`."""
-    if "budget_bytes" in kwargs:
-        raise TypeError("wrap(): budget_bytes= is now gpu_budget_bytes=, the whole device memory "
-                        "a step may peak at (fixed memory included), as `stowage plan --gpu-mem`")
-    if (plan is None) == (gpu_budget_bytes is None):
-        raise ValueError("wrap(): give exactly one of plan= and gpu_budget_bytes=")
-    if plan is None:
-        if sample_input is None:
-            raise ValueError("wrap(gpu_budget_bytes=...) needs sample_input= (a batch's "
-                             "first-layer input) to measure the layers")
-        from .planner import plan_for_budget
-        plan_kwargs = {k: kwargs.pop(k) for k in list(kwargs)
-                       if k in ("host_budget_bytes", "loss_fn", "prefetch_distance", "profile",
-                                "force")}
-        plan = plan_for_budget(layers, sample_input, gpu_budget_bytes, **plan_kwargs)
-    return PlannedLayers(layers, plan, **kwargs)
-
-
 __all__ = ["PlannedLayer", "PlannedLayers", "ResidentMemory", "StaleTensorError",
-           "check_plan_matches", "offload_nbytes", "offloadable",
-           "saved_key", "wrap",
-           "StowageError"]
+           "check_plan_matches", "offload_nbytes", "offloadable", "saved_key", "StowageError"]

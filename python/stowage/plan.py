@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Union
 
-from . import _lib
+from ._lib import load as load_library
 
 SCHEMA_VERSION = 1
 
@@ -167,8 +167,9 @@ class Plan:
 
     # -- serialization ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The plan.h JSON object, fields in the order PlanToJson writes them. Values are written as
-        they are (no int() here): a field holding 1.5 or -1 is refused by validate(), not rounded."""
+        """The plan.h JSON object, fields in the order PlanToJson writes them. Values are written
+        as they are (no int() here): a field holding 1.5 or -1 is refused by validate(), not
+        rounded."""
         layers = []
         for l in self.layers:
             d: dict[str, Any] = {
@@ -292,10 +293,12 @@ class Plan:
         return Plan(
             layers=layers, stages=stages,
             predicted=Prediction(**{
-                f.name: (float if f.type in (float, "float") else _same)(get(pred, f.name, f.default))
+                f.name: (float if f.type in (float, "float") else _same)(
+                    get(pred, f.name, f.default))
                 for f in dataclasses.fields(Prediction)}),
             runtime=RuntimeSettings(**{
-                f.name: (float if f.type in (float, "float") else _same)(get(rt, f.name, f.default))
+                f.name: (float if f.type in (float, "float") else _same)(
+                    get(rt, f.name, f.default))
                 for f in dataclasses.fields(RuntimeSettings)}),
             run=RunSettings(**{f.name: get(run, f.name, f.default)
                                for f in dataclasses.fields(RunSettings)}),
@@ -348,7 +351,7 @@ def validate_json(text: str) -> None:
         data = text.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate: no UTF-8 spelling exists
         raise PlanError(f"plan: not valid UTF-8 text ({e})") from e
-    lib = _lib.load()
+    lib = load_library()
     if lib.stowage_plan_validate(data, len(data)) != 0:
         message = lib.stowage_last_error().decode("utf-8", "replace")
         prefix = "stowage_plan_validate: "

@@ -1,6 +1,6 @@
 """Plans and predictions from the one C++ planner, through the C ABI (stowage_plan_request,
-stowage_plan_evaluate). Python measures (stowage.profile.profile_layers), C++ plans: there is no
-planning arithmetic here, only the request and the answer.
+stowage_plan_evaluate). Python measures (stowage.measure.profile.profile_layers), C++ plans: there
+is no planning arithmetic here, only the request and the answer.
 
   plan_for_budget  the fastest plan whose predicted peak fits `gpu_budget_bytes` — the whole
                    device memory a step may peak at, fixed memory (weights, gradients, the sample
@@ -9,6 +9,7 @@ planning arithmetic here, only the request and the answer.
                    when none fits.
   evaluate         the simulator's prediction for a given per-layer assignment (peak, step time,
                    exposed copy time, host bytes, the recorded intervals) and the plan of it.
+  wrap             layers under a given plan, or under plan_for_budget's plan (PlannedLayers).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from . import _lib
+from ._lib import load as load_library
+from .layers import PlannedLayers
+from .measure.layer_profile import ModelProfile
+from .measure.profile import profile_layers
 from .plan import Plan, PlanError
-from .profile import ModelProfile, profile_layers
-from .runtime import StowageError
+from .runtime import PlanLike, StowageError
 
 _RESOURCE_EXHAUSTED = 4
 
@@ -60,7 +63,7 @@ class Evaluation:
 
 
 def _call(name: str, request: dict) -> str:
-    lib = _lib.load()
+    lib = load_library()
     text = json.dumps(request).encode()
     out = ctypes.c_void_p()
     code = getattr(lib, name)(text, len(text), ctypes.byref(out))
@@ -155,6 +158,28 @@ def plan_for_budget(layers: Sequence[nn.Module], sample_input: torch.Tensor,
                         force=force, prefetch_distance=prefetch_distance)
 
 
+def wrap(layers: Union[nn.ModuleList, Sequence[nn.Module]], plan: Optional[PlanLike] = None, *,
+         gpu_budget_bytes: Optional[int] = None, sample_input: Optional[torch.Tensor] = None,
+         **kwargs: Any) -> PlannedLayers:
+    """Wraps layers under a given plan, or under the C++ planner's plan for `gpu_budget_bytes`
+    (the whole device memory a step may peak at, weights, gradients and the sample input
+    included, as `stowage plan --gpu-mem`), the layers profiled on `sample_input`."""
+    if "budget_bytes" in kwargs:
+        raise TypeError("wrap(): budget_bytes= is now gpu_budget_bytes=, the whole device memory "
+                        "a step may peak at (fixed memory included), as `stowage plan --gpu-mem`")
+    if (plan is None) == (gpu_budget_bytes is None):
+        raise ValueError("wrap(): give exactly one of plan= and gpu_budget_bytes=")
+    if plan is None:
+        if sample_input is None:
+            raise ValueError("wrap(gpu_budget_bytes=...) needs sample_input= (a batch's "
+                             "first-layer input) to measure the layers")
+        plan_kwargs = {k: kwargs.pop(k) for k in list(kwargs)
+                       if k in ("host_budget_bytes", "loss_fn", "prefetch_distance", "profile",
+                                "force")}
+        plan = plan_for_budget(layers, sample_input, gpu_budget_bytes, **plan_kwargs)
+    return PlannedLayers(layers, plan, **kwargs)
+
+
 def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB': sizes in messages readable at any scale."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -164,4 +189,4 @@ def format_bytes(n: float) -> str:
 
 
 __all__ = ["BudgetTooSmallError", "Evaluation", "evaluate", "format_bytes", "plan_for_budget",
-           "plan_request"]
+           "plan_request", "wrap"]

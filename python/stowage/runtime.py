@@ -14,7 +14,11 @@ import os
 import sys
 from typing import Any, NamedTuple, Optional, Union
 
-from . import _lib
+from ._lib import BACKEND_NAMES, STATUS_NAMES, Options
+from ._lib import PipelineOp as PipelineOpStruct
+from ._lib import Stats as StatsStruct
+from ._lib import TraceEvent as TraceEventStruct
+from ._lib import load as load_library
 from .plan import Plan, PlanError
 
 
@@ -24,7 +28,7 @@ class StowageError(RuntimeError):
     def __init__(self, call: str, code: int, message: str):
         self.call = call
         self.code = code
-        self.status = _lib.STATUS_NAMES.get(code, f"status {code}")
+        self.status = STATUS_NAMES.get(code, f"status {code}")
         self.message = message
         super().__init__(f"{call}: {self.status}: {message}" if message
                          else f"{call}: {self.status}")
@@ -74,15 +78,17 @@ class Trace:
     dropped: int
 
 
-def _check(call: str, code: int) -> None:
+def check_status(call: str, code: int) -> None:
+    """Raises StowageError for a failed C ABI call `call` that returned `code` (the thread's
+    stowage_last_error() is its message); nothing for STOWAGE_OK."""
     if code != 0:
-        lib = _lib.load()
+        lib = load_library()
         raise StowageError(call, code, lib.stowage_last_error().decode("utf-8", "replace"))
 
 
 def version() -> str:
     """The runtime library's version string."""
-    return _lib.load().stowage_version().decode()
+    return load_library().stowage_version().decode()
 
 
 _U64_MAX = 2**64 - 1
@@ -156,7 +162,7 @@ def plan_hash(plan: PlanLike) -> int:
         text = plan_json_text(plan).encode("utf-8")
     except UnicodeEncodeError as e:
         raise PlanError(f"plan: not valid UTF-8 text ({e})") from e
-    lib = _lib.load()
+    lib = load_library()
     out = ctypes.c_uint64()
     if lib.stowage_plan_hash(text, len(text), ctypes.byref(out)) != 0:
         raise PlanError(lib.stowage_last_error().decode("utf-8", "replace"))
@@ -176,15 +182,15 @@ def pipeline_order(schedule: str, pp: int, vpp: int, microbatches: int,
     (stowage_pipeline_order: the C++ PipelineOrder, the order the plan's in_flight_microbatches
     counts come from). schedule "1f1b" or "interleaved"; pp = 1 is gradient accumulation.
     Raises StowageError (INVALID_ARGUMENT) for values a plan's run fields could not hold."""
-    lib = _lib.load()
+    lib = load_library()
     args = (str(schedule).encode(), _int_arg("pp", pp, *_I32), _int_arg("vpp", vpp, *_I32),
             _int_arg("microbatches", microbatches, *_I32), _int_arg("stage", stage, *_I32))
     count = ctypes.c_size_t()
-    _check("stowage_pipeline_order", lib.stowage_pipeline_order(*args, None, 0,
-                                                                ctypes.byref(count)))
-    ops = (_lib.PipelineOp * max(count.value, 1))()
-    _check("stowage_pipeline_order", lib.stowage_pipeline_order(*args, ops, count.value,
-                                                                ctypes.byref(count)))
+    check_status("stowage_pipeline_order", lib.stowage_pipeline_order(*args, None, 0,
+                                                                      ctypes.byref(count)))
+    ops = (PipelineOpStruct * max(count.value, 1))()
+    check_status("stowage_pipeline_order", lib.stowage_pipeline_order(*args, ops, count.value,
+                                                                      ctypes.byref(count)))
     return [PipelineOp(bool(op.forward), op.chunk, op.microbatch) for op in ops[:count.value]]
 
 
@@ -221,17 +227,17 @@ class Runtime:
                  stage: int = 0, metrics_step_buckets=None, rank: Optional[int] = None,
                  local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
                  world_size: Optional[int] = None):
-        backends = {v: k for k, v in _lib.BACKEND_NAMES.items()}
+        backends = {v: k for k, v in BACKEND_NAMES.items()}
         if backend not in backends:
             raise ValueError(f"backend is {backend!r}; allowed: {', '.join(backends)}")
-        self._lib = _lib.load()
+        self._lib = load_library()
         self._handle = ctypes.c_void_p()
         try:
             text = plan_json_text(plan).encode("utf-8")
         except UnicodeEncodeError as e:
             raise PlanError(f"plan: not valid UTF-8 text ({e})") from e
-        opts = _lib.Options()
-        _check("stowage_options_init", self._lib.stowage_options_init(ctypes.byref(opts)))
+        opts = Options()
+        check_status("stowage_options_init", self._lib.stowage_options_init(ctypes.byref(opts)))
         opts.backend = backends[backend]
         opts.device = _int_arg("device", device, 0, _I32[1])
         opts.numa_node = _int_arg("numa_node", numa_node, -1, _I32[1])
@@ -258,7 +264,7 @@ class Runtime:
                                       ("local_world_size", local_world_size, -1),
                                       ("world_size", world_size, dist_world)):
             setattr(opts, name, fallback if value is None else _int_arg(name, value, 0, _I32[1]))
-        _check("stowage_create", self._lib.stowage_create(
+        check_status("stowage_create", self._lib.stowage_create(
             text, len(text), ctypes.byref(opts), ctypes.byref(self._handle)))
         if trace_capacity:
             self.set_trace_capacity(trace_capacity)
@@ -267,6 +273,17 @@ class Runtime:
     @property
     def closed(self) -> bool:
         return not self._handle
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """The stowage_runtime pointer, for calling the C ABI directly (the wrapper's per-tensor
+        path binds its calls once per step: stowage.layers); raises StowageError once closed."""
+        return self._h()
+
+    @property
+    def library(self) -> ctypes.CDLL:
+        """The loaded libstowage.so this runtime was created by, its C ABI declared."""
+        return self._lib
 
     def _h(self) -> ctypes.c_void_p:
         if not self._handle:
@@ -282,7 +299,7 @@ class Runtime:
             self._lib.stowage_end_step(self._handle)
             code = self._lib.stowage_destroy(self._handle)
         self._handle = ctypes.c_void_p()
-        _check("stowage_destroy", code)
+        check_status("stowage_destroy", code)
 
     def __enter__(self) -> "Runtime":
         return self
@@ -298,11 +315,11 @@ class Runtime:
 
     # -- steps ------------------------------------------------------------------------------
     def begin_step(self) -> None:
-        _check("stowage_begin_step", self._lib.stowage_begin_step(self._h()))
+        check_status("stowage_begin_step", self._lib.stowage_begin_step(self._h()))
 
     def end_step(self) -> None:
         """Releases everything the step held, always (see stowage_end_step)."""
-        _check("stowage_end_step", self._lib.stowage_end_step(self._h()))
+        check_status("stowage_end_step", self._lib.stowage_end_step(self._h()))
 
     # -- tensors ----------------------------------------------------------------------------
     def save(self, layer: int, src: int, nbytes: int, stream: Optional[int] = None, *,
@@ -310,7 +327,7 @@ class Runtime:
         """Starts the copy of `nbytes` at `src` to the layer's host slot for `microbatch` (0 to
         the plan's run.microbatches - 1; README "Microbatches in flight"); returns its id."""
         out = ctypes.c_uint64()
-        _check("stowage_save_microbatch", self._lib.stowage_save_microbatch(
+        check_status("stowage_save_microbatch", self._lib.stowage_save_microbatch(
             self._h(), _int_arg("layer", layer, *_I32), _int_arg("microbatch", microbatch, *_I32),
             _ptr("src", src), _int_arg("nbytes", nbytes, 0, _U64_MAX), _ptr("stream", stream),
             ctypes.byref(out)))
@@ -318,28 +335,28 @@ class Runtime:
 
     def save_query(self, tensor_id: int) -> bool:
         done = ctypes.c_int32()
-        _check("stowage_save_query",
-               self._lib.stowage_save_query(self._h(), _id(tensor_id), ctypes.byref(done)))
+        check_status("stowage_save_query",
+                     self._lib.stowage_save_query(self._h(), _id(tensor_id), ctypes.byref(done)))
         return bool(done.value)
 
     def save_wait(self, tensor_id: int) -> None:
-        _check("stowage_save_wait", self._lib.stowage_save_wait(self._h(), _id(tensor_id)))
+        check_status("stowage_save_wait", self._lib.stowage_save_wait(self._h(), _id(tensor_id)))
 
     def save_wait_stream(self, tensor_id: int, stream: Optional[int] = None) -> None:
-        _check("stowage_save_wait_stream",
-               self._lib.stowage_save_wait_stream(self._h(), _id(tensor_id),
-                                                  _ptr("stream", stream)))
+        check_status("stowage_save_wait_stream",
+                     self._lib.stowage_save_wait_stream(self._h(), _id(tensor_id),
+                                                        _ptr("stream", stream)))
 
     def prefetch(self, tensor_id: int, dst: int, stream: Optional[int] = None, *,
                  microbatch: Optional[int] = None) -> None:
         """Issues the H2D of `tensor_id` into `dst`. `microbatch`, if given, must be the one
         the tensor was saved under (None: the id's own)."""
         if microbatch is None:
-            _check("stowage_prefetch",
-                   self._lib.stowage_prefetch(self._h(), _id(tensor_id), _ptr("dst", dst),
-                                              _ptr("stream", stream)))
+            check_status("stowage_prefetch",
+                         self._lib.stowage_prefetch(self._h(), _id(tensor_id), _ptr("dst", dst),
+                                                    _ptr("stream", stream)))
             return
-        _check("stowage_prefetch_microbatch", self._lib.stowage_prefetch_microbatch(
+        check_status("stowage_prefetch_microbatch", self._lib.stowage_prefetch_microbatch(
             self._h(), _id(tensor_id), _int_arg("microbatch", microbatch, *_I32),
             _ptr("dst", dst), _ptr("stream", stream)))
 
@@ -348,36 +365,36 @@ class Runtime:
         """`stream` waits until `dst` holds the tensor; `microbatch` as for prefetch. A
         microbatch's last restore of a layer frees its slot there for the next microbatch."""
         if microbatch is None:
-            _check("stowage_restore",
-                   self._lib.stowage_restore(self._h(), _id(tensor_id), _ptr("dst", dst),
-                                             _ptr("stream", stream)))
+            check_status("stowage_restore",
+                         self._lib.stowage_restore(self._h(), _id(tensor_id), _ptr("dst", dst),
+                                                   _ptr("stream", stream)))
             return
-        _check("stowage_restore_microbatch", self._lib.stowage_restore_microbatch(
+        check_status("stowage_restore_microbatch", self._lib.stowage_restore_microbatch(
             self._h(), _id(tensor_id), _int_arg("microbatch", microbatch, *_I32),
             _ptr("dst", dst), _ptr("stream", stream)))
 
     # -- observability ----------------------------------------------------------------------
     def stats(self) -> Stats:
-        s = _lib.Stats()
-        _check("stowage_get_stats", self._lib.stowage_get_stats(self._h(), ctypes.byref(s)))
-        values = {name: getattr(s, name) for name, _ in _lib.Stats._fields_}
-        values["backend"] = _lib.BACKEND_NAMES.get(values["backend"], str(values["backend"]))
+        s = StatsStruct()
+        check_status("stowage_get_stats", self._lib.stowage_get_stats(self._h(), ctypes.byref(s)))
+        values = {name: getattr(s, name) for name, _ in StatsStruct._fields_}
+        values["backend"] = BACKEND_NAMES.get(values["backend"], str(values["backend"]))
         return Stats(**values)
 
     def set_trace_capacity(self, events: int) -> None:
         """Records each following step's events, at most `events` per step (0: off); between
         steps only."""
-        _check("stowage_set_trace_capacity",
-               self._lib.stowage_set_trace_capacity(self._h(), int(events)))
+        check_status("stowage_set_trace_capacity",
+                     self._lib.stowage_set_trace_capacity(self._h(), int(events)))
 
     def trace(self) -> Trace:
         """The last completed step's trace (empty when the trace is off)."""
         count = ctypes.c_size_t()
         dropped = ctypes.c_uint64()
-        _check("stowage_get_trace", self._lib.stowage_get_trace(
+        check_status("stowage_get_trace", self._lib.stowage_get_trace(
             self._h(), None, 0, ctypes.byref(count), ctypes.byref(dropped)))
-        buf = (_lib.TraceEvent * max(count.value, 1))()
-        _check("stowage_get_trace", self._lib.stowage_get_trace(
+        buf = (TraceEventStruct * max(count.value, 1))()
+        check_status("stowage_get_trace", self._lib.stowage_get_trace(
             self._h(), buf, count.value, ctypes.byref(count), ctypes.byref(dropped)))
         name = self._lib.stowage_event_kind_name
         events = [TraceEvent(seq=e.seq, kind=name(e.kind).decode(), layer=e.layer,
@@ -389,8 +406,8 @@ class Runtime:
         """The last completed step as Chrome trace-event JSON (Perfetto, chrome://tracing), in
         the tracks `stowage plan --trace` writes for the predicted step, so the two overlay."""
         out = ctypes.c_void_p()
-        _check("stowage_get_trace_json",
-               self._lib.stowage_get_trace_json(self._h(), ctypes.byref(out)))
+        check_status("stowage_get_trace_json",
+                     self._lib.stowage_get_trace_json(self._h(), ctypes.byref(out)))
         try:
             return ctypes.string_at(out.value).decode()
         finally:
@@ -400,10 +417,11 @@ class Runtime:
         """The canonical hash of the plan this runtime was created from (stowage_get_plan_hash;
         what stowage.agree compares across ranks)."""
         out = ctypes.c_uint64()
-        _check("stowage_get_plan_hash",
-               self._lib.stowage_get_plan_hash(self._h(), ctypes.byref(out)))
+        check_status("stowage_get_plan_hash",
+                     self._lib.stowage_get_plan_hash(self._h(), ctypes.byref(out)))
         return out.value
 
     def report_device_peak(self, nbytes: int) -> None:
-        _check("stowage_report_device_peak",
-               self._lib.stowage_report_device_peak(self._h(), _int_arg("nbytes", nbytes, 0, _U64_MAX)))
+        nbytes = _int_arg("nbytes", nbytes, 0, _U64_MAX)
+        check_status("stowage_report_device_peak",
+                     self._lib.stowage_report_device_peak(self._h(), nbytes))

@@ -476,8 +476,8 @@ def environment(values: Dict[str, str], manifest: dict,
     rows.append(("libcudart in the folder", manifest.get("cudart", "?")))
     python = values.get("python")
     if python:
-        rows.append(("python", f"{python}: " + probe([python, "-c",
-                                                      "import sys; print(sys.version.split()[0])"])))
+        version = probe([python, "-c", "import sys; print(sys.version.split()[0])"])
+        rows.append(("python", f"{python}: " + version))
         text = probe([python, "-c", TORCH_PROBE], timeout=45)
         try:
             for key, value in json.loads(text.splitlines()[-1]).items():
@@ -619,7 +619,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         problems += check_steps(root, steps, values)
         extra.append("Dependency check: " + "; ".join(notes) + (
             ". Problems: " + "; ".join(problems) if problems else
-            "; every ELF file resolves each library it needs inside the folder or the base system."))
+            "; every ELF file resolves each library it needs inside the folder or the base "
+            "system."))
         env_rows = environment(values, spec.get("manifest", {}), deadline)
         report = write_report(out, env_rows, steps, budget, time.monotonic() - start, False, extra)
         for step in steps:

@@ -101,5 +101,39 @@ TEST(JsonParse, NumberBeyondDoubleIsAnErrorNotAnException) {
   EXPECT_FALSE(Parse("[-1e400]", "x").ok());
 }
 
+// Nesting is bounded before anything recursive runs: 100,000 brackets crashed the readers.
+TEST(JsonParse, DeepNestingIsRefusedNamingWhereAndTheBound) {
+  const std::string ok = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  EXPECT_TRUE(Parse(ok, "t").ok());
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const auto refused = Parse(deep, "plan p.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "plan p.json: arrays and objects nest more than 100 levels deep at line 1, column "
+            "101; at most 100 are allowed");
+  const std::string objects = "{\"a\": " + std::string(200, '{') + std::string(200, '}') + "}";
+  EXPECT_FALSE(Parse(objects, "t").ok());
+  // Brackets inside strings are text, not nesting.
+  const std::string text = "[\"" + std::string(500, '[') + "\\\"\"]";
+  EXPECT_TRUE(Parse(text, "t").ok()) << Parse(text, "t").status();
+}
+
+TEST(JsonObject, OnlyKeysNamesTheUnknownKeyAndTheAllowedOnes) {
+  auto json = Parse(R"({"run": {"seq_len": 1, "seqlen": 2}})", "request");
+  ASSERT_TRUE(json.ok());
+  auto root = Object::Of(*json, "request");
+  ASSERT_TRUE(root.ok());
+  EXPECT_TRUE(root->OnlyKeys({"run", "model"}).ok());
+  auto run = root->Child("run");
+  ASSERT_TRUE(run.ok());
+  EXPECT_EQ(run->OnlyKeys({"seq_len", "tp"}).message(),
+            "request: unknown field 'run.seqlen'; allowed in 'run': seq_len, tp");
+}
+
+TEST(Excerpt, CutsLongTextAndSaysHowMuch) {
+  EXPECT_EQ(Excerpt("short"), "short");
+  EXPECT_EQ(Excerpt(std::string(100, 'a'), 4), "aaaa... (96 more characters)");
+}
+
 }  // namespace
 }  // namespace stowage::json

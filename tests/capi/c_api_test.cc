@@ -67,7 +67,7 @@ TEST(CApi, CreateChecksItsArguments) {
   EXPECT_EQ(stowage_create(plan.data(), plan.size(), &bad, &rt), STOWAGE_ERROR_INVALID_ARGUMENT);
 }
 
-// Regression (issue 11): copy_chunk_bytes = UINT64_MAX (option or plan) hung the first copy;
+// Regression: copy_chunk_bytes = UINT64_MAX (option or plan) hung the first copy;
 // 1 took about 1 GB of queue for 30 MiB of copies; copy_threads = 5000 aborted the process when
 // thread creation failed. Each is now INVALID_ARGUMENT naming the field and its range.
 // Note [Pipeline stages]: a rank loads its stage; it reserves host memory for that stage's layers
@@ -174,7 +174,7 @@ TEST(CApi, CopyChunkAndThreadCountOutsideTheirRangeAreInvalidArgument) {
   }
 }
 
-// Regression (issue 11, "use after destroy through the C ABI"): a second stowage_destroy, or any
+// Regression (use after destroy through the C ABI): a second stowage_destroy, or any
 // call after destroy, read and freed the runtime's memory again (heap use-after-free under ASan).
 // A handle is now looked up, never dereferenced: a dead or foreign one is INVALID_ARGUMENT.
 TEST(CApi, DestroyedAndForeignHandlesAreInvalidArgument) {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
-#include "planner/search/optimizer.h"
 #include "planner/frameworks/layer_profile.h"
+#include "planner/search/optimizer.h"
 #include "planner/search/simulator.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
@@ -308,6 +308,50 @@ TEST(PlanRequest, CppApi) {
   stowage::StatusOr<std::string> result = stowage::PlanEvaluate(evaluate.dump());
   ASSERT_TRUE(result.ok()) << result.status().ToString();
   EXPECT_EQ(Json::parse(*result)["host_bytes"].get<uint64_t>(), 0u);
+}
+
+}  // namespace
+
+namespace {
+
+// A misspelt field was a default silently used in its place: `gpu_budget_byts` planned the whole
+// device, `run.seqlen` the default length. Every key of a request is now one it reads.
+TEST(PlanRequest, UnknownKeysAreErrorsNamingTheKeysAllowed) {
+  const Answer root = Call(false, Json{{"model", "llama-3-8b"}, {"gpu_budget_byts", 1000}});
+  EXPECT_EQ(root.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(root.text, HasSubstr("unknown field 'gpu_budget_byts'"));
+  EXPECT_THAT(root.text, HasSubstr("gpu_budget_bytes"));
+  const Answer run = Call(false, Json{{"model", "llama-3-8b"}, {"run", {{"seqlen", 99}}}});
+  EXPECT_EQ(run.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(run.text,
+              HasSubstr("unknown field 'run.seqlen'; allowed in 'run': framework, seq_len"));
+  Json layers = Json::array();
+  for (int i = 0; i < 32; ++i) layers.push_back({{"policy", "keep"}});  // llama-3-8b's layers
+  layers[3] = {{"policy", "keep"}, {"chunk", 2}};
+  const Answer layer = Call(true, Json{{"model", "llama-3-8b"}, {"layers", layers}});
+  EXPECT_EQ(layer.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(layer.text, HasSubstr("unknown field 'layers[3].chunk'"));
+}
+
+// 100,000 nested brackets crashed every reader (a recursive dump() for the error message).
+TEST(PlanRequest, DeepNestingIsAnErrorNotACrash) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  char* out = nullptr;
+  EXPECT_EQ(stowage_plan_request(deep.data(), deep.size(), &out), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(stowage_last_error()), HasSubstr("nest more than 100 levels deep"));
+  EXPECT_EQ(stowage_plan_validate(deep.data(), deep.size()), STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(std::string(stowage_last_error()), HasSubstr("nest more than 100 levels deep"));
+  const std::string field = R"({"model": )" + deep + "}";
+  EXPECT_EQ(stowage_plan_request(field.data(), field.size(), &out), STOWAGE_ERROR_INVALID_ARGUMENT);
+}
+
+// A 100 MB name made stowage_last_error() 100 MB long.
+TEST(PlanRequest, TheLastErrorStaysReadableWhateverTheInput) {
+  const std::string name(10 << 20, 'x');
+  const Answer a = Call(false, Json{{"model", name}});
+  EXPECT_EQ(a.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_LT(a.text.size(), 8192u);
+  EXPECT_THAT(a.text, HasSubstr("more characters)"));
 }
 
 }  // namespace

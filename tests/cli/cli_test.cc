@@ -101,7 +101,7 @@ TEST(ParseCount, Suffixes) {
   EXPECT_FALSE(ParseCount("", "x").ok());
 }
 
-// Regression (issue 11): `--tp --format json` took "--format" as the value of --tp and then
+// Regression: `--tp --format json` took "--format" as the value of --tp and then
 // reported "unexpected argument 'json'".
 TEST(FlagParser, FlagFollowedByAnotherFlagSaysItNeedsAValue) {
   FlagParser parser = MakeParser();

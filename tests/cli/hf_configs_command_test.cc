@@ -1,7 +1,7 @@
 // `stowage plan` end to end on every Hugging Face config the tests carry (the published ones in
-// tests/planner/data/hf/ and the small synthetic ones), under both framework profiles: each
+// tests/planner/data/hf/ and the small synthetic ones), under both framework recipes: each
 // either plans (exit 0, a JSON plan with one entry per layer) or says it does not fit and what
-// the smallest peak is (exit 1); neither profile refuses any of them.
+// the smallest peak is (exit 1); neither recipe refuses any of them.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -57,8 +57,9 @@ TEST(HfConfigsCommand, EveryConfigPlansUnderMegatron) {
   }
 }
 
-// The issue-12 command line of the measured cases, at 8K tokens on one GPU: every layer kind has
-// an hf recipe (gated DeltaNet, KDA and Mllama's cross-attention included), so nothing is refused.
+// The command line of the measured cases (tests/planner/data/measured/), at 8K tokens on one GPU:
+// every layer kind has an hf recipe (gated DeltaNet, KDA and Mllama's cross-attention included), so
+// nothing is refused.
 TEST(HfConfigsCommand, EveryConfigPlansUnderHf) {
   for (const auto& config : Configs()) {
     SCOPED_TRACE(config.filename().string());

@@ -365,7 +365,7 @@ TEST_F(PlanCommand, MaxSeqLen) {
   EXPECT_THAT(run.out, HasSubstr("longest sequence that fits:"));
 }
 
-// Issue 13: the families, their aliases and the presets; a real config's notes and count.
+// The families, their aliases and the presets; a real config's notes and count.
 TEST_F(PlanCommand, ListModelsAndConfigNotes) {
   const Result list = Stowage("plan --list-models");
   EXPECT_EQ(list.code, 0) << list.out;
@@ -413,7 +413,7 @@ TEST_F(PlanCommand, BadInputIsAUsageError) {
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--force is 'sometimes'; allowed: keep, recompute, "
                                  "selective_recompute, offload_input, offload_saved"));
-  // The old spelling names the policy it meant (issue 10 item 6).
+  // The old spelling names the policy it meant.
   run = Stowage("plan --force offload");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--force offload is now --force offload_input"));
@@ -476,7 +476,7 @@ TEST_F(PlanCommand, HfDefaultsToNoContextOrExpertParallelism) {
               HasSubstr("1 GPUs, sharding optim_grads_params (no data-parallel engine: one rank)"));
 }
 
-// Regressions (issue 11): wrapped numbers planned "fits" with exit 0; --loss-chunk-tokens 0 was
+// Regressions: wrapped numbers planned "fits" with exit 0; --loss-chunk-tokens 0 was
 // documented but rejected; `--tp --format json` blamed "json".
 TEST_F(PlanCommand, HostileNumbersAreClearUsageErrors) {
   Result run = Stowage("plan --model llama-3-8b --seq-len 9007199254740992");
@@ -498,7 +498,7 @@ TEST_F(PlanCommand, HostileNumbersAreClearUsageErrors) {
 
 namespace {
 
-// Issue 14: every stage planned, the binding one named, the plan carrying one section per stage.
+// Every stage planned, the binding one named, the plan carrying one section per stage.
 TEST_F(PlanCommand, PipelinePlansEveryStage) {
   const std::string out = Path("pp.json");
   const Result run = Stowage(
@@ -519,7 +519,7 @@ TEST_F(PlanCommand, PipelinePlansEveryStage) {
   EXPECT_EQ(plan->layers[31].in_flight_microbatches, 1);
 }
 
-// Issue 14: --rank-order tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping) puts the two
+// --rank-order tp-cp-ep-pp-dp (Megatron's --use-tp-pp-dp-mapping) puts the two
 // stages of TP 4 x PP 2 on 64 H200s 4 ranks apart, inside an 8-GPU NVLink domain, instead of 32
 // apart across the network: the exposed point-to-point time of the step drops (5 waited
 // exchanges of 8192 / 4 x 4096 x 2 bytes: 5 x (16 MiB / 450 GB/s + 3.4 us) against

@@ -3,7 +3,7 @@
 # building only the unit tests of base/, plan/, planner/ and the CLI flag parser, and running
 # them (the PlanCommand tests need the whole `stowage` binary and are left to the full
 # `make test PRESET=asan`). A full asan build and suite does not fit CI's 20 minutes on 2 cores
-# (README "Building"). The fuzz_smoke test of `make test` covers the readers under the same
+# (docs/building.md "Fuzzing"). The fuzz_smoke test of `make test` covers the readers under the same
 # sanitizers.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

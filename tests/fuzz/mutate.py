@@ -19,7 +19,6 @@ valid. Prints the counts; exits 1 on any failure, saving each failing input unde
 import argparse
 import concurrent.futures
 import copy
-import ctypes
 import json
 import math
 import os
@@ -33,7 +32,7 @@ import threading
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus")
 TIMEOUT = 10.0
-WRAPPED = 2**62  # no byte, token or count stowage plans reaches this (README "Limits")
+WRAPPED = 2**62  # no byte, token or count stowage plans reaches this (docs/limits.md)
 
 SPECIAL_NUMBERS = [0, -1, 1, 2, 1.5, 0.5, -0.0, 2**31, 2**31 - 1, 2**32 + 2, 2**53, 2**63 - 1,
                    2**63, 2**64 - 1, 2**64, 2**70, -(2**63), 1e30, -1e30, 1e308, 1e-308,
@@ -154,7 +153,7 @@ def bad_numbers(node, where=""):
         if isinstance(node, float) and not math.isfinite(node):
             out.append(f"{where} = {node}")
         elif node < 0 and not (where.endswith((".prefetch_after_layer", ".save_wait_before_layer"))
-                              and node == -1):
+                               and node == -1):
             out.append(f"{where} = {node} (negative)")  # -1 above: "never prefetched"
         elif node >= WRAPPED:
             out.append(f"{where} = {node} (wrapped)")
@@ -175,7 +174,7 @@ def plan_problems(plan, generated):
                 if field in runtime and not runtime[field] > 0:
                     problems.append(f"runtime.{field} = {runtime[field]}")
             for layer in plan["layers"]:
-                # Left out, a layer's transfers are its input as one piece (README "Plan format").
+                # Left out, a layer's transfers are its input as one piece (ParsePlanJson).
                 transfers = layer.get("transfers")
                 if transfers is None:
                     transfers = [{"name": "input", "bytes": layer.get("host_bytes", 0)}]
@@ -393,7 +392,7 @@ def main():
     ap.add_argument("--out", default=None, help="folder for failing inputs")
     a = ap.parse_args()
     stowage = os.path.join(a.build, "cli", "stowage")
-    lib = os.path.join(a.build, "runtime", "libstowage.so")
+    lib = os.path.join(a.build, "capi", "libstowage.so")
     rng = random.Random(a.seed)
     tally = Tally()
 

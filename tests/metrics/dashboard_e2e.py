@@ -211,7 +211,8 @@ def start_demos(stowage, base, workdir, demos):
         # The runtime's rule, which the demo follows: base + LOCAL_RANK.
         if endpoint != f"127.0.0.1:{base + rank}":
             raise Failure(f"rank {rank} (LOCAL_RANK {rank}) serves {endpoint}, not "
-                          f"127.0.0.1:{base + rank} (STOWAGE_METRICS_ADDR base {base} + LOCAL_RANK)")
+                          f"127.0.0.1:{base + rank} (STOWAGE_METRICS_ADDR base {base} + "
+                          "LOCAL_RANK)")
         endpoints.append(endpoint)
     return endpoints
 
@@ -365,7 +366,7 @@ def by_rank(result):
 
 def check_filters(dashboard):
     """Every panel of the runtime dashboard follows the $job and $hostname variables, and none
-    derives the machine from `instance` (regression, issue 16: label_replace(..., "instance",
+    derives the machine from `instance` (a regression: label_replace(..., "instance",
     "(.*):[0-9]+") assumed a scrape address of host:port)."""
     failures = []
     names = [v.get("name") for v in dashboard.get("templating", {}).get("list", [])]

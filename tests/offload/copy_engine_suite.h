@@ -189,7 +189,7 @@ TYPED_TEST_P(CopyEngineConformance, NullPointersAreInvalidArgument) {
   EXPECT_EQ(this->engine_->in_flight(), 0u);
 }
 
-// Regression (issue 11, "the runtime hangs forever"): a chunk size of SIZE_MAX (a plan's
+// Regression (the runtime hung forever): a chunk size of SIZE_MAX (a plan's
 // copy_chunk_bytes of -1 read as 2^64-1) made the host backend's chunk count
 // (bytes + chunk - 1) / chunk wrap to 0, so the copy was never queued and its fence never done.
 // Any chunk size at or above the copy's size is one chunk.

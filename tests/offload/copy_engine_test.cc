@@ -67,7 +67,7 @@ TEST(HostBackend, WorkersRunOnTheGivenCpus) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Regression (issue 11): copy_threads = 5000 got as far as creating threads. The count is bounded
+// Regression: copy_threads = 5000 got as far as creating threads. The count is bounded
 // before any thread starts, and the error names the range.
 TEST(HostBackend, ThreadCountIsBounded) {
   offload::HostBackendOptions options;
@@ -114,7 +114,7 @@ TEST(HostBackend, ThreadCountIsBounded) {
 }
 #endif
 
-// Regression (issue 11, "aborts instead of errors"): when the OS refused a worker thread, the
+// Regression (an abort instead of an error): when the OS refused a worker thread, the
 // std::system_error unwound through the stream's constructor and destroyed joinable threads:
 // "terminate called without an active exception" inside libstowage.so. Now the workers already
 // started are joined and Create returns INTERNAL. The OS is made to refuse threads by capping the

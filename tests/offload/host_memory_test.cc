@@ -59,7 +59,7 @@ TEST(CheckAdmission, CgroupLimitBindsWithEveryNumberNamed) {
       << status;
 }
 
-// Regression (issue 11): admission let a request take 100% of the cgroup's headroom, so the
+// Regression: admission let a request take 100% of the cgroup's headroom, so the
 // trainer's next allocation was an OOM kill. A margin of 5% of the limit (at least 1 GiB) is kept
 // back, and the error says so.
 TEST(CheckAdmission, ARequestNeverTakesTheWholeCgroupHeadroom) {

@@ -1,4 +1,4 @@
-// PipelineOrder: the order of forwards and backwards one pipeline stage runs (issue 15), worked
+// PipelineOrder: the order of forwards and backwards one pipeline stage runs, worked
 // out by hand for small cases, and the order InFlightMicrobatches counts from.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// The plan reader's strictness and the validator's limits: one regression test per bug of issue 11
-// (item 4) and per rule ValidatePlan states. Each edits one field of a valid plan's JSON, so the
+// The plan reader's strictness and the validator's limits: one regression test per bug the reader
+// had and per rule ValidatePlan states. Each edits one field of a valid plan's JSON, so the
 // test fails if the reader starts accepting the value again.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -60,7 +60,7 @@ TEST(PlanReader, NegativeIsNotReadAs2To64MinusN) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("field 'layers[0].device_saved_bytes' has value -1; allowed: "
                                     "an integer in [0, 1152921504606846976]"));
   j = PlanObject();
-  j["runtime"]["copy_chunk_bytes"] = -1;  // issue 11 item 1: read as 2^64-1, the runtime hung
+  j["runtime"]["copy_chunk_bytes"] = -1;  // once read as 2^64-1: the runtime hung
   EXPECT_THAT(ErrorOf(j), HasSubstr("field 'runtime.copy_chunk_bytes' has value -1"));
 }
 
@@ -148,7 +148,7 @@ TEST(PlanReader, HostTotalThatWrapsIsRefused) {
 
 TEST(PlanReader, CopyChunkBytesIsBounded) {
   Json j = PlanObject();
-  j["runtime"]["copy_chunk_bytes"] = 1;  // issue 11 item 7: ~1 GB of RAM for 30 MiB of copies
+  j["runtime"]["copy_chunk_bytes"] = 1;  // once ~1 GB of RAM for 30 MiB of copies
   EXPECT_THAT(ErrorOf(j), HasSubstr("field 'runtime.copy_chunk_bytes' has value 1; allowed: an "
                                     "integer in [4096, 1073741824]"));
   j["runtime"]["copy_chunk_bytes"] = (uint64_t{1} << 30) + 1;
@@ -261,7 +261,7 @@ namespace {
 
 TEST(PlanReader, OldFieldNameIsRefusedNamingTheNewOne) {
   Json j = Json::parse(PlanToJson(OffloadingPlan()));
-  j["layers"][1]["moe_chunks"] = 2;  // issue 10 item 6: it chunks dense FFNs too
+  j["layers"][1]["moe_chunks"] = 2;  // renamed: it chunks dense FFNs too
   EXPECT_THAT(ErrorOf(j), HasSubstr("plan: field 'layers[1].moe_chunks' is now called "
                                     "'ffn_chunks'; rename it in the plan"));
   j["layers"][1].erase("moe_chunks");

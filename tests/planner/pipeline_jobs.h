@@ -6,7 +6,7 @@
 
 namespace stowage::planner::jobs {
 
-// Issue 14's done-when job: DeepSeek-V3 on 2,048 GPUs, PP 16 (1F1B, 16 microbatches), EP 64, 4K
+// The large pipeline job: DeepSeek-V3 on 2,048 GPUs, PP 16 (1F1B, 16 microbatches), EP 64, 4K
 // tokens, distributed optimizer, the layout Megatron users give its 61 layers.
 inline RunSettings DeepSeekV3Pp16Job() {
   RunSettings run;

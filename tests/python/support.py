@@ -1,12 +1,16 @@
-"""Small models and helpers shared by the PyTorch integration tests.
+"""Small models and helpers shared by the PyTorch integration tests (every suite, whatever its
+folder: run_tests.py puts this folder on sys.path).
 
-Two layer types: the MLP block of shared/reference/torch_anchor.py and a pre-norm transformer
-block with causal attention; both carry dropout so recompute has RNG state to get right.
+Two layer types: an MLP block (pre-norm, a 4x-wide GELU MLP, residual) and a
+pre-norm transformer block with causal attention; both carry dropout so recompute has RNG state
+to get right.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.machinery
+import importlib.util
 import json
 import math
 import os
@@ -16,8 +20,9 @@ import tempfile
 from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Run from the source tree: the package is python/stowage.
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+# The source tree's root: the package is python/stowage, the test data tests/planner/data.
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "python"))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -27,10 +32,8 @@ import stowage  # noqa: E402
 
 
 def load_tool(name: str):
-    """tools/<name>.py as a module: the benchmark scripts are files to run, not a package."""
-    import importlib.machinery
-    import importlib.util
-    path = os.path.join(HERE, "..", "..", "bench", name + ".py")
+    """bench/<name>.py as a module: the benchmark scripts are files to run, not a package."""
+    path = os.path.join(REPO, "bench", name + ".py")
     loader = importlib.machinery.SourceFileLoader(name, os.path.realpath(path))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     module = importlib.util.module_from_spec(spec)

@@ -1,5 +1,5 @@
-// Note [CPU shares] (issue 15): ranks on one NUMA node split its CPUs for their copy workers and
-// page-touch threads by node-ledger slot, instead of each taking all of them.
+// Ranks on one NUMA node split its CPUs for their copy workers and page-touch threads by
+// node-ledger slot, instead of each taking all of them (Note [CPU shares] in runtime/runtime.cc).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>

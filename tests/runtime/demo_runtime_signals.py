@@ -1,4 +1,4 @@
-"""Regressions for `stowage demo-runtime` (issue 11, "the runtime hangs forever").
+"""Regressions for `stowage demo-runtime`, which once hung forever.
 
 1. A plan with "copy_chunk_bytes": 2^64-1 made the first copy wrap to zero chunks, so the demo
    never finished and ignored SIGTERM. It is now refused up front: exit 2, the field named.

@@ -1,4 +1,4 @@
-// Issue 15's done-when test for node-level admission (Note [Node ledger]): eight runtime
+// The test of node-level admission (Note [Node ledger]): eight runtime
 // processes started at once through the C ABI against a node budget that fits five.
 #include <fcntl.h>
 #include <gmock/gmock.h>

@@ -600,7 +600,7 @@ TYPED_TEST_P(RuntimeConformance, ArgumentChecks) {
   STOWAGE_ASSERT_OK(stowage_end_step(this->rt_));
 }
 
-// Regression (issue 11, "the runtime hangs forever"): after a 1-byte save, a save of SIZE_MAX
+// Regression (the runtime hung forever): after a 1-byte save, a save of SIZE_MAX
 // bytes returned OK (saved + bytes and offset + bytes wrapped in Runtime::Save) and the step then
 // hung. It is RESOURCE_EXHAUSTED, and the step still ends cleanly.
 TYPED_TEST_P(RuntimeConformance, ASaveWhoseSizeWouldWrapIsResourceExhausted) {
@@ -624,7 +624,7 @@ TYPED_TEST_P(RuntimeConformance, ASaveWhoseSizeWouldWrapIsResourceExhausted) {
   EXPECT_EQ(info.host_bytes_used, 0u);
 }
 
-// Issue 15: a step runs every microbatch of a pipeline schedule's order (PipelineOrder, the order
+// A step runs every microbatch of a pipeline schedule's order (PipelineOrder, the order
 // in_flight_microbatches comes from) for one stage, saving two tensors per layer in each forward
 // and prefetching and restoring them in each backward; every byte comes back as it went, over
 // two steps, with each layer holding only its planned slots (slots are reused after restores).
@@ -765,7 +765,7 @@ TYPED_TEST_P(RuntimeConformance, GradientAccumulationReusesOneSlot) {
       0);
 }
 
-// Issue 15's misuse cases: each is its own status, naming the layer, the microbatch and the
+// Misused microbatches: each is its own status, naming the layer, the microbatch and the
 // planned in-flight count, and the step still ends cleanly.
 TYPED_TEST_P(RuntimeConformance, MicrobatchMisuseStatuses) {
   const Plan plan = MakePipelinedTestPlan(2, 1, 4, 4096);  // stage 0 holds 2 microbatches

@@ -24,7 +24,7 @@ TEST(StepRegions, SizesComeFromThePlanTransfers) {
   EXPECT_EQ(regions->arena_bytes(), 2 * (1024 + kRegionSlack));
 }
 
-// Regression (issue 11): the runtime summed the plan's transfer sizes unchecked, so a transfer
+// Regression: the runtime summed the plan's transfer sizes unchecked, so a transfer
 // of 2^64-1 bytes wrapped to a tiny region. It is an error naming the layer and the transfer.
 TEST(StepRegions, ATransferThatWouldWrapIsOutOfRange) {
   Plan plan = testing::MakeTestPlan(2, 4096);

@@ -1,4 +1,4 @@
-// Simulator ≡ runtime (issue 10 item 4), in C++: a measured profile is evaluated through the C ABI
+// Simulator ≡ runtime, in C++: a measured profile is evaluated through the C ABI
 // (stowage_plan_evaluate: the one simulator), the plan it returns is carried out on the host
 // backend by a driver that does what the PyTorch wrapper does (Note [Runtime protocol], reading
 // only the plan's fields), and the runtime's trace must show the calls in the predicted order

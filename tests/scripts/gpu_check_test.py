@@ -118,7 +118,7 @@ class PackagedFolderTest(unittest.TestCase):
                 self.assertIn(gtest[0].split("=", 1)[1], argv)  # its filter is in the step's
             else:
                 self.assertIn(t["name"], names)
-        # Then the fixed steps, in the order of the brief, and each listed by --dry-run.
+        # Then the fixed steps, in the order docs/gpu-check.md gives, and each listed by --dry-run.
         self.assertEqual(names[-8:], ["bench_grouped_mm (torch._grouped_mm)", "calibrate",
                                       "plan with the calibrated profile",
                                       "bench_moe_block (Qwen3-MoE block)",
@@ -148,7 +148,7 @@ class PackagedFolderTest(unittest.TestCase):
                     "tests/planner/data/measured/hf-h200.jsonl",
                     "tests/planner/data/measured/llama-8layer.config.json",
                     "tests/python/run_tests.py",
-                    "tests/python/test_torch_gpu.py", "python/stowage/__init__.py"):
+                    "tests/python/package/test_torch_gpu.py", "python/stowage/__init__.py"):
             self.assertTrue(os.path.isfile(os.path.join(self.root, rel)), rel)
         info = run.read_elf(os.path.join(self.root, "bin", "stowage"))
         self.assertEqual(info.runpath, ["$ORIGIN/../lib"])
@@ -196,7 +196,8 @@ class PackagedFolderTest(unittest.TestCase):
                     'int main(int argc, char** argv) {\n'
                     '  void* h = dlopen(argv[1], RTLD_NOW);\n'
                     '  if (!h) { printf("dlopen: %s\\n", dlerror()); return 1; }\n'
-                    '  const char* (*v)(void) = (const char* (*)(void))dlsym(h, "stowage_version");\n'
+                    '  const char* (*v)(void) =\n'
+                    '      (const char* (*)(void))dlsym(h, "stowage_version");\n'
                     '  printf("libstowage %s\\n", v ? v() : "?");\n  return v ? 0 : 1;\n}\n')
         subprocess.run(["cc", "-o", probe, probe + ".c", "-ldl"], check=True)
         commands = [f"{self.root}/bin/stowage version",

@@ -102,7 +102,7 @@ TEST(StageLink, FollowsMegatronRankOrder) {
   EXPECT_EQ(StageLink(h200, 16, 1, 0, 0), CommLink::kNone);
 }
 
-// Issue 14: Megatron's two rank orders (parallel_state.py RankGenerator, innermost first) on
+// Megatron's two rank orders (parallel_state.py RankGenerator, innermost first) on
 // 64 H200s, 8 per NVLink domain, TP 4, PP 2 (dp 8). tp-cp-ep-dp-pp: a stage is ranks 0-31 /
 // 32-63, so rank r pairs with r + 32 (network), the dense DP group of rank 0 is 0, 4, ..., 28
 // (span 32, 2 per domain, network) and the embedding pair 0, 32 (network). tp-cp-ep-pp-dp: the
@@ -491,8 +491,8 @@ TEST(StepComm, StepTimeGrowsWhenTheExpertGroupCrossesNodes) {
               testing::Contains(HasSubstr("the EP group of 16 GPUs leaves its NVLink domain")));
 }
 
-// Issue 14: at 1,024 and 4,096 GPUs the reference model's step stayed at 28.3 s. The data-
-// parallel rings grow with the world (FSDP gathers over gpus / tp ranks, 14 us a hop).
+// At 1,024 and 4,096 GPUs the reference model's step once stayed at 28.3 s. The data-parallel
+// rings grow with the world (FSDP gathers over gpus / tp ranks, 14 us a hop).
 TEST(StepComm, LargerWorldsNoLongerPlanTheSameStep) {
   RunSettings run;
   run.gpus = 1024;

@@ -1,6 +1,6 @@
-// The cost model against first-principles arithmetic, including the published reference figures
-// (DESIGN.md): 1M tokens / CP 8 of GLM-5.3-Flash offload 180 GiB of layer inputs per GPU, and at
-// 256K offloading the layer inputs saves about 45 GiB of peak memory.
+// The cost model against first-principles arithmetic, including the published GLM-5.3-Flash
+// figures (docs/planner.md "The cost model"): 1M tokens / CP 8 offload 180 GiB of layer inputs per
+// GPU, and at 256K offloading the layer inputs saves about 45 GiB of peak memory.
 #include "planner/cost/cost_model.h"
 
 #include <gmock/gmock.h>
@@ -58,9 +58,9 @@ TEST(ReferenceRun, OffloadedLayerInputsAt1MCome180GiBPerGpu) {
   EXPECT_EQ(step.layers[0].input_bytes, 131072ull * 4 * 4096 * 2);
   const OptimizeResult offload = Forced(step, LayerPolicy::kOffloadInput);
   ASSERT_TRUE(offload.feasible);
-  // The published figure counts the 45 decoder layers; the one MTP layer after them (Note [MTP
-  // layers] in cost_model.cc) offloads its own two inputs (and the shifted token ids) besides:
-  // 131072 x (2 x 4096 x 2 + 8) = 2 GiB + 1 MiB.
+  // The published figure counts the 45 decoder layers; the one MTP layer after them
+  // (Note [MTP layers] in planner/frameworks/megatron.cc) offloads its own two inputs (and the
+  // shifted token ids) besides: 131072 x (2 x 4096 x 2 + 8) = 2 GiB + 1 MiB.
   ASSERT_EQ(step.layers.size(), 46u);
   const uint64_t decoder = DecoderHostBytes(step, offload);
   EXPECT_EQ(decoder, 45ull * 131072 * 4 * 4096 * 2);
@@ -385,8 +385,8 @@ TEST(CostModel, HfDataParallelHoldsWhatTorchsEngineHolds) {
                 weights_of(one.tail_grad_bytes + one.embedding_grad_bytes));
 }
 
-// Note [Step time] in framework_hf.cc: the matmuls transformers runs on fp32 operands take the
-// CUDA cores' rate — the gated DeltaNet fallback's chunk matmuls (LinearAttentionWorkOf's
+// Note [Step time] in planner/frameworks/hf.cc: the matmuls transformers runs on fp32 operands take
+// the CUDA cores' rate — the gated DeltaNet fallback's chunk matmuls (LinearAttentionWorkOf's
 // FLOPs, exactly), Kimi-K2's and GLM-5.1's routers (`F.linear(x.float(), weight.float())`: 2hE
 // per token forward, 4hE backward) and GLM-5.1's DSA indexer scores (forward only) — and
 // nothing else: Mistral's layers, the dense FFN layers and Qwen3-Next's bf16 router have none.
@@ -530,7 +530,7 @@ RunSettings DenseRun(uint64_t seq_len) {
   return run;
 }
 
-// Regression (issue 11): `stowage plan --model llama-3-8b --seq-len 9007199254740992` printed
+// Regression: `stowage plan --model llama-3-8b --seq-len 9007199254740992` printed
 // every layer "keep ... 0 B" and exit 0; UBSan reported signed overflow in the cost model.
 TEST(CostModel, HugeSequenceIsRefusedNamingTheFlagAndLimit) {
   const ModelConfig m = *ModelPreset("llama-3-8b");
@@ -572,7 +572,7 @@ TEST(CostModel, TensorBeyondTheLimitNamesTheTensorAndInputs) {
               HasSubstr("field 'hidden_size' is 1048577; allowed: 0 to 1048576"));
 }
 
-// Regression (issue 11): 2^31 layers aborted in std::length_error, 100,000 in bad_alloc.
+// Regression: 2^31 layers aborted in std::length_error, 100,000 in bad_alloc.
 TEST(CostModel, TooManyLayersAreRefusedUpFront) {
   ModelConfig m = *ModelPreset("llama-3-8b");
   m.layers.assign(kMaxLayers + 1, m.layers[0]);
@@ -609,7 +609,7 @@ TEST(CostModel, StepCostBoundsCatchWhatBuildStepCostWouldRefuse) {
   EXPECT_EQ(r.binding, "input limits");
 }
 
-// Regression (issue 11): --loss-chunk-tokens 0 ("materializes all logits") was rejected; and a
+// Regression: --loss-chunk-tokens 0 ("materializes all logits") was rejected; and a
 // chunk covering every token was charged a fourth LM-head pass (the logits recomputed in
 // backward) although nothing is recomputed then.
 TEST(CostModel, OneLossChunkOverAllTokensCostsThreePasses) {

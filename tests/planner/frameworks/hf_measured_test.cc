@@ -1,7 +1,6 @@
-// The hf profile against real transformers steps measured on an H200 (data/measured/: the
-// public cases of the shared reference, copied with their configs). The planner runs as users
-// run it; its predicted peak must be within 3% of the measured peak and its step time within
-// 10% of the measured one.
+// The hf recipe against real transformers steps measured on an H200 (tests/planner/data/measured/:
+// the public cases, with their configs). The planner runs as users run it; its predicted peak must
+// be within 3% of the measured peak and its step time within 10% of the measured one.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -144,13 +143,13 @@ void CheckCases(bool peak_bound, bool time_bound, const std::vector<std::string>
 
 TEST(HfMeasured, PeakWithin3Percent) { CheckCases(true, false); }
 
-// The dense cases: every term from the op counts of Note [Step time] (framework_hf.cc) at the
+// The dense cases: every term from the op counts of Note [Step time] (planner/frameworks/) at the
 // rates of Note [Op rates] (hardware.cc); none is fitted to these runs.
 TEST(HfMeasured, StepTimeWithin10Percent) {
   CheckCases(false, true, {"llama-8layer:recompute", "qwen2-6layer"});
 }
 
-// Not met (issue 12): Llama keep is predicted 10.5% fast (0.497 s against 0.555 s) since its
+// Not met: Llama keep is predicted 10.5% fast (0.497 s against 0.555 s) since its
 // attention runs at cuDNN 9.19's rate on an H200 (Note [SDPA on sm90]: 673 / 579 TFLOP/s at 16K
 // tokens, the kernel torch 2.11 picks for transformers' GQA call), no longer the FlashAttention-3
 // paper's older H100 figure (539 / 516): the step lost 15.8 ms and the gap is ~58 ms (recompute
@@ -166,15 +165,14 @@ TEST(HfMeasured, DISABLED_DenseKeepStepTimeWithin10Percent) {
   CheckCases(false, true, {"llama-8layer:keep"});
 }
 
-// Not met (issue 12): the MoE case is predicted 18% fast (0.124 s against 0.152 s). Its terms
-// (printed) are GEMMs 28 ms, grouped expert GEMMs 23 ms, attention 22 ms, element-wise 47 ms,
-// launches 4 ms. The grouped term is torch._grouped_mm's own rate (Note [torch._grouped_mm
-// rate] in hardware.cc: the CUTLASS sm90 cooperative 128x256x64 kernel every one of the six
-// calls per layer runs here; 1.1e13 FLOPs at 480.5 TFLOP/s at 512 rows per expert, from the
-// public H100 measurement of that kernel at this case's gate/up shape). Counted from PyTorch's
-// source since: each _grouped_mm is two kernels, and the index_put(accumulate) of
-// `hidden[perm // k]`'s gradient reads and rewrites a token's row once per routed copy
-// (stowage/hf_profile.py Note [Kernel bytes]): -18.9% -> -18.4%.
+// Not met: the MoE case is predicted 18% fast (0.124 s against 0.152 s). Its terms (printed) are
+// GEMMs 28 ms, grouped expert GEMMs 23 ms, attention 22 ms, element-wise 47 ms, launches 4 ms. The
+// grouped term is torch._grouped_mm's own rate (Note [torch._grouped_mm rate] in hardware.cc: the
+// CUTLASS sm90 cooperative 128x256x64 kernel every one of the six calls per layer runs here; 1.1e13
+// FLOPs at 480.5 TFLOP/s at 512 rows per expert, from the public H100 measurement of that kernel at
+// this case's gate/up shape). Counted from PyTorch's source since: each _grouped_mm is two kernels,
+// and the index_put(accumulate) of `hidden[perm // k]`'s gradient reads and rewrites a token's row
+// once per routed copy (Note [Kernel bytes] in python/stowage/): -18.9% -> -18.4%.
 // Also known: transformers 5.17 (the measured version) masks EP sentinels unconditionally in
 // grouped_mm_experts_forward (a compare, a clamp_ and three masked_fill over [t*k, h],
 // [t*k, 2fe], [t*k, h], and their three gradients: 361 KB per token and 8 kernels a layer,

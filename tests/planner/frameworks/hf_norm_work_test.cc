@@ -34,8 +34,9 @@ TEST(HfNormWork, EachFamilysNormCostsWhatTheRealModuleMeasures) {
   EXPECT_GE(rows, 3);  // a row of each kind of norm code at least
 }
 
-// The gated DeltaNet / KDA mixers through transformers' torch fallbacks (Note [hf linear attention
-// work]): bytes, kernels and the chunk loops' GEMM FLOPs, forward and backward, exactly.
+// The gated DeltaNet / KDA mixers through transformers' torch fallbacks
+// (Note [hf linear attention work]): bytes, kernels and the chunk loops' GEMM FLOPs, forward and
+// backward, exactly.
 TEST(HfLinearAttentionWork, EachMixerCostsWhatTheRealFallbackMeasures) {
   std::ifstream in(std::string(STOWAGE_SOURCE_DIR) +
                    "/tests/planner/data/hf_linear_attention_work.json");

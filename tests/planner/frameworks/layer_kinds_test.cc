@@ -1,4 +1,4 @@
-// The layer kinds and features of issue 13, each checked against a hand count of what its
+// The layer kinds and features of docs/models.md, each checked against a hand count of what its
 // Megatron-Core/TE layer keeps per token (cost_model.cc names the code each term comes from), and
 // the parameter terms they add. One rank, TP 1, CP 1, bf16 activations: a tensor of width w
 // keeps 2w bytes per token.
@@ -212,7 +212,7 @@ TEST(LayerKinds, KdaLayerByHand) {
   // The raw gate (H d), beta's logits (H) and fp32 sigmoid (H), f_proj's and g_proj's
   // low-rank inputs of the second linears (d each).
   EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.gates"), (inner + heads + 2 * d) * 2 + heads * 4);
-  // Aqk and Akk: [B, T, H, 64] bf16 each. Session 4's note estimated 4 x H x 64 bytes.
+  // Aqk and Akk: [B, T, H, 64] bf16 each, 4 x H x 64 bytes together.
   EXPECT_DOUBLE_EQ(PerToken(s, 0, "attn.chunk_a"), 4 * heads * chunk);
   // The gated output norm keeps the core's output, one fp32 rstd per head and the gate;
   // o_proj keeps the norm's output.
@@ -223,7 +223,7 @@ TEST(LayerKinds, KdaLayerByHand) {
                    4 * 128 * 2 + 2 * 4 + attention);
 }
 
-// Regression (session 4's note): kda_conv and gdn_conv claimed to free the conv output, but
+// Regression: kda_conv and gdn_conv claimed to free the conv output, but
 // the convs save only their inputs and the core keeps what it needs of their output (v itself,
 // l2-normalised copies of q and k), so rerunning a conv frees nothing: the optimizer was
 // promised 3 x inner x 2 bytes per token (KDA) that no recompute returns. Neither layer has a
@@ -247,7 +247,7 @@ TEST(LayerKinds, LinearAttentionConvRecomputeFreesNothing) {
   }
 }
 
-// Regression (session 3's note): KDA and gated DeltaNet listed attn.core_out under an attn_core
+// Regression: KDA and gated DeltaNet listed attn.core_out under an attn_core
 // module, so selective recompute of the core claimed to free it, although the gated output
 // norm, its consumer, keeps it. Neither layer has an attn_core module now, and core_out is
 // held under every selective recompute.
@@ -269,10 +269,10 @@ TEST(LayerKinds, LinearAttentionCoreOutputIsKeptByItsConsumer) {
   }
 }
 
-// Under hf the gated DeltaNet and KDA recipes model transformers' torch fallbacks (Note [hf
-// linear attention]): what runs where flash-linear-attention and causal-conv1d are not
-// installed. The summary says so for a step with such layers, and only under hf: megatron's
-// recipes are fla's and Megatron-Core's kernels, and a model without them has nothing to say.
+// Under hf the gated DeltaNet and KDA recipes model transformers' torch fallbacks
+// (Note [hf linear attention]): what runs where flash-linear-attention and causal-conv1d are not
+// installed. The summary says so for a step with such layers, and only under hf: megatron's recipes
+// are fla's and Megatron-Core's kernels, and a model without them has nothing to say.
 TEST(LayerKinds, HfSummarySaysWhichLinearAttentionPathItModels) {
   RunSettings run;
   run.seq_len = 4096;
@@ -291,14 +291,13 @@ TEST(LayerKinds, HfSummarySaysWhichLinearAttentionPathItModels) {
   EXPECT_EQ(HfLinearAttentionPath(*BuildStepCost(Parse(Dense("llama")), hw, hf)), "");
 }
 
-// Under hf, attn_core is the attention call rerun under torch.utils.checkpoint (Note [hf
-// attn_core]): it frees what the call keeps inside and never the output, which o_proj keeps.
-// Session 4's note: the module claimed the output too (2 x heads x head_dim bytes per token).
+// Under hf, attn_core is the attention call rerun under torch.utils.checkpoint
+// (Note [hf attn_core]): it frees what the call keeps inside and never the output, which o_proj
+// keeps. Regression: the module claimed the output too (2 x heads x head_dim bytes per token).
 // Llama (SDPA, no mask): the fp32 logsumexp only. Mistral past its window (a mask): k and v
-// repeated from 2 to 4 heads and SDPA's bf16 copy of the mask, 2 bytes per key. Gemma 2
-// (eager): the s x s scores (softmax fp32 + its bf16 copy, the soft-capping tanh) and the
-// repeats. tests/python/test_hf_layer_kinds.py RecomputedCoreTest measures the same on the real
-// layers.
+// repeated from 2 to 4 heads and SDPA's bf16 copy of the mask, 2 bytes per key. Gemma 2 (eager):
+// the s x s scores (softmax fp32 + its bf16 copy, the soft-capping tanh) and the repeats.
+// tests/python/test_hf_layer_kinds.py RecomputedCoreTest measures the same on the real layers.
 TEST(LayerKinds, HfAttnCoreFreesOnlyWhatTheCallKeepsInside) {
   RunSettings run;
   run.seq_len = 4096;
@@ -520,9 +519,9 @@ TEST(LayerKinds, MtpModuleIsInFixedMemory) {
   EXPECT_NEAR(static_cast<double>(with.fixed.weights - without.fixed.weights), 2 * mtp, 8.0);
 }
 
-// transformers drops the MTP weights on load and never runs the module (Note [MTP] in
-// cost_model.cc): under the hf profile the fixed memory holds none of it, though the model's
-// parameter count still names it.
+// transformers drops the MTP weights on load and never runs the module (Note [MTP layers] in
+// planner/frameworks/megatron.cc): under the hf recipe the fixed memory holds none of it, though
+// the model's parameter count still names it.
 TEST(LayerKinds, MtpModuleIsNotLoadedByTransformers) {
   ModelConfig m = Read("glm-5.1.json");
   ASSERT_EQ(m.mtp_layers, 1);
@@ -544,7 +543,7 @@ TEST(LayerKinds, MtpModuleIsNotLoadedByTransformers) {
   EXPECT_EQ(with.layers.size(), without.layers.size());
 }
 
-// transformers runs an FFN over every token at once: under the hf profile no option chunks it,
+// transformers runs an FFN over every token at once: under the hf recipe no option chunks it,
 // and a plan that must squeeze memory still never picks ffn_chunks > 1 (it chose 2-8 before,
 // below what the real code holds).
 TEST(LayerKinds, HfLayersAreNeverChunked) {

@@ -28,7 +28,7 @@ TEST(HardwarePreset, H200CarriesTheMeasuredFigures) {
 // Note [SDPA on sm90]: the H100-die presets time attention as cuDNN 9.19 ran it on an H200 in
 // cudnn-frontend's benchmark (llama3.1_20260227_034703.csv, 16384 tokens, 64 query heads over 8,
 // head dim 128, causal, bf16): forward 6.531 ms, backward 19.002 ms of device time. The FLOPs are
-// counted as the recipes count them (framework_hf.cc AttentionCore, cost_model.cc): 2 heads
+// counted as the recipes count them (the hf recipe's AttentionCore, megatron.cc): 2 heads
 // (dqk + dv) per key, s / 2 keys per query under the causal mask, backward 2.5x the forward.
 TEST(HardwarePreset, H100DieAttentionIsCudnnOnH200) {
   const double s = 16384, heads = 64, d = 128;
@@ -138,7 +138,7 @@ std::string WithField(const std::string& field, const std::string& value) {
   return j.dump();
 }
 
-// Regression (issue 11): the old reader took `hbm_bytes: -1` as 2^64-1 and planned against a
+// Regression: the old reader took `hbm_bytes: -1` as 2^64-1 and planned against a
 // 16 EiB budget; 1.5 became 1, true became 1, and 1e30 for a uint64 field was undefined
 // behaviour inside nlohmann's conversion.
 TEST(HardwareProfileJson, LooseNumbersAreErrorsNamingFieldValueAndRange) {

@@ -148,8 +148,8 @@ TEST(OpTime, ClassesAddAndTheBreakdownSumsToTheTotal) {
 }
 
 TEST(OpTime, PresetsGiveTheDerivedRates) {
-  // A 4096 x 4096 x 4096 GEMM (2 x 4096^3 FLOPs) on H200 at 746 of 989 TFLOP/s (Note [Op
-  // rates]): 184.2 us.
+  // A 4096 x 4096 x 4096 GEMM (2 x 4096^3 FLOPs) on H200 at 746 of 989 TFLOP/s (Note [Op rates]):
+  // 184.2 us.
   const HardwareProfile h200 = *HardwarePreset("h200");
   EXPECT_NEAR(OpSeconds({.gemm_flops = 2.0 * 4096 * 4096 * 4096}, h200),
               2.0 * 4096 * 4096 * 4096 / 746e12, 1e-9);

@@ -307,7 +307,7 @@ TEST(HfConfig, ListModelsNamesFamiliesAliasesAndPresets) {
   EXPECT_THAT(text, HasSubstr("gpt-oss-120b (gpt_oss): 116.83B"));
 }
 
-// Issue 11 item 4: numbers are read strictly, syntax errors say where.
+// Numbers are read strictly, syntax errors say where.
 TEST(HfConfig, NumbersAreStrict) {
   auto with = [](const std::string& field, const std::string& value) {
     std::string base = R"({"model_type": "llama", "hidden_size": 4096, "vocab_size": 1000,

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/planner/pipeline_jobs.h"
+#include "tests/planner/search/exhaustive_search.h"
 
 namespace stowage::planner {
 namespace {
@@ -406,11 +407,11 @@ TEST(Optimizer, BackwardWaitBoundNeverExceedsTheExhaustiveOptimum) {
   EXPECT_GT(waiting, 5) << waiting;  // the class exercises copy waits
 }
 
-// Issue 14's deep model: Llama-3-8B's layer 1,000 times on a B200 at 4K tokens, where the host
-// budget binds (the plan without it pins more than the budget), one stage and stage 0 of 16
-// (62 layers, 16 in flight): within the default gap of the search's bound (before Note [Two
-// prices]: 0.23% and more, the bound 207.23 s against a 207.71 s plan; before Note [Whole layers]
-// stage 0 of 16 was 0.051% from its bound).
+// A deep model: Llama-3-8B's layer 1,000 times on a B200 at 4K tokens, where the host budget
+// binds (the plan without it pins more than the budget), one stage and stage 0 of 16 (62 layers,
+// 16 in flight): within the default gap of the search's bound (before Note [Two prices]: 0.23%
+// and more, the bound 207.23 s against a 207.71 s plan; before Note [Whole layers] stage 0 of 16
+// was 0.051% from its bound).
 TEST(Optimizer, ThousandLayersWithABindingHostBudgetAreWithinTheDefaultGap) {
   ModelConfig m = *ModelPreset("llama-3-8b");
   m.layers.assign(1000, m.layers[0]);
@@ -434,7 +435,7 @@ TEST(Optimizer, ThousandLayersWithABindingHostBudgetAreWithinTheDefaultGap) {
     ASSERT_TRUE(r.feasible);
     EXPECT_LE(r.sim.host_bytes, o.host_budget_bytes);
     EXPECT_LE(r.lower_bound_seconds, r.sim.step_seconds);
-    // Note [Whole layers]: within the default gap (0.01%), not only the issue's 0.1%.
+    // Note [Whole layers]: within the default gap (0.01%), not only 0.1%.
     EXPECT_TRUE(r.within_gap);
     EXPECT_LE(r.sim.step_seconds, r.lower_bound_seconds * (1 + o.optimality_gap));
     OptimizerOptions unlimited = o;
@@ -494,7 +495,7 @@ TEST(Optimizer, InFlightMicrobatchesMultiplyLayerMemory) {
   EXPECT_EQ(Simulate(step, offload, false).host_bytes, 3 * step.layers[0].input_bytes);
 }
 
-// Note [Option groups] (optimizer.cc): with microbatches in flight, the options of a layer that
+// Note [Option groups] (pareto_fronts.cc): with microbatches in flight, the options of a layer that
 // differ only in their chunk count (the same resident bytes, a smaller working set for more
 // compute) yield, per label of the next front, only the cheapest up to the first whose own room
 // admits the label's slack. Several chunk counts and budgets near the offloading peak, so that a
@@ -578,7 +579,7 @@ TEST(Optimizer, EqualsExhaustiveSearchOnFewLayersManyInFlightTightBudget) {
   EXPECT_GT(waiting, 5);  // the class exercises copy waits
 }
 
-// Regression (issue 14): DeepSeek-V3 on h800, EP 64, PP 16 (layout 3,4,...,4,2), 16 microbatches,
+// Regression: DeepSeek-V3 on h800, EP 64, PP 16 (layout 3,4,...,4,2), 16 microbatches,
 // 4K tokens. Stage 1 (four MLA+MoE layers, 15 in flight, the GPU budget nearly full) offloads one
 // layer whose save waits 6.9 ms; the bound counted half of it and the search stopped at its node
 // limit "1.5% faster". Every stage is proven now.
@@ -690,8 +691,8 @@ OptimizerOptions Budgets(const StepCost& step) {
 
 // A pipeline stage of the reference model holding 2 or 4 microbatches of every layer: proven
 // optimal too; 4 at 512K tokens needs more host memory than a B200 has, and says so. Such a stage
-// is not the last (1F1B: the last holds one microbatch), so it has no MTP layer (Note [MTP
-// layers] in cost_model.cc).
+// is not the last (1F1B: the last holds one microbatch), so it has no MTP layer
+// (Note [MTP layers] in cost_model.cc).
 TEST(Optimizer, ReferenceStagesWithMicrobatchesInFlightAreProvenOptimal) {
   auto Reference = [](uint64_t seq_len) {
     RunSettings run;
@@ -840,7 +841,7 @@ TEST(Optimizer, LongestFittingSequence) {
 }
 
 }  // namespace
-// Regression (issue 11): the optimizer's tables grew with layers x buckets^2 (1,000 layers took
+// Regression: the optimizer's tables grew with layers x buckets^2 (1,000 layers took
 // 11.7 s, 5,000 took 234 s and 1.3 GB; 100,000 ran out of memory). Deep models now plan with
 // bounded work (Note [Bounded work]); the answer is honest about its gap. (Times are printed by
 // `stowage bench plan --layers`, not asserted here.)

@@ -293,7 +293,7 @@ TEST(PipelineStep, PointToPointGrowsWhenNeighboursCrossNodes) {
   EXPECT_THAT(table, HasSubstr("16.0 MiB per message each way, the slowest boundary over network"));
 }
 
-// Issue 14: the rank order decides the link of every boundary. 64 H200s (8 per NVLink domain),
+// The rank order decides the link of every boundary. 64 H200s (8 per NVLink domain),
 // TP 4, PP 2: under Megatron's default tp-cp-ep-dp-pp the stages are ranks 0-31 and 32-63 and
 // every message crosses the network; under tp-cp-ep-pp-dp the stages alternate in blocks of 4,
 // rank r pairing with r + 4 in its domain, and every message runs on NVLink. 1F1B waits for
@@ -422,7 +422,7 @@ TEST(PipelineStep, InterleavedHidesExchangesInTheSteadyState) {
   EXPECT_NEAR(p->p2p_step_seconds, 0.5 * 3 * network, 1e-12);
 }
 
-// Issue 14, done-when: DeepSeek-V3 on 2,048 GPUs with PP 16, EP 64 and 16 microbatches plans every
+// DeepSeek-V3 on 2,048 GPUs with PP 16, EP 64 and 16 microbatches plans every
 // stage, and stage 0 (16 microbatches in flight) needs more than the last (1); on H200s and on
 // the 80 GB H800s it was trained on. 2048 / 16 = 128 ranks a stage: every boundary leaves its
 // node, two 4096 x 7168 x 2-byte messages per microbatch on a middle stage.

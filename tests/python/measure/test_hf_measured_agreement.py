@@ -1,0 +1,205 @@
+"""`stowage plan --profile <measured>` against `stowage plan --framework hf` and against the live
+bytes of the whole step, on every family transformers builds here: peaks and step times within
+1%; and the public H200 cases through the measured profile: peaks within 3%, as the analytic
+profile. The tables say where a side is known to miss, and why."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import unittest
+
+import support  # noqa: F401  (puts the package on sys.path)
+from measure.hf_cases import (CUBLAS_WORKSPACES, FAMILIES, HAVE, LENGTHS, MEASURED, MEASURING,
+                              POLICIES, live_step, needs_hf, peak, plan, plan_both)
+
+if HAVE:
+    from stowage.measure.hf_fit import HfMeasurement
+    from stowage.measure.hf_model import build_hf_model
+    from stowage.measure.hf_profile import measure_hf, to_model_profile
+
+
+# Where the measured profile is above the truth, and why: the planner's structure, not the
+# measurement (family, tokens) -> the reason.
+# Mixtral 4096 (+2.1-2.4%) was here until the profile stated the moment a layer's backward peaks
+# (schema_version 2: the gradients made by then, the saved tensors released by then;
+# Note [The backward peak's moment] in stowage/measure/hf_step.py): keep +2.39% -> 0.00%, recompute
+# +2.13% -> -0.25%.
+MEASURED_GAPS: dict = {}
+
+# Where the measured profile is below the truth by more than 1%, and why (the planner's structure
+# again; the test fails once it is not): (family, policy, tokens) -> the reason.
+MEASURED_BELOW: dict = {}
+# Both rows that were here peak with the model output's logits alive beyond the loss, which the
+# profile counted in the layers' own backward bytes only; it states them now
+# (loss.held_logits_bytes, Note [The backward peak's moment] in stowage/measure/hf_step.py):
+# deepseek_v3 4096 recompute (at the step's end, every gradient made) -1.32% -> -0.07%; glm_moe_dsa
+# 4096 recompute (layer 0's rerun with the DSA indexer's scores, Note [Recompute moment] in
+# planner/cost/cost_model.cc: -6.15% -> -2.40%) -2.40% -> 0.00%.
+
+# Where the two profiles' step times differ by more than 1%, and why: family -> the reason.
+# The linear-attention hybrids were all here (measured step +10% to +92% at 768 tokens) until
+# the recipe counted the torch fallbacks' chunk loops op by op (Note [hf linear attention work]
+# in planner/frameworks/hf.cc): qwen3_5_text +10.4% -> +0.1%, kimi_linear +91.9% / +78.9% ->
+# +0.2% / +0.2%, qwen3_next +16.0% / +14.4% -> +1.2% / +1.1%, qwen3_5_moe_text +14.8% -> +1.2%.
+# The last two kept +1.2% in their MoE block (8 us forward, 66 us backward a layer) until both
+# sides counted its sorts and index_puts from their CUDA code (Note [Routing kernels] in
+# planner/frameworks/hf.cc): qwen3_next +1.2% -> +0.7%, qwen3_5_moe_text +1.2% -> +0.8%.
+STEP_GAPS: dict = {}
+
+# Where `--framework hf` misses what transformers' code holds by more than 1% (the live bytes say
+# so; the test fails once the recipe is fixed: then drop the entry). (family, policy, tokens or None
+# for every length) -> the term. Mistral 4096 recompute, Mixtral (both lengths) and Llama 4 4096
+# recompute were here until the simulator made each layer's gradients when its modules' backward
+# runs and the hf recipe held the output's logits through the backward (Note [Gradient timing] in
+# planner/cost/cost_model.cc, Note [hf gradient timing] in planner/frameworks/hf.cc); Llama 4
+# recompute went from +4.17% to +0.68% (the 0.21 GiB its entry left unattributed).
+ANALYTIC_GAPS = {
+    # Gemma 2 at 16384 with recompute (-6.8%, then -1.05% with the logits held) peaks in the
+    # backward of layer 1 with the step's two s x s masks alive, which the layers' checkpoints
+    # hold: it left this table with them counted in a recomputed layer's backward
+    # (LayerCost::checkpoint_held_bytes, Note [hf masks] in planner/frameworks/hf.cc): +0.37%;
+    # gpt_oss recompute -0.18% -> +0.18% at 4096, -0.44% -> +0.44% at 16384 by the same masks.
+    # glm_moe_dsa 4096 recompute (-5.2%) left it with the rerun forward's indexer scores in the
+    # backward peak (Note [Recompute moment] in planner/cost/cost_model.cc): 0.00%. gpt_oss (4096
+    # and 16384 recompute, 16384 keep: -6.0%, -5.8%, -4.1%) left it with the held logits.
+    # glm4_moe 4096 keep (-1.05%: o_proj's copy of the attention output after GLM-4.5's
+    # partial-RoPE cat) left it with Note [hf partial rotary] in planner/frameworks/hf.cc: -0.00%.
+    # glm_moe_dsa 4096 keep (-1.04%) and deepseek_v3 4096 recompute (-1.7%) left this table with
+    # the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
+    # kimi_linear 768 keep and recompute (+2.62%: the KDA core's backward transient charged as
+    # everything the core keeps) left it with the transient at the fallback's backward peak,
+    # decay_mask's SelectBackward0 in the last chunk, the FFN's input norm freed by then
+    # (LinearAttention and BuildHfLayer in framework_hf.cc): -0.02%.
+    # Gemma 2 / gpt-oss recompute held both of the step's masks to the lowest checkpoint's
+    # backward (an upper bound); each layer type's mask is now held by its own checkpoints
+    # (LayerCost::checkpoint_held_group, Note [hf masks]): gemma2 16384 +0.21% -> -0.15%,
+    # gpt_oss 4096 +0.05% -> -0.13%, 16384 +0.36% -> -0.08% (what is left below the live bytes
+    # is 2h per token in the recomputed layers' backward, in every family's recompute rows).
+}
+
+
+# How close the analytic hf plan and the measured profile's plan must be where neither is known to
+# miss (no gap above): the two count the same moments (EvaluateOption's, Note [Measured layers] in
+# planner/frameworks/layer_profile.cc), so they agree to the bytes the fit rounds (every row within
+# 0.01%). Looser, the bookkeeping of a moment slips through: olmo3 4096 recompute was -0.73% (the
+# input's gradient counted before autograd makes it, and down_proj's gradient at the
+# post-feedforward norm's moment: Note [Gradient timing] in planner/cost/cost_model.cc,
+# Note [hf OLMo and Phi-3] in planner/frameworks/hf.cc), llama4_text 16384 recompute -0.26% without
+# the shared expert's input gradient at the routed experts' moment.
+HF_MEASURED_AGREEMENT = 0.0005
+
+# The families whose forward under recompute the hf recipe counts at its moment (every layer's
+# forward level within 1% of the live bytes): Note [hf recompute forward] in
+# planner/frameworks/hf.cc. Llama 4's MoE layers were 13.8 GiB low at 16384 tokens.
+RECOMPUTE_FORWARD = ("llama4_text",)
+
+
+@needs_hf
+class AgreementTest(unittest.TestCase):
+    def test_measured_and_analytic_hf_profiles_agree_within_1_percent(self) -> None:
+        # Three peaks per family, length and policy: the live bytes of the whole step at full
+        # depth (the truth on these fake tensors: the real code at real widths; recompute is
+        # transformers' own gradient checkpointing), `stowage plan --profile <measured>`, and
+        # `stowage plan --framework hf`. The measured profile must land within 1% of the truth;
+        # the analytic plan within 1% of the truth and the two profiles within 1% of each other
+        # (unless the measured profile is known to miss, MEASURED_GAPS), except where the
+        # analytic plan is known to miss the truth (ANALYTIC_GAPS), where it must still miss it
+        # by more than 1% (the test fails once that is fixed: then drop the entry); their step
+        # times within 1%. The CPU cannot
+        # see the cuBLAS workspaces (64 MiB, CUDA only): they are added to the measured side.
+        rows = []
+        only = os.environ.get("STOWAGE_HF_FAMILIES")  # a comma list, to iterate on a few
+        for family, config in FAMILIES.items():
+            if only and family not in only.split(","):
+                continue
+            m = (measure_hf(config, lengths=MEASURING[family]) if family in MEASURING else
+                 measure_hf(config, seq_len=4096))
+            full = build_hf_model(config, one_per_kind=False)
+            for seq_len in LENGTHS.get(family, (4096, 16384)):
+                if not m.covers(seq_len):  # Note [One side of every threshold]
+                    m = measure_hf(config, seq_len=seq_len)
+                for force in POLICIES.get(family, ("keep", "recompute")):
+                    with self.subTest(family=family, seq_len=seq_len, force=force):
+                        truth, live_forward = live_step(full, seq_len, force == "recompute")
+                        truth += CUBLAS_WORKSPACES
+                        a, b, levels = plan_both(config, m, seq_len, force)
+                        analytic, measured = peak(a), peak(b) + CUBLAS_WORKSPACES
+                        ta, tb = a["predicted"]["step_seconds"], b["predicted"]["step_seconds"]
+                        rows.append(f"{family:10s} {seq_len:6d} {force:9s} {truth / 2**30:8.3f} "
+                                    f"{measured / 2**30:8.3f} {analytic / 2**30:8.3f} "
+                                    f"{100 * (measured - truth) / truth:+6.2f}% "
+                                    f"{100 * (measured - analytic) / analytic:+6.2f}% "
+                                    f"{ta:8.4f} {tb:8.4f} {100 * (tb - ta) / ta:+6.1f}%")
+                        below = MEASURED_BELOW.get((family, force, seq_len))
+                        if below is not None:
+                            self.assertLess(measured, truth * 0.99, f"{rows[-1]}: {below}")
+                        elif (family, seq_len) in MEASURED_GAPS:
+                            # Conservative: never below the truth, within 3%.
+                            self.assertGreaterEqual(measured, truth, rows[-1])
+                            self.assertLessEqual((measured - truth) / truth, 0.03,
+                                                 f"{rows[-1]}: {MEASURED_GAPS[family, seq_len]}")
+                        else:
+                            self.assertLessEqual(abs(measured - truth) / truth, 0.01, rows[-1])
+                        # Step time: the same op work by class on both sides (Note [Kernel bytes] in
+                        # stowage/measure/op_work.py; Note [Step time] in planner/frameworks/hf.cc),
+                        # so the same seconds within 1%.
+                        step_gap = STEP_GAPS.get(family)
+                        if step_gap is None:
+                            self.assertLessEqual(abs(tb - ta) / ta, 0.01, rows[-1])
+                        else:
+                            self.assertGreater(abs(tb - ta) / ta, 0.01, f"{rows[-1]}: {step_gap}")
+                        gap = ANALYTIC_GAPS.get((family, force, seq_len),
+                                                ANALYTIC_GAPS.get((family, force, None)))
+                        if gap is None:
+                            self.assertLessEqual(abs(analytic - truth) / truth, 0.01, rows[-1])
+                            # A measured profile known to miss the truth is not held to the
+                            # analytic plan that meets it.
+                            if (family, seq_len) not in MEASURED_GAPS and below is None:
+                                self.assertLessEqual(abs(measured - analytic) / analytic,
+                                                     HF_MEASURED_AGREEMENT, rows[-1])
+                        else:
+                            self.assertGreater(abs(analytic - truth) / truth, 0.01,
+                                               f"{rows[-1]}: {gap}")
+                        # Each layer's forward under recompute (the plan's level there, the
+                        # timeline's points 1..n: plan_levels), where the recipe states the
+                        # moment (Note [hf recompute forward] in planner/frameworks/hf.cc).
+                        if force == "recompute" and family in RECOMPUTE_FORWARD:
+                            for j, live in enumerate(live_forward):
+                                live += CUBLAS_WORKSPACES
+                                self.assertLessEqual(
+                                    abs(levels[1 + j] - live) / live, 0.01,
+                                    f"{rows[-1]}: the forward of layer {j}: planned "
+                                    f"{levels[1 + j] / 2**30:.3f} GiB, live {live / 2**30:.3f}")
+        print("\nfamily     tokens policy    live GiB measured   hf GiB  vs live  vs hf   "
+              "hf s     meas s   diff\n" + "\n".join(rows))
+
+    def test_public_h200_cases_through_the_measured_profile(self) -> None:
+        cases = []
+        with open(os.path.join(MEASURED, "hf-h200.jsonl")) as f:
+            for line in f:
+                j = json.loads(line)
+                if "case" in j:
+                    cases.append(j)
+        self.assertEqual(len(cases), 4)
+        measured: dict[str, HfMeasurement] = {}
+        for c in cases:
+            key = json.dumps(c["config"], sort_keys=True)
+            if key not in measured:
+                measured[key] = measure_hf(os.path.join(MEASURED, c["config"]))
+            force = "recompute" if c["gradient_checkpointing"] else "keep"
+            with self.subTest(case=c["case"], seq_len=c["seq_len"], force=force):
+                with tempfile.TemporaryDirectory() as tmp:
+                    prof = os.path.join(tmp, "profile.json")
+                    to_model_profile(measured[key], c["seq_len"]).save(prof)
+                    p = plan(["--profile", prof, "--hardware", "h200", "--force", force])
+                err = (peak(p) - c["peak_bytes_2"]) / c["peak_bytes_2"]
+                print(f"\n{c['case']:16s} {force:9s} measured profile "
+                      f"{peak(p) / 2**30:.3f} GiB, H200 {c['peak_bytes_2'] / 2**30:.3f} GiB "
+                      f"({100 * err:+.2f}%)")
+                self.assertLessEqual(abs(err), 0.03)
+
+
+if __name__ == "__main__":
+    unittest.main()
