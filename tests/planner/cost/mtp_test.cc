@@ -1,6 +1,6 @@
 // Multi-token prediction as plannable layers of the last stage under megatron (Note [MTP layers]
-// in planner/cost/cost_model.cc, Note [MTP layers] in include/stowage/plan.h): the saved bytes of an
-// MTP layer counted by hand from Megatron-Core's multi_token_prediction.py, its place after the
+// in planner/cost/cost_model.cc, Note [MTP layers] in include/stowage/plan.h): the saved bytes of
+// an MTP layer counted by hand from Megatron-Core's multi_token_prediction.py, its place after the
 // decoder layers on the last pipeline stage, --mtp-layers 0, the hf refusal, the emitted
 // --mtp-num-layers and the plan JSON round trip.
 #include <gmock/gmock.h>
@@ -9,13 +9,13 @@
 #include <algorithm>
 #include <string>
 
+#include "bridges/megatron_emit.h"
 #include "planner/cost/cost_model.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
+#include "planner/report/report.h"
 #include "planner/search/optimizer.h"
 #include "planner/search/pipeline.h"
-#include "planner/report/report.h"
-#include "bridges/trainer_arguments.h"
 #include "stowage/plan.h"
 #include "tests/planner/pipeline_jobs.h"
 
@@ -225,7 +225,7 @@ TEST(MtpLayer, ZeroLayersTrainsNone) {
   EXPECT_THAT(PlanToJson(plan), Not(HasSubstr("mtp_layers")));
   EXPECT_THAT(RenderSummary(without, plan, r),
               HasSubstr("multi-token prediction not trained (--mtp-layers 0)"));
-  EXPECT_THAT(MegatronArguments(plan, RunSettings{})->args,
+  EXPECT_THAT(bridges::EmitMegatronArguments(plan, RunSettings{})->args,
               Not(::testing::Contains("--mtp-num-layers")));
 }
 
@@ -260,7 +260,7 @@ TEST(MtpLayer, EmitMegatronSaysMtpNumLayers) {
   const OptimizeResult r = Optimize(step, o);
   const Plan plan = MakePlan(step, r, ComputeBaseline(step, o.gpu_budget_bytes),
                              {"stowage test", "deepseek-v3", "h200", 0, 0});
-  const TrainerArguments args = *MegatronArguments(plan, RunSettings{});
+  const bridges::MegatronArguments args = *bridges::EmitMegatronArguments(plan, RunSettings{});
   auto at = std::find(args.args.begin(), args.args.end(), "--mtp-num-layers");
   ASSERT_NE(at, args.args.end());
   EXPECT_EQ(*(at + 1), "1");
