@@ -270,7 +270,7 @@ absl::StatusOr<TorchtitanJobToml> EmitTorchtitanJob(const Plan& plan, const RunS
   out.notes.push_back(absl::StrCat(
       "the plan's per-layer bytes are the ", plan.framework,
       " framework's recipe (--framework); torchtitan runs its own model code, so measure its "
-      "layers (python -m stowage.profile) and plan with --profile for its exact figures"));
+      "layers (python -m stowage.measure.profile) and plan with --profile for its exact figures"));
   return out;
 }
 
