@@ -1,7 +1,7 @@
 // The CUDA kernels `stowage calibrate` times to measure the memory-bound and per-kernel rates
 // of a GPU (the GEMM rates come from cuBLAS). Built only with the CUDA backend.
-#ifndef STOWAGE_TOOLS_CALIBRATE_KERNELS_H_
-#define STOWAGE_TOOLS_CALIBRATE_KERNELS_H_
+#ifndef STOWAGE_CLI_CALIBRATE_KERNELS_H_
+#define STOWAGE_CLI_CALIBRATE_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
@@ -19,4 +19,4 @@ cudaError_t LaunchCopyKernel(const void* src, void* dst, size_t bytes, int sm_co
 
 }  // namespace stowage::tools
 
-#endif  // STOWAGE_TOOLS_CALIBRATE_KERNELS_H_
+#endif  // STOWAGE_CLI_CALIBRATE_KERNELS_H_

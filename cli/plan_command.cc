@@ -12,31 +12,32 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/bytes.h"
+#include "bridges/megatron_emit.h"
+#include "bridges/megatron_read.h"
+#include "bridges/torchtitan_emit.h"
+#include "bridges/torchtitan_read.h"
+#include "cli/cli.h"
+#include "cli/commands.h"
 #include "planner/cost/cost_model.h"
 #include "planner/cost/run_settings.h"
 #include "planner/frameworks/hf.h"
+#include "planner/frameworks/layer_profile.h"
 #include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
+#include "planner/report/pipeline_report.h"
+#include "planner/report/report.h"
 #include "planner/search/baseline.h"
 #include "planner/search/optimizer.h"
 #include "planner/search/pipeline.h"
-#include "planner/frameworks/layer_profile.h"
-#include "planner/report/report.h"
-#include "planner/report/pipeline_report.h"
-#include "bridges/trainer_arguments.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
-#include "cli/cli.h"
-#include "cli/commands.h"
-#include "bridges/trainer_config.h"
 
 namespace stowage::tools {
 namespace {
 
 using planner::HardwareProfile;
 using planner::ModelConfig;
-
 
 bool LooksLikePath(const std::string& s) {
   return s.find('/') != std::string::npos || s.ends_with(".json");
@@ -246,7 +247,7 @@ absl::Status ReadForce(const cli::FlagParser& flags, planner::OptimizerOptions& 
 // Megatron's two accounting switches; planner::ValidatePipeline checks them against each other and
 // the model. Without --pp-layout, a torchtitan job's own split of the model's `num_layers` applies.
 absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
-                          const std::optional<TorchtitanSplit>& torchtitan_split,
+                          const std::optional<bridges::TorchtitanSplit>& torchtitan_split,
                           planner::RunSettings& r) {
   auto pp = flags.GetInt("pp", 1, 1, kPlanMaxPipelineStages);
   if (!pp.ok()) return pp.status();
@@ -294,7 +295,7 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
     r.microbatches = static_cast<int>(*global / per_step);
   }
   if (torchtitan_split.has_value() && !flags.Has("pp-layout")) {
-    auto stages = TorchtitanStageLayers(
+    auto stages = bridges::TorchtitanStageLayers(
         *torchtitan_split, num_layers, r.pp, r.schedule == PipelineSchedule::kInterleaved,
         flags.Has("vpp") ? std::optional<int>(r.vpp) : std::nullopt);
     if (!stages.ok()) return stages.status();
@@ -323,7 +324,7 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
 }
 
 absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
-                                  const std::optional<TorchtitanSplit>& torchtitan_split) {
+                                  const std::optional<bridges::TorchtitanSplit>& torchtitan_split) {
   Inputs in;
   auto model = flags.GetString("model", "glm-5.3-flash");
   if (!model.ok()) return model.status();
@@ -511,23 +512,26 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return true;
 }
 
-// --emit's text, or why the trainer cannot express the plan (Note [Megatron under pipeline
-// parallelism], Note [torchtitan under pipeline parallelism] in bridges/trainer_arguments.h).
+// --emit's text, or why the trainer cannot express the plan
+// (Note [Megatron under pipeline parallelism] in bridges/megatron_emit.h,
+// Note [torchtitan under pipeline parallelism] in bridges/torchtitan_emit.h).
 absl::StatusOr<std::string> EmitText(const std::string& emit, const Plan& plan,
                                      const planner::RunSettings& run) {
   if (emit == "megatron") {
-    absl::StatusOr<planner::TrainerArguments> arguments = planner::MegatronArguments(plan, run);
+    absl::StatusOr<bridges::MegatronArguments> arguments =
+        bridges::EmitMegatronArguments(plan, run);
     if (!arguments.ok()) return arguments.status();
-    return planner::RenderMegatronArguments(plan, *arguments);
+    return bridges::RenderMegatronArguments(plan, *arguments);
   }
-  absl::StatusOr<planner::TrainerConfig> config = planner::TorchtitanConfig(plan, run);
-  if (!config.ok()) return config.status();
-  return planner::RenderTorchtitanConfig(plan, *config);
+  absl::StatusOr<bridges::TorchtitanJobToml> job = bridges::EmitTorchtitanJob(plan, run);
+  if (!job.ok()) return job.status();
+  return bridges::RenderTorchtitanJob(plan, *job);
 }
 
-// With pipeline parallelism (or several microbatches): every stage planned (planner/search/pipeline.h),
-// each stage's layers, the per-stage table naming the binding stage, the binding stage's summary;
-// with --emit, the trainer's settings instead, or why it cannot express the plan.
+// With pipeline parallelism (or several microbatches): every stage planned
+// (planner/search/pipeline.h), each stage's layers, the per-stage table naming the binding stage,
+// the binding stage's summary; with --emit, the trainer's settings instead, or why it cannot
+// express the plan.
 int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::string& format) {
   const std::optional<std::string> emit = flags.Get("emit");
   if (in.options.force.has_value()) {
@@ -550,8 +554,8 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::s
                  in.model_label.c_str(), in.hardware_label.c_str(),
                  static_cast<unsigned long long>(in.run.seq_len), binding.stage,
                  FormatBytes(binding.result.min_peak_bytes).c_str(),
-                 FormatBytes(in.options.gpu_budget_bytes).c_str(),
-                 binding.result.binding.c_str(), binding.result.explanation.c_str());
+                 FormatBytes(in.options.gpu_budget_bytes).c_str(), binding.result.binding.c_str(),
+                 binding.result.explanation.c_str());
     // Note [Plans that do not fit]: the closest plan is still the answer, unless a stage has none.
     for (const planner::StageResult& stage : pipeline->stages) {
       if (stage.result.schedule.options.size() != stage.step.layers.size()) return kExitUnmet;
@@ -621,7 +625,7 @@ int RunPlanCommand(int argc, char** argv) {
     return kExitUsage;
   }
   // Run settings from the trainer's own config: flags given on the command line win.
-  std::optional<TorchtitanSplit> torchtitan_split;
+  std::optional<bridges::TorchtitanSplit> torchtitan_split;
   for (const char* from : {"from-megatron", "from-torchtitan"}) {
     auto file = flags.Get(from);
     if (!file.has_value()) continue;
@@ -632,9 +636,9 @@ int RunPlanCommand(int argc, char** argv) {
       std::fprintf(stderr, "stowage plan: --%s=%s: cannot read the file\n", from, file->c_str());
       return kExitUsage;
     }
-    absl::StatusOr<TrainerSettings> settings = std::string(from) == "from-megatron"
-                                                   ? ReadMegatronSettings(text.str(), *file)
-                                                   : ReadTorchtitanSettings(text.str(), *file);
+    absl::StatusOr<bridges::TrainerSettings> settings =
+        std::string(from) == "from-megatron" ? bridges::ReadMegatronSettings(text.str(), *file)
+                                             : bridges::ReadTorchtitanSettings(text.str(), *file);
     if (!settings.ok()) {
       std::fprintf(stderr, "stowage plan: %s\n", std::string(settings.status().message()).c_str());
       return kExitUsage;
@@ -781,8 +785,7 @@ int RunPlanCommand(int argc, char** argv) {
         "does not fit: %s on %s at %llu tokens needs at least %s per GPU against a budget of %s\n"
         "binding: %s\n%s\n",
         in.model_label.c_str(), in.hardware_label.c_str(),
-        static_cast<unsigned long long>(in.run.seq_len),
-        FormatBytes(result.min_peak_bytes).c_str(),
+        static_cast<unsigned long long>(in.run.seq_len), FormatBytes(result.min_peak_bytes).c_str(),
         FormatBytes(in.options.gpu_budget_bytes).c_str(), result.binding.c_str(),
         result.explanation.c_str());
     // Note [Plans that do not fit]: the closest plan (MinimumPeak's) is still the answer; only

@@ -12,7 +12,7 @@ namespace stowage::planner {
 // Note [hf data parallel]
 // transformers eager across GPUs is torch's data parallelism (TP, CP and EP are 1: ValidateHfRun),
 // over the dp = gpus / pp ranks of a stage; --sharding names the engine as torchtitan's configs
-// do (bridges/trainer_config.cc): no_shard is DDP, optim DDP with torch's ZeroRedundancyOptimizer
+// do (bridges/torchtitan_read.cc): no_shard is DDP, optim DDP with torch's ZeroRedundancyOptimizer
 // (only the optimizer state sharded), optim_grads FSDP2 with reshard_after_forward=False,
 // optim_grads_params FSDP2's fully_shard. Fixed memory's weights and optimizer state shard as
 // under megatron (BuildStepCost), and the all-gather and reduce-scatter buffers are its

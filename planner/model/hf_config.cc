@@ -1,277 +1,51 @@
-// Reading a Hugging Face config.json: which family it is, and the shapes the cost model counts.
+// Reading a Hugging Face config.json: which family it is (the families: hf_families.h), and the
+// shapes the cost model counts, per family (each field read as transformers reads it:
+// hf_fields.h).
 //
 // Note [Family resolution]
 // One graph often ships under several names: Kimi-K2 is `DeepseekV3ForCausalLM` with model_type
 // `kimi_k2`; Mistral is Llama's graph; a multimodal checkpoint (`Qwen3VLForConditionalGeneration`,
 // `Llama4ForConditionalGeneration`) wraps a text decoder in `text_config`. The family is found
 // by `architectures[0]` first (what transformers instantiates), then the text decoder's
-// `text_config.model_type`, then the top-level `model_type`, each looked up in kFamilies. For a
-// wrapper only the text decoder is planned (the vision tower's activations and weights are not
-// counted), and the output says so. Fields a config leaves out take the dataclass defaults of
-// the family's transformers configuration class (hf_defaults.inc, generated from the pinned
-// transformers by scripts/gen-hf-defaults), and the output names each one taken; an explicit null
-// is transformers' None, not its default. Fields transformers derives in __post_init__
-// (head_dim, layer_types, no_rope_layers, moe_layers) are derived here by the same rules.
+// `text_config.model_type`, then the top-level `model_type`, each looked up in kFamilies
+// (hf_families.cc). For a wrapper only the text decoder is planned (the vision tower's activations
+// and weights are not counted), and the output says so. Fields a config leaves out take the
+// dataclass defaults of the family's transformers configuration class (hf_defaults.inc, generated
+// from the pinned transformers by scripts/gen-hf-defaults), and the output names each one taken;
+// an explicit null is transformers' None, not its default. Fields transformers derives in
+// __post_init__ (head_dim, layer_types, no_rope_layers, moe_layers) are derived here by the same
+// rules.
 #include <algorithm>
-#include <map>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/json_reader.h"
 #include "base/status_macros.h"
+#include "planner/model/hf_families.h"
+#include "planner/model/hf_fields.h"
 #include "planner/model/model.h"
 
 namespace stowage::planner {
 namespace {
 
+using hf_config::ByArchitecture;
+using hf_config::ByModelType;
+using hf_config::Defaults;
+using hf_config::DefaultsOf;
+using hf_config::Family;
+using hf_config::Fields;
+using hf_config::Graph;
+using hf_config::kCount;
+using hf_config::kDim;
+using hf_config::kLayers;
+using hf_config::SupportedList;
 using json::Json;
-
-enum class Graph {
-  kDense,       // softmax attention + dense FFN on every layer (Llama, Qwen2/3, Gemma, OLMo, ...)
-  kMoe,         // softmax attention + MoE (Mixtral, Qwen-MoE, gpt-oss, Llama 4, GLM-4.5)
-  kMla,         // MLA (+ DSA indexer) with DeepSeek MoE (DeepSeek-V2/V3/V3.2, Kimi-K2, GLM-5)
-  kGlm5Next,    // KDA + DSA + MLA hybrid with mHC (GLM-5.3-Flash)
-  kKimiLinear,  // KDA + MLA hybrid with DeepSeek MoE
-  kQwen3Next,   // gated DeltaNet + gated attention, with or without MoE (Qwen3-Next, Qwen3.5)
-};
-
-struct Family {
-  const char* family;
-  Graph graph;
-  std::vector<const char*> architectures;
-  std::vector<const char*> model_types;  // the text model_type first, then wrappers and aliases
-};
-
-const std::vector<Family>& Families() {
-  static const std::vector<Family> kFamilies = {
-      {"llama", Graph::kDense, {"LlamaForCausalLM"}, {"llama"}},
-      {"mistral", Graph::kDense, {"MistralForCausalLM"}, {"mistral"}},
-      {"ministral", Graph::kDense, {"MinistralForCausalLM"}, {"ministral"}},
-      {"ministral3",
-       Graph::kDense,
-       {"Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"},
-       {"ministral3", "mistral3"}},
-      {"qwen2", Graph::kDense, {"Qwen2ForCausalLM"}, {"qwen2"}},
-      {"qwen2_5_vl_text",
-       Graph::kDense,
-       {"Qwen2_5_VLForConditionalGeneration"},
-       {"qwen2_5_vl_text", "qwen2_5_vl"}},
-      {"qwen3", Graph::kDense, {"Qwen3ForCausalLM"}, {"qwen3"}},
-      {"qwen3_vl_text",
-       Graph::kDense,
-       {"Qwen3VLForConditionalGeneration"},
-       {"qwen3_vl_text", "qwen3_vl"}},
-      {"phi3", Graph::kDense, {"Phi3ForCausalLM"}, {"phi3"}},
-      {"olmo2", Graph::kDense, {"Olmo2ForCausalLM"}, {"olmo2"}},
-      {"olmo3", Graph::kDense, {"Olmo3ForCausalLM"}, {"olmo3"}},
-      {"gemma2", Graph::kDense, {"Gemma2ForCausalLM"}, {"gemma2"}},
-      {"gemma3_text",
-       Graph::kDense,
-       {"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"},
-       {"gemma3_text", "gemma3"}},
-      {"mllama_text_model",
-       Graph::kDense,
-       {"MllamaForConditionalGeneration", "MllamaForCausalLM"},
-       {"mllama_text_model", "mllama"}},
-      {"mixtral", Graph::kMoe, {"MixtralForCausalLM"}, {"mixtral"}},
-      {"qwen2_moe", Graph::kMoe, {"Qwen2MoeForCausalLM"}, {"qwen2_moe"}},
-      {"qwen3_moe", Graph::kMoe, {"Qwen3MoeForCausalLM"}, {"qwen3_moe"}},
-      {"qwen3_vl_moe_text",
-       Graph::kMoe,
-       {"Qwen3VLMoeForConditionalGeneration"},
-       {"qwen3_vl_moe_text", "qwen3_vl_moe"}},
-      {"gpt_oss", Graph::kMoe, {"GptOssForCausalLM"}, {"gpt_oss"}},
-      {"llama4_text",
-       Graph::kMoe,
-       {"Llama4ForCausalLM", "Llama4ForConditionalGeneration"},
-       {"llama4_text", "llama4"}},
-      {"glm4_moe", Graph::kMoe, {"Glm4MoeForCausalLM"}, {"glm4_moe"}},
-      {"deepseek_v2", Graph::kMla, {"DeepseekV2ForCausalLM"}, {"deepseek_v2"}},
-      {"deepseek_v3", Graph::kMla, {"DeepseekV3ForCausalLM"}, {"deepseek_v3", "kimi_k2"}},
-      {"deepseek_v32", Graph::kMla, {"DeepseekV32ForCausalLM"}, {"deepseek_v32"}},
-      {"glm_moe_dsa", Graph::kMla, {"GlmMoeDsaForCausalLM"}, {"glm_moe_dsa"}},
-      {"glm5_next", Graph::kGlm5Next, {}, {"glm5_next"}},
-      {"kimi_linear", Graph::kKimiLinear, {"KimiLinearForCausalLM"}, {"kimi_linear"}},
-      {"qwen3_next", Graph::kQwen3Next, {"Qwen3NextForCausalLM"}, {"qwen3_next"}},
-      {"qwen3_5_text",
-       Graph::kQwen3Next,
-       {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"},
-       {"qwen3_5_text", "qwen3_5"}},
-      {"qwen3_5_moe_text",
-       Graph::kQwen3Next,
-       {"Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"},
-       {"qwen3_5_moe_text", "qwen3_5_moe"}},
-  };
-  return kFamilies;
-}
-
-struct Defaults {
-  const char* family;
-  const char* config_class;
-  const char* json;
-  // The class's attribute_map: {spelling, attribute}; transformers reads either spelling of a
-  // field into one attribute (Moonshot's num_experts is KimiLinearConfig's num_local_experts).
-  const char* attribute_map;
-};
-constexpr Defaults kDefaults[] = {
-#include "planner/model/hf_defaults.inc"
-};
-
-const Defaults* DefaultsOf(const std::string& family) {
-  for (const Defaults& d : kDefaults) {
-    if (family == d.family) return &d;
-  }
-  return nullptr;
-}
-
-std::string SupportedList() {
-  std::vector<std::string> names;
-  for (const Family& f : Families()) names.push_back(f.family);
-  return absl::StrJoin(names, ", ");
-}
-
-const Family* ByArchitecture(const std::string& arch) {
-  for (const Family& f : Families()) {
-    for (const char* a : f.architectures) {
-      if (arch == a) return &f;
-    }
-  }
-  return nullptr;
-}
-
-const Family* ByModelType(const std::string& type) {
-  for (const Family& f : Families()) {
-    for (const char* t : f.model_types) {
-      if (type == t) return &f;
-    }
-  }
-  return nullptr;
-}
-
-
-// Sizes a real decoder can have; far above any published model, far below what overflows the
-// 64-bit parameter and byte counts.
-constexpr json::Range<int> kDim{1, 1 << 24};
-constexpr json::Range<int> kCount{0, 1 << 24};
-constexpr json::Range<int> kLayers{1, kMaxLayers};  // what the planner plans (model.h)
-
-// The config body's fields, falling back to transformers' defaults for absent ones.
-class Fields {
- public:
-  Fields(json::Object body, const Defaults* defaults, std::vector<std::string>* taken)
-      : body_(std::move(body)), defaults_(defaults), taken_(taken) {
-    if (defaults_ == nullptr) return;
-    defaults_json_ = Json::parse(defaults_->json);
-    const Json spellings = Json::parse(defaults_->attribute_map);
-    for (auto it = spellings.begin(); it != spellings.end(); ++it) {
-      spellings_.emplace_back(it.key(), it.value().get<std::string>());
-    }
-  }
-
-  const json::Object& body() const { return body_; }
-  bool Present(const char* key) const { return body_.Has(Spelling(key)); }
-  // Present with a non-null value, or absent with a transformers default.
-  bool Set(const char* key) const {
-    key = Spelling(key);
-    if (body_.Has(key)) return !body_.json().at(key).is_null();
-    return defaults_json_.contains(key);
-  }
-
-  // Both spellings of one attribute given with different values: transformers would keep
-  // whichever it happened to set last.
-  absl::Status CheckSpellings() const {
-    for (const auto& [alias, field] : spellings_) {
-      if (body_.Has(alias) && body_.Has(field) &&
-          body_.json().at(alias) != body_.json().at(field)) {
-        return body_.Invalid(
-            alias, absl::StrCat("one of '", alias, "' and '", field,
-                                "', or both equal (transformers reads both into ", field, ")"));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  template <typename T, typename... R>
-  absl::Status Get(const char* key, T& out, R... range) const {
-    key = Spelling(key);
-    if (body_.Has(key) && !body_.json().at(key).is_null()) return body_.Read(key, out, range...);
-    if (!body_.Has(key) && defaults_json_.contains(key)) {
-      STOWAGE_RETURN_IF_ERROR(
-          json::ReadValue(defaults_json_.at(key), "transformers defaults", key, out, range...));
-      taken_->push_back(absl::StrCat(key, "=", defaults_json_.at(key).dump()));
-      return absl::OkStatus();
-    }
-    return body_.Missing(key);
-  }
-  // `out` keeps `fallback` when the field is null, or absent without a transformers default.
-  template <typename T, typename... R>
-  absl::Status GetOr(const char* key, T fallback, T& out, R... range) const {
-    out = fallback;
-    if (!Set(key)) return absl::OkStatus();
-    return Get(key, out, range...);
-  }
-
-  // An optional array of layer indices (mlp_only_layers, moe_layers, ...).
-  absl::StatusOr<std::optional<std::vector<int>>> Indices(const char* key, int layers) const {
-    if (!body_.Has(key) || body_.json().at(key).is_null()) return std::nullopt;
-    auto array = body_.Array(key);
-    if (!array.ok()) return array.status();
-    std::vector<int> out;
-    for (size_t i = 0; i < (*array)->size(); ++i) {
-      int v = 0;
-      STOWAGE_RETURN_IF_ERROR(json::ReadValue((**array)[i], body_.source(),
-                                                 absl::StrCat(body_.PathOf(key), "[", i, "]"), v,
-                                                 json::Range<int>{0, layers}));
-      out.push_back(v);
-    }
-    return out;
-  }
-
-  // layer_types when given: one string per layer.
-  absl::StatusOr<std::optional<std::vector<std::string>>> LayerTypes(int layers) const {
-    const char* key = "layer_types";
-    if (!body_.Has(key) || body_.json().at(key).is_null()) return std::nullopt;
-    auto array = body_.Array(key);
-    if (!array.ok()) return array.status();
-    if (static_cast<int>((*array)->size()) != layers) {
-      return body_.Invalid(key, absl::StrCat("a list with one entry per layer (num_hidden_layers ",
-                                             layers, "); it has ", (*array)->size()));
-    }
-    std::vector<std::string> out(layers);
-    for (int i = 0; i < layers; ++i) {
-      STOWAGE_RETURN_IF_ERROR(json::ReadValue(
-          (**array)[i], body_.source(), absl::StrCat(body_.PathOf(key), "[", i, "]"), out[i]));
-    }
-    return out;
-  }
-
-  absl::Status BadLayerType(int i, const std::string& value, const char* allowed) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(body_.source(), ": field '", body_.PathOf("layer_types"), "[", i,
-                     "]' has value \"", value, "\"; allowed: ", allowed));
-  }
-
- private:
-  // The spelling the body uses for `key`: its other attribute_map spelling when only that one
-  // is present.
-  const char* Spelling(const char* key) const {
-    if (body_.Has(key)) return key;
-    for (const auto& [alias, field] : spellings_) {
-      if (field == key && body_.Has(alias)) return alias.c_str();
-      if (alias == key && body_.Has(field)) return field.c_str();
-    }
-    return key;
-  }
-
-  json::Object body_;
-  const Defaults* defaults_;
-  Json defaults_json_ = Json::object();
-  std::vector<std::string>* taken_;
-  std::vector<std::pair<std::string, std::string>> spellings_;
-};
 
 absl::Status ReadCommon(const Fields& f, ModelConfig& m, int& layers) {
   STOWAGE_RETURN_IF_ERROR(f.Get("hidden_size", m.hidden, kDim));
@@ -371,11 +145,11 @@ absl::Status ReadAttention(const Fields& f, const std::string& family, ModelConf
     STOWAGE_RETURN_IF_ERROR(
         f.GetOr("attn_logit_softcapping", 0.0, m.attn_logit_softcap, json::Range<double>{0, 1e6}));
     STOWAGE_RETURN_IF_ERROR(f.GetOr("final_logit_softcapping", 0.0, m.final_logit_softcap,
-                                       json::Range<double>{0, 1e6}));
+                                    json::Range<double>{0, 1e6}));
   }
   if (family == "gemma3_text") {
     STOWAGE_RETURN_IF_ERROR(f.GetOr("final_logit_softcapping", 0.0, m.final_logit_softcap,
-                                       json::Range<double>{0, 1e6}));
+                                    json::Range<double>{0, 1e6}));
   }
   return absl::OkStatus();
 }
@@ -802,20 +576,6 @@ absl::Status SetVisionTokens(ModelConfig& m, int vision_tokens) {
                                  vision_tokens, " vision tokens per sequence",
                                  vision_tokens == 0 ? " (a text-only step skips them)" : ""));
   return absl::OkStatus();
-}
-
-std::vector<ModelFamilyInfo> ModelFamilies() {
-  std::vector<ModelFamilyInfo> out;
-  for (const Family& f : Families()) {
-    ModelFamilyInfo info;
-    info.family = f.family;
-    const Defaults* d = DefaultsOf(f.family);
-    info.config_class = d != nullptr ? d->config_class : "";
-    for (const char* a : f.architectures) info.architectures.push_back(a);
-    for (const char* t : f.model_types) info.model_types.push_back(t);
-    out.push_back(std::move(info));
-  }
-  return out;
 }
 
 absl::StatusOr<ModelConfig> ParseHfConfigJson(const std::string& text, const std::string& name) {

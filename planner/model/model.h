@@ -73,7 +73,7 @@ struct LayerSpec {
 
 struct ModelConfig {
   std::string name;
-  // The family the config was read as (hf_config.cc's table), and what the reader wants the
+  // The family the config was read as (hf_families.cc's table), and what the reader wants the
   // user to know: only the text decoder of a multimodal config is planned, which fields took
   // transformers' defaults, a quantization_config that training does not use.
   std::string family;

@@ -1,5 +1,5 @@
 """The plan (include/stowage/plan.h) as a thin typed view: dataclasses to read and write its
-fields as JSON. Every rule a plan obeys lives in C++ (plan/plan.cc's reader and ValidatePlan):
+fields as JSON. Every rule a plan obeys lives in C++ (plan/plan_json.cc's reader and ValidatePlan):
 Plan.from_json, Plan.load, Plan.from_dict and Plan.validate ask the runtime library through the C
 ABI's stowage_plan_validate and raise PlanError with its message. So a plan this module accepts is
 exactly one the runtime and the `stowage` CLI accept. Unknown fields are ignored when reading, as
@@ -269,7 +269,7 @@ class Plan:
             if "transfers" in l and l["transfers"] is not None:
                 transfers = [Transfer(get(t, "name", ""), t["bytes"]) for t in l["transfers"]]
             else:
-                # As plan.cc's reader: a layer without transfers copies its input as one piece.
+                # As plan_json.cc's reader: a layer without transfers copies its input as one piece.
                 transfers = [Transfer("input", host_bytes)] if host_bytes > 0 else []
             layers.append(LayerPlan(
                 index=l["index"], type=l["type"], name=get(l, "name", ""), policy=l["policy"],

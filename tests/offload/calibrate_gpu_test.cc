@@ -57,7 +57,7 @@ TEST(CalibrateGpu, WritesAMeasuredProfile) {
   std::printf("%s", text.str().c_str());
 }
 
-// The per-op-class rates (cli/calibrate_command.cc Note [Calibrated op rates]): each measured
+// The per-op-class rates (cli/calibrate_compute.cc Note [Calibrated op rates]): each measured
 // share in (0, 1], the launch floor under a millisecond, and the table says what it did not
 // measure (fused attention).
 TEST(CalibrateGpu, MeasuresTheComputeRates) {

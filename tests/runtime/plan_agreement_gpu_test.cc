@@ -1,6 +1,6 @@
 // stowage_agree_nccl over a real NCCL communicator (gpu label: skips without a GPU, without NCCL
 // in the build, or without an NCCL library to load). NCCL is loaded, not linked, as the runtime
-// does (runtime/nccl_agreement.cc, Note [NCCL from the process]): the test binary stays small
+// does (offload/cuda/nccl_api.h, Note [NCCL from the process]): the test binary stays small
 // enough to carry to a GPU machine, which has its own NCCL.
 #include <dlfcn.h>
 #include <gtest/gtest.h>

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <string>
 
-#include "bridges/trainer_arguments.h"
+#include "bridges/megatron_emit.h"
 #include "planner/cost/cost_model.h"
 #include "planner/cost/pipeline_layout.h"
 #include "planner/cost/run_settings.h"
@@ -230,7 +230,7 @@ TEST(MtpLayer, ZeroLayersTrainsNone) {
   EXPECT_THAT(PlanToJson(plan), Not(HasSubstr("mtp_layers")));
   EXPECT_THAT(RenderSummary(without, plan, r),
               HasSubstr("multi-token prediction not trained (--mtp-layers 0)"));
-  EXPECT_THAT(MegatronArguments(plan, RunSettings{})->args,
+  EXPECT_THAT(bridges::EmitMegatronArguments(plan, RunSettings{})->args,
               Not(::testing::Contains("--mtp-num-layers")));
 }
 
@@ -265,7 +265,7 @@ TEST(MtpLayer, EmitMegatronSaysMtpNumLayers) {
   const OptimizeResult r = Optimize(step, o);
   const Plan plan = MakePlan(step, r, ComputeBaseline(step, o.gpu_budget_bytes),
                              {"stowage test", "deepseek-v3", "h200", 0, 0});
-  const TrainerArguments args = *MegatronArguments(plan, RunSettings{});
+  const bridges::MegatronArguments args = *bridges::EmitMegatronArguments(plan, RunSettings{});
   auto at = std::find(args.args.begin(), args.args.end(), "--mtp-num-layers");
   ASSERT_NE(at, args.args.end());
   EXPECT_EQ(*(at + 1), "1");

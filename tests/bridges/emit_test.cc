@@ -1,5 +1,5 @@
-#include "bridges/trainer_arguments.h"
-
+// The emitters (bridges/megatron_emit.h, bridges/torchtitan_emit.h): a plan as Megatron-LM
+// arguments and as torchtitan job config sections.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,10 +8,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bridges/megatron_emit.h"
+#include "bridges/torchtitan_emit.h"
 
-namespace stowage::planner {
+namespace stowage::bridges {
 namespace {
 
+using planner::RunSettings;
+using planner::Sharding;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -33,7 +37,7 @@ Plan PlanOf(const std::vector<LayerPolicy>& policies, int tp = 1) {
 }
 
 // The tokens after `flag` up to the next flag; empty when the flag is absent.
-std::vector<std::string> ValuesOf(const TrainerArguments& a, const std::string& flag) {
+std::vector<std::string> ValuesOf(const MegatronArguments& a, const std::string& flag) {
   for (size_t i = 0; i < a.args.size(); ++i) {
     if (a.args[i] != flag) continue;
     std::vector<std::string> out;
@@ -45,20 +49,20 @@ std::vector<std::string> ValuesOf(const TrainerArguments& a, const std::string& 
   return {};
 }
 
-bool HasFlag(const TrainerArguments& a, const std::string& flag) {
+bool HasFlag(const MegatronArguments& a, const std::string& flag) {
   return std::find(a.args.begin(), a.args.end(), flag) != a.args.end();
 }
 
 // Plans without pipeline parallelism are never refused.
-TrainerArguments Megatron(const Plan& plan) {
-  absl::StatusOr<TrainerArguments> a = MegatronArguments(plan, RunSettings{});
+MegatronArguments Megatron(const Plan& plan) {
+  absl::StatusOr<MegatronArguments> a = EmitMegatronArguments(plan, RunSettings{});
   EXPECT_TRUE(a.ok()) << a.status();
-  return a.ok() ? *a : TrainerArguments{};
+  return a.ok() ? *a : MegatronArguments{};
 }
-TrainerConfig Titan(const Plan& plan, const RunSettings& run) {
-  absl::StatusOr<TrainerConfig> c = TorchtitanConfig(plan, run);
+TorchtitanJobToml Titan(const Plan& plan, const RunSettings& run) {
+  absl::StatusOr<TorchtitanJobToml> c = EmitTorchtitanJob(plan, run);
   EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *c : TrainerConfig{};
+  return c.ok() ? *c : TorchtitanJobToml{};
 }
 
 constexpr LayerPolicy kKeep = LayerPolicy::kKeep, kFull = LayerPolicy::kRecompute,
@@ -66,7 +70,7 @@ constexpr LayerPolicy kKeep = LayerPolicy::kKeep, kFull = LayerPolicy::kRecomput
                       kOffSaved = LayerPolicy::kOffloadSaved;
 
 TEST(MegatronArguments, ParallelSizesAndSequenceParallelWithTp) {
-  const TrainerArguments a = Megatron(PlanOf({kKeep, kKeep}, /*tp=*/4));
+  const MegatronArguments a = Megatron(PlanOf({kKeep, kKeep}, /*tp=*/4));
   EXPECT_THAT(ValuesOf(a, "--tensor-model-parallel-size"), ElementsAre("4"));
   EXPECT_TRUE(HasFlag(a, "--sequence-parallel"));
   EXPECT_THAT(ValuesOf(a, "--context-parallel-size"), ElementsAre("2"));
@@ -78,7 +82,7 @@ TEST(MegatronArguments, ParallelSizesAndSequenceParallelWithTp) {
 }
 
 TEST(MegatronArguments, FullRecomputeOfEveryLayerIsUniform) {
-  const TrainerArguments a = Megatron(PlanOf({kFull, kFull, kFull}));
+  const MegatronArguments a = Megatron(PlanOf({kFull, kFull, kFull}));
   EXPECT_THAT(ValuesOf(a, "--recompute-granularity"), ElementsAre("full"));
   EXPECT_THAT(ValuesOf(a, "--recompute-method"), ElementsAre("uniform"));
   EXPECT_THAT(ValuesOf(a, "--recompute-num-layers"), ElementsAre("1"));
@@ -86,11 +90,11 @@ TEST(MegatronArguments, FullRecomputeOfEveryLayerIsUniform) {
 }
 
 TEST(MegatronArguments, RecomputeOfTheFirstLayersIsBlockAndOtherSetsAreNearest) {
-  const TrainerArguments prefix = Megatron(PlanOf({kFull, kFull, kKeep, kKeep}));
+  const MegatronArguments prefix = Megatron(PlanOf({kFull, kFull, kKeep, kKeep}));
   EXPECT_THAT(ValuesOf(prefix, "--recompute-method"), ElementsAre("block"));
   EXPECT_THAT(ValuesOf(prefix, "--recompute-num-layers"), ElementsAre("2"));
   EXPECT_TRUE(prefix.exact());
-  const TrainerArguments later = Megatron(PlanOf({kKeep, kKeep, kFull, kFull}));
+  const MegatronArguments later = Megatron(PlanOf({kKeep, kKeep, kFull, kFull}));
   EXPECT_THAT(ValuesOf(later, "--recompute-num-layers"), ElementsAre("2"));
   ASSERT_EQ(later.notes.size(), 1u);
   EXPECT_THAT(later.notes[0], HasSubstr("recomputes layers 2-3"));
@@ -98,7 +102,7 @@ TEST(MegatronArguments, RecomputeOfTheFirstLayersIsBlockAndOtherSetsAreNearest) 
 }
 
 TEST(MegatronArguments, OffloadInputIsRecomputeWithTheInputKeptAndSaysSo) {
-  const TrainerArguments a = Megatron(PlanOf({kOffIn, kOffIn, kOffIn}));
+  const MegatronArguments a = Megatron(PlanOf({kOffIn, kOffIn, kOffIn}));
   EXPECT_THAT(ValuesOf(a, "--recompute-method"), ElementsAre("uniform"));
   ASSERT_EQ(a.notes.size(), 1u);
   EXPECT_THAT(a.notes[0], HasSubstr("layers 0-2 offload their input"));
@@ -106,30 +110,30 @@ TEST(MegatronArguments, OffloadInputIsRecomputeWithTheInputKeptAndSaysSo) {
 }
 
 TEST(MegatronArguments, SelectiveModulesInMegatronsWords) {
-  const TrainerArguments all = Megatron(PlanOf({kSel, kSel}));
+  const MegatronArguments all = Megatron(PlanOf({kSel, kSel}));
   EXPECT_THAT(ValuesOf(all, "--recompute-granularity"), ElementsAre("selective"));
   EXPECT_THAT(ValuesOf(all, "--recompute-modules"), ElementsAre("core_attn"));
   EXPECT_TRUE(all.exact());
-  const TrainerArguments some = Megatron(PlanOf({kSel, kKeep, kSel}));
+  const MegatronArguments some = Megatron(PlanOf({kSel, kKeep, kSel}));
   ASSERT_EQ(some.notes.size(), 1u);
   EXPECT_THAT(some.notes[0], HasSubstr("layers 0 and 2 only"));
   Plan unmapped = PlanOf({kSel});
   unmapped.layers[0].recompute_modules = {"ffn_act"};
-  const TrainerArguments none = Megatron(unmapped);
+  const MegatronArguments none = Megatron(unmapped);
   EXPECT_FALSE(HasFlag(none, "--recompute-granularity"));
   ASSERT_EQ(none.notes.size(), 1u);
   EXPECT_THAT(none.notes[0], HasSubstr("no selective recompute of ffn_act"));
 }
 
 TEST(MegatronArguments, MixedGranularityKeepsTheFullRecompute) {
-  const TrainerArguments a = Megatron(PlanOf({kFull, kSel}));
+  const MegatronArguments a = Megatron(PlanOf({kFull, kSel}));
   EXPECT_THAT(ValuesOf(a, "--recompute-granularity"), ElementsAre("full"));
   EXPECT_FALSE(HasFlag(a, "--recompute-modules"));
   EXPECT_THAT(a.notes[0], HasSubstr("one recompute granularity per job"));
 }
 
 TEST(MegatronArguments, OffloadSavedPrefixIsCpuOffloadingOtherwiseNot) {
-  const TrainerArguments prefix = Megatron(PlanOf({kOffSaved, kOffSaved, kKeep}));
+  const MegatronArguments prefix = Megatron(PlanOf({kOffSaved, kOffSaved, kKeep}));
   EXPECT_THAT(ValuesOf(prefix, "--cpu-offloading-num-layers"), ElementsAre("2"));
   ASSERT_EQ(prefix.notes.size(), 1u);  // the copy schedule is Megatron's own
   EXPECT_THAT(prefix.notes[0], HasSubstr("own schedule"));
@@ -143,7 +147,7 @@ TEST(MegatronArguments, OffloadSavedPrefixIsCpuOffloadingOtherwiseNot) {
   for (const Case& c : {Case{PlanOf({kOffSaved, kFull}), "layer 0 offloads its", "run it"},
                         Case{PlanOf({kOffSaved, kOffSaved}), "offload their", "run them"},
                         Case{PlanOf({kKeep, kOffSaved}), "layer 1 offloads its", "run it"}}) {
-    const TrainerArguments a = Megatron(c.plan);
+    const MegatronArguments a = Megatron(c.plan);
     EXPECT_FALSE(HasFlag(a, "--cpu-offloading-num-layers"));
     EXPECT_THAT(a.notes.back(), HasSubstr(c.offloads));
     EXPECT_THAT(a.notes.back(), HasSubstr(absl::StrCat(c.run, " under the stowage runtime")));
@@ -159,24 +163,24 @@ TEST(RenderMegatronArguments, OneFlagPerLineThenTheNotes) {
 }
 
 // The value of `section.key` in a torchtitan config; empty when absent.
-std::string Toml(const TrainerConfig& c, const std::string& section, const std::string& key) {
+std::string Toml(const TorchtitanJobToml& c, const std::string& section, const std::string& key) {
   for (const TomlEntry& e : c.entries) {
     if (e.section == section && e.key == key) return e.value;
   }
   return "";
 }
 
-std::string Notes(const TrainerConfig& c) {
+std::string Notes(const TorchtitanJobToml& c) {
   std::string out;
   for (const std::string& n : c.notes) out += n + "\n";
   return out;
 }
 
 // Note [torchtitan expressiveness]: selective_ac_option "N" checkpoints layers N-1, 2N-1, ...
-TEST(TorchtitanConfig, EveryNthLayerIsSelectiveWithThatN) {
+TEST(TorchtitanJobToml, EveryNthLayerIsSelectiveWithThatN) {
   RunSettings run;
   run.gpus = 16;
-  const TrainerConfig c = Titan(PlanOf({kKeep, kFull, kKeep, kFull, kKeep, kFull}), run);
+  const TorchtitanJobToml c = Titan(PlanOf({kKeep, kFull, kKeep, kFull, kKeep, kFull}), run);
   EXPECT_EQ(Toml(c, "activation_checkpoint", "mode"), "\"selective\"");
   EXPECT_EQ(Toml(c, "activation_checkpoint", "selective_ac_option"), "\"2\"");
   EXPECT_THAT(Notes(c), ::testing::Not(HasSubstr("recomputed too")));
@@ -184,10 +188,11 @@ TEST(TorchtitanConfig, EveryNthLayerIsSelectiveWithThatN) {
   EXPECT_EQ(Toml(c, "parallelism", "context_parallel_degree"), "2");
 }
 
-TEST(TorchtitanConfig, OtherRecomputeSetsTakeTheNearestSupersetAndSaySo) {
+TEST(TorchtitanJobToml, OtherRecomputeSetsTakeTheNearestSupersetAndSaySo) {
   RunSettings run;
   // Layer 3 alone: every 4th block (3 and 7) covers it.
-  TrainerConfig c = Titan(PlanOf({kKeep, kKeep, kKeep, kFull, kKeep, kKeep, kKeep, kKeep}), run);
+  TorchtitanJobToml c =
+      Titan(PlanOf({kKeep, kKeep, kKeep, kFull, kKeep, kKeep, kKeep, kKeep}), run);
   EXPECT_EQ(Toml(c, "activation_checkpoint", "selective_ac_option"), "\"4\"");
   EXPECT_THAT(Notes(c), HasSubstr("so layer 7 is recomputed too"));
   // Layers 0 and 2: no N > 1 divides both 1 and 3, so every block.
@@ -199,10 +204,10 @@ TEST(TorchtitanConfig, OtherRecomputeSetsTakeTheNearestSupersetAndSaySo) {
   EXPECT_EQ(Toml(Titan(PlanOf({kFull, kFull}), run), "activation_checkpoint", "mode"), "\"full\"");
 }
 
-TEST(TorchtitanConfig, OffloadAndModulesAreNotExpressed) {
+TEST(TorchtitanJobToml, OffloadAndModulesAreNotExpressed) {
   RunSettings run;
   run.sharding = Sharding::kOptim;
-  const TrainerConfig c =
+  const TorchtitanJobToml c =
       Titan(PlanOf({LayerPolicy::kOffloadInput, LayerPolicy::kSelectiveRecompute,
                     LayerPolicy::kOffloadSaved, kKeep}),
             run);
@@ -213,17 +218,17 @@ TEST(TorchtitanConfig, OffloadAndModulesAreNotExpressed) {
   EXPECT_THAT(notes, HasSubstr("--sharding optim: torchtitan shards with FSDP2"));
   // Layers 0 and 1 are checkpointed: every block (no N > 1 divides 1 and 2).
   EXPECT_EQ(Toml(c, "activation_checkpoint", "mode"), "\"full\"");
-  const std::string text = RenderTorchtitanConfig(PlanOf({kKeep}), c);
+  const std::string text = RenderTorchtitanJob(PlanOf({kKeep}), c);
   EXPECT_THAT(text, HasSubstr("[parallelism]\ndata_parallel_replicate_degree = 1\n"));
   EXPECT_THAT(text, HasSubstr("\n\n[training]\nseq_len = 131072\n"));
   EXPECT_THAT(text, HasSubstr("# not expressed: layer 0 offloads"));
 }
 
-TEST(TorchtitanConfig, NoShardReplicatesAndCpStillShards) {
+TEST(TorchtitanJobToml, NoShardReplicatesAndCpStillShards) {
   RunSettings run;
   run.gpus = 8;
   run.sharding = Sharding::kNoShard;
-  const TrainerConfig c = Titan(PlanOf({kKeep}), run);
+  const TorchtitanJobToml c = Titan(PlanOf({kKeep}), run);
   EXPECT_EQ(Toml(c, "parallelism", "data_parallel_replicate_degree"), "4");
   EXPECT_EQ(Toml(c, "parallelism", "data_parallel_shard_degree"), "1");
   EXPECT_THAT(Notes(c), HasSubstr("applies FSDP over the CP ranks"));
@@ -263,7 +268,7 @@ TEST(MegatronUnderPipeline, TheSameFirstLayersOfEveryStageAreBlockRecompute) {
   run.gpus = 16;  // TP 1 x CP 2 x PP 2: data parallel 4
   const Plan plan = PipelinedPlanOf({kFull, kFull, kKeep, kKeep, kFull, kFull, kKeep, kKeep}, 2, 1,
                                     {4, 4}, /*microbatches=*/8);
-  absl::StatusOr<TrainerArguments> a = MegatronArguments(plan, run);
+  absl::StatusOr<MegatronArguments> a = EmitMegatronArguments(plan, run);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(a->args, ElementsAre("--tensor-model-parallel-size", "1", "--context-parallel-size",
                                    "2", "--seq-length", "131072", "--micro-batch-size", "1",
@@ -274,7 +279,7 @@ TEST(MegatronUnderPipeline, TheSameFirstLayersOfEveryStageAreBlockRecompute) {
   // A chunk shorter than K recomputes all of its layers under block K.
   const Plan uneven =
       PipelinedPlanOf({kFull, kFull, kFull, kFull, kKeep, kFull, kFull, kFull}, 2, 1, {5, 3});
-  a = MegatronArguments(uneven, run);
+  a = EmitMegatronArguments(uneven, run);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(ValuesOf(*a, "--recompute-num-layers"), ElementsAre("4"));
   // Not Megatron's even split: the layout, embedding first and loss last.
@@ -286,8 +291,8 @@ TEST(MegatronUnderPipeline, TheSameFirstLayersOfEveryStageAreBlockRecompute) {
 TEST(MegatronUnderPipeline, VirtualStagesAreTheEvenSplitOrTheLayout) {
   RunSettings run;
   const std::vector<LayerPolicy> all(8, kFull);
-  absl::StatusOr<TrainerArguments> a =
-      MegatronArguments(PipelinedPlanOf(all, 2, 2, {2, 2, 2, 2}, 4), run);
+  absl::StatusOr<MegatronArguments> a =
+      EmitMegatronArguments(PipelinedPlanOf(all, 2, 2, {2, 2, 2, 2}, 4), run);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(ValuesOf(*a, "--num-virtual-stages-per-pipeline-rank"), ElementsAre("2"));
   EXPECT_THAT(ValuesOf(*a, "--recompute-method"), ElementsAre("uniform"));
@@ -295,7 +300,7 @@ TEST(MegatronUnderPipeline, VirtualStagesAreTheEvenSplitOrTheLayout) {
   EXPECT_FALSE(HasFlag(*a, "--pipeline-model-parallel-layout"));
   Plan mtp = PipelinedPlanOf(std::vector<LayerPolicy>(9, kFull), 2, 2, {1, 2, 2, 4});
   mtp.mtp_layers = 1;  // the last chunk's last layer is mtp.0
-  a = MegatronArguments(mtp, run);
+  a = EmitMegatronArguments(mtp, run);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(ValuesOf(*a, "--pipeline-model-parallel-layout"), ElementsAre("E,t|t*2|t*2|t*3,m,L"));
   EXPECT_FALSE(HasFlag(*a, "--num-virtual-stages-per-pipeline-rank"));
@@ -303,13 +308,14 @@ TEST(MegatronUnderPipeline, VirtualStagesAreTheEvenSplitOrTheLayout) {
 
 TEST(MegatronUnderPipeline, SelectiveModulesOnEveryLayerAndOffloadNotes) {
   RunSettings run;
-  absl::StatusOr<TrainerArguments> a =
-      MegatronArguments(PipelinedPlanOf({kSel, kSel, kSel, kSel}, 2, 1, {2, 2}), run);
+  absl::StatusOr<MegatronArguments> a =
+      EmitMegatronArguments(PipelinedPlanOf({kSel, kSel, kSel, kSel}, 2, 1, {2, 2}), run);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(ValuesOf(*a, "--recompute-granularity"), ElementsAre("selective"));
   EXPECT_THAT(ValuesOf(*a, "--recompute-modules"), ElementsAre("core_attn"));
   // offload_input is recomputed with its input kept (noted); offload_saved kept (noted).
-  a = MegatronArguments(PipelinedPlanOf({kOffIn, kOffSaved, kOffIn, kOffSaved}, 2, 1, {2, 2}), run);
+  a = EmitMegatronArguments(PipelinedPlanOf({kOffIn, kOffSaved, kOffIn, kOffSaved}, 2, 1, {2, 2}),
+                            run);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(ValuesOf(*a, "--recompute-num-layers"), ElementsAre("1"));
   EXPECT_THAT(ValuesOf(*a, "--recompute-method"), ElementsAre("block"));
@@ -325,7 +331,7 @@ TEST(MegatronUnderPipeline, StagesThatNeedDifferentSettingsAreRefusedNamingTheLa
   RunSettings run;
   // Stage 0 recomputes its first 2 layers, stage 1 only its first.
   std::string why = Refusal(
-      MegatronArguments(
+      EmitMegatronArguments(
           PipelinedPlanOf({kFull, kFull, kKeep, kKeep, kFull, kKeep, kKeep, kKeep}, 2, 1, {4, 4}),
           run)
           .status());
@@ -337,24 +343,26 @@ TEST(MegatronUnderPipeline, StagesThatNeedDifferentSettingsAreRefusedNamingTheLa
   EXPECT_THAT(why, HasSubstr("Run this plan under the stowage runtime"));
   // A recomputed layer after a kept one in its chunk.
   why = Refusal(
-      MegatronArguments(PipelinedPlanOf({kKeep, kFull, kKeep, kFull}, 2, 2, {1, 1, 1, 1}), run)
+      EmitMegatronArguments(PipelinedPlanOf({kKeep, kFull, kKeep, kFull}, 2, 2, {1, 1, 1, 1}), run)
           .status());
   EXPECT_THAT(why, HasSubstr("stage 1's layer 1 (of its chunk 0: layer 1) is recomputed, while "
                              "stage 0's layer 0 (of its chunk 0: layer 0) starts a chunk the plan "
                              "recomputes none of"));
   why = Refusal(
-      MegatronArguments(PipelinedPlanOf({kKeep, kFull, kKeep, kKeep}, 2, 1, {2, 2}), run).status());
+      EmitMegatronArguments(PipelinedPlanOf({kKeep, kFull, kKeep, kKeep}, 2, 1, {2, 2}), run)
+          .status());
   EXPECT_THAT(why, HasSubstr("stage 0's layer 1 (of its layers 0-1) is recomputed after layer 0, "
                              "which is not"));
   // Two granularities; selective on some layers only.
-  why = Refusal(
-      MegatronArguments(PipelinedPlanOf({kFull, kKeep, kSel, kKeep}, 2, 1, {2, 2}), run).status());
+  why =
+      Refusal(EmitMegatronArguments(PipelinedPlanOf({kFull, kKeep, kSel, kKeep}, 2, 1, {2, 2}), run)
+                  .status());
   EXPECT_THAT(why,
               HasSubstr("stage 1's layer 2 (of its layers 2-3) recomputes attn_core "
                         "selectively while stage 0's layer 0 (of its layers 0-1) recomputes in "
                         "full"));
-  why = Refusal(
-      MegatronArguments(PipelinedPlanOf({kSel, kSel, kSel, kKeep}, 2, 1, {2, 2}), run).status());
+  why = Refusal(EmitMegatronArguments(PipelinedPlanOf({kSel, kSel, kSel, kKeep}, 2, 1, {2, 2}), run)
+                    .status());
   EXPECT_THAT(why, HasSubstr("stage 1's layer 3 (of its layers 2-3) is not recomputed "
                              "selectively while stage 0's layer 0 (of its layers 0-1) recomputes "
                              "attn_core selectively"));
@@ -365,7 +373,7 @@ TEST(MegatronUnderPipeline, StagesThatNeedDifferentSettingsAreRefusedNamingTheLa
 TEST(TorchtitanUnderPipeline, EveryNthBlockOfEachRankIsSelective) {
   RunSettings run;
   run.gpus = 16;
-  absl::StatusOr<TrainerConfig> c = TorchtitanConfig(
+  absl::StatusOr<TorchtitanJobToml> c = EmitTorchtitanJob(
       PipelinedPlanOf({kKeep, kFull, kKeep, kKeep, kFull, kKeep, kFull, kKeep}, 2, 1, {3, 5}, 8),
       run);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -382,9 +390,9 @@ TEST(TorchtitanUnderPipeline, EveryNthBlockOfEachRankIsSelective) {
   EXPECT_EQ(Toml(*c, "training", "global_batch_size"), "");
   EXPECT_THAT(Notes(*c), ::testing::Not(HasSubstr("recomputed too")));
   // Interleaved: a rank counts over its chunks in order (stage 0: layers 0, 1, 4, 5).
-  c = TorchtitanConfig(PipelinedPlanOf({kKeep, kFull, kKeep, kFull, kKeep, kFull, kKeep, kFull}, 2,
-                                       2, {2, 2, 2, 2}, 4),
-                       run);
+  c = EmitTorchtitanJob(PipelinedPlanOf({kKeep, kFull, kKeep, kFull, kKeep, kFull, kKeep, kFull}, 2,
+                                        2, {2, 2, 2, 2}, 4),
+                        run);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(Toml(*c, "parallelism", "pipeline_parallel_schedule"), "\"Interleaved1F1B\"");
   EXPECT_EQ(Toml(*c, "activation_checkpoint", "selective_ac_option"), "\"2\"");
@@ -398,7 +406,7 @@ TEST(TorchtitanUnderPipeline, APatternByLayerIdIsRefusedNamingTheLayer) {
   RunSettings run;
   // Every 2nd layer by model id: stage 1 (layers 3-7) would need its blocks 1, 3, 5.
   const absl::Status s =
-      TorchtitanConfig(
+      EmitTorchtitanJob(
           PipelinedPlanOf({kKeep, kFull, kKeep, kFull, kKeep, kFull, kKeep, kFull}, 2, 1, {3, 5}),
           run)
           .status();
@@ -411,20 +419,20 @@ TEST(TorchtitanUnderPipeline, APatternByLayerIdIsRefusedNamingTheLayer) {
 }
 
 // Several microbatches without pipeline parallelism are gradient accumulation.
-TEST(TrainerArguments, GradientAccumulationIsTheGlobalBatch) {
+TEST(BothEmitters, GradientAccumulationIsTheGlobalBatch) {
   RunSettings run;
   run.gpus = 8;  // CP 2: data parallel 4
   Plan plan = PlanOf({kKeep, kKeep});
   plan.microbatches = 4;
-  absl::StatusOr<TrainerArguments> a = MegatronArguments(plan, run);
+  absl::StatusOr<MegatronArguments> a = EmitMegatronArguments(plan, run);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(ValuesOf(*a, "--global-batch-size"), ElementsAre("16"));  // 1 x 4 x 4
   EXPECT_FALSE(HasFlag(*a, "--pipeline-model-parallel-size"));
-  const TrainerConfig c = Titan(plan, run);
+  const TorchtitanJobToml c = Titan(plan, run);
   EXPECT_EQ(Toml(c, "training", "local_batch_size"), "1");
   EXPECT_EQ(Toml(c, "training", "global_batch_size"), "16");
   EXPECT_EQ(Toml(c, "parallelism", "pipeline_parallel_schedule"), "");
 }
 
 }  // namespace
-}  // namespace stowage::planner
+}  // namespace stowage::bridges

@@ -1,0 +1,485 @@
+// Reading a Megatron-LM job (`stowage plan --from-megatron FILE`): its launch arguments or YAML
+// config as the planner's flags, and its pipeline split as Megatron derives it.
+#include "bridges/megatron_read.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "planner/model/model.h"
+#include "stowage/plan.h"
+
+namespace stowage::bridges {
+namespace {
+
+// Megatron-LM's argument (megatron/training/arguments.py; names as in
+// tests/data/megatron-lm-arguments.json) -> the `stowage plan` flag with the same meaning.
+const std::map<std::string, std::string>& MegatronToStowage() {
+  static const auto* table = new std::map<std::string, std::string>{
+      {"tensor-model-parallel-size", "tp"},
+      {"context-parallel-size", "cp"},
+      {"expert-model-parallel-size", "ep"},
+      {"pipeline-model-parallel-size", "pp"},
+      {"seq-length", "seq-len"},
+      {"micro-batch-size", "micro-batch"},
+      {"global-batch-size", "global-batch"},
+      // Megatron-FSDP's strategies are the planner's --sharding words.
+      {"data-parallel-sharding-strategy", "sharding"},
+      {"optimizer", "optimizer"},
+      {"mtp-num-layers", "mtp-layers"},
+  };
+  return *table;
+}
+
+// Settings stowage decides itself, or that belong to the model's shape: named in a note.
+bool IsPolicySetting(const std::string& name) {
+  return name.rfind("recompute-", 0) == 0 || name.rfind("cpu-offloading", 0) == 0 ||
+         name == "fine-grained-activation-offloading" || name == "offload-modules";
+}
+
+struct Argument {
+  std::string name;  // without "--", dashes
+  std::optional<std::string> value;
+};
+
+std::vector<Argument> ArgumentList(absl::string_view text) {
+  std::vector<std::string> tokens;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (auto hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+    for (absl::string_view word :
+         absl::StrSplit(line, absl::ByAnyChar(" \t\r\\"), absl::SkipEmpty())) {
+      std::string token(word);
+      // Quotes around a value: "8" or '8'.
+      if (token.size() >= 2 && (token.front() == '"' || token.front() == '\'') &&
+          token.back() == token.front()) {
+        token = token.substr(1, token.size() - 2);
+      }
+      tokens.push_back(std::move(token));
+    }
+  }
+  std::vector<Argument> out;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i].rfind("--", 0) != 0) continue;  // the launcher, the script, a list's tail
+    Argument a{tokens[i].substr(2), std::nullopt};
+    if (auto eq = a.name.find('='); eq != std::string::npos) {
+      a.value = a.name.substr(eq + 1);
+      a.name = a.name.substr(0, eq);
+    } else if (i + 1 < tokens.size() && tokens[i + 1].rfind("--", 0) != 0) {
+      a.value = tokens[i + 1];
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<Argument>> YamlScalars(absl::string_view text,
+                                                  absl::string_view source) {
+  std::vector<Argument> out;
+  int number = 0;
+  for (absl::string_view raw : absl::StrSplit(text, '\n')) {
+    ++number;
+    absl::string_view line = raw;
+    if (auto hash = line.find(" #"); hash != absl::string_view::npos) line = line.substr(0, hash);
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#' || line == "---") continue;
+    if (line[0] == '-') continue;  // a list item: no run setting is a list
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ":", number, ": expected 'key: value' (a YAML mapping of scalars), got '",
+          std::string(line), "'"));
+    }
+    std::string key(absl::StripAsciiWhitespace(line.substr(0, colon)));
+    std::string value(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+    if (value.empty()) continue;  // a section such as `model_parallel:`
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
+        value.back() == value.front()) {
+      value = value.substr(1, value.size() - 2);
+    }
+    std::replace(key.begin(), key.end(), '_', '-');
+    const std::string lower = absl::AsciiStrToLower(value);
+    if (lower == "false" || lower == "null" || lower == "~") continue;  // a switch left off
+    out.push_back({key, lower == "true" ? std::nullopt : std::optional<std::string>(value)});
+  }
+  return out;
+}
+
+bool LooksLikeYaml(absl::string_view text) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    return line.rfind("--", 0) != 0 && line.find(':') != absl::string_view::npos;
+  }
+  return false;
+}
+
+// The arguments that split the decoder layers over the pipeline's stages (arguments.py
+// validate_args, transformer_config.py __post_init__, transformer_block.py
+// get_num_layers_to_build); --num-layers is read for them alone.
+bool IsPipelineSplitArgument(const std::string& name) {
+  static const auto* names = new std::set<std::string>{
+      "num-layers",
+      "pipeline-model-parallel-layout",
+      "num-layers-per-virtual-pipeline-stage",
+      "num-virtual-stages-per-pipeline-rank",
+      "decoder-first-pipeline-num-layers",
+      "decoder-last-pipeline-num-layers",
+      "account-for-embedding-in-pipeline-split",
+      "account-for-loss-in-pipeline-split",
+  };
+  return names->contains(name);
+}
+
+using ArgumentValues = std::map<std::string, std::optional<std::string>>;
+
+// An integer argument in [min, max], or nullopt when the file does not set it.
+absl::StatusOr<std::optional<int>> IntArgument(const ArgumentValues& args, const std::string& name,
+                                               int min, int max, const std::string& source) {
+  auto it = args.find(name);
+  if (it == args.end()) return std::nullopt;
+  int value = 0;
+  if (!it->second.has_value() || !absl::SimpleAtoi(*it->second, &value) || value < min ||
+      value > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": --", name, " is '", it->second.value_or(""),
+                     "'; allowed: an integer in [", min, ", ", max, "]"));
+  }
+  return value;
+}
+
+// Note [Pipeline split from Megatron]: the stages as Megatron builds them, said as --vpp and
+// --pp-layout. The layout gives every virtual stage (its vpp is stages / pp, and it conflicts with
+// the other split arguments); else --decoder-first/last-pipeline-num-layers give the first and
+// last rank theirs and the middle ranks share the rest evenly, each rank's layers divided evenly
+// over its model chunks; else the split is Megatron's even one, which `stowage plan` makes itself
+// from --vpp and the two accounting switches. More than one model chunk runs the interleaved
+// schedule (schedules.py get_forward_backward_func). The MTP depths go to the last virtual
+// stage, where the planner runs them (Note [MTP layers] in planner/frameworks/megatron.cc): a
+// layout that places them elsewhere (Megatron's standalone MTP stage) is refused. True when the
+// split counted --num-layers.
+absl::StatusOr<bool> ReadMegatronSplit(const ArgumentValues& args, int pp, int mtp_layers,
+                                       const std::string& source, TrainerSettings& out) {
+  // The planner's own limits bound every count (so nothing below overflows or allocates more
+  // than a model can have).
+  auto layers_arg = [&](const char* name, int min) {
+    return IntArgument(args, name, min, planner::kMaxLayers, source);
+  };
+  auto num_layers = layers_arg("num-layers", 1);
+  auto per_virtual = layers_arg("num-layers-per-virtual-pipeline-stage", 1);
+  auto virtual_stages =
+      IntArgument(args, "num-virtual-stages-per-pipeline-rank", 1, kPlanMaxVirtualStages, source);
+  auto first = layers_arg("decoder-first-pipeline-num-layers", 0);
+  auto last = layers_arg("decoder-last-pipeline-num-layers", 0);
+  for (const auto* v : {&num_layers, &per_virtual, &virtual_stages, &first, &last}) {
+    if (!v->ok()) return v->status();
+  }
+  const bool embedding_counted = args.contains("account-for-embedding-in-pipeline-split");
+  const bool loss_counted = args.contains("account-for-loss-in-pipeline-split");
+  const auto layout = args.find("pipeline-model-parallel-layout");
+  auto refuse = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
+  };
+  const std::vector<std::string> exclusive = {"num-layers-per-virtual-pipeline-stage",
+                                              "num-virtual-stages-per-pipeline-rank",
+                                              "pipeline-model-parallel-layout"};
+  std::vector<std::string> given;
+  for (const std::string& name : exclusive) {
+    if (args.contains(name)) given.push_back("--" + name);
+  }
+  if (given.size() > 1) {
+    return refuse(absl::StrCat("sets ", absl::StrJoin(given, " and "),
+                               "; Megatron takes at most one of them"));
+  }
+  auto needs_num_layers = [&](const char* name) {
+    return refuse(absl::StrCat("--", name,
+                               " splits --num-layers, which the file does not set; add it (the "
+                               "model's decoder layers)"));
+  };
+  std::vector<int> counts;  // decoder layers per virtual stage, when not the even split
+  int vpp = 1;
+  if (layout != args.end()) {
+    if (!layout->second.has_value()) return refuse("--pipeline-model-parallel-layout has no value");
+    if (first->has_value() || last->has_value() || embedding_counted || loss_counted) {
+      return refuse(
+          "--pipeline-model-parallel-layout gives every stage's layers; Megatron refuses it "
+          "together with --decoder-first/last-pipeline-num-layers and "
+          "--account-for-embedding/loss-in-pipeline-split");
+    }
+    auto stages = MegatronLayoutStages(*layout->second);
+    if (!stages.ok()) return refuse(std::string(stages.status().message()));
+    const std::string value =
+        absl::StrCat("--pipeline-model-parallel-layout is '", *layout->second, "'");
+    if (stages->size() % pp != 0) {
+      return refuse(absl::StrCat(value, ": its ", stages->size(),
+                                 " stages do not divide over --pipeline-model-parallel-size ", pp));
+    }
+    vpp = static_cast<int>(stages->size()) / pp;
+    std::string all;
+    for (const std::string& stage : *stages) all += stage;
+    auto occurrences = [&](char c) { return std::count(all.begin(), all.end(), c); };
+    if (all.empty() || all.front() != 'E' || all.back() != 'L' || occurrences('E') != 1 ||
+        occurrences('L') != 1) {
+      return refuse(absl::StrCat(value,
+                                 "; allowed: one E (the embedding) first and one L (the "
+                                 "loss) last"));
+    }
+    if (occurrences('m') != mtp_layers) {
+      return refuse(absl::StrCat(value, ": it places ", occurrences('m'),
+                                 " MTP depths (m); --mtp-num-layers is ", mtp_layers));
+    }
+    if (num_layers->has_value() && occurrences('t') != **num_layers) {
+      return refuse(absl::StrCat(value, ": it places ", occurrences('t'),
+                                 " decoder layers (t); --num-layers is ", **num_layers));
+    }
+    for (size_t v = 0; v < stages->size(); ++v) {
+      const std::string& stage = (*stages)[v];
+      const size_t mtp = stage.find('m');
+      if (mtp != std::string::npos &&
+          (v + 1 != stages->size() || stage.find('t', mtp) != std::string::npos)) {
+        return refuse(absl::StrCat(
+            value, ": it places MTP depths on virtual stage ", v,
+            "; allowed: in the last virtual stage, after its decoder layers (where the planner "
+            "runs them; a standalone MTP stage is not planned)"));
+      }
+      counts.push_back(static_cast<int>(std::count(stage.begin(), stage.end(), 't')));
+    }
+  } else {
+    if (virtual_stages->has_value()) vpp = **virtual_stages;
+    if (per_virtual->has_value()) {
+      if (first->has_value() || last->has_value()) {
+        return refuse(
+            "--num-layers-per-virtual-pipeline-stage with an uneven split "
+            "(--decoder-first/last-pipeline-num-layers); Megatron asks for "
+            "--num-virtual-stages-per-pipeline-rank instead");
+      }
+      if (!num_layers->has_value()) {
+        return needs_num_layers("num-layers-per-virtual-pipeline-stage");
+      }
+      const int total = **num_layers + (embedding_counted ? 1 : 0) + (loss_counted ? 1 : 0);
+      if (total % pp != 0 || (total / pp) % **per_virtual != 0) {
+        return refuse(absl::StrCat(
+            "--num-layers-per-virtual-pipeline-stage is ", **per_virtual, "; it must divide the ",
+            total, " layers", total != **num_layers ? " (embedding / loss counted)" : "",
+            " over --pipeline-model-parallel-size ", pp, " evenly per stage"));
+      }
+      vpp = total / pp / **per_virtual;
+    }
+    if (first->has_value() || last->has_value()) {
+      if (embedding_counted || loss_counted) {
+        return refuse(
+            "--decoder-first/last-pipeline-num-layers with "
+            "--account-for-embedding/loss-in-pipeline-split; Megatron refuses the two together");
+      }
+      if (!num_layers->has_value()) {
+        return needs_num_layers(first->has_value() ? "decoder-first-pipeline-num-layers"
+                                                   : "decoder-last-pipeline-num-layers");
+      }
+      int rest = **num_layers, middle_ranks = pp;
+      for (const auto* given_count : {&*first, &*last}) {
+        if (given_count->has_value()) {
+          rest -= **given_count;
+          --middle_ranks;
+        }
+      }
+      if (rest < 0 || (middle_ranks > 0 && rest % middle_ranks != 0)) {
+        return refuse(absl::StrCat("--decoder-first/last-pipeline-num-layers leave ", rest,
+                                   " of --num-layers ", **num_layers, " for ",
+                                   std::max(0, middle_ranks),
+                                   " middle stages; allowed: a multiple of the middle stages"));
+      }
+      std::vector<int> per_rank(pp, middle_ranks > 0 ? rest / middle_ranks : 0);
+      if (first->has_value()) per_rank.front() = **first;
+      if (last->has_value()) per_rank.back() = **last;
+      counts.assign(static_cast<size_t>(pp) * vpp, 0);
+      for (int s = 0; s < pp; ++s) {
+        if (per_rank[s] % vpp != 0) {
+          return refuse(absl::StrCat("stage ", s, "'s ", per_rank[s],
+                                     " layers do not divide over its ", vpp, " model chunks"));
+        }
+        for (int c = 0; c < vpp; ++c) counts[static_cast<size_t>(c) * pp + s] = per_rank[s] / vpp;
+      }
+    } else {
+      // Megatron's even split, which the planner makes from the same switches.
+      if (embedding_counted)
+        out.flags.push_back({"account-for-embedding-in-pipeline-split", "true"});
+      if (loss_counted) out.flags.push_back({"account-for-loss-in-pipeline-split", "true"});
+    }
+  }
+  if (vpp > 1) {
+    out.flags.push_back({"vpp", absl::StrCat(vpp)});
+    out.flags.push_back({"schedule", "interleaved"});
+  }
+  if (!counts.empty()) {
+    out.flags.push_back({"pp-layout", absl::StrJoin(counts, ",")});
+    out.notes.push_back(absl::StrCat(source, "'s pipeline split: planned as ",
+                                     vpp > 1 ? absl::StrCat("--vpp ", vpp, " ") : "",
+                                     "--pp-layout ", absl::StrJoin(counts, ",")));
+  }
+  return num_layers->has_value() && (per_virtual->has_value() || first->has_value() ||
+                                     last->has_value() || layout != args.end());
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> MegatronLayoutStages(std::string_view layout_in) {
+  const std::string layout(layout_in);
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pipeline-model-parallel-layout is '", layout, "'; ", why));
+  };
+  // Beyond this many characters unrolled the layout cannot be a model's (at most
+  // planner::kMaxLayers layers, kPlanMaxPipelineStages x kPlanMaxVirtualStages stages).
+  constexpr size_t kMaxUnrolled = size_t{1} << 16;
+  std::string text;
+  for (char c : layout) {
+    if (c != ',') text.push_back(c);  // purely cosmetic commas
+  }
+  // parse_str_to_list's two re.sub passes, each left to right: r'\(([^)]+)\)\*(\d+)' (a group up
+  // to the first ")"), then r'(.)\*(\d+)'.
+  auto repeat_count = [&](size_t at, size_t& end, int64_t& count) {
+    end = at;
+    count = 0;
+    while (end < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[end]))) {
+      count = std::min<int64_t>(count * 10 + (text[end] - '0'), int64_t{kMaxUnrolled} + 1);
+      ++end;
+    }
+    return end > at;
+  };
+  for (const bool group : {true, false}) {
+    std::string out;
+    size_t i = 0;
+    while (i < text.size()) {
+      size_t body = i, length = 1, star = i + 1;
+      if (group) {
+        const size_t close = text[i] == '(' ? text.find(')', i + 1) : std::string::npos;
+        if (close != std::string::npos && close > i + 1) {
+          body = i + 1;
+          length = close - i - 1;
+          star = close + 1;
+        } else {
+          star = std::string::npos;
+        }
+      }
+      size_t end = 0;
+      int64_t count = 0;
+      if (star == std::string::npos || star >= text.size() || text[star] != '*' ||
+          !repeat_count(star + 1, end, count)) {
+        out.push_back(text[i++]);
+        continue;
+      }
+      if (out.size() + static_cast<uint64_t>(count) * length > kMaxUnrolled) {
+        return bad(absl::StrCat("it unrolls to more than ", kMaxUnrolled, " layers"));
+      }
+      for (int64_t k = 0; k < count; ++k) out.append(text, body, length);
+      i = end;
+    }
+    text = std::move(out);
+  }
+  std::vector<std::string> stages;
+  for (absl::string_view stage : absl::StrSplit(text, '|')) {
+    for (char c : stage) {
+      if (std::string_view("EtmL").find(c) == std::string_view::npos) {
+        return bad(absl::StrCat("'", std::string(1, c),
+                                "' is not a layer; allowed: E (embedding), t (decoder layer), m "
+                                "(MTP depth), L (loss), '|' between stages, (..)*N and x*N "
+                                "repeats, commas"));
+      }
+    }
+    stages.emplace_back(stage);
+  }
+  return stages;
+}
+
+absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
+                                                     std::string_view source_in) {
+  // Debian's Abseil has its own string_view; the splitting below works in its type.
+  const absl::string_view text(text_in.data(), text_in.size());
+  const std::string source(source_in);
+  std::vector<Argument> arguments;
+  if (LooksLikeYaml(text)) {
+    auto yaml = YamlScalars(text, source);
+    if (!yaml.ok()) return yaml.status();
+    arguments = *std::move(yaml);
+  } else {
+    arguments = ArgumentList(text);
+  }
+  TrainerSettings out;
+  std::vector<std::string> policy, unused;
+  ArgumentValues split;
+  bool distributed_optimizer = false, explicit_sharding = false;
+  for (const Argument& a : arguments) {
+    if (IsPipelineSplitArgument(a.name)) {
+      split[a.name] = a.value;
+    } else if (auto it = MegatronToStowage().find(a.name); it != MegatronToStowage().end()) {
+      if (!a.value.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": --", a.name, " has no value"));
+      }
+      out.flags.push_back({it->second, *a.value});
+      explicit_sharding |= it->second == "sharding";
+    } else if (a.name == "use-distributed-optimizer") {
+      distributed_optimizer = true;
+    } else if (a.name == "optimizer-cpu-offload") {
+      out.flags.push_back({"optimizer-offload", "true"});
+    } else if (a.name == "use-tp-pp-dp-mapping") {
+      // initialize.py: order 'tp-cp-ep-pp-dp' under this switch (common_config.py).
+      out.flags.push_back({"rank-order", "tp-cp-ep-pp-dp"});
+    } else if (IsPolicySetting(a.name)) {
+      policy.push_back(absl::StrCat("--", a.name, a.value ? " " + *a.value : ""));
+    } else {
+      unused.push_back(absl::StrCat("--", a.name));
+    }
+  }
+  // Megatron's distributed optimizer shards optimizer state over data parallel: --sharding optim.
+  if (distributed_optimizer && !explicit_sharding) out.flags.push_back({"sharding", "optim"});
+  // Megatron-LM builds no MTP module without --mtp-num-layers (its default is None), whatever the
+  // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/frameworks/megatron.cc).
+  int pp = 1, mtp_layers = 0;
+  bool mtp_given = false;
+  for (const auto& [flag, value] : out.flags) {
+    const bool is_pp = flag == "pp", is_mtp = flag == "mtp-layers";
+    mtp_given |= is_mtp;
+    if (!is_pp && !is_mtp) continue;
+    const int min = is_pp ? 1 : 0, max = is_pp ? kPlanMaxPipelineStages : kPlanMaxMtpLayers;
+    int& read = is_pp ? pp : mtp_layers;
+    if (!absl::SimpleAtoi(value, &read) || read < min || read > max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": --", is_pp ? "pipeline-model-parallel-size" : "mtp-num-layers",
+                       " is '", value, "'; allowed: an integer in [", min, ", ", max, "]"));
+    }
+  }
+  if (!mtp_given) out.flags.push_back({"mtp-layers", "0"});
+  auto counted_layers = ReadMegatronSplit(split, pp, mtp_layers, source, out);
+  if (!counted_layers.ok()) return counted_layers.status();
+  // --num-layers is the model's shape, which comes from --model; only the split reads it.
+  if (split.contains("num-layers") && !*counted_layers) {
+    unused.insert(unused.begin(), "--num-layers");
+  }
+  if (!policy.empty()) {
+    out.notes.push_back(absl::StrCat(source, " sets ", absl::StrJoin(policy, ", "),
+                                     ": stowage chooses recompute and offload per layer (compare "
+                                     "with --force and --emit megatron)"));
+  }
+  if (!unused.empty()) {
+    out.notes.push_back(absl::StrCat(
+        "not used from ", source,
+        " (the model's shape comes from "
+        "--model): ",
+        unused.size(), " settings, ",
+        absl::StrJoin(unused.begin(), unused.begin() + std::min<size_t>(unused.size(), 8), ", "),
+        unused.size() > 8 ? ", ..." : ""));
+  }
+  return out;
+}
+
+}  // namespace stowage::bridges
