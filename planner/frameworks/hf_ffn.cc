@@ -28,7 +28,7 @@ namespace {
 // by the activation and the mul), and it cannot drop its output, the product, which the down
 // projection (nn.Linear, the down grouped_mm, bmm) saves outside it: 2 bytes per element stay.
 // Megatron's ffn_act / moe_act free the product too (CheckpointWithoutOutput discards its
-// output's storage and refills it before backward, cost_model.cc); transformers has no such
+// output's storage and refills it before backward, planner/frameworks/megatron.cc); transformers has no such
 // mechanism. Shared experts have no module. Checked against autograd with the activation
 // checkpointed by tests/python/measure/test_hf_layer_kinds.py (RecomputedActTest: the old recipe
 // freed the product too, 2f or 2 fe per routed expert too much, on every family it ran). Rerunning

@@ -112,11 +112,10 @@ NormWork NormWorkOf(HfNorm norm) {
 }
 
 void AddModule(HfLayer& b, const std::string& name, double seconds, bool in_ffn) {
-  uint64_t bytes = 0;
-  for (const SavedTensor& t : b.cost.saved) {
-    if (t.module == name) bytes += t.bytes;
-  }
-  b.cost.modules.push_back({name, bytes, seconds, in_ffn});
+  // The cost model's AddModule. BuildHfLayer returns no status: a module whose tensors add up
+  // beyond kMaxTensorBytes keeps that sum as its saved_bytes, which CheckStepCostBounds (run by
+  // BuildStepCost on every step) refuses, naming the layer and the module.
+  planner::AddModule(b.cost, name, seconds, in_ffn).IgnoreError();
 }
 
 // Whether SDPA gets a mask in this layer (Note [hf dialects]: masks).

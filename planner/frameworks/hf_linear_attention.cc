@@ -78,7 +78,7 @@ namespace {
 // ran.
 // With flash-linear-attention installed the chunk kernels keep other tensors (bf16 chunk
 // matrices, states recomputed in backward: Note [megatron linear attention] in
-// cost_model.cc), which this recipe does not model; the plan summary says so.
+// planner/frameworks/megatron.cc), which this recipe does not model; the plan summary says so.
 constexpr double kDeltaChunk = 64;  // chunk_size of both torch chunk functions
 
 }  // namespace

@@ -92,7 +92,7 @@ void MlaAttention(HfLayer& b, const LayerSpec& spec) {
   // attn_core recomputed, its checkpoint) keeps, so rerunning the up projections under
   // torch.utils.checkpoint frees none of them. Megatron's mla_up_proj frees them because
   // CheckpointWithoutOutput discards its outputs' storage and refills it before backward
-  // (cost_model.cc); transformers and the stowage wrapper have no such mechanism.
+  // (planner/frameworks/megatron.cc); transformers and the stowage wrapper have no such mechanism.
   b.Save("attn.qkv", "", 4 * hq * dqk + 2 * hq * (m.qk_nope_head_dim + dv));
   double saved_before_indexer = 0;
   for (const SavedTensor& t : b.cost.saved) saved_before_indexer += static_cast<double>(t.bytes);
