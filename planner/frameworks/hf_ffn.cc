@@ -28,15 +28,15 @@ namespace {
 // by the activation and the mul), and it cannot drop its output, the product, which the down
 // projection (nn.Linear, the down grouped_mm, bmm) saves outside it: 2 bytes per element stay.
 // Megatron's ffn_act / moe_act free the product too (CheckpointWithoutOutput discards its
-// output's storage and refills it before backward, planner/frameworks/megatron.cc); transformers has no such
-// mechanism. Shared experts have no module. Checked against autograd with the activation
-// checkpointed by tests/python/measure/test_hf_layer_kinds.py (RecomputedActTest: the old recipe
-// freed the product too, 2f or 2 fe per routed expert too much, on every family it ran). Rerunning
-// a selective module peaks below the backward moment its part already has: the rerun regenerates
-// the module's saved tensors (as kept) and its output once more, freed at once, beside the output's
-// gradient, while the part's own backward moment (Note [hf FFN backward], the attention core's)
-// holds those and the gradients it makes; so EvaluateOption charges a selective recompute keep's
-// backward peak.
+// output's storage and refills it before backward, planner/frameworks/megatron.cc); transformers
+// has no such mechanism. Shared experts have no module. Checked against autograd with the
+// activation checkpointed by tests/python/measure/test_hf_layer_kinds.py (RecomputedActTest: the
+// old recipe freed the product too, 2f or 2 fe per routed expert too much, on every family it ran).
+// Rerunning a selective module peaks below the backward moment its part already has: the rerun
+// regenerates the module's saved tensors (as kept) and its output once more, freed at once, beside
+// the output's gradient, while the part's own backward moment (Note [hf FFN backward], the
+// attention core's) holds those and the gradients it makes; so EvaluateOption charges a selective
+// recompute keep's backward peak.
 
 // Whether the router hands the experts fp32 weights (Ffn: the weighted output is then fp32).
 // DeepSeek-V2's router too: its softmax is fp32 and `topk_weights * routed_scaling_factor`
