@@ -18,15 +18,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cli/cli.h"
+#include "cli/commands.h"
 #include "planner/cost/cost_model.h"
+#include "planner/cost/reference_jobs.h"
 #include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
-#include "planner/search/optimizer.h"
 #include "planner/report/report.h"
 #include "planner/search/baseline.h"
-#include "cli/cli.h"
-#include "cli/commands.h"
+#include "planner/search/optimizer.h"
 
 namespace stowage::tools {
 namespace {
@@ -80,8 +81,7 @@ void PrintRow(const std::string& first, const Timing& t, double process_ms,
   }
   std::printf("%10s  %9.1f  %9.1f  %10s  %8lld  %10s  %7.3f%%  %12s  %12s  %9.3f\n", first.c_str(),
               t.wall_ms, t.cpu_ms, process.c_str(), static_cast<long long>(r.nodes),
-              planner::OptimalityName(r), GapPercent(r),
-              FormatBytes(r.sim.peak_bytes).c_str(),
+              planner::OptimalityName(r), GapPercent(r), FormatBytes(r.sim.peak_bytes).c_str(),
               FormatBytes(r.sim.host_bytes).c_str(), r.sim.step_seconds);
 }
 
@@ -247,8 +247,7 @@ int BenchDepth(const std::string& list, const std::string& stage_list,
                     n, p, t.wall_ms, t.cpu_ms, 1000 * t.cpu_ms / n, static_cast<long long>(nodes),
                     absl::StrFormat("%d/%d", proven, p).c_str(),
                     absl::StrFormat("%d/%d", within_gap, p).c_str(), worst_gap,
-                    FormatBytes(peak).c_str(), FormatBytes(host).c_str(),
-                    slowest);
+                    FormatBytes(peak).c_str(), FormatBytes(host).c_str(), slowest);
       }
       std::fflush(stdout);
     }
@@ -278,25 +277,15 @@ int BenchPipelineRow(const planner::ModelConfig& model, const planner::RunSettin
   return kExitOk;
 }
 
-// A large pipeline job: DeepSeek-V3 on 2,048 GPUs, PP 16 (1F1B, 16 microbatches), EP 64,
-// 4K tokens, distributed optimizer, the layout Megatron users give for 61 layers. Planning it is
-// one cost model and one search per stage; a row is all 16 (the slowest stage's search and the
+// A large pipeline job: DeepSeek-V3 on 2,048 GPUs, PP 16 (planner::DeepSeekV3Pp16Job). Planning it
+// is one cost model and one search per stage; a row is all 16 (the slowest stage's search and the
 // binding stage's peak are what a user would look at). One row per hardware: the chosen one and
 // h800, whose smaller memory makes stages offload and wait for their copies, which the search
 // must still prove (Note [Forward waits] in planner/search/bound_model.cc).
 int BenchPipeline(const std::vector<planner::HardwareProfile>& hardware, int64_t repeats,
                   double gap) {
-  const planner::ModelConfig model = *planner::ModelPreset("deepseek-v3");
-  planner::RunSettings run;
-  run.seq_len = 4096;
-  run.tp = 1;
-  run.cp = 1;
-  run.ep = 64;
-  run.gpus = 2048;
-  run.pp = 16;
-  run.microbatches = 16;
-  run.sharding = planner::Sharding::kOptim;
-  run.pp_layout = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+  const planner::ModelConfig model = *planner::ModelPreset(planner::kDeepSeekV3Pp16Model);
+  planner::RunSettings run = planner::DeepSeekV3Pp16Job();
   std::printf(
       "\ndeepseek-v3, 2048 GPUs, PP 16 (1f1b, 16 microbatches), EP 64, 4096 tokens; every stage; "
       "%lld runs\n\n",
@@ -320,13 +309,14 @@ int RunBenchPlan(int argc, char** argv) {
                         "plan; whether the plan is proven optimal, else its gap to the search's "
                         "bound), DeepSeek-V3 on 2,048 GPUs with PP 16 (every stage), then deep "
                         "models (--layers).");
-  flags.Add({"hardware", "NAME", "hardware preset", "b200"});
+  flags.Add({"hardware", "NAME", "hardware preset", planner::kDefaultHardware});
   flags.Add({"repeats", "N", "runs per length (the median is reported)", "5"});
-  flags.Add({"layers", "N,N,...",
-             "deep models, Llama-3-8B's layer repeated N times (4K tokens, CP 1, 4096 GPUs): "
-             "planning time against depth (Note [Bounded work] in planner/search/optimizer.cc); given "
-             "alone, only this table",
-             "100,200,300,500,700,1000,10000"});
+  flags.Add(
+      {"layers", "N,N,...",
+       "deep models, Llama-3-8B's layer repeated N times (4K tokens, CP 1, 4096 GPUs): "
+       "planning time against depth (Note [Bounded work] in planner/search/optimizer.cc); given "
+       "alone, only this table",
+       "100,200,300,500,700,1000,10000"});
   flags.Add({"stages", "P,P,...",
              "pipeline stages each deep model is split over (1f1b, P microbatches; every stage "
              "planned): the layers x stages curve",
@@ -343,7 +333,7 @@ int RunBenchPlan(int argc, char** argv) {
     return kExitOk;
   }
   auto repeats = flags.GetInt("repeats", 5, 1, 1000);
-  auto hardware_name = flags.GetString("hardware", "b200");
+  auto hardware_name = flags.GetString("hardware", planner::kDefaultHardware);
   if (!repeats.ok() || !hardware_name.ok()) {
     std::fprintf(
         stderr, "stowage bench plan: %s\n",
@@ -366,7 +356,7 @@ int RunBenchPlan(int argc, char** argv) {
       flags.GetString("layers", "100,200,300,500,700,1000,10000").value_or("");
   const std::string stage_list = flags.GetString("stages", "1,4,16").value_or("");
   if (flags.Has("layers")) return BenchDepth(depths, stage_list, *hardware, *repeats, *gap);
-  const planner::ModelConfig model = *planner::ModelPreset("glm-5.3-flash");
+  const planner::ModelConfig model = *planner::ModelPreset(planner::kDefaultModel);
   planner::OptimizerOptions options;
   options.gpu_budget_bytes = hardware->UsableBytes();
   options.host_budget_bytes = hardware->DefaultHostBudgetPerGpu();

@@ -19,6 +19,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "planner/cost/cost_model.h"
+#include "planner/cost/reference_jobs.h"
 #include "planner/cost/run_settings.h"
 #include "planner/frameworks/hf.h"
 #include "planner/frameworks/layer_profile.h"
@@ -54,7 +55,7 @@ cli::FlagParser MakeParser() {
   p.Add({"model", "NAME|PATH",
          absl::StrCat("model preset (", absl::StrJoin(planner::ModelPresetNames(), ", "),
                       ") or a Hugging Face config.json (families: --list-models)"),
-         "glm-5.3-flash"});
+         planner::kDefaultModel});
   p.Add({"profile", "PATH",
          "plan from a measured layer profile (as stowage.profile_layers writes) instead of "
          "--model; --gpu-mem is then required unless --hardware is given",
@@ -62,7 +63,7 @@ cli::FlagParser MakeParser() {
   p.Add({"hardware", "NAME|PATH",
          absl::StrCat("hardware preset (", absl::StrJoin(planner::HardwarePresetNames(), ", "),
                       ") or a profile .json (as `stowage calibrate` writes)"),
-         "b200"});
+         planner::kDefaultHardware});
   // The aliases are Megatron-LM's names for the same settings (megatron/training/arguments.py).
   p.Add({"seq-len", "N", "tokens per sequence (K/M suffixes: 256K, 1M)", "1M", {"seq-length"}});
   p.Add({"micro-batch", "N", "sequences per micro-batch", "1", {"micro-batch-size"}});
@@ -326,7 +327,7 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
 absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
                                   const std::optional<bridges::TorchtitanSplit>& torchtitan_split) {
   Inputs in;
-  auto model = flags.GetString("model", "glm-5.3-flash");
+  auto model = flags.GetString("model", planner::kDefaultModel);
   if (!model.ok()) return model.status();
   in.model_label = *model;
   auto m = LooksLikePath(*model) ? planner::ReadHfConfigFile(*model) : planner::ModelPreset(*model);
@@ -340,7 +341,7 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
     }
   }
   in.model_notes = in.model.notes;
-  auto hardware = flags.GetString("hardware", "b200");
+  auto hardware = flags.GetString("hardware", planner::kDefaultHardware);
   if (!hardware.ok()) return hardware.status();
   in.hardware_label = *hardware;
   auto hw = LooksLikePath(*hardware) ? planner::ReadHardwareProfileFile(*hardware)

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "base/json_reader.h"
 #include "planner/cost/cost_model.h"
+#include "planner/cost/reference_jobs.h"
 #include "planner/cost/run_settings.h"
 #include "planner/frameworks/hf.h"
 #include "planner/frameworks/layer_profile.h"
@@ -207,8 +208,8 @@ absl::StatusOr<Source> ReadSource(const json::Object& o) {
     if (!given.ok()) return given.status();
     hw = *given;
   } else {
-    src.hardware_label = "b200";
-    hw = *HardwarePreset("b200");
+    src.hardware_label = kDefaultHardware;
+    hw = *HardwarePreset(kDefaultHardware);
   }
   auto run = ReadRun(o, model);
   if (!run.ok()) return run.status();

@@ -9,12 +9,12 @@
 #include <string>
 
 #include "planner/cost/cost_model.h"
+#include "planner/cost/reference_jobs.h"
 #include "planner/cost/run_settings.h"
 #include "planner/frameworks/step_cost.h"
 #include "planner/model/model.h"
 #include "planner/search/optimizer.h"
 #include "planner/search/simulator.h"
-#include "tests/planner/pipeline_jobs.h"
 
 namespace stowage::planner {
 namespace {
@@ -390,7 +390,7 @@ TEST(StepComm, ExpertDataParallelGroupUnderPipeline) {
 TEST(StepComm, LastStageWordEmbeddingsAreAllReducedWithTheFirst) {
   const ModelConfig ds = *ModelPreset("deepseek-v3");
   const HardwareProfile hw = *HardwarePreset("h800");
-  RunSettings run = jobs::DeepSeekV3Pp16Job();
+  RunSettings run = DeepSeekV3Pp16Job();
   const double words = 129280.0 * 7168;
   EXPECT_DOUBLE_EQ(StageNonLayerParams(ds, run, 0).dense, words);
   EXPECT_DOUBLE_EQ(StageNonLayerParams(ds, run, 7).dense, 0);

@@ -12,6 +12,7 @@
 #include "bridges/megatron_emit.h"
 #include "planner/cost/cost_model.h"
 #include "planner/cost/pipeline_layout.h"
+#include "planner/cost/reference_jobs.h"
 #include "planner/cost/run_settings.h"
 #include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
@@ -22,7 +23,6 @@
 #include "planner/search/optimizer.h"
 #include "planner/search/pipeline.h"
 #include "stowage/plan.h"
-#include "tests/planner/pipeline_jobs.h"
 
 namespace stowage::planner {
 namespace {
@@ -157,7 +157,7 @@ TEST(MtpLayer, ReferenceRunHasOneMtpRowAfterTheDecoderLayers) {
 TEST(MtpLayer, LastStageRunsItAfterItsDecoderLayers) {
   const ModelConfig ds = *ModelPreset("deepseek-v3");
   const HardwareProfile hw = *HardwarePreset("h200");
-  const RunSettings run = jobs::DeepSeekV3Pp16Job();
+  const RunSettings run = DeepSeekV3Pp16Job();
   const std::vector<LayerRange> split = *VirtualStageLayers(ds, run);
   ASSERT_EQ(split.size(), 16u);
   EXPECT_EQ(split[14].first_layer, 55);
@@ -204,7 +204,7 @@ TEST(MtpLayer, LastStageRunsItAfterItsDecoderLayers) {
 TEST(MtpLayer, ZeroLayersTrainsNone) {
   const ModelConfig ds = *ModelPreset("deepseek-v3");
   const HardwareProfile hw = *HardwarePreset("h200");
-  RunSettings run = jobs::DeepSeekV3Pp16Job();
+  RunSettings run = DeepSeekV3Pp16Job();
   const StepCost with = *BuildStepCost(ds, hw, run, 15);
   run.mtp_layers = 0;
   const StepCost without = *BuildStepCost(ds, hw, run, 15);

@@ -8,8 +8,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "planner/cost/reference_jobs.h"
 #include "planner/frameworks/step_cost.h"
-#include "tests/planner/pipeline_jobs.h"
 #include "tests/planner/search/exhaustive_search.h"
 
 namespace stowage::planner {
@@ -585,7 +585,7 @@ TEST(Optimizer, EqualsExhaustiveSearchOnFewLayersManyInFlightTightBudget) {
 // layer whose save waits 6.9 ms; the bound counted half of it and the search stopped at its node
 // limit "1.5% faster". Every stage is proven now.
 TEST(Optimizer, DeepSeekV3OnH800PipelineStagesAreProven) {
-  const RunSettings run = jobs::DeepSeekV3Pp16Job();
+  const RunSettings run = DeepSeekV3Pp16Job();
   int offloading = 0;
   for (int stage = 0; stage < run.pp; ++stage) {
     const auto step =

@@ -12,13 +12,13 @@
 #include <string>
 
 #include "planner/cost/cost_model.h"
+#include "planner/cost/reference_jobs.h"
 #include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
 #include "planner/report/pipeline_report.h"
 #include "planner/search/optimizer.h"
 #include "stowage/plan.h"
-#include "tests/planner/pipeline_jobs.h"
 
 namespace stowage::planner {
 namespace {
@@ -331,7 +331,7 @@ TEST(PipelinePlan, DeepSeekV3On2048GpusPlansEveryStage) {
   for (const std::string name : {"h200", "h800"}) {
     SCOPED_TRACE(name);
     const HardwareProfile hw = *HardwarePreset(name);
-    const RunSettings run = jobs::DeepSeekV3Pp16Job();
+    const RunSettings run = DeepSeekV3Pp16Job();
     const OptimizerOptions options = Budgets(hw);
     auto p = PlanPipeline(ds, hw, run, options);
     ASSERT_TRUE(p.ok()) << p.status();
