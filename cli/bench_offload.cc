@@ -30,12 +30,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/cli.h"
+#include "cli/commands.h"
 #include "offload/host_backend.h"
 #include "offload/host_memory.h"
 #include "runtime/runtime.h"
 #include "stowage/plan.h"
-#include "cli/cli.h"
-#include "cli/commands.h"
 
 #ifdef STOWAGE_HAVE_CUDA
 #include <cuda_runtime_api.h>

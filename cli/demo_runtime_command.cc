@@ -24,13 +24,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/cli.h"
+#include "cli/commands.h"
 #include "offload/backend_factory.h"
 #include "offload/node_ledger.h"
 #include "runtime/metrics.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
-#include "cli/cli.h"
-#include "cli/commands.h"
 
 namespace stowage::tools {
 namespace {

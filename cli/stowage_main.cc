@@ -3,8 +3,8 @@
 #include <cstring>
 #include <string_view>
 
-#include "stowage/stowage.h"
 #include "cli/commands.h"
+#include "stowage/stowage.h"
 
 namespace {
 

@@ -164,7 +164,6 @@ std::optional<uint64_t> CgroupMemory::headroom_bytes() const {
   return HeadroomOf(level);
 }
 
-
 absl::StatusOr<HostMemorySnapshot> ReadHostMemory(int numa_node, const HostRoots& roots) {
   HostMemorySnapshot snapshot;
   absl::StatusOr<std::string> meminfo = ReadSmallFile(roots.proc + "/meminfo");
@@ -226,7 +225,8 @@ std::string DescribeHostMemory(const HostMemorySnapshot& s) {
                     FormatBytesExact(*s.cgroup.headroom_bytes()));
   }
   absl::StrAppend(&out, "; RLIMIT_MEMLOCK ", Limit(s.memlock_limit_bytes), " (locked ",
-                  FormatBytesExact(s.memlock_used_bytes), s.cap_ipc_lock ? ", CAP_IPC_LOCK" : "", ")");
+                  FormatBytesExact(s.memlock_used_bytes), s.cap_ipc_lock ? ", CAP_IPC_LOCK" : "",
+                  ")");
   if (s.node >= 0) {
     absl::StrAppend(&out, "; node ", s.node, " of ", s.online_nodes, " available ",
                     Limit(s.node_available_bytes), " of ", Limit(s.node_total_bytes));
@@ -286,8 +286,9 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
   add(with_pending_on_node, pending_on_node);
   add(with_reserved, reserved);
   auto others_text = [](uint64_t bytes, const char* what) {
-    return bytes == 0 ? std::string()
-                      : absl::StrCat(" (with ", FormatBytesExact(bytes), " ", what, " by other ranks)");
+    return bytes == 0
+               ? std::string()
+               : absl::StrCat(" (with ", FormatBytesExact(bytes), " ", what, " by other ranks)");
   };
   std::vector<std::string> binding;
   // `available` less the margin of `total` (Note [Admission margin]); the request must fit in it.
@@ -306,24 +307,26 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
   }
   if (const std::optional<uint64_t> headroom = s.cgroup.headroom_bytes();
       headroom.has_value() && with_pending > usable(*headroom, *s.cgroup.limit_bytes)) {
-    binding.push_back(absl::StrCat("cgroup ", s.cgroup.limiting_path, " limit ",
-                                   FormatBytesExact(*s.cgroup.limit_bytes), " leaves ",
-                                   FormatBytesExact(*headroom), kept(*s.cgroup.limit_bytes, "the limit"),
-                                   others_text(pending, "admitted and not yet resident")));
+    binding.push_back(absl::StrCat(
+        "cgroup ", s.cgroup.limiting_path, " limit ", FormatBytesExact(*s.cgroup.limit_bytes),
+        " leaves ", FormatBytesExact(*headroom), kept(*s.cgroup.limit_bytes, "the limit"),
+        others_text(pending, "admitted and not yet resident")));
   }
   if (request.numa_node >= 0 && s.online_nodes > 1 && s.node_available_bytes.has_value() &&
       with_pending_on_node >
           usable(*s.node_available_bytes, s.node_total_bytes.value_or(*s.node_available_bytes))) {
     binding.push_back(absl::StrCat(
-        "node ", request.numa_node, " has ", FormatBytesExact(*s.node_available_bytes), " available",
+        "node ", request.numa_node, " has ", FormatBytesExact(*s.node_available_bytes),
+        " available",
         kept(s.node_total_bytes.value_or(*s.node_available_bytes), "the node's memory"),
         others_text(pending_on_node, "admitted on it and not yet resident")));
   }
   if (shares.node_budget_bytes.has_value() &&
       with_reserved > usable(*shares.node_budget_bytes, *shares.node_budget_bytes)) {
-    binding.push_back(absl::StrCat(
-        "the node budget (STOWAGE_NODE_MEMORY_BYTES) is ", FormatBytesExact(*shares.node_budget_bytes),
-        kept(*shares.node_budget_bytes, "the budget"), others_text(reserved, "reserved")));
+    binding.push_back(absl::StrCat("the node budget (STOWAGE_NODE_MEMORY_BYTES) is ",
+                                   FormatBytesExact(*shares.node_budget_bytes),
+                                   kept(*shares.node_budget_bytes, "the budget"),
+                                   others_text(reserved, "reserved")));
   }
   if (request.memlock == MemlockUse::kLocked && !s.cap_ipc_lock &&
       s.memlock_limit_bytes.has_value()) {
@@ -341,10 +344,11 @@ absl::Status CheckAdmission(const HostMemorySnapshot& s, const AdmissionRequest&
   if (!shares.ledger.empty()) {
     std::vector<std::string> listed;
     for (const RankShare& other : shares.others) listed.push_back(DescribeShare(other));
-    ranks = absl::StrCat(". Reservations on this node (", shares.ledger,
-                         "): ", listed.empty() ? std::string("none") : absl::StrJoin(listed, "; "),
-                         "; this request: ", RankName(shares.rank, shares.local_rank), " pid ",
-                         getpid(), " node ", request.numa_node, ": ", FormatBytesExact(request.bytes));
+    ranks =
+        absl::StrCat(". Reservations on this node (", shares.ledger,
+                     "): ", listed.empty() ? std::string("none") : absl::StrJoin(listed, "; "),
+                     "; this request: ", RankName(shares.rank, shares.local_rank), " pid ",
+                     getpid(), " node ", request.numa_node, ": ", FormatBytesExact(request.bytes));
   }
   return absl::ResourceExhaustedError(
       absl::StrCat(request.what, " of ", FormatBytesExact(request.bytes), where, " does not fit: ",

@@ -200,25 +200,25 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
 // attention's; at the attention part's peak (the core's backward) the whole FFN/MoE block's and
 // o_proj's, not the q/k/v projections'. The recipe states them per layer kind
 // (LayerCost::ffn_peak_grad_bytes, attn_peak_grad_bytes; Note [hf gradient timing] in
-// planner/frameworks/hf.cc, which adds the FFN's input projections' backward as a third moment:
-// Mixtral's gate_up_proj gradient, 1.75 GiB, is made there); the backward peak below is the largest
-// of the moments with its gradients, the rest of the layer's gradients exist from its backward's
-// end, and what the step holds around the layer is BackwardHeldBytes (simulator.h), the one sum the
-// simulator and the optimizer use. The layer input's gradient follows the same order: autograd sums
-// the gradients of the input's uses (the residual path and the layer's first ops) in the input's
-// buffer, and the residual add's backward hands the output's gradient on as it is (AddBackward0: no
-// new tensor), so a new tensor of the input's width exists only once the first ops' backward (the
-// input norm's; OLMo's q/k/v projections) has run, after every moment above: the hf recipe
-// says so (LayerCost::input_grad_made_last; the olmo3 layers at 4096 tokens peaked 40 MiB,
-// 2h per token, below the old count). A shared expert's input gradient, made inside the
-// FFN's backward, is the FFN recipe's (planner/frameworks/hf.cc). The megatron recipe keeps
-// counting it at every moment: GLM-5.3-Flash's layers are mHC (hc_mult 4), and Megatron-Core
-// applies H_res to the n-stream residual after the sublayer (transformer/hyper_connection.py
-// apply_h_res, deferred to the fused h_res/h_post bias-dropout-add), so that bmm's backward, which
-// runs first, makes an n x hidden-wide part of the input's gradient that lives through the rest of
-// the layer's backward (its peak moments included). For hc_mult 1 layers the megatron count
-// stays as it was: an upper bound by 2h per token (the fused bias-dropout-add's backward
-// under torch.compile or jit is not checked here).
+// planner/frameworks/hf_build_layer.cc, which adds the FFN's input projections' backward as a third
+// moment: Mixtral's gate_up_proj gradient, 1.75 GiB, is made there); the backward peak below is the
+// largest of the moments with its gradients, the rest of the layer's gradients exist from its
+// backward's end, and what the step holds around the layer is BackwardHeldBytes (simulator.h), the
+// one sum the simulator and the optimizer use. The layer input's gradient follows the same order:
+// autograd sums the gradients of the input's uses (the residual path and the layer's first ops) in
+// the input's buffer, and the residual add's backward hands the output's gradient on as it is
+// (AddBackward0: no new tensor), so a new tensor of the input's width exists only once the first
+// ops' backward (the input norm's; OLMo's q/k/v projections) has run, after every moment above: the
+// hf recipe says so (LayerCost::input_grad_made_last; the olmo3 layers at 4096 tokens peaked 40
+// MiB, 2h per token, below the old count). A shared expert's input gradient, made inside the FFN's
+// backward, is the FFN recipe's (planner/frameworks/). The megatron recipe keeps counting it at
+// every moment: GLM-5.3-Flash's layers are mHC (hc_mult 4), and Megatron-Core applies H_res to the
+// n-stream residual after the sublayer (transformer/hyper_connection.py apply_h_res, deferred to
+// the fused h_res/h_post bias-dropout-add), so that bmm's backward, which runs first, makes an n x
+// hidden-wide part of the input's gradient that lives through the rest of the layer's backward (its
+// peak moments included). For hc_mult 1 layers the megatron count stays as it was: an upper bound
+// by 2h per token (the fused bias-dropout-add's backward under torch.compile or jit is not checked
+// here).
 //
 // Note [Recompute moment]
 // A recomputed layer reruns its forward inside its backward, and the rerun's transients are live
@@ -236,8 +236,8 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
 // at its peak (forward_with: the saved tensors made so far, the transients, the residual stream)
 // and the output's gradient (output_bytes) beside it; the forward-only transients (GLM-5's DSA
 // indexer: two fp32 [s, H, s] score tensors, 4 GiB a layer at 4096 tokens, Note [hf MLA] in
-// planner/frameworks/hf.cc) make it the backward's peak. The backward's own moments follow, with
-// what the checkpoint holds beyond its input until its backward ends
+// planner/frameworks/hf_build_layer.cc) make it the backward's peak. The backward's own moments
+// follow, with what the checkpoint holds beyond its input until its backward ends
 // (LayerCost::checkpoint_held_bytes: under hf the step's masks, Note [hf masks]), which the rerun
 // counts already as the forward did. A measured layer's rerun is its measured forward (own forward
 // bytes) with the output's gradient: the same moment read off the measured step

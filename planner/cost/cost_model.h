@@ -96,8 +96,8 @@ struct LayerCost {
   // The layer's own bytes at its forward's peak beyond its input when its checkpoint keeps none
   // of its saved tensors (recompute, offload_input: each is freed once the forward's own
   // references to it are gone), where the recipe states it (hf: Llama 4,
-  // Note [hf recompute forward] in planner/frameworks/hf.cc); 0: the forward transients alone count
-  // there.
+  // Note [hf recompute forward] in planner/frameworks/hf_build_layer.cc); 0: the forward transients
+  // alone count there.
   uint64_t unkept_forward_bytes = 0;
   // Microbatches of this layer a pipeline stage holds at once (1F1B: stage s of p holds
   // min(p - s, M)); the simulator keeps the other m - 1 microbatches' resident bytes on the GPU
@@ -105,7 +105,7 @@ struct LayerCost {
   int in_flight_microbatches = 1;
   // Whether the trainer can run this layer's FFN/MoE in token chunks (LayerOption::chunks > 1).
   // Megatron's recipe can; transformers' eager MLP and expert loop take every token at once
-  // (planner/frameworks/hf.cc), and a measured layer ran as it was measured.
+  // (planner/frameworks/), and a measured layer ran as it was measured.
   bool ffn_chunkable = true;
   // Exposed communication of one forward (made again by a recompute) and one backward
   // (StepComm::layers; planner/cost/communication.h), added to the pass times by EvaluateOption.
@@ -170,7 +170,7 @@ struct StepCost {
   // Once a layer's backward has ended it holds a layer_grad_shards-th of its gradients
   // (LayerCost::grad_bytes, rounded up): 1 unless the data-parallel engine reduce-scatters each
   // layer's gradients as its backward ends and frees the unsharded ones (torch FSDP2 under hf,
-  // Note [hf data parallel] in planner/frameworks/hf.cc).
+  // Note [hf data parallel] in planner/frameworks/hf_data_parallel.cc).
   int layer_grad_shards = 1;
   // Of tail_bytes, what the caller holds from the LM head's forward to the end of the step: the
   // model output's logits (transformers returns them and the training loop keeps the output

@@ -25,7 +25,7 @@ absl::StatusOr<Sharding> ParseSharding(const std::string& name);
 // Whose code runs the layers, which decides what a layer holds for backward and when gradients
 // exist. kMegatron: Megatron-Core with TransformerEngine kernels (Note [Cost model] in
 // planner/frameworks/megatron.cc); kHf: Hugging Face transformers eager code with SDPA and its
-// default loss (planner/frameworks/hf.cc).
+// default loss (planner/frameworks/).
 enum class Framework { kMegatron, kHf };
 const char* FrameworkName(Framework framework);  // "megatron", "hf"
 absl::StatusOr<Framework> ParseFramework(const std::string& name);
@@ -54,7 +54,7 @@ struct RunSettings {
   bool optimizer_offload = false;
   Framework framework = Framework::kMegatron;
   // Under kHf: the transformers 5.x release whose code the recipe follows where releases differ,
-  // as its minor version (Note [hf transformers versions] in planner/frameworks/hf.cc). 17: the
+  // as its minor version (Note [hf transformers versions] in planner/frameworks/hf_ffn.cc). 17: the
   // version of the measured reference steps (tests/planner/data/measured/hf-h200.jsonl).
   int transformers_minor = 17;
   Sharding sharding = Sharding::kOptimGradsParams;

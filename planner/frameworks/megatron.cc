@@ -39,8 +39,8 @@ namespace {
 // Note [megatron profile]
 // What a Megatron-Core (0.16) layer with TransformerEngine (2.x) kernels keeps for backward, per
 // token; checked against Megatron-Core's own local-spec layers on CPU by
-// tests/python/test_megatron_profile.py, which also states, as cited constants, what the local
-// spec keeps instead where TE's fused kernels differ. TE files are under
+// tests/python/measure/test_megatron_profile.py, which also states, as cited constants, what the
+// local spec keeps instead where TE's fused kernels differ. TE files are under
 // transformer_engine/pytorch/, Megatron-Core's under megatron/core/.
 //  Norm + linear (TELayerNormColumnParallelLinear = module/layernorm_linear.py
 //    _LayerNormLinear.forward): saves the norm's input (the layer input or the residual `mid`:
@@ -121,7 +121,7 @@ namespace {
 // What KDA and gated DeltaNet layers keep for backward, per token, counted from the code (no
 // CPU can run these kernels: fla's are Triton, Megatron-Core's GatedDeltaNet needs CUDA and
 // fla to build), fla = flash-linear-attention v0.5.2 (fla/...), Megatron-Core 0.16.1
-// (megatron/core/ssm/gated_delta_net.py, the version tests/python/test_megatron_profile.py
+// (megatron/core/ssm/gated_delta_net.py, the version tests/python/measure/test_megatron_profile.py
 // pins). H heads of d (KDA), hk/hv key/value heads of dk/dv (GDN), C = 64 fla's chunk_size.
 //  fla's chunk functions keep, beside their inputs, the chunk matrices they solved in the
 //    forward and recompute the rest (w, u, the chunk states, v_new) in backward:

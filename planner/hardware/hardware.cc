@@ -336,7 +336,6 @@ constexpr json::Range<int> kNvlinkDomainGpus{1, 1 << 20};
 constexpr json::Range<double> kOptionalBytesPerSecond{0, 1e15};
 constexpr json::Range<double> kLatencySeconds{0, 1};
 
-
 template <typename T>
 absl::Status InRange(const std::string& field, T value, json::Range<T> range) {
   if (value >= range.min && value <= range.max) return absl::OkStatus();
@@ -417,35 +416,28 @@ absl::Status ValidateHardwareProfile(const HardwareProfile& p) {
       InRange("flash_forward_efficiency", p.flash_forward_efficiency, kFraction));
   STOWAGE_RETURN_IF_ERROR(
       InRange("flash_backward_efficiency", p.flash_backward_efficiency, kFraction));
-  STOWAGE_RETURN_IF_ERROR(
-      InRange("grouped_gemm_efficiency", p.grouped_gemm_efficiency, kFraction));
+  STOWAGE_RETURN_IF_ERROR(InRange("grouped_gemm_efficiency", p.grouped_gemm_efficiency, kFraction));
   STOWAGE_RETURN_IF_ERROR(
       InRange("grouped_gemm_half_tokens", p.grouped_gemm_half_tokens, kHalfTokens));
   STOWAGE_RETURN_IF_ERROR(
       InRange("torch_grouped_mm_efficiency", p.torch_grouped_mm_efficiency, kFraction));
   STOWAGE_RETURN_IF_ERROR(
       InRange("torch_grouped_mm_half_tokens", p.torch_grouped_mm_half_tokens, kHalfTokens));
-  STOWAGE_RETURN_IF_ERROR(
-      InRange("elementwise_efficiency", p.elementwise_efficiency, kFraction));
+  STOWAGE_RETURN_IF_ERROR(InRange("elementwise_efficiency", p.elementwise_efficiency, kFraction));
   STOWAGE_RETURN_IF_ERROR(InRange("kernel_seconds", p.kernel_seconds, kKernelSeconds));
-  STOWAGE_RETURN_IF_ERROR(
-      InRange("hbm_bytes_per_second", p.hbm_bytes_per_second, kBytesPerSecond));
+  STOWAGE_RETURN_IF_ERROR(InRange("hbm_bytes_per_second", p.hbm_bytes_per_second, kBytesPerSecond));
   STOWAGE_RETURN_IF_ERROR(InRange("dense_bf16_flops", p.dense_bf16_flops, kFlops));
-  STOWAGE_RETURN_IF_ERROR(
-      InRange("d2h_bytes_per_second", p.d2h_bytes_per_second, kBytesPerSecond));
-  STOWAGE_RETURN_IF_ERROR(
-      InRange("h2d_bytes_per_second", p.h2d_bytes_per_second, kBytesPerSecond));
+  STOWAGE_RETURN_IF_ERROR(InRange("d2h_bytes_per_second", p.d2h_bytes_per_second, kBytesPerSecond));
+  STOWAGE_RETURN_IF_ERROR(InRange("h2d_bytes_per_second", p.h2d_bytes_per_second, kBytesPerSecond));
   STOWAGE_RETURN_IF_ERROR(
       InRange("bidir_d2h_bytes_per_second", p.bidir_d2h_bytes_per_second, kBytesPerSecond));
   STOWAGE_RETURN_IF_ERROR(
       InRange("bidir_h2d_bytes_per_second", p.bidir_h2d_bytes_per_second, kBytesPerSecond));
-  STOWAGE_RETURN_IF_ERROR(
-      InRange("pin_seconds_per_gib", p.pin_seconds_per_gib, kPinSecondsPerGib));
+  STOWAGE_RETURN_IF_ERROR(InRange("pin_seconds_per_gib", p.pin_seconds_per_gib, kPinSecondsPerGib));
   STOWAGE_RETURN_IF_ERROR(
       InRange("host_bytes_per_numa_node", p.host_bytes_per_numa_node, kHostBytes));
   STOWAGE_RETURN_IF_ERROR(InRange("gpus_per_numa_node", p.gpus_per_numa_node, kGpusPerNumaNode));
-  STOWAGE_RETURN_IF_ERROR(
-      InRange("nvlink_domain_gpus", p.nvlink_domain_gpus, kNvlinkDomainGpus));
+  STOWAGE_RETURN_IF_ERROR(InRange("nvlink_domain_gpus", p.nvlink_domain_gpus, kNvlinkDomainGpus));
   STOWAGE_RETURN_IF_ERROR(InRange("gpus_per_node", p.gpus_per_node, kGpusPerGroup));
   STOWAGE_RETURN_IF_ERROR(InRange("gpus_per_nic", p.gpus_per_nic, kGpusPerGroup));
   STOWAGE_RETURN_IF_ERROR(InRange("gpus_per_host_link", p.gpus_per_host_link, kGpusPerGroup));
@@ -537,12 +529,12 @@ absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& text
   }
   STOWAGE_RETURN_IF_ERROR(j.Read("hbm_bytes", p.hbm_bytes, kHbmBytes));
   STOWAGE_RETURN_IF_ERROR(j.ReadOptional("usable_fraction", p.usable_fraction, kFraction));
-  STOWAGE_RETURN_IF_ERROR(
-      j.Read("hbm_bytes_per_second", p.hbm_bytes_per_second, kBytesPerSecond));
+  STOWAGE_RETURN_IF_ERROR(j.Read("hbm_bytes_per_second", p.hbm_bytes_per_second, kBytesPerSecond));
   STOWAGE_RETURN_IF_ERROR(j.Read("dense_bf16_flops", p.dense_bf16_flops, kFlops));
   // One name per rate: a profile written before the per-op-class rates says which field to use.
   if (j.Has("matmul_efficiency")) {
-    return j.Invalid("matmul_efficiency", "absent: it is now gemm_efficiency (planner/hardware/op_time.h)");
+    return j.Invalid("matmul_efficiency",
+                     "absent: it is now gemm_efficiency (planner/hardware/op_time.h)");
   }
   STOWAGE_RETURN_IF_ERROR(j.ReadOptional("gemm_efficiency", p.gemm_efficiency, kFraction));
   STOWAGE_RETURN_IF_ERROR(j.ReadOptional("dense_fp32_flops", p.dense_fp32_flops, kFlops));
@@ -563,10 +555,8 @@ absl::StatusOr<HardwareProfile> ParseHardwareProfileJson(const std::string& text
   STOWAGE_RETURN_IF_ERROR(
       j.ReadOptional("elementwise_efficiency", p.elementwise_efficiency, kFraction));
   STOWAGE_RETURN_IF_ERROR(j.ReadOptional("kernel_seconds", p.kernel_seconds, kKernelSeconds));
-  STOWAGE_RETURN_IF_ERROR(
-      j.Read("d2h_bytes_per_second", p.d2h_bytes_per_second, kBytesPerSecond));
-  STOWAGE_RETURN_IF_ERROR(
-      j.Read("h2d_bytes_per_second", p.h2d_bytes_per_second, kBytesPerSecond));
+  STOWAGE_RETURN_IF_ERROR(j.Read("d2h_bytes_per_second", p.d2h_bytes_per_second, kBytesPerSecond));
+  STOWAGE_RETURN_IF_ERROR(j.Read("h2d_bytes_per_second", p.h2d_bytes_per_second, kBytesPerSecond));
   p.bidir_d2h_bytes_per_second = p.d2h_bytes_per_second;
   p.bidir_h2d_bytes_per_second = p.h2d_bytes_per_second;
   STOWAGE_RETURN_IF_ERROR(

@@ -1,5 +1,4 @@
 #include "planner/model/model.h"
-#include "base/status_macros.h"
 
 #include <algorithm>
 #include <fstream>
@@ -9,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 
 namespace stowage::planner {
 
@@ -21,7 +21,6 @@ extern const PresetText kModelPresets[];
 extern const int kModelPresetCount;
 
 namespace {
-
 
 absl::Status RequirePositive(const ModelConfig& m, const char* field, int value) {
   if (value > 0) return absl::OkStatus();
@@ -146,19 +145,15 @@ absl::Status ValidateModel(const ModelConfig& m) {
         STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "v_head_dim", m.v_head_dim));
         break;
       case AttentionKind::kKda:
-        STOWAGE_RETURN_IF_ERROR(
-            RequirePositive(m, "linear_attn_config.num_heads", m.linear_heads));
+        STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "linear_attn_config.num_heads", m.linear_heads));
         STOWAGE_RETURN_IF_ERROR(
             RequirePositive(m, "linear_attn_config.head_dim", m.linear_head_dim));
         break;
       case AttentionKind::kGdn:
         STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "linear_num_key_heads", m.gdn_key_heads));
-        STOWAGE_RETURN_IF_ERROR(
-            RequirePositive(m, "linear_num_value_heads", m.gdn_value_heads));
-        STOWAGE_RETURN_IF_ERROR(
-            RequirePositive(m, "linear_key_head_dim", m.gdn_key_head_dim));
-        STOWAGE_RETURN_IF_ERROR(
-            RequirePositive(m, "linear_value_head_dim", m.gdn_value_head_dim));
+        STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "linear_num_value_heads", m.gdn_value_heads));
+        STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "linear_key_head_dim", m.gdn_key_head_dim));
+        STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "linear_value_head_dim", m.gdn_value_head_dim));
         if (m.gdn_value_heads % m.gdn_key_heads != 0) {
           return absl::InvalidArgumentError(absl::StrCat(
               "model '", m.name, "': field 'linear_num_key_heads' is ", m.gdn_key_heads,
@@ -171,8 +166,7 @@ absl::Status ValidateModel(const ModelConfig& m) {
     } else {
       STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "n_routed_experts", m.experts));
       STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "num_experts_per_tok", m.experts_per_token));
-      STOWAGE_RETURN_IF_ERROR(
-          RequirePositive(m, "moe_intermediate_size", m.moe_intermediate));
+      STOWAGE_RETURN_IF_ERROR(RequirePositive(m, "moe_intermediate_size", m.moe_intermediate));
       if (m.experts_per_token > m.experts) {
         return absl::InvalidArgumentError(absl::StrCat(
             "model '", m.name, "': field 'num_experts_per_tok' is ", m.experts_per_token,

@@ -18,7 +18,6 @@
 namespace stowage::planner {
 namespace {
 
-
 std::string PolicyText(const LayerCost& layer, const LayerOption& o) {
   std::string text(LayerPolicyName(o.policy));
   if (o.policy == LayerPolicy::kSelectiveRecompute) {
@@ -50,7 +49,6 @@ std::string Escape(const std::string& s) {
 }
 
 }  // namespace
-
 
 std::string FormatSeconds(double seconds) {
   if (seconds < 1) return absl::StrFormat("%.0f ms", seconds * 1e3);

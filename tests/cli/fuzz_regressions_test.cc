@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "planner/frameworks/layer_profile.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
-#include "planner/frameworks/layer_profile.h"
 #include "stowage/plan.h"
 
 namespace {

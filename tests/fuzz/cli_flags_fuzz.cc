@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/fuzz/fuzz_util.h"
 #include "cli/cli.h"
+#include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using stowage::cli::Flag;

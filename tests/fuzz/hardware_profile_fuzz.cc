@@ -1,6 +1,6 @@
-// libFuzzer harness: the hardware profile reader (planner/hardware/hardware.cc). Whatever the input, the
-// reader returns a profile or an error; a profile it accepts validates, writes back to JSON
-// that reads back to the same profile, and yields a step cost without overflow (UBSan).
+// libFuzzer harness: the hardware profile reader (planner/hardware/hardware.cc). Whatever the
+// input, the reader returns a profile or an error; a profile it accepts validates, writes back to
+// JSON that reads back to the same profile, and yields a step cost without overflow (UBSan).
 #include <cstddef>
 #include <cstdint>
 #include <string>

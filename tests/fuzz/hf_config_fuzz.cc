@@ -1,6 +1,7 @@
-// libFuzzer harness: the Hugging Face config.json reader (planner/model/model.cc's ParseHfConfigJson).
-// Whatever the input: a model or an error, never a crash, UB (UBSan) or a huge allocation; a
-// model it accepts validates and, when shallow enough to be quick, costs out without overflow.
+// libFuzzer harness: the Hugging Face config.json reader (planner/model/model.cc's
+// ParseHfConfigJson). Whatever the input: a model or an error, never a crash, UB (UBSan) or a huge
+// allocation; a model it accepts validates and, when shallow enough to be quick, costs out without
+// overflow.
 #include <cstddef>
 #include <cstdint>
 #include <string>

@@ -1,13 +1,14 @@
-// libFuzzer harness: the measured layer-profile reader (planner/frameworks/layer_profile.cc's ParseProfileJson).
-// A profile it accepts writes back to JSON that reads back unchanged, and its step cost is
-// either refused with an error or planned (optimizer and simulator) without UB or a wrapped peak.
+// libFuzzer harness: the measured layer-profile reader (planner/frameworks/layer_profile.cc's
+// ParseProfileJson). A profile it accepts writes back to JSON that reads back unchanged, and its
+// step cost is either refused with an error or planned (optimizer and simulator) without UB or a
+// wrapped peak.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "planner/search/optimizer.h"
 #include "planner/frameworks/layer_profile.h"
+#include "planner/search/optimizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

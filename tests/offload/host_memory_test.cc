@@ -14,7 +14,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-
 HostRoots Tree(const std::string& name) {
   const std::string root =
       std::string(STOWAGE_SOURCE_DIR) + "/tests/offload/data/host_memory/" + name;

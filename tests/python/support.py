@@ -128,7 +128,7 @@ def clone_layers(layers: nn.ModuleList) -> nn.ModuleList:
 def transformers_flag() -> list:
     """`--transformers` set to the installed transformers release, for an hf plan compared with
     the installed code's measurements (Note [hf transformers versions] in
-    planner/frameworks/hf.cc: the planner's default is the release of the measured reference
+    planner/frameworks/hf_ffn.cc: the planner's default is the release of the measured reference
     steps); empty without transformers."""
     try:
         import transformers

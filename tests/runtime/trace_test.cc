@@ -2,8 +2,8 @@
 // (stowage_plan_evaluate: the one simulator), the plan it returns is carried out on the host
 // backend by a driver that does what the PyTorch wrapper does (Note [Runtime protocol], reading
 // only the plan's fields), and the runtime's trace must show the calls in the predicted order
-// with the predicted bytes per layer. Times are never compared. tests/python/test_trace.py does
-// the same with real torch layers.
+// with the predicted bytes per layer. Times are never compared. tests/python/package/test_trace.py
+// does the same with real torch layers.
 #include <gtest/gtest.h>
 
 #include <cstddef>

@@ -1,7 +1,8 @@
 """What a fake CPU step of a transformers model needs so that it runs what the GPU step of its
 family runs: the SDPA kernel an H200 picks where the CPU would pick another
 (Note [SDPA on the GPU]), one sequence where transformers cannot read fake position ids, and the
-vision states Mllama's text decoder gets (Note [hf cross-attention] in planner/frameworks/hf.cc).
+vision states Mllama's text decoder gets (Note [hf cross-attention] in
+planner/frameworks/hf_attention.cc).
 
 Note [SDPA on the GPU]
 SDPA picks a kernel per call (PyTorch's "SDPA Runtime Dispatch" note in
@@ -41,8 +42,8 @@ import torch.nn as nn
 
 def cross_attention_inputs(model: nn.Module, seq_len: int) -> dict[str, torch.Tensor]:
     """What Mllama's text decoder gets from MllamaForConditionalGeneration besides the tokens
-    (Note [hf cross-attention] in planner/frameworks/hf.cc): one image's projected vision states,
-    max_num_tiles tiles of (image_size / patch_size)^2 + 1 tokens (the vision config's, or
+    (Note [hf cross-attention] in planner/frameworks/hf_attention.cc): one image's projected vision
+    states, max_num_tiles tiles of (image_size / patch_size)^2 + 1 tokens (the vision config's, or
     MllamaVisionConfig's defaults for a text config), that every text token sees, and the masks
     _prepare_cross_attention_mask makes of it. Nothing for a model without cross-attention."""
     text = model.config.get_text_config()

@@ -14,7 +14,7 @@ from .hf_trace import StepTrace
 # Note [Loops in the step]
 # transformers' torch fallbacks of the linear-attention kernels (torch_chunk_gated_delta_rule in
 # Qwen3-Next and Qwen3.5, chunk_kimi_delta_attention in Kimi Linear: Note [hf linear attention] in
-# planner/frameworks/hf.cc) scan the sequence in a Python loop over chunks of 64 tokens, so a longer
+# planner/frameworks/hf.h) scan the sequence in a Python loop over chunks of 64 tokens, so a longer
 # step runs more ops: the forward loop's body once more per chunk, and its backward, which autograd
 # interleaves with the iterations next to it, so the backward is no clean repetition of one body.
 # Such steps cannot be fitted allocation by allocation (Note [Replaying the step]); they are folded

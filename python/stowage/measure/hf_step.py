@@ -29,7 +29,7 @@ class LayerPoint:
     peak_released_bytes: int = 0
     # What its checkpoint holds to its backward when it is recomputed: of what the decoder hands
     # it, what the forward frees (its layer type's mask, Note [hf masks] in
-    # planner/frameworks/hf.cc); layers handed the same tensors share a group.
+    # planner/frameworks/hf_build_layer.cc); layers handed the same tensors share a group.
     checkpoint_held_bytes: int = 0
     checkpoint_held_group: int = 0
 
@@ -74,8 +74,8 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
 
     Note [The backward peak's moment]
     Eager PyTorch makes a layer's weight gradients while its backward runs (AccumulateGrad, in
-    reverse forward order: Note [hf gradient timing] in planner/frameworks/hf.cc) and releases
-    each saved tensor once the node that saved it has run. So at the moment the layer's
+    reverse forward order: Note [hf gradient timing] in planner/frameworks/hf_build_layer.cc) and
+    releases each saved tensor once the node that saved it has run. So at the moment the layer's
     backward peaks some of its gradients exist and some of its saved tensors are gone: Mixtral's
     (4096 tokens) is in its attention's backward, with the MoE block's gradients made (2.62 of
     the layer's 2.70 GiB, gate_up_proj's 1.75 GiB among them) and 0.94 of its 1.33 GiB of saved
@@ -100,8 +100,8 @@ def evaluate(trace: StepTrace, sizes: Optional[Sequence[int]] = None) -> StepPoi
     in0 = sizes[trace.inputs[0]]
     other = entered[("forward", 0)] - entered["embedding"] - in0
     # What of `other` the forward frees (the attention masks: the decoder builds them once and
-    # no layer saves them, Note [hf masks] in planner/frameworks/hf.cc) is not alive in the loss
-    # and the backward of this step, but a checkpointed step's layers hold them until their
+    # no layer saves them, Note [hf masks] in planner/frameworks/hf_build_layer.cc) is not alive in
+    # the loss and the backward of this step, but a checkpointed step's layers hold them until their
     # backward. As the analytic recipe counts them: in every layer's forward (its own bytes are
     # over what stays only) and in its checkpoint (checkpoint_held_bytes); the profile's fixed
     # bytes are what stays.

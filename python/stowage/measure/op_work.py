@@ -32,7 +32,7 @@ _NO_KERNEL = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_st
 _GATHERS = {"embedding", "index", "index_select", "gather"}
 # Note [Kernel bytes]: the ops whose CUDA kernels move other bytes than "every input read once,
 # every output written once" — the GPU runs them, so their bytes are the GPU's, which the
-# analytic hf profile (planner/frameworks/hf.cc) counts the same way.
+# analytic hf profile (planner/frameworks/) counts the same way.
 #  - softmax / log_softmax over a row wider than one block's shared memory (48 KiB,
 #    sharedMemPerBlock on sm70-sm100; aten/src/ATen/native/cuda/SoftMax.cu host_softmax: the
 #    persistent and the shared-memory kernels read the row once): cunn_SoftMaxForward reads it
@@ -43,7 +43,7 @@ _GATHERS = {"embedding", "index", "index_select", "gather"}
 #  - fills (zeros, new_zeros, zeros_like, fill_, zero_, ...) write their output and read
 #    nothing, whatever tensor they are called on.
 #  - sort runs CUB's onesweep radix sort over every bit of its keys (Sort.cpp, SortStable.cu;
-#    planner/frameworks/hf.cc Note [Routing kernels]: the positions' fill, two memsets, a
+#    planner/frameworks/hf_ffn.cc Note [Routing kernels]: the positions' fill, two memsets, a
 #    histogram, an exclusive sum, then a memset and a pass per 8 bits reading and writing keys
 #    and int64 positions): an int64 key 8 + 8 + 8 x 32 = 272 bytes, 21 kernels; index_put with
 #    accumulate=True first computes its linear index (remainder, the stride's mul, the division
@@ -79,7 +79,7 @@ _FILLS = {"zeros", "ones", "full", "new_zeros", "new_ones", "new_full", "zeros_l
 def radix_sort_work(key_bytes: int, key_bits: int) -> tuple[float, float]:
     """(bytes, kernels) per key of CUB's onesweep radix sort of `key_bytes`-wide keys with int64
     values over their low `key_bits` bits: planner/frameworks/hf.h RadixSortWork
-    (Note [Routing kernels] in planner/frameworks/hf.cc), the same numbers."""
+    (Note [Routing kernels] in planner/frameworks/hf_ffn.cc), the same numbers."""
     passes = (key_bits + 7) // 8
     return float(key_bytes + passes * 2 * (key_bytes + 8)), float(4 + 2 * passes)
 

@@ -387,8 +387,8 @@ TEST(CostModel, HfDataParallelHoldsWhatTorchsEngineHolds) {
                 weights_of(one.tail_grad_bytes + one.embedding_grad_bytes));
 }
 
-// Note [Step time] in planner/frameworks/hf.cc: the matmuls transformers runs on fp32 operands take
-// the CUDA cores' rate — the gated DeltaNet fallback's chunk matmuls (LinearAttentionWorkOf's
+// Note [Step time] in planner/frameworks/hf_layer.h: the matmuls transformers runs on fp32 operands
+// take the CUDA cores' rate — the gated DeltaNet fallback's chunk matmuls (LinearAttentionWorkOf's
 // FLOPs, exactly), Kimi-K2's and GLM-5.1's routers (`F.linear(x.float(), weight.float())`: 2hE
 // per token forward, 4hE backward) and GLM-5.1's DSA indexer scores (forward only) — and
 // nothing else: Mistral's layers, the dense FFN layers and Qwen3-Next's bf16 router have none.

@@ -15,8 +15,8 @@
 #include "planner/cost/cost_model.h"
 #include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
-#include "planner/model/model.h"
 #include "planner/hardware/op_time.h"
+#include "planner/model/model.h"
 #include "stowage/plan.h"
 #include "tests/test_util.h"
 
@@ -48,8 +48,8 @@ using CliRun = stowage::testing::CommandResult;
 
 CliRun Plan(const Case& c) {
   const std::string command =
-      std::string(STOWAGE_BINARY_DIR) + "/cli/stowage plan --model " + DataDir() + "/" +
-      c.config + " --hardware h200 --seq-len " + std::to_string(c.seq_len) +
+      std::string(STOWAGE_BINARY_DIR) + "/cli/stowage plan --model " + DataDir() + "/" + c.config +
+      " --hardware h200 --seq-len " + std::to_string(c.seq_len) +
       " --micro-batch 1 --gpus 1 --cp 1 --ep 1 --tp 1 --sharding no_shard --framework hf"
       " --optimizer none --grad-dtype bf16 --loss-chunk-tokens 0 --force " +
       (c.checkpointing ? "recompute" : "keep") + " --format json 2>/dev/null";

@@ -1,6 +1,6 @@
-// NormWorkOf and LinearAttentionWorkOf (planner/frameworks/hf.cc) against the real transformers
+// NormWorkOf and LinearAttentionWorkOf (planner/frameworks/) against the real transformers
 // modules' measured work (tests/planner/data/hf_norm_work.json and
-// hf_linear_attention_work.json, which tests/python/test_hf_norm_work.py and
+// hf_linear_attention_work.json, which tests/python/measure/test_hf_norm_work.py and
 // test_hf_linear_attention_work.py measure on the real modules): each family's norm and
 // linear-attention mixer costs what its code runs.
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
-// Note [Routing kernels] and Note [hf transformers versions] (planner/frameworks/hf.cc): the
+// Note [Routing kernels] and Note [hf transformers versions] (planner/frameworks/hf_ffn.cc): the
 // routed-expert block's sort, index_put, top-k and histc kernels as torch 2.11 runs them, and
 // transformers 5.17's EP-sentinel masks. stowage/hf_profile.py counts the same numbers for the
-// same aten ops (tests/python/test_hf_measured_profile.py KernelBytesTest pins them there).
+// same aten ops (tests/python/measure/ KernelBytesTest pins them there).
 #include <gtest/gtest.h>
 
 #include <string>

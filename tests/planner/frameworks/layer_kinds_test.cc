@@ -71,7 +71,7 @@ TEST(LayerKinds, DenseAttentionLayerByHand) {
   EXPECT_DOUBLE_EQ(LayerPerToken(s, 0),
                    4 * 256 * 2 + 2 * 4 + 8 * 64 * 2 + (4 * 64 * 2 + 16) + 2 * 512 * 2 + 512 * 2);
   // No attn_core module: linear_proj keeps the core's output whatever the core recomputes
-  // (Note [megatron profile], tests/python/test_megatron_profile.py).
+  // (Note [megatron profile], tests/python/measure/test_megatron_profile.py).
   for (const RecomputeModule& mod : s.layers[0].modules) EXPECT_NE(mod.name, "attn_core");
 }
 
@@ -298,7 +298,8 @@ TEST(LayerKinds, HfSummarySaysWhichLinearAttentionPathItModels) {
 // Llama (SDPA, no mask): the fp32 logsumexp only. Mistral past its window (a mask): k and v
 // repeated from 2 to 4 heads and SDPA's bf16 copy of the mask, 2 bytes per key. Gemma 2 (eager):
 // the s x s scores (softmax fp32 + its bf16 copy, the soft-capping tanh) and the repeats.
-// tests/python/test_hf_layer_kinds.py RecomputedCoreTest measures the same on the real layers.
+// tests/python/measure/test_hf_layer_kinds.py RecomputedCoreTest measures the same on the real
+// layers.
 TEST(LayerKinds, HfAttnCoreFreesOnlyWhatTheCallKeepsInside) {
   RunSettings run;
   run.seq_len = 4096;

@@ -1,8 +1,6 @@
 // Measured layer profiles: the strict reader, the StepCost it becomes (worked out by hand), and
 // planning from it (the same plans as from the equivalent StepCost written out directly;
 // selective recompute of a named module when that is the cheapest way to fit).
-#include "planner/frameworks/layer_profile.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
+#include "planner/frameworks/layer_profile.h"
 #include "planner/hardware/op_time.h"
 #include "planner/search/optimizer.h"
 #include "planner/search/simulator.h"

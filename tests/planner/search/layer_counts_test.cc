@@ -1,6 +1,6 @@
-// The whole-layer relaxation (planner/search/layer_counts.h) against enumeration of every count vector on
-// small random instances: the dual never exceeds the integer optimum, a completed search equals
-// it, and a search cut short (or stopped within a gap) still bounds it.
+// The whole-layer relaxation (planner/search/layer_counts.h) against enumeration of every count
+// vector on small random instances: the dual never exceeds the integer optimum, a completed search
+// equals it, and a search cut short (or stopped within a gap) still bounds it.
 #include "planner/search/layer_counts.h"
 
 #include <gtest/gtest.h>

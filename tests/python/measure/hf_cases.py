@@ -119,7 +119,7 @@ FAMILIES = {
                       num_attention_heads=16, num_key_value_heads=16, vocab_size=151936,
                       decoder_sparse_step=1, tie_word_embeddings=False),
     # phi-4 (Phi3ForCausalLM): fused qkv_proj and gate_up_proj, partial-rotary RoPE's cat
-    # (Note [hf OLMo and Phi-3] in planner/frameworks/hf.cc).
+    # (Note [hf OLMo and Phi-3] in planner/frameworks/hf_build_layer.cc).
     "phi3": dict(model_type="phi3", hidden_size=5120, intermediate_size=17920,
                  num_hidden_layers=2, num_attention_heads=40, num_key_value_heads=10,
                  vocab_size=100352, tie_word_embeddings=False, rope_scaling=None,
@@ -139,7 +139,7 @@ FAMILIES = {
                   pad_token_id=100277),
     # Llama-4-Scout's text decoder, four layers: chunked attention on the RoPE layers, the
     # fourth NoPE and full, MoE on every second layer (Maverick's interleave) with all 16 experts
-    # run on every token through bmm (Note [hf dialects]; Llama4MoeWork in framework_hf.cc).
+    # run on every token through bmm (Note [hf dialects]; Llama4MoeWork in planner/frameworks/).
     # A length on each side of the 8192-token chunk: above it the chunk mask appears (the
     # measured lengths lie on the planned one's side: Note [One side of every threshold]).
     "llama4_text": dict(model_type="llama4_text", hidden_size=5120, intermediate_size=8192,
@@ -184,8 +184,8 @@ FAMILIES = {
                                           num_key_value_heads=4, head_dim=128,
                                           vocab_size=151936, decoder_sparse_step=1)),
     # Eager attention (the classes refuse SDPA, Note [hf eager attention] in
-    # planner/frameworks/hf.cc) with logit soft-capping on the scores and the logits, a sliding
-    # and a full layer: Gemma-2-9B's widths.
+    # planner/frameworks/hf_attention.cc) with logit soft-capping on the scores and the logits, a
+    # sliding and a full layer: Gemma-2-9B's widths.
     "gemma2": dict(model_type="gemma2", hidden_size=3584, intermediate_size=14336,
                    num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8,
                    head_dim=256, query_pre_attn_scalar=256, vocab_size=256000,
@@ -243,7 +243,7 @@ FAMILIES = {
                         tie_word_embeddings=False),
     # The linear-attention hybrids, through transformers' torch fallbacks of the chunk kernels
     # (flash-linear-attention and causal-conv1d are not installed, as on the GPU machines:
-    # Note [hf linear attention] in planner/frameworks/hf.cc), whose Python loops over 64-token
+    # Note [hf linear attention] in planner/frameworks/hf.h), whose Python loops over 64-token
     # chunks are folded (Note [Loops in the step] in stowage/measure/hf_fold.py). A linear layer and
     # a full attention layer each. Qwen3-Next-80B-A3B: gated DeltaNet (16 key heads, 32 value heads
     # of 128), gated attention with partial RoPE, 512 experts top-10 and a gated shared expert.
@@ -312,7 +312,7 @@ HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
             "--grad-dtype", "bf16", "--loss-chunk-tokens", "0", *support.transformers_flag()]
 # Held throughout a CUDA step and invisible on CPU: one cuBLAS workspace per handle, forward and
-# backward thread, 32 MiB each on sm90+ (planner/frameworks/hf.cc kCublasWorkspaceBytes).
+# backward thread, 32 MiB each on sm90+ (planner/frameworks/ kCublasWorkspaceBytes).
 CUBLAS_WORKSPACES = 2 * 32 * 2**20
 
 

@@ -1,6 +1,6 @@
 """What torch's data-parallel engines hold of a transformers model's gradients, on CPU (gloo, two
-ranks): the facts Note [hf data parallel] (planner/frameworks/hf.cc) plans from, checked against
-torch itself rather than its docs. The planner's arithmetic over them is
+ranks): the facts Note [hf data parallel] (planner/frameworks/hf_data_parallel.cc) plans from,
+checked against torch itself rather than its docs. The planner's arithmetic over them is
 tests/planner/cost/cost_model_test.cc (CostModel.HfDataParallelHoldsWhatTorchsEngineHolds).
 
 - FSDP2 (fully_shard per decoder layer, then the root): when a layer's backward begins, every

@@ -44,7 +44,7 @@ class KernelBytesTest(unittest.TestCase):
         self.assertGreaterEqual(w.elementwise_bytes, logp.nbytes)
 
     def test_sort_and_fills(self) -> None:
-        # Note [Routing kernels] in planner/frameworks/hf.cc
+        # Note [Routing kernels] in planner/frameworks/hf_ffn.cc
         # (tests/planner/frameworks/hf_routing_test.cc pins RadixSortWork to the same numbers):
         # every bit of an int64 key, 8 passes, the positions' fill; 21 kernels.
         keys = torch.randint(0, 128, (1000,))

@@ -178,7 +178,7 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
     every SwiGLU activation (the experts' _apply_gate, integrations/moe.py or the family's own;
     a decoder layer's MLP's `act_fn(gate_proj(x)) * up_proj(x)`; Llama 4's bmm experts'
     `up * act_fn(gate)`) runs under torch.utils.checkpoint, as the planner's ffn_act / moe_act
-    module reruns it (Note [hf FFN act] in planner/frameworks/hf.cc); shared experts are not
+    module reruns it (Note [hf FFN act] in planner/frameworks/hf_ffn.cc); shared experts are not
     rerun (no module)."""
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type])
@@ -229,8 +229,9 @@ def measured_saved_per_layer(model_type: str, seq_len: int, log: list | None = N
         # empty_like(q)), as CPU's flash kernel does; the memory-efficient kernel writes [b, s, h,
         # d]. A query in that layout (a transposed projection) gives the GPU's layout on CPU too and
         # is measured as it is. A query made by a cat ([b, h, s, d] contiguous: MLA, the
-        # partial-rotary families, Note [hf partial rotary] in planner/frameworks/hf.cc) gets, from
-        # cuDNN or flash, an output the caller's `.transpose(1, 2).contiguous()` copies for o_proj.
+        # partial-rotary families, Note [hf partial rotary] in planner/frameworks/hf_attention.cc)
+        # gets, from cuDNN or flash, an output the caller's `.transpose(1, 2).contiguous()` copies
+        # for o_proj.
         unequal = query.shape[-1] != value.shape[-1]
         if not unequal and query.transpose(1, 2).is_contiguous():
             return sdpa(query, key, value, attn_mask, *args, **kwargs)

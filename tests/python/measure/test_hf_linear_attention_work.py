@@ -1,5 +1,5 @@
 """The real linear-attention token mixers' op work against LinearAttentionWorkOf
-(planner/frameworks/hf.cc, Note [hf linear attention work]).
+(planner/frameworks/hf_linear_attention.cc, Note [hf linear attention work]).
 
 tests/planner/data/hf_linear_attention_work.json states, per row (a family's mixer at small
 widths and a length), what the mixer runs through transformers' torch fallbacks

@@ -41,11 +41,11 @@ MEASURED_BELOW: dict = {}
 # Where the two profiles' step times differ by more than 1%, and why: family -> the reason.
 # The linear-attention hybrids were all here (measured step +10% to +92% at 768 tokens) until
 # the recipe counted the torch fallbacks' chunk loops op by op (Note [hf linear attention work]
-# in planner/frameworks/hf.cc): qwen3_5_text +10.4% -> +0.1%, kimi_linear +91.9% / +78.9% ->
-# +0.2% / +0.2%, qwen3_next +16.0% / +14.4% -> +1.2% / +1.1%, qwen3_5_moe_text +14.8% -> +1.2%.
-# The last two kept +1.2% in their MoE block (8 us forward, 66 us backward a layer) until both
-# sides counted its sorts and index_puts from their CUDA code (Note [Routing kernels] in
-# planner/frameworks/hf.cc): qwen3_next +1.2% -> +0.7%, qwen3_5_moe_text +1.2% -> +0.8%.
+# in planner/frameworks/hf_linear_attention.cc): qwen3_5_text +10.4% -> +0.1%, kimi_linear +91.9% /
+# +78.9% -> +0.2% / +0.2%, qwen3_next +16.0% / +14.4% -> +1.2% / +1.1%, qwen3_5_moe_text +14.8% ->
+# +1.2%. The last two kept +1.2% in their MoE block (8 us forward, 66 us backward a layer) until
+# both sides counted its sorts and index_puts from their CUDA code (Note [Routing kernels] in
+# planner/frameworks/hf_ffn.cc): qwen3_next +1.2% -> +0.7%, qwen3_5_moe_text +1.2% -> +0.8%.
 STEP_GAPS: dict = {}
 
 # Where `--framework hf` misses what transformers' code holds by more than 1% (the live bytes say
@@ -53,25 +53,25 @@ STEP_GAPS: dict = {}
 # for every length) -> the term. Mistral 4096 recompute, Mixtral (both lengths) and Llama 4 4096
 # recompute were here until the simulator made each layer's gradients when its modules' backward
 # runs and the hf recipe held the output's logits through the backward (Note [Gradient timing] in
-# planner/cost/cost_model.cc, Note [hf gradient timing] in planner/frameworks/hf.cc); Llama 4
-# recompute went from +4.17% to +0.68% (the 0.21 GiB its entry left unattributed).
+# planner/cost/cost_model.cc, Note [hf gradient timing] in planner/frameworks/hf_build_layer.cc);
+# Llama 4 recompute went from +4.17% to +0.68% (the 0.21 GiB its entry left unattributed).
 ANALYTIC_GAPS = {
     # Gemma 2 at 16384 with recompute (-6.8%, then -1.05% with the logits held) peaks in the
     # backward of layer 1 with the step's two s x s masks alive, which the layers' checkpoints
     # hold: it left this table with them counted in a recomputed layer's backward
-    # (LayerCost::checkpoint_held_bytes, Note [hf masks] in planner/frameworks/hf.cc): +0.37%;
-    # gpt_oss recompute -0.18% -> +0.18% at 4096, -0.44% -> +0.44% at 16384 by the same masks.
-    # glm_moe_dsa 4096 recompute (-5.2%) left it with the rerun forward's indexer scores in the
-    # backward peak (Note [Recompute moment] in planner/cost/cost_model.cc): 0.00%. gpt_oss (4096
-    # and 16384 recompute, 16384 keep: -6.0%, -5.8%, -4.1%) left it with the held logits.
+    # (LayerCost::checkpoint_held_bytes, Note [hf masks] in planner/frameworks/hf_build_layer.cc):
+    # +0.37%; gpt_oss recompute -0.18% -> +0.18% at 4096, -0.44% -> +0.44% at 16384 by the same
+    # masks. glm_moe_dsa 4096 recompute (-5.2%) left it with the rerun forward's indexer scores in
+    # the backward peak (Note [Recompute moment] in planner/cost/cost_model.cc): 0.00%. gpt_oss
+    # (4096 and 16384 recompute, 16384 keep: -6.0%, -5.8%, -4.1%) left it with the held logits.
     # glm4_moe 4096 keep (-1.05%: o_proj's copy of the attention output after GLM-4.5's
-    # partial-RoPE cat) left it with Note [hf partial rotary] in planner/frameworks/hf.cc: -0.00%.
-    # glm_moe_dsa 4096 keep (-1.04%) and deepseek_v3 4096 recompute (-1.7%) left this table with
-    # the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
+    # partial-RoPE cat) left it with Note [hf partial rotary] in planner/frameworks/hf_attention.cc:
+    # -0.00%. glm_moe_dsa 4096 keep (-1.04%) and deepseek_v3 4096 recompute (-1.7%) left this table
+    # with the gradients timed and the logits held (Note [Gradient timing]): -0.10%, -0.07%.
     # kimi_linear 768 keep and recompute (+2.62%: the KDA core's backward transient charged as
     # everything the core keeps) left it with the transient at the fallback's backward peak,
     # decay_mask's SelectBackward0 in the last chunk, the FFN's input norm freed by then
-    # (LinearAttention and BuildHfLayer in framework_hf.cc): -0.02%.
+    # (LinearAttention and BuildHfLayer in planner/frameworks/): -0.02%.
     # Gemma 2 / gpt-oss recompute held both of the step's masks to the lowest checkpoint's
     # backward (an upper bound); each layer type's mask is now held by its own checkpoints
     # (LayerCost::checkpoint_held_group, Note [hf masks]): gemma2 16384 +0.21% -> -0.15%,
@@ -86,13 +86,13 @@ ANALYTIC_GAPS = {
 # 0.01%). Looser, the bookkeeping of a moment slips through: olmo3 4096 recompute was -0.73% (the
 # input's gradient counted before autograd makes it, and down_proj's gradient at the
 # post-feedforward norm's moment: Note [Gradient timing] in planner/cost/cost_model.cc,
-# Note [hf OLMo and Phi-3] in planner/frameworks/hf.cc), llama4_text 16384 recompute -0.26% without
-# the shared expert's input gradient at the routed experts' moment.
+# Note [hf OLMo and Phi-3] in planner/frameworks/hf_build_layer.cc), llama4_text 16384 recompute
+# -0.26% without the shared expert's input gradient at the routed experts' moment.
 HF_MEASURED_AGREEMENT = 0.0005
 
 # The families whose forward under recompute the hf recipe counts at its moment (every layer's
 # forward level within 1% of the live bytes): Note [hf recompute forward] in
-# planner/frameworks/hf.cc. Llama 4's MoE layers were 13.8 GiB low at 16384 tokens.
+# planner/frameworks/hf_build_layer.cc. Llama 4's MoE layers were 13.8 GiB low at 16384 tokens.
 RECOMPUTE_FORWARD = ("llama4_text",)
 
 
@@ -143,8 +143,8 @@ class AgreementTest(unittest.TestCase):
                         else:
                             self.assertLessEqual(abs(measured - truth) / truth, 0.01, rows[-1])
                         # Step time: the same op work by class on both sides (Note [Kernel bytes] in
-                        # stowage/measure/op_work.py; Note [Step time] in planner/frameworks/hf.cc),
-                        # so the same seconds within 1%.
+                        # stowage/measure/op_work.py; Note [Step time] in
+                        # planner/frameworks/hf_layer.h), so the same seconds within 1%.
                         step_gap = STEP_GAPS.get(family)
                         if step_gap is None:
                             self.assertLessEqual(abs(tb - ta) / ta, 0.01, rows[-1])
@@ -164,7 +164,8 @@ class AgreementTest(unittest.TestCase):
                                                f"{rows[-1]}: {gap}")
                         # Each layer's forward under recompute (the plan's level there, the
                         # timeline's points 1..n: plan_levels), where the recipe states the
-                        # moment (Note [hf recompute forward] in planner/frameworks/hf.cc).
+                        # moment (Note [hf recompute forward] in
+                        # planner/frameworks/hf_build_layer.cc).
                         if force == "recompute" and family in RECOMPUTE_FORWARD:
                             for j, live in enumerate(live_forward):
                                 live += CUBLAS_WORKSPACES

@@ -22,10 +22,10 @@ if HAVE:
 
 @needs_hf
 class EagerAttentionTest(unittest.TestCase):
-    """Note [hf eager attention] and Note [hf masks] (planner/frameworks/hf.cc): the transients of
-    eager attention — the scores' copies at softmax in the forward, the gradients at softmax's
-    backward — and the step's masks, against the live bytes of each layer's forward and of the
-    last layer's backward. A vocabulary of 2048 keeps the LM head and loss below the layers, so
+    """Note [hf eager attention] and Note [hf masks] (planner/frameworks/hf_attention.cc): the
+    transients of eager attention — the scores' copies at softmax in the forward, the gradients at
+    softmax's backward — and the step's masks, against the live bytes of each layer's forward and of
+    the last layer's backward. A vocabulary of 2048 keeps the LM head and loss below the layers, so
     each phase's peak is its attention's."""
 
     def test_each_phase_peaks_where_the_recipe_says(self) -> None:
@@ -120,7 +120,7 @@ class CheckpointHeldMasksTest(unittest.TestCase):
 
 @needs_hf
 class LinearAttentionBackwardTest(unittest.TestCase):
-    """The gated DeltaNet layer's backward moment (LinearAttention in planner/frameworks/hf.cc):
+    """The gated DeltaNet layer's backward moment (LinearAttention in planner/frameworks/):
     torch_chunk_gated_delta_rule's backward peaks in the scan's second chunk to run backward,
     with the whole bases' accumulated gradients alive and the gated norm freed. With a small FFN
     and vocabulary that moment is the layer's backward peak, so the planned level there is the

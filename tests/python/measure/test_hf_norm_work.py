@@ -1,4 +1,4 @@
-"""The real transformers RMSNorms' element-wise work against NormWorkOf (planner/frameworks/hf.cc).
+"""The real transformers RMSNorms' element-wise work against NormWorkOf (planner/frameworks/).
 
 tests/planner/data/hf_norm_work.json states each family's norm work per element of its width: bytes
 read + written and kernels, forward and backward. planner_hf_norm_work_test checks that NormWorkOf

@@ -1,5 +1,5 @@
 """The planner's `hf` profile against the real transformers code (Note [hf profile] in
-planner/frameworks/hf.cc): small Llama, Qwen2 and Qwen3-MoE models run forward on CPU under
+planner/frameworks/hf_layer.h): small Llama, Qwen2 and Qwen3-MoE models run forward on CPU under
 torch 2.x with `saved_tensors_hooks`; what autograd keeps for backward per decoder layer
 (deduplicated by storage, parameters excluded) must match the planner's per-layer
 `device_saved_bytes` under `--force keep`, at two sequence lengths. On CPU SDPA runs its flash
