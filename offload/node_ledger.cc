@@ -202,7 +202,11 @@ class LockedFile {
       : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
   LockedFile& operator=(LockedFile&&) = delete;
   ~LockedFile() {
-    if (fd_ >= 0) close(fd_);  // releases the flock
+    if (fd_ < 0) return;
+    // Released explicitly: a child forked meanwhile (a data loader worker) shares the open file
+    // description, and close() alone would leave the lock held until that child exits.
+    flock(fd_, LOCK_UN);
+    close(fd_);
   }
 
   // Removes the lock file while holding it (Note [Ledger lock]): when its ledger is gone.
