@@ -1,8 +1,10 @@
 #include "offload/node_ledger.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,8 +20,10 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
@@ -89,46 +93,132 @@ std::string SanitizeJobId(absl::string_view job) {
   return out;
 }
 
+bool SameFile(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+// The pid /proc/locks names as holding a flock on `file`; 0 when none is listed (or the holder is
+// outside our pid namespace, where /proc/locks shows 0).
+int64_t FlockHolder(const struct stat& file) {
+  absl::StatusOr<std::string> locks = ReadSmallFile("/proc/locks");
+  if (!locks.ok()) return 0;
+  // "1: FLOCK  ADVISORY  WRITE 4242 00:1a:123456 0 EOF"; waiters' lines have "->" after the id.
+  const std::string device =
+      absl::StrFormat("%02x:%02x:%d", major(file.st_dev), minor(file.st_dev), file.st_ino);
+  for (absl::string_view line : absl::StrSplit(*locks, '\n')) {
+    const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    if (fields.size() < 6 || fields[1] != "FLOCK" || fields[5] != device) continue;
+    int64_t pid = 0;
+    if (absl::SimpleAtoi(fields[4], &pid) && pid > 0) return pid;
+  }
+  return 0;
+}
+
+// The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 't' stopped by a tracer); '?' when
+// unreadable.
+char ProcessState(int64_t pid) {
+  absl::StatusOr<std::string> stat = ReadSmallFile(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat.ok()) return '?';
+  const size_t close = stat->rfind(')');
+  return close != std::string::npos && close + 2 < stat->size() ? (*stat)[close + 2] : '?';
+}
+
+// Note [Ledger lock]. The lock file is flock()ed around each read-check-write of its ledger
+// (microseconds) and removed, under the lock, together with the ledger when the job's last
+// reservation goes, so a job id leaves nothing in the directory. Since the file may be removed
+// (and another created) between our open and our flock, a lock counts only when the path still
+// names the file locked; otherwise it is taken again.
+//
+// A holder that is stopped (SIGSTOP, a debugger) keeps the flock: the kernel drops it only when
+// the holder's descriptor closes. Taking the lock from it (removing the file, locking another)
+// would let two processes update the ledger at once: resumed, the stopped holder renames in the
+// ledger it computed before it stopped, dropping every reservation admitted meanwhile -- the
+// over-admission the ledger exists to prevent. So a waiter that finds the holder (/proc/locks)
+// stopped for kStoppedHolderSeconds gives up with FAILED_PRECONDITION naming the process, and a
+// releasing rank gives up likewise (its line is reclaimed once it has exited): neither waits out
+// kLedgerLockTimeoutSeconds, which remains for a holder that runs but does not finish.
+constexpr double kStoppedHolderSeconds = 0.5;
+
 // The lock file's descriptor and its flock(LOCK_EX), released together.
 class LockedFile {
  public:
-  static absl::StatusOr<LockedFile> Acquire(const std::string& path) {
-    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      const int error = errno;
-      return absl::InternalError(
-          absl::StrCat("node ledger lock ", path, ": cannot open: ", Errno(error),
-                       error == EACCES ? " (another user's job? set STOWAGE_JOB_ID or "
-                                         "STOWAGE_LEDGER_DIR)"
-                                       : ""));
-    }
-    LockedFile file(fd);
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(kLedgerLockTimeoutSeconds);
-    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  // `wait`: false gives UNAVAILABLE at once when another process holds the lock.
+  static absl::StatusOr<LockedFile> Acquire(const std::string& path, bool wait = true) {
+    const auto begin = std::chrono::steady_clock::now();
+    const auto deadline = begin + std::chrono::duration<double>(kLedgerLockTimeoutSeconds);
+    // When the holder was first seen stopped; the epoch while it is not.
+    std::chrono::steady_clock::time_point stopped_since{};
+    while (true) {
+      const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        const int error = errno;
+        return absl::InternalError(
+            absl::StrCat("node ledger lock ", path, ": cannot open: ", Errno(error),
+                         error == EACCES ? " (another user's job? set STOWAGE_JOB_ID or "
+                                           "STOWAGE_LEDGER_DIR)"
+                                         : ""));
+      }
+      LockedFile file(fd, path);
+      struct stat held {};
+      if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        struct stat named {};
+        if (fstat(fd, &held) == 0 && stat(path.c_str(), &named) == 0 && SameFile(held, named)) {
+          return file;
+        }
+        continue;  // removed by its last holder (Note [Ledger lock]): lock the one there now
+      }
       const int error = errno;
       if (error != EWOULDBLOCK && error != EINTR) {
         return absl::InternalError(
             absl::StrCat("node ledger lock ", path, ": flock: ", Errno(error)));
       }
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (!wait) return absl::UnavailableError(absl::StrCat("node ledger lock ", path, " is held"));
+      const auto now = std::chrono::steady_clock::now();
+      const int64_t holder = fstat(fd, &held) == 0 ? FlockHolder(held) : 0;
+      const char state = holder > 0 ? ProcessState(holder) : '?';
+      if (state == 'T' || state == 't') {
+        if (stopped_since == std::chrono::steady_clock::time_point{}) stopped_since = now;
+        if (now - stopped_since >= std::chrono::duration<double>(kStoppedHolderSeconds)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "node ledger lock ", path, " is held by process ", holder, ", which is stopped (",
+              state == 'T' ? "SIGSTOP" : "a debugger",
+              "): its update of the ledger is unfinished, so no other can start; resume it (`kill "
+              "-CONT ",
+              holder, "`) or end it, then retry"));
+        }
+      } else {
+        stopped_since = {};
+      }
+      if (now > deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "node ledger lock ", path, " was not free within ", kLedgerLockTimeoutSeconds,
-            " s: a process holding it is stopped (`fuser ", path, "` names it)"));
+            " s: process ", holder > 0 ? absl::StrCat(holder) : std::string("(unknown)"),
+            " holds it (`fuser ", path, "` names it)"));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    return file;
   }
-  LockedFile(LockedFile&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  LockedFile(LockedFile&& other) noexcept
+      : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
   LockedFile& operator=(LockedFile&&) = delete;
   ~LockedFile() {
-    if (fd_ >= 0) close(fd_);  // releases the flock
+    if (fd_ < 0) return;
+    // Released explicitly: a child forked meanwhile (a data loader worker) shares the open file
+    // description, and close() alone would leave the lock held until that child exits.
+    flock(fd_, LOCK_UN);
+    close(fd_);
+  }
+
+  // Removes the lock file while holding it (Note [Ledger lock]): when its ledger is gone.
+  void RemoveIfLedgerGone(const std::string& ledger) {
+    struct stat st {};
+    if (fd_ >= 0 && stat(ledger.c_str(), &st) != 0 && errno == ENOENT) unlink(path_.c_str());
   }
 
  private:
-  explicit LockedFile(int fd) : fd_(fd) {}
+  LockedFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   int fd_ = -1;
+  std::string path_;
 };
 
 absl::StatusOr<std::vector<LedgerEntry>> ReadLedgerFile(const std::string& path) {
@@ -205,6 +295,58 @@ Paths PathsFor(const LedgerOptions& options) {
   const std::string stem =
       absl::StrCat(options.dir, "/stowage-", getuid(), "-", SanitizeJobId(options.job_id));
   return {absl::StrCat(stem, ".ledger"), absl::StrCat(stem, ".lock")};
+}
+
+// A temporary ledger (WriteLedgerFile's "<ledger>.tmp.<pid>") this old was left by a writer killed
+// between its create and its rename, which take microseconds.
+constexpr int kStaleTempSeconds = 60;
+
+// Note [Reclaiming other jobs]. A job's ledger kept the lines of its SIGKILLed ranks until the same
+// job id admitted again, which a new job id never does. So every admission first visits this
+// user's other ledgers in the directory: under each one's lock, taken only if free (a busy one
+// is being updated, and nobody waits on another job's lock), the lines of dead processes are
+// dropped, and a ledger left empty goes with its lock file. A lock file without a ledger (its
+// job's last admission was refused) goes too, and so does an old temporary ledger. Ledgers that do
+// not parse belong to another version and are left alone.
+void ReclaimOtherJobs(const std::string& dir, const Paths& ours, const std::string& proc) {
+  DIR* listing = opendir(dir.c_str());
+  if (listing == nullptr) return;
+  const std::string prefix = absl::StrCat("stowage-", getuid(), "-");
+  std::vector<std::string> names;
+  while (const dirent* entry = readdir(listing)) {
+    if (absl::StartsWith(entry->d_name, prefix)) names.emplace_back(entry->d_name);
+  }
+  closedir(listing);
+  const auto now = std::chrono::system_clock::now();
+  for (const std::string& name : names) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    if (path == ours.ledger || path == ours.lock) continue;
+    absl::string_view stem = name;
+    if (absl::StrContains(name, ".ledger.tmp.")) {
+      struct stat st {};
+      if (stat(path.c_str(), &st) == 0 &&
+          now - std::chrono::system_clock::from_time_t(st.st_mtime) >
+              std::chrono::seconds(kStaleTempSeconds)) {
+        unlink(path.c_str());
+      }
+      continue;
+    }
+    if (!absl::ConsumeSuffix(&stem, ".ledger") && !absl::ConsumeSuffix(&stem, ".lock")) continue;
+    const std::string ledger = absl::StrCat(dir, "/", stem, ".ledger");
+    const std::string lock_path = absl::StrCat(dir, "/", stem, ".lock");
+    if (ledger == ours.ledger) continue;
+    absl::StatusOr<LockedFile> lock = LockedFile::Acquire(lock_path, /*wait=*/false);
+    if (!lock.ok()) continue;
+    absl::StatusOr<std::vector<LedgerEntry>> entries = ReadLedgerFile(ledger);
+    if (entries.ok()) {
+      std::vector<LedgerEntry> live;
+      for (const LedgerEntry& e : *entries) {
+        if (ReservationAlive(e, proc)) live.push_back(e);
+      }
+      if (live.size() != entries->size()) WriteLedgerFile(ledger, live).IgnoreError();
+    }
+    lock->RemoveIfLedgerGone(ledger);
+  }
 }
 
 }  // namespace
@@ -420,8 +562,16 @@ absl::StatusOr<std::unique_ptr<NodeReservation>> NodeReservation::Admit(
   self.bytes = request.bytes;
   self.pid_namespace = PidNamespace(self.pid, roots.proc);
 
+  // Before taking our own lock, so that no lock is ever taken under another.
+  ReclaimOtherJobs(resolved->dir, paths, roots.proc);
   absl::StatusOr<LockedFile> lock = LockedFile::Acquire(paths.lock);
   if (!lock.ok()) return lock.status();
+  // However this admission ends, a lock file without a ledger does not stay (Note [Ledger lock]).
+  struct RemoveLockIfLedgerGone {
+    LockedFile& lock;
+    const std::string& ledger;
+    ~RemoveLockIfLedgerGone() { lock.RemoveIfLedgerGone(ledger); }
+  } remove_lock_if_ledger_gone{*lock, paths.ledger};
   absl::StatusOr<std::vector<LedgerEntry>> entries = ReadLedgerFile(paths.ledger);
   if (!entries.ok()) return entries.status();
   std::vector<LedgerEntry> live;
@@ -450,6 +600,7 @@ absl::StatusOr<std::unique_ptr<NodeReservation>> NodeReservation::Admit(
   reservation->ranks_on_node_ = static_cast<int>(slots_taken.size()) + 1;
   live.push_back(self);
   if (absl::Status s = WriteLedgerFile(paths.ledger, live); !s.ok()) return s;
+  reservation->recorded_ = true;
   return reservation;
 }
 
@@ -468,12 +619,15 @@ absl::Status NodeReservation::MarkResident() {
   }
   // Someone removed the file meanwhile: put this reservation back, it still holds the memory.
   if (!found) entries->push_back(entry_);
+  recorded_ = true;
   return WriteLedgerFile(ledger_path_, *entries);
 }
 
 NodeReservation::~NodeReservation() {
   // A forked child (a data loader worker) holds a copy of this object, not the reservation.
   if (getpid() != entry_.pid) return;
+  // An admission that failed made no reservation, and has none to release.
+  if (!recorded_) return;
   absl::Status status = [&]() -> absl::Status {
     absl::StatusOr<LockedFile> lock = LockedFile::Acquire(lock_path_);
     if (!lock.ok()) return lock.status();
@@ -482,7 +636,10 @@ NodeReservation::~NodeReservation() {
     std::erase_if(*entries, [&](const LedgerEntry& e) {
       return e.pid == entry_.pid && e.start_time == entry_.start_time && e.id == entry_.id;
     });
-    return WriteLedgerFile(ledger_path_, *entries);
+    // The job's last reservation: its ledger and lock file go (Note [Ledger lock]).
+    absl::Status written = WriteLedgerFile(ledger_path_, *entries);
+    lock->RemoveIfLedgerGone(ledger_path_);
+    return written;
   }();
   if (!status.ok()) {
     std::fprintf(stderr, "stowage: releasing the node reservation of %s: %s\n",

@@ -6,7 +6,9 @@
 //   <dir>/stowage-<uid>-<job>.ledger  one line per live reservation: pid, the pid's start time
 //                                     (field 22 of /proc/PID/stat), rank, local rank, NUMA node,
 //                                     CPU slot, bytes, resident or pending, pid namespace;
-//   <dir>/stowage-<uid>-<job>.lock    flock()ed for each read-check-write, never held between.
+//   <dir>/stowage-<uid>-<job>.lock    flock()ed for each read-check-write, never held between;
+//                                     removed with the ledger when the job's last rank leaves
+//                                     (Note [Ledger lock] in node_ledger.cc).
 // <dir> is STOWAGE_LEDGER_DIR or /dev/shm (node-local tmpfs, gone at reboot with every process
 // that could hold a reservation). The job is STOWAGE_JOB_ID, else TORCHELASTIC_RUN_ID (torchrun),
 // else SLURM_JOB_ID, else "node" (every stowage runtime of this user on the machine). The ledger
@@ -18,6 +20,8 @@
 // A reservation lives as long as its NodeReservation (the runtime's lifetime); a rank killed
 // without running destructors (SIGKILL, OOM kill) leaves its line, and the next admission
 // reclaims it: its pid is gone, or the pid now belongs to a younger process (start time differs).
+// Every admission also reclaims the dead lines of this user's other jobs in <dir>, whatever their
+// job id (Note [Reclaiming other jobs] in node_ledger.cc), so a killed job leaves nothing behind.
 // Lines from another pid namespace (a container sharing /dev/shm but not pids) cannot be checked
 // and are kept.
 //
@@ -121,8 +125,10 @@ class NodeReservation {
   // Under the ledger's lock: reclaims dead reservations, reads host memory (ReadHostMemory with
   // `roots`), checks `request` with the others' shares (CheckAdmission), and records this one as
   // pending. RESOURCE_EXHAUSTED naming every rank's share when it does not fit;
-  // FAILED_PRECONDITION for a ledger that does not parse; DEADLINE_EXCEEDED when the lock is not
-  // free within kLedgerLockTimeoutSeconds; INTERNAL for a filesystem error (naming the file).
+  // FAILED_PRECONDITION for a ledger that does not parse, and (within a second) when the lock's
+  // holder is a stopped process, naming it (Note [Ledger lock]); DEADLINE_EXCEEDED when the lock
+  // is not free within kLedgerLockTimeoutSeconds; INTERNAL for a filesystem error (naming the
+  // file).
   static absl::StatusOr<std::unique_ptr<NodeReservation>> Admit(const AdmissionRequest& request,
                                                                 const LedgerOptions& options,
                                                                 const HostRoots& roots = {});
@@ -148,11 +154,14 @@ class NodeReservation {
   std::string lock_path_;
   LedgerEntry entry_;
   int ranks_on_node_ = 1;
+  // Whether entry_ was written to the ledger: only then does the destructor remove it.
+  bool recorded_ = false;
 };
 
 // How long an admission waits for the ledger's lock. The lock is held only for a read, a check
-// and a rename of a file of one line per rank (microseconds); only a holder stopped mid-update
-// (SIGSTOP, a debugger) keeps it longer, and then an error naming the file beats a hang.
+// and a rename of a file of one line per rank (microseconds); a holder stopped mid-update
+// (SIGSTOP, a debugger) is named within a second instead (Note [Ledger lock]), so this bounds
+// only a holder that runs but does not finish.
 inline constexpr double kLedgerLockTimeoutSeconds = 30;
 
 }  // namespace stowage::offload

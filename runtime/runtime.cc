@@ -284,7 +284,53 @@ bool Runtime::in_step() const {
   return in_step_;
 }
 
+// Note [One step call at a time]. The header forbids BeginStep and EndStep from racing each
+// other, but a forbidden call must still be a status, never a crash: EndStep releases the step in
+// two parts around the drain, so a BeginStep (or a second EndStep) from another thread between
+// them opened a step whose regions the first EndStep then released, and the saves of that step
+// wrote into freed slots. Each of them claims step_call_ first; a thread that finds it taken is
+// refused with FAILED_PRECONDITION and changes nothing. The flag is not a lock: the refused call
+// does not wait, since the header says the caller must not have made it.
+namespace {
+
+class StepCallClaim {
+ public:
+  explicit StepCallClaim(std::atomic<bool>* flag)
+      : flag_(flag), claimed_(!flag->exchange(true, std::memory_order_acquire)) {}
+  StepCallClaim(const StepCallClaim&) = delete;
+  StepCallClaim& operator=(const StepCallClaim&) = delete;
+  ~StepCallClaim() {
+    if (claimed_) flag_->store(false, std::memory_order_release);
+  }
+  // FAILED_PRECONDITION naming `call` when another thread holds the flag.
+  absl::Status Check(const char* call) const {
+    if (claimed_) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        call,
+        ": another thread is inside begin_step or end_step on this runtime; step calls must not "
+        "run concurrently (stowage.h, Thread-safety): nothing was done"));
+  }
+
+ private:
+  std::atomic<bool>* flag_;
+  bool claimed_;
+};
+
+}  // namespace
+
 absl::Status Runtime::BeginStep() {
+  StepCallClaim claim(&step_call_);
+  if (absl::Status s = claim.Check("begin_step"); !s.ok()) return s;
+  return BeginStepAlone();
+}
+
+absl::Status Runtime::EndStep() {
+  StepCallClaim claim(&step_call_);
+  if (absl::Status s = claim.Check("end_step"); !s.ok()) return s;
+  return EndStepAlone();
+}
+
+absl::Status Runtime::BeginStepAlone() {
   absl::MutexLock lock(&mu_);
   if (in_step_) {
     return absl::FailedPreconditionError(
@@ -301,7 +347,7 @@ absl::Status Runtime::BeginStep() {
   return absl::OkStatus();
 }
 
-absl::Status Runtime::EndStep() {
+absl::Status Runtime::EndStepAlone() {
   std::vector<std::unique_ptr<TensorEntry>> entries;
   std::chrono::steady_clock::time_point start;
   {

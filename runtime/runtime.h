@@ -30,12 +30,16 @@
 //
 // Thread-safety: Save, SaveQuery/Wait/WaitStream, Prefetch, Restore, GetStats and
 // ReportDevicePeak may be called from several threads at once. BeginStep, EndStep and destruction
-// must not race with other calls (EndStep still waits for calls already inside the runtime).
+// must not race with other calls (EndStep still waits for calls already inside the runtime). A
+// BeginStep or EndStep that does race another one (EndStep runs in two parts, so a BeginStep
+// between them would get its regions released under it) is refused with FAILED_PRECONDITION
+// instead of running (step_call_, Note [One step call at a time] in runtime.cc).
 // Lock order: Runtime::mu_ -> PinnedArena's lock; CopyEngine's lock is never taken under mu_,
 // and no backend (CUDA) call is made while mu_ is held.
 #ifndef STOWAGE_RUNTIME_RUNTIME_H_
 #define STOWAGE_RUNTIME_RUNTIME_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -233,6 +237,9 @@ class Runtime : private offload::CopyObserver {
   // Integrity mode: waits for the D2H, compares the host copy's checksum.
   absl::Status VerifyHostCopy(TensorId id, TensorEntry& entry);
   void EndCall();
+  // The bodies of BeginStep and EndStep, run while this thread holds step_call_.
+  absl::Status BeginStepAlone();
+  absl::Status EndStepAlone();
 
   std::shared_ptr<RuntimeCounters> counters_;
   // Destroyed after the arena: the reservation goes once the memory is unmapped.
@@ -250,6 +257,8 @@ class Runtime : private offload::CopyObserver {
   std::vector<LayerTypeCounters*> layer_type_of_;  // by layer index
   StepTrace trace_;  // outlives engine_'s callbacks: ~Runtime drains the engine first
 
+  // Set while a thread is inside BeginStep or EndStep (Note [One step call at a time]).
+  std::atomic<bool> step_call_{false};
   mutable absl::Mutex mu_;
   bool in_step_ ABSL_GUARDED_BY(mu_) = false;
   int active_calls_ ABSL_GUARDED_BY(mu_) = 0;

@@ -38,7 +38,8 @@
  *
  * Thread-safety. All calls on one runtime are safe from several threads (saves from several
  * threads at once are supported). begin/end step and destroy must not race with other calls on
- * the same runtime. stowage_last_error() is per thread.
+ * the same runtime; a begin/end step made while another thread is inside one of them is refused
+ * (FAILED_PRECONDITION) and does nothing. stowage_last_error() is per thread.
  *
  * Errors. Every call returns a stowage_status; on failure stowage_last_error() describes it. A
  * failed call changes nothing, except where documented.

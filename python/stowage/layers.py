@@ -73,6 +73,24 @@ from .runtime import PlanLike, Runtime, Stats, StowageError, check_status, plan_
 kSaveBatchBytes = 1 << 20
 kSaveBatchTensors = 1024
 
+# The C ABI takes a microbatch as int32_t: ctypes would wrap a larger index (2**32 + 1 became 1).
+_MICROBATCH_MAX = 2**31 - 1
+
+
+def _microbatch_range_error(where: str, index: Any, microbatches: Optional[int]) -> ValueError:
+    """The error for a microbatch index outside 0 .. run.microbatches - 1 (and the int32 limit),
+    in the caller's terms: the value passed and the allowed range."""
+    allowed = (f"0 to run.microbatches - 1 ({microbatches - 1})" if microbatches is not None
+               else "0 to run.microbatches - 1")
+    return ValueError(f"{where}: microbatch index is {index!r}; allowed: an integer from "
+                      f"{allowed}, and at most {_MICROBATCH_MAX} (2**31 - 1, the C ABI's int32)")
+
+
+def _check_microbatch(where: str, microbatch: int) -> None:
+    """The fast path's own check (_Calls): the index reaches ctypes unchecked otherwise."""
+    if not 0 <= microbatch <= _MICROBATCH_MAX:
+        raise _microbatch_range_error(where, microbatch, None)
+
 
 class StaleTensorError(RuntimeError):
     """Backward reached a tensor offloaded in a step that has already ended."""
@@ -156,6 +174,7 @@ class _Calls:
 
     def save(self, layer: int, microbatch: int, src: int, nbytes: int,
              stream: Optional[int]) -> int:
+        _check_microbatch("stowage_save_microbatch", microbatch)
         out = ctypes.c_uint64()
         code = self._save(self._handle, layer, microbatch, src, nbytes, stream, ctypes.byref(out))
         if code:
@@ -166,6 +185,7 @@ class _Calls:
                   stream: Optional[int]) -> tuple[list, int]:
         """(ids of the tensors saved, status): on a failure, the ids of those saved before it
         (their copies are under way) and the failure's code for _check."""
+        _check_microbatch("stowage_save_many_microbatch", microbatch)
         n = len(srcs)
         ids = (ctypes.c_uint64 * n)()
         saved = ctypes.c_size_t()
@@ -176,6 +196,7 @@ class _Calls:
     def prefetch_many(self, microbatch: int, ids: list, dsts: list,
                       stream: Optional[int]) -> tuple[int, int]:
         """(how many prefetches were issued, status)."""
+        _check_microbatch("stowage_prefetch_many_microbatch", microbatch)
         n = len(ids)
         issued = ctypes.c_size_t()
         code = self._prefetch_many(self._handle, microbatch, n, (ctypes.c_uint64 * n)(*ids),
@@ -197,11 +218,13 @@ class _Calls:
             check_status("stowage_save_wait", code)
 
     def prefetch(self, tensor_id: int, microbatch: int, dst: int, stream: Optional[int]) -> None:
+        _check_microbatch("stowage_prefetch_microbatch", microbatch)
         code = self._prefetch(self._handle, tensor_id, microbatch, dst, stream)
         if code:
             check_status("stowage_prefetch_microbatch", code)
 
     def restore(self, tensor_id: int, microbatch: int, dst: int, stream: Optional[int]) -> None:
+        _check_microbatch("stowage_restore_microbatch", microbatch)
         code = self._restore(self._handle, tensor_id, microbatch, dst, stream)
         if code:
             check_status("stowage_restore_microbatch", code)
@@ -538,10 +561,10 @@ class PlannedLayers(nn.Module):
         if state is None:
             raise RuntimeError("PlannedLayers.microbatch(): no step is open; use it inside "
                                "`with planned.step():`")
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(f"PlannedLayers.microbatch(): index is {index!r}; allowed: an "
-                             f"integer from 0 to run.microbatches - 1 "
-                             f"({self.plan.run.microbatches - 1})")
+        microbatches = self.plan.run.microbatches
+        if (isinstance(index, bool) or not isinstance(index, int) or not
+                0 <= index <= min(microbatches - 1, _MICROBATCH_MAX)):
+            raise _microbatch_range_error("PlannedLayers.microbatch()", index, microbatches)
         previous = state.microbatch
         state.enter_microbatch(index)
         try:

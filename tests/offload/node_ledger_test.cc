@@ -2,16 +2,22 @@
 // ranks' shares (Note [Admission with other ranks]).
 #include "offload/node_ledger.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace stowage::offload {
 namespace {
@@ -154,6 +160,109 @@ TEST_F(NodeLedgerTest, ReclaimsTheReservationOfADeadProcess) {
   ASSERT_TRUE(entries.ok());
   ASSERT_EQ(entries->size(), 1u);
   EXPECT_EQ((*entries)[0].pid, getpid());
+}
+
+// The names in `dir`, sorted.
+std::vector<std::string> Listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Note [Ledger lock]: a process stopped while it holds the ledger's lock (SIGSTOP, a debugger)
+// neither blocks an admission nor a release for the whole lock timeout: both give up within a
+// second, the admission naming the stopped process; an admission that failed releases nothing.
+TEST_F(NodeLedgerTest, AStoppedLockHolderIsNamedPromptly) {
+  absl::StatusOr<std::unique_ptr<NodeReservation>> held =
+      NodeReservation::Admit(Request(10 * kMiB), options_);
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string lock = absl::StrCat(dir_, "/stowage-", getuid(), "-unit.lock");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || flock(fd, LOCK_EX) != 0) _exit(1);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, WUNTRACED), child);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start = Clock::now();
+  absl::StatusOr<std::unique_ptr<NodeReservation>> r =
+      NodeReservation::Admit(Request(10 * kMiB), options_);
+  const double admit_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  start = Clock::now();
+  held->reset();  // the release gives up too (its line is reclaimed once this process is gone)
+  const double release_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  kill(child, SIGKILL);
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_LT(admit_seconds, 5.0);
+  EXPECT_LT(release_seconds, 5.0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(r.status().message(),
+              HasSubstr(absl::StrCat("node ledger lock ", lock, " is held by process ", child,
+                                     ", which is stopped (SIGSTOP)")));
+  EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("kill -CONT ", child)));
+  // The holder gone, the kernel dropped its lock: the next admission goes through at once.
+  r = NodeReservation::Admit(Request(10 * kMiB), options_);
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
+// Note [Reclaiming other jobs]: ranks of a job id never seen again, SIGKILLed (no destructor
+// ran), leave nothing in the directory once any other job admits; and the job's own last rank
+// takes its ledger and lock file with it.
+TEST_F(NodeLedgerTest, KilledRanksOfAJobLeaveNothingBehind) {
+  LedgerOptions killed = options_;
+  killed.job_id = absl::StrCat("killed-", getpid());
+  std::vector<pid_t> ranks;
+  for (int rank = 0; rank < 3; ++rank) {
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(ready[0]);
+      killed.rank = rank;
+      killed.local_rank = rank;
+      absl::StatusOr<std::unique_ptr<NodeReservation>> r =
+          NodeReservation::Admit(Request(10 * kMiB), killed);
+      const char byte = r.ok() ? 'y' : 'n';
+      if (write(ready[1], &byte, 1) != 1 || !r.ok()) _exit(1);
+      while (true) pause();
+    }
+    close(ready[1]);
+    char byte = 0;
+    EXPECT_EQ(read(ready[0], &byte, 1), 1);
+    EXPECT_EQ(byte, 'y');
+    close(ready[0]);
+    ranks.push_back(pid);
+  }
+  for (pid_t pid : ranks) {
+    kill(pid, SIGKILL);
+    ASSERT_EQ(waitpid(pid, nullptr, 0), pid);
+  }
+  const std::string stem = absl::StrCat("stowage-", getuid(), "-");
+  EXPECT_THAT(Listing(dir_), ::testing::ElementsAre(absl::StrCat(stem, killed.job_id, ".ledger"),
+                                                    absl::StrCat(stem, killed.job_id, ".lock")));
+  {
+    absl::StatusOr<std::unique_ptr<NodeReservation>> r =
+        NodeReservation::Admit(Request(10 * kMiB), options_);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_THAT(Listing(dir_), ::testing::ElementsAre(absl::StrCat(stem, "unit.ledger"),
+                                                      absl::StrCat(stem, "unit.lock")));
+  }
+  EXPECT_THAT(Listing(dir_), ::testing::IsEmpty());
+  // A refused admission leaves nothing either.
+  absl::StatusOr<std::unique_ptr<NodeReservation>> refused =
+      NodeReservation::Admit(Request(10 * kGiB), options_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(Listing(dir_), ::testing::IsEmpty());
 }
 
 // A pid the kernel gave to a new process after the rank died: same pid, another start time.

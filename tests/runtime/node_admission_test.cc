@@ -196,9 +196,11 @@ TEST_F(NodeAdmissionTest, EightRanksAtOnceAgainstABudgetOfFive) {
     ASSERT_EQ(waitpid(rank.pid, &status, 0), rank.pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
-  // Every reservation released: the ledger is gone (its lock file stays).
+  // Every reservation released: the ledger is gone, and its lock file with it.
   EXPECT_FALSE(
       std::filesystem::exists(absl::StrCat(dir_, "/stowage-", getuid(), "-admission-test.ledger")));
+  EXPECT_FALSE(
+      std::filesystem::exists(absl::StrCat(dir_, "/stowage-", getuid(), "-admission-test.lock")));
 }
 
 }  // namespace

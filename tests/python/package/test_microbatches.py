@@ -160,15 +160,59 @@ class GradientAccumulationTest(unittest.TestCase):
                     for x in inputs(2, 1):  # no planned.microbatch(k): both are microbatch 0
                         planned(x.requires_grad_(True))
             self.assertIn("two forwards ran under one microbatch id", str(caught.exception))
-            with self.assertRaises(stowage.StowageError) as caught:
+            # Out of range: refused when the block is entered, before any save (the runtime's
+            # own refusal is RuntimeMisuseTest's).
+            with self.assertRaises(ValueError) as caught:
                 with planned.step():
                     with planned.microbatch(2):
                         planned(inputs(1, 2)[0].requires_grad_(True))
-            self.assertIn("microbatch 2 of layer 0 is out of range; the plan's run.microbatches "
-                          "is 2", str(caught.exception))
+            self.assertIn("microbatch index is 2; allowed: an integer from 0 to "
+                          "run.microbatches - 1 (1)", str(caught.exception))
             with self.assertRaises(RuntimeError):
                 with planned.microbatch(0):
                     pass  # no step open
+        finally:
+            planned.close()
+
+
+class MicrobatchIndexRangeTest(unittest.TestCase):
+    """A microbatch index past the C ABI's int32 is refused in the caller's terms, on every path:
+    ctypes would wrap it (2**32 + 1 ran as microbatch 1; 2**31 was named -2147483648)."""
+
+    def test_large_indices_are_refused_not_aliased(self) -> None:
+        layers = support.make_layers("mlp", LAYERS, HIDDEN)
+        plan = plans.plan_for(layers, inputs(1, 0)[0], POLICIES)
+        plan.run.microbatches = 2
+        planned = stowage.PlannedLayers(layers, plan)
+        try:
+            for index in (2**32 + 1, 2**31, 2**31 - 1, 2, -1):
+                with self.subTest(index=index):
+                    with self.assertRaises(ValueError) as caught:
+                        with planned.step():
+                            with planned.microbatch(index):
+                                planned(inputs(1, 3)[0].requires_grad_(True))
+                    message = str(caught.exception)
+                    self.assertIn(f"PlannedLayers.microbatch(): microbatch index is {index}; "
+                                  "allowed: an integer from 0 to run.microbatches - 1 (1), and at "
+                                  "most 2147483647", message)
+            # The per-tensor calls (bound once per step, no argument checks of their own besides
+            # this one) refuse what ctypes would wrap, naming the call and the value.
+            with planned.step():
+                calls = planned._state.calls
+                for call in (lambda: calls.save(0, 2**32 + 1, 0, 0, None),
+                             lambda: calls.save_many(0, 2**32 + 1, [], [], None),
+                             lambda: calls.prefetch(1, 2**32 + 1, 0, None),
+                             lambda: calls.prefetch_many(2**32 + 1, [], [], None),
+                             lambda: calls.restore(1, 2**32 + 1, 0, None)):
+                    with self.assertRaises(ValueError) as caught:
+                        call()
+                    self.assertIn("microbatch index is 4294967297; allowed: an integer from 0 to "
+                                  "run.microbatches - 1", str(caught.exception))
+                    self.assertIn("_microbatch", str(caught.exception))
+            # Still usable: the last in-range microbatch runs.
+            with planned.step():
+                with planned.microbatch(1):
+                    planned(inputs(1, 4)[0].requires_grad_(True)).sum().backward()
         finally:
             planned.close()
 
