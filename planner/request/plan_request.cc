@@ -1,12 +1,15 @@
 #include "planner/request/plan_request.h"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "base/json_reader.h"
 #include "planner/cost/cost_model.h"
 #include "planner/cost/reference_jobs.h"
@@ -26,24 +29,22 @@ namespace stowage::planner {
 namespace {
 
 constexpr char kSource[] = "plan request";
-// The fields of a plan request (stowage_plan_request), and of an evaluation request
-// (stowage_plan_evaluate), which adds the layers' assignment. Any other key is refused.
-constexpr std::string_view kPlanRequestKeys[] = {
-    "model",      "profile",          "hardware",
-    "run",        "gpu_budget_bytes", "host_budget_bytes",
-    "force",      "optimality_gap",   "prefetch_distance",
-    "model_label"};
-constexpr std::string_view kEvaluateRequestKeys[] = {"model",
-                                                     "profile",
-                                                     "hardware",
-                                                     "run",
-                                                     "gpu_budget_bytes",
-                                                     "host_budget_bytes",
-                                                     "force",
-                                                     "optimality_gap",
-                                                     "prefetch_distance",
-                                                     "model_label",
-                                                     "layers"};
+// The fields of an evaluation request (stowage_plan_evaluate); a plan request
+// (stowage_plan_request) has all but the last, the layers' assignment. Any other key is refused.
+constexpr std::string_view kRequestKeys[] = {"model",
+                                             "profile",
+                                             "hardware",
+                                             "run",
+                                             "gpu_budget_bytes",
+                                             "host_budget_bytes",
+                                             "force",
+                                             "optimality_gap",
+                                             "prefetch_distance",
+                                             "model_label",
+                                             "layers"};
+constexpr absl::Span<const std::string_view> kEvaluateRequestKeys(kRequestKeys);
+constexpr absl::Span<const std::string_view> kPlanRequestKeys =
+    kEvaluateRequestKeys.first(std::size(kRequestKeys) - 1);
 constexpr int kMaxPrefetchDistance = 64;
 
 // What a request plans from: its step cost and the labels and defaults that go with it.

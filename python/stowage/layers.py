@@ -66,7 +66,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from ._tensors import ResidentMemory, hidden_state, offload_nbytes, offloadable, saved_key
 from .plan import (KEEP, OFFLOAD_INPUT, OFFLOAD_SAVED, OFFLOADING_POLICIES, POLICIES, RECOMPUTE,
                    SELECTIVE_RECOMPUTE, Plan, PlanError)
-from .runtime import PlanLike, Runtime, Stats, StowageError, check_status, plan_json_text
+from .runtime import I32_MAX, PlanLike, Runtime, Stats, StowageError, check_status, plan_json_text
 
 # An offload_saved layer's saves are issued in batches (see Note [Per-tensor cost]): when this
 # many bytes or tensors have gathered, and when the layer's forward returns.
@@ -74,7 +74,7 @@ kSaveBatchBytes = 1 << 20
 kSaveBatchTensors = 1024
 
 # The C ABI takes a microbatch as int32_t: ctypes would wrap a larger index (2**32 + 1 became 1).
-_MICROBATCH_MAX = 2**31 - 1
+_MICROBATCH_MAX = I32_MAX
 
 
 def _microbatch_range_error(where: str, index: Any, microbatches: Optional[int]) -> ValueError:

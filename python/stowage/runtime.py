@@ -92,7 +92,9 @@ def version() -> str:
 
 
 _U64_MAX = 2**64 - 1
-_I32 = (-2**31, 2**31 - 1)
+# The C ABI's int32_t arguments (layers, microbatches, stages): ctypes would wrap a larger value.
+I32_MAX = 2**31 - 1
+_I32 = (-2**31, I32_MAX)
 
 
 def _int_arg(name: str, value: Any, low: int, high: int) -> int:

@@ -12,22 +12,12 @@
 #include "planner/cost/run_settings.h"
 #include "planner/model/model.h"
 #include "stowage/plan.h"
+#include "tests/planner/pipeline_runs.h"
 
 namespace stowage::planner {
 namespace {
 
 using ::testing::HasSubstr;
-
-RunSettings PpRun(int pp, int microbatches) {
-  RunSettings run;
-  run.seq_len = 8192;
-  run.cp = 1;
-  run.ep = 1;
-  run.gpus = 64;
-  run.pp = pp;
-  run.microbatches = microbatches;
-  return run;
-}
 
 std::vector<int> Counts(const std::vector<LayerRange>& ranges) {
   std::vector<int> out;

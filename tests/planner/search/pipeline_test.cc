@@ -19,22 +19,12 @@
 #include "planner/report/pipeline_report.h"
 #include "planner/search/optimizer.h"
 #include "stowage/plan.h"
+#include "tests/planner/pipeline_runs.h"
 
 namespace stowage::planner {
 namespace {
 
 using ::testing::HasSubstr;
-
-RunSettings PpRun(int pp, int microbatches) {
-  RunSettings run;
-  run.seq_len = 8192;
-  run.cp = 1;
-  run.ep = 1;
-  run.gpus = 64;
-  run.pp = pp;
-  run.microbatches = microbatches;
-  return run;
-}
 
 // Each stage holds only its layers' state, sharded over its own data-parallel group: without
 // sharding the stages' weights add up to the whole model's (untied embeddings), and the
