@@ -1,9 +1,11 @@
 """stowage under FSDP2 (torch.distributed.fsdp.fully_shard), two ranks on CPU over gloo: a small
 transformers Llama, every decoder layer sharded and then run under a plan, trains with loss and
 every parameter's full gradient bit-identical to the same FSDP2 model without stowage, under
-every policy and a mixed plan, over several optimizer steps (data_parallel_runs.py). The bytes
-the runtime sends to the host are the plan's, step after step: no parameter (FSDP2's gathered
-buffers) is ever offloaded. The refused order of wrapping (Note [FSDP2 and DDP] in
+every policy and a mixed plan, over several optimizer steps (data_parallel_runs.py). FSDP2 frees
+each layer's gathered parameters after its forward (reshard_after_forward, the default), so the
+recomputing policies run on parameters gathered again in backward. The bytes the runtime sends
+to the host are the plan's, step after step: no parameter (FSDP2's gathered buffers) is ever
+offloaded. The refused order of wrapping (Note [FSDP2 and DDP] in
 python/stowage/_sharding.py) names what to change.
 
 Needs torch 2.x with fully_shard and transformers (skipped on Debian's torch 1.13).
