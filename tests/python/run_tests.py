@@ -3,6 +3,8 @@
     run_tests.py cpu [SUITE...]   every test_*.py except the GPU ones
     run_tests.py gpu [SUITE...]   test_*_gpu.py; exits 77 (CTest: skipped) when torch sees no CUDA
                                   device
+The suites in ALONE (several ranks each) run only when SUITE names them: CTest runs them as
+tests of their own.
 
 The suites live in folders by what they test (package/, measure/, cli/, bench/); the helpers they
 share (support.py, plans.py, trace_event_format.py) are beside this file, which is on sys.path, so
@@ -22,6 +24,9 @@ import unittest
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Suites CMakeLists.txt registers as tests of their own (several ranks each, with their own time
+# limit): run only when picked by name, not with the rest of their folder.
+ALONE = {"package.test_ddp", "package.test_fsdp2", "package.test_fsdp2_gpu"}
 
 
 def suites(which: str, picked: list[str]) -> list[str]:
@@ -35,15 +40,16 @@ def suites(which: str, picked: list[str]) -> list[str]:
                     which == "gpu"):
                 rel = os.path.relpath(os.path.join(root, f[:-3]), HERE)
                 names.append(rel.replace(os.sep, "."))
-    if picked:
-        wanted = [p[:-3] if p.endswith(".py") else p for p in picked]
-        wanted = [w.strip("/").replace("/", ".") for w in wanted]
-        unknown = [p for p, w in zip(picked, wanted)
-                   if not any(n == w or n.startswith(w + ".") for n in names)]
-        if unknown:
-            raise SystemExit(f"run_tests.py: no {which} suite matches {', '.join(unknown)}")
-        names = [n for n in names if any(n == w or n.startswith(w + ".") for w in wanted)]
-    return sorted(names)
+    if not picked:
+        return sorted(n for n in names if n not in ALONE)
+    wanted = [p[:-3] if p.endswith(".py") else p for p in picked]
+    wanted = [w.strip("/").replace("/", ".") for w in wanted]
+    unknown = [p for p, w in zip(picked, wanted)
+               if not any(n == w or n.startswith(w + ".") for n in names)]
+    if unknown:
+        raise SystemExit(f"run_tests.py: no {which} suite matches {', '.join(unknown)}")
+    return sorted(n for n in names if n in wanted or (
+        n not in ALONE and any(n.startswith(w + ".") for w in wanted)))
 
 
 def main() -> int:
