@@ -65,6 +65,10 @@ int RunBenchSearch(int argc, char** argv) {
                         "each search's table.");
   flags.Add({"top", "N", "layouts ranked exactly and shown", "10"});
   flags.Add({"case", "K", "run only case K (1 to 4)", "all"});
+  flags.Add({"exact-rank", "",
+             "plan every layout that might rank above the published one (as `stowage search "
+             "--exact-rank`): its exact rank, at the cost of planning them",
+             ""});
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::fprintf(stderr, "stowage bench search: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
@@ -107,6 +111,7 @@ int RunBenchSearch(int argc, char** argv) {
     if (!pattern.ok()) return kExitUsage;
     pattern->text = absl::StrCat("published ", c.published);
     q.rank_also = {*pattern};
+    q.exact_rank = flags.GetBool("exact-rank");
     const auto start = std::chrono::steady_clock::now();
     const std::clock_t cpu = std::clock();
     auto result = planner::SearchLayouts(q);

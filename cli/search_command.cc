@@ -73,6 +73,10 @@ cli::FlagParser MakeParser() {
   p.Add({"allow-tp-outside-nvlink", "", "also try TP larger than one NVLink domain", ""});
   p.Add({"max-vpp", "N", "model chunks per stage tried (interleaved schedule)", "4"});
   p.Add({"max-micro-batch", "N", "sequences per micro-batch tried", "8"});
+  p.Add({"exact-rank", "",
+         "plan every layout that might rank above a --rank layout, so that its rank is exact "
+         "(else a range: the layouts whose bound is below its step are not planned)",
+         ""});
   p.Add({"exhaustive", "", "plan every valid layout (no bound prunes; slow)", ""});
   p.Add({"pruned-lines", "N", "pruned families listed (the rest are counted)", "16"});
   p.Add({"format", "table|json", "stdout: the table, or the best plan's JSON (table on stderr)",
@@ -206,6 +210,7 @@ absl::StatusOr<SearchInputs> ReadSearchInputs(const cli::FlagParser& flags) {
   q.max_micro_batch = static_cast<int>(*max_mb);
   q.allow_tp_outside_nvlink = flags.GetBool("allow-tp-outside-nvlink");
   q.exhaustive = flags.GetBool("exhaustive");
+  q.exact_rank = flags.GetBool("exact-rank");
   if (auto rank = flags.Get("rank"); rank.has_value()) {
     for (absl::string_view text : absl::StrSplit(*rank, ';', absl::SkipEmpty())) {
       auto pattern = planner::ParseLayoutPattern(std::string(text));

@@ -25,7 +25,8 @@ namespace stowage::planner {
 //    the optimizer copies, the once-per-step exposed collectives and every layer's forward,
 //    recompute and backward with their exposed communication (EvaluateOption's compute_seconds),
 //    run one after another; the optimizer's own bound counts the same (bound_model.cc). Each
-//    layer's cheapest option bounds what any plan spends on it, so the stage's microbatch slot
+//    layer's cheapest option (keep, one chunk: nothing recomputed, no chunk overhead) bounds what
+//    any plan spends on it, so the stage's microbatch slot
 //    (pipeline.cc MicrobatchSeconds: the step less the optimizer copies and the gradient
 //    reduction) is at least SlotLowerBound. Point-to-point time and the once-per-step part
 //    depend on the layout only (ChargePointToPoint, the step cost), not on the plan. Pipeline.cc
@@ -36,15 +37,15 @@ namespace stowage::planner {
 //    It leaves out what memory costs (recompute, copy waits), so it is tight where the
 //    activations fit and loose at long sequences; the search plans in order of it and stops
 //    once it exceeds the steps already found.
-double SlotLowerBound(const StepCost& step, const std::vector<int>& chunk_counts) {
+double SlotLowerBound(const StepCost& step) {
   double seconds = step.embedding_seconds + step.tail_seconds + step.optimizer_copy_seconds +
                    step.comm.step_exposed_seconds;
+  // EvaluateOption's compute of any option is the pass times with their exposed communication,
+  // plus what it adds: (chunks - 1) x chunk_overhead_seconds per pass and a recompute, each
+  // non-negative (CheckStepCostBounds). Keep in one chunk adds neither: it is the least.
   for (const LayerCost& layer : step.layers) {
-    double least = std::numeric_limits<double>::infinity();
-    for (const LayerOption& option : AllOptions(layer, chunk_counts)) {
-      least = std::min(least, EvaluateOption(layer, option).compute_seconds());
-    }
-    if (least < std::numeric_limits<double>::infinity()) seconds += least;
+    seconds += layer.forward_seconds + layer.forward_comm_seconds + layer.backward_seconds +
+               layer.backward_comm_seconds;
   }
   return std::max(0.0,
                   seconds - step.optimizer_copy_seconds - step.comm.gradient_sync_exposed_seconds);
@@ -98,7 +99,7 @@ absl::StatusOr<LayoutBound> BoundLayout(const ModelConfig& model, const Hardware
     stage.chunks = step->chunks;
     stage.step = *std::move(step);
     ChargePointToPoint(model, hw, run, stage);
-    const double slot = SlotLowerBound(stage.step, options.chunk_counts);
+    const double slot = SlotLowerBound(stage.step);
     steady = std::max(steady, slot + stage.p2p_steady_seconds);
     blocking = std::max(blocking, slot + stage.p2p_blocking_seconds);
     once = std::max(

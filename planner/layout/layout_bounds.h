@@ -27,9 +27,8 @@ struct LayoutBound {
 
 // A stage's microbatch slot can be no shorter than its least compute: the embedding, LM head
 // and loss, the once-per-step exposed collectives less the gradient reduction and optimizer
-// copies the pipeline adds once, and each layer's cheapest option (AllOptions with
-// `chunk_counts`).
-double SlotLowerBound(const StepCost& step, const std::vector<int>& chunk_counts);
+// copies the pipeline adds once, and each layer's cheapest option (keep, in one chunk).
+double SlotLowerBound(const StepCost& step);
 
 // The bound of `run` (valid: ValidateRun and ValidatePipeline pass) from the step costs of the
 // stages BoundStages names.

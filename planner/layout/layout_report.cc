@@ -19,7 +19,7 @@ constexpr const char* kRow = "%5s  %-34s %10s %10s %10s %12s %10s %10s  %s\n";
 std::string Row(const std::string& rank, const LayoutOutcome& o) {
   return absl::StrFormat(kRow, rank, LayoutName(o.layout), FormatBytes(o.peak_bytes),
                          FormatBytes(o.host_bytes), FormatSeconds(o.step_seconds),
-                         absl::StrFormat("%.4g", o.tokens_per_second),
+                         absl::StrFormat("%.0f", o.tokens_per_second),
                          FormatSeconds(o.comm_seconds), FormatSeconds(o.bubble_seconds), o.binding);
 }
 
@@ -60,7 +60,8 @@ std::string RenderLayoutSearch(const LayoutSearchRequest& q, const LayoutSearchR
   for (size_t k = 0; k < r.rank_also_rank.size(); ++k) {
     const int rank = r.rank_also_rank[k];
     if (rank > r.top) {
-      absl::StrAppend(&out, Row(absl::StrCat(rank), r.ranked[rank - 1]));
+      const bool exact = r.rank_also_rank_max[k] == rank;
+      absl::StrAppend(&out, Row(absl::StrCat(rank, exact ? "" : "+"), r.ranked[rank - 1]));
       rows.push_back(rank - 1);
     }
   }
@@ -72,8 +73,12 @@ std::string RenderLayoutSearch(const LayoutSearchRequest& q, const LayoutSearchR
       absl::StrAppend(&out, "\n", text, ": no valid layout of it fits (see the pruned lines)\n");
       continue;
     }
-    absl::StrAppend(&out, "\n", text, ": rank ", rank, " of ", r.ranked.size(), " fitting (",
-                    LayoutName(r.ranked[rank - 1].layout), ")");
+    const int most = r.rank_also_rank_max[k];
+    absl::StrAppend(&out, "\n", text, ": ", LayoutName(r.ranked[rank - 1].layout), ", rank ",
+                    most > rank ? absl::StrCat(rank, " to ", most, " (", most - rank,
+                                               " layouts never planned might beat it; "
+                                               "--exact-rank plans them)")
+                                : absl::StrCat(rank, " (exact)"));
     if (rank > 1) {
       absl::StrAppend(&out, ", gap to the best ", ExplainGap(r.ranked[rank - 1], r.ranked[0]));
     }
@@ -81,8 +86,18 @@ std::string RenderLayoutSearch(const LayoutSearchRequest& q, const LayoutSearchR
   }
   if (!r.pruned.empty()) {
     std::vector<PrunedFamily> pruned = r.pruned;
-    std::stable_sort(pruned.begin(), pruned.end(),
-                     [](const auto& a, const auto& b) { return a.layouts > b.layouts; });
+    // What memory rules out first (the families a user would otherwise try), then the rules.
+    auto order = [](const std::string& kind) {
+      return kind == "fixed memory"   ? 0
+             : kind == "host memory"  ? 1
+             : kind == "does not fit" ? 2
+             : kind == "search rule"  ? 3
+                                      : 4;
+    };
+    std::stable_sort(pruned.begin(), pruned.end(), [&](const auto& a, const auto& b) {
+      return order(a.kind) < order(b.kind) ||
+             (order(a.kind) == order(b.kind) && a.layouts > b.layouts);
+    });
     std::map<std::string, int64_t> kinds;
     for (const PrunedFamily& f : pruned) kinds[f.kind] += f.layouts;
     std::vector<std::string> totals;

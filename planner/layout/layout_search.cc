@@ -72,10 +72,12 @@ struct Pruning {
   std::map<std::string, size_t> where;  // family and kind -> index in families
   std::vector<PrunedFamily> families;
   void Add(const std::string& kind, const std::string& reason, const Layout& layout) {
-    // Divisibility errors name their flag first ("--ep is 16; ..."): one line per flag.
-    const std::string what = kind == "divisibility" ? reason.substr(0, reason.find(' ')) : kind;
-    auto [it, inserted] =
-        where.emplace(absl::StrCat(FamilyName(layout), "|", what), families.size());
+    // Divisibility errors name their flag first ("--ep is 16; ..."): one line per flag; a
+    // search rule one per rule and size; the memory kinds one per family.
+    const std::string key = kind == "divisibility"  ? reason.substr(0, reason.find(' '))
+                            : kind == "search rule" ? reason
+                                                    : absl::StrCat(FamilyName(layout), "|", kind);
+    auto [it, inserted] = where.emplace(absl::StrCat(kind, "|", key), families.size());
     if (inserted) families.push_back({kind, reason, 0, LayoutName(layout)});
     ++families[it->second].layouts;
   }
@@ -255,6 +257,8 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& q) {
       }
       for (int cp : Divisors(gpus / tp)) {
         family.cp = cp;
+        family.pp = 1;
+        family.ep = 1;
         if (cp > 1 && seq % (2 * static_cast<uint64_t>(cp)) != 0) {
           pruning.Add("search rule",
                       absl::StrCat("CP ", cp, ": ", seq,
@@ -337,43 +341,19 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& q) {
     return a.bound < b.bound || (a.bound == b.bound && a.index < b.index);
   });
 
-  // Plan in bound order until nothing left can enter the table or beat a ranked pattern.
+  // Plan in bound order until nothing left can enter the table.
   constexpr double kInf = std::numeric_limits<double>::infinity();
   std::vector<std::pair<LayoutOutcome, int64_t>> fitting;  // with its enumeration index
   std::vector<double> steps;                               // fitting steps, kept sorted
-  const size_t patterns = q.rank_also.size();
-  std::vector<int64_t> pattern_left(patterns, 0);
-  std::vector<double> pattern_best(patterns, kInf);
-  for (const Candidate& c : open) {
-    for (size_t k = 0; k < patterns; ++k) pattern_left[k] += q.rank_also[k].Matches(c.layout);
-  }
-  auto threshold = [&]() {
-    if (q.exhaustive) return kInf;
-    double t = steps.size() >= static_cast<size_t>(std::max(1, q.top))
-                   ? steps[static_cast<size_t>(std::max(1, q.top)) - 1]
-                   : kInf;
-    if (t == kInf) return kInf;
-    for (size_t k = 0; k < patterns; ++k) {
-      if (pattern_left[k] > 0) {
-        // Its best match is not known yet: it bounds the search once found (below).
-        t = std::max(t, pattern_best[k] == kInf ? kInf : pattern_best[k]);
-      } else if (pattern_best[k] < kInf) {
-        t = std::max(t, pattern_best[k]);
-      }
-    }
-    return t;
-  };
-  for (const Candidate& c : open) {
-    if (c.bound > threshold()) {
-      ++out.bounded_out;
-      continue;
-    }
+  std::vector<char> planned(open.size(), 0);
+  auto plan = [&](size_t i) -> const LayoutOutcome* {
+    const Candidate& c = open[i];
+    planned[i] = 1;
     absl::StatusOr<PipelineResult> pipeline =
         PlanPipeline(q.model, q.hardware, ApplyLayout(q.base, c.layout), q.options);
-    for (size_t k = 0; k < patterns; ++k) pattern_left[k] -= q.rank_also[k].Matches(c.layout);
     if (!pipeline.ok()) {
       pruning.Add("divisibility", std::string(pipeline.status().message()), c.layout);
-      continue;
+      return nullptr;
     }
     ++out.planned;
     out.stage_plans += static_cast<int64_t>(pipeline->stages.size());
@@ -381,16 +361,44 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& q) {
     o.bound_seconds = c.bound;
     if (!o.feasible) {
       pruning.Add("does not fit", absl::StrCat("planned, does not fit: ", o.binding), c.layout);
-      continue;
-    }
-    for (size_t k = 0; k < patterns; ++k) {
-      if (q.rank_also[k].Matches(c.layout)) {
-        pattern_best[k] = std::min(pattern_best[k], o.step_seconds);
-      }
+      return nullptr;
     }
     steps.insert(std::upper_bound(steps.begin(), steps.end(), o.step_seconds), o.step_seconds);
     fitting.emplace_back(std::move(o), c.index);
+    return &fitting.back().first;
+  };
+  const size_t top = static_cast<size_t>(std::max(1, q.top));
+  for (size_t i = 0; i < open.size(); ++i) {
+    if (!q.exhaustive && steps.size() >= top && open[i].bound > steps[top - 1]) break;
+    plan(i);
   }
+  // Each pattern's best match: its layouts in bound order until the next bound exceeds the
+  // fastest found. Then, with exact_rank, every layout that might beat it.
+  const size_t patterns = q.rank_also.size();
+  std::vector<double> pattern_best(patterns, kInf);
+  for (size_t k = 0; k < patterns; ++k) {
+    for (const auto& [o, index] : fitting) {
+      if (q.rank_also[k].Matches(o.layout))
+        pattern_best[k] = std::min(pattern_best[k], o.step_seconds);
+    }
+    for (size_t i = 0; i < open.size(); ++i) {
+      if (planned[i] || !q.rank_also[k].Matches(open[i].layout)) continue;
+      if (open[i].bound > pattern_best[k]) break;
+      if (const LayoutOutcome* o = plan(i); o != nullptr) {
+        pattern_best[k] = std::min(pattern_best[k], o->step_seconds);
+      }
+    }
+  }
+  double rank_reach = 0;  // the slowest pattern's best step
+  for (double best : pattern_best) {
+    if (best < kInf) rank_reach = std::max(rank_reach, best);
+  }
+  if (q.exact_rank) {
+    for (size_t i = 0; i < open.size() && open[i].bound <= rank_reach; ++i) {
+      if (!planned[i]) plan(i);
+    }
+  }
+  for (char p : planned) out.bounded_out += p ? 0 : 1;
   std::stable_sort(fitting.begin(), fitting.end(), [](const auto& a, const auto& b) {
     return a.first.step_seconds < b.first.step_seconds ||
            (a.first.step_seconds == b.first.step_seconds && a.second < b.second);
@@ -407,7 +415,13 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& q) {
         break;
       }
     }
+    // Layouts never planned whose bound is below its step might still rank above it.
+    int unsure = 0;
+    for (size_t i = 0; i < open.size() && rank > 0; ++i) {
+      if (!planned[i] && open[i].bound < best.step_seconds) ++unsure;
+    }
     out.rank_also_rank.push_back(rank);
+    out.rank_also_rank_max.push_back(rank + unsure);
     out.rank_also_outcome.push_back(std::move(best));
   }
   out.pruned = std::move(pruning.families);

@@ -69,6 +69,9 @@ struct LayoutSearchRequest {
   int max_micro_batch = 8;  // sequences per micro-batch tried
   // Layouts ranked exactly wherever they fall (the best match of each).
   std::vector<LayoutPattern> rank_also;
+  // Plan every layout that might rank above a rank_also layout, so that its rank is exact (else
+  // a range: LayoutSearchResult::rank_also_rank_max).
+  bool exact_rank = false;
   // Plan every valid layout, pruned or not (the tests' reference).
   bool exhaustive = false;
 };
@@ -106,8 +109,12 @@ struct LayoutSearchResult {
   // Where the top list ends: no layout left unplanned can beat ranked[top - 1] (or any, when
   // fewer fit). ranked may hold more (the rank_also layouts and what beat them).
   int top = 0;
-  // rank_also[k]'s best match: its 1-based rank in ranked (exact), 0 when none is valid or fits.
+  // rank_also[k]'s best match: its 1-based rank in ranked, 0 when none is valid or fits; its
+  // rank in the full enumeration lies in [rank_also_rank, rank_also_rank_max] (equal: exact),
+  // the layouts between never planned because their bounds are below its step but above the
+  // table's (LayoutSearchRequest::exact_rank plans them).
   std::vector<int> rank_also_rank;
+  std::vector<int> rank_also_rank_max;
   std::vector<LayoutOutcome> rank_also_outcome;
   std::vector<PrunedFamily> pruned;  // invalid, fixed memory, host memory, planned without fit
   int64_t layouts = 0;               // enumerated

@@ -177,6 +177,9 @@ TEST(SearchLayouts, RanksAPatternWhereverItFalls) {
   LayoutSearchRequest q = SmallMoe(70 * kGiB);
   q.top = 1;
   q.rank_also = {*ParseLayoutPattern("tp=1,cp=1,ep=16,pp=1,mb=1")};
+  auto ranged = SearchLayouts(q);
+  ASSERT_TRUE(ranged.ok());
+  q.exact_rank = true;
   auto searched = SearchLayouts(q);
   ASSERT_TRUE(searched.ok());
   q.exhaustive = true;
@@ -184,7 +187,15 @@ TEST(SearchLayouts, RanksAPatternWhereverItFalls) {
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(searched->rank_also_rank.size(), 1u);
   EXPECT_EQ(searched->rank_also_rank[0], all->rank_also_rank[0]);
+  EXPECT_EQ(searched->rank_also_rank_max[0], searched->rank_also_rank[0]);
   ASSERT_GT(searched->rank_also_rank[0], 1);
+  // Without exact_rank: the same layout and step, its rank a range around the exact one, from
+  // fewer plans.
+  EXPECT_EQ(ranged->rank_also_outcome[0].layout, searched->rank_also_outcome[0].layout);
+  EXPECT_EQ(ranged->rank_also_outcome[0].step_seconds, searched->rank_also_outcome[0].step_seconds);
+  EXPECT_LE(ranged->rank_also_rank[0], searched->rank_also_rank[0]);
+  EXPECT_GE(ranged->rank_also_rank_max[0], searched->rank_also_rank[0]);
+  EXPECT_LT(ranged->planned, searched->planned);
   const std::string text = RenderLayoutSearch(q, *searched, {});
   EXPECT_THAT(text, HasSubstr("gap to the best"));
   EXPECT_THAT(text, HasSubstr("decides:"));
