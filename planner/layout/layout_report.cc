@@ -14,13 +14,16 @@
 namespace stowage::planner {
 namespace {
 
-constexpr const char* kRow = "%5s  %-34s %10s %10s %10s %12s %10s %10s  %s\n";
+constexpr const char* kRow = "%5s  %-36s %10s %10s %10s %12s %10s %10s  %s\n";
 
-std::string Row(const std::string& rank, const LayoutOutcome& o) {
-  return absl::StrFormat(kRow, rank, LayoutName(o.layout), FormatBytes(o.peak_bytes),
-                         FormatBytes(o.host_bytes), FormatSeconds(o.step_seconds),
-                         absl::StrFormat("%.0f", o.tokens_per_second),
-                         FormatSeconds(o.comm_seconds), FormatSeconds(o.bubble_seconds), o.binding);
+// With several GPU counts searched, each row names its own.
+std::string Row(const std::string& rank, const LayoutOutcome& o, bool gpus) {
+  return absl::StrFormat(
+      kRow, rank,
+      absl::StrCat(gpus ? absl::StrCat(o.layout.gpus, " GPUs ") : "", LayoutName(o.layout)),
+      FormatBytes(o.peak_bytes), FormatBytes(o.host_bytes), FormatSeconds(o.step_seconds),
+      absl::StrFormat("%.0f", o.tokens_per_second), FormatSeconds(o.comm_seconds),
+      FormatSeconds(o.bubble_seconds), o.binding);
 }
 
 }  // namespace
@@ -54,14 +57,16 @@ std::string RenderLayoutSearch(const LayoutSearchRequest& q, const LayoutSearchR
       r.layouts, r.valid, r.planned, r.stage_plans, r.bounded_out);
   absl::StrAppend(&out, absl::StrFormat(kRow, "rank", "layout", "peak", "host/GPU", "step",
                                         "tokens/s", "comm", "bubble", "binds"));
+  const bool gpus = q.gpu_counts.size() > 1;
   std::vector<int> rows;
   for (int i = 0; i < r.top; ++i) rows.push_back(i);
-  for (int i = 0; i < r.top; ++i) absl::StrAppend(&out, Row(absl::StrCat(i + 1), r.ranked[i]));
+  for (int i = 0; i < r.top; ++i)
+    absl::StrAppend(&out, Row(absl::StrCat(i + 1), r.ranked[i], gpus));
   for (size_t k = 0; k < r.rank_also_rank.size(); ++k) {
     const int rank = r.rank_also_rank[k];
     if (rank > r.top) {
       const bool exact = r.rank_also_rank_max[k] == rank;
-      absl::StrAppend(&out, Row(absl::StrCat(rank, exact ? "" : "+"), r.ranked[rank - 1]));
+      absl::StrAppend(&out, Row(absl::StrCat(rank, exact ? "" : "+"), r.ranked[rank - 1], gpus));
       rows.push_back(rank - 1);
     }
   }
