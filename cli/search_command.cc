@@ -209,6 +209,12 @@ absl::StatusOr<SearchInputs> ReadSearchInputs(const cli::FlagParser& flags) {
   if (!max_mb.ok()) return max_mb.status();
   q.max_micro_batch = static_cast<int>(*max_mb);
   q.allow_tp_outside_nvlink = flags.GetBool("allow-tp-outside-nvlink");
+  // Under hf the layouts are torch's data-parallel engines: DDP, DDP + ZeroRedundancyOptimizer,
+  // FSDP2 without and with resharding after forward, unless --sharding names one.
+  if (q.base.framework == planner::Framework::kHf && !flags.Has("sharding")) {
+    q.shardings = {planner::Sharding::kNoShard, planner::Sharding::kOptim,
+                   planner::Sharding::kOptimGrads, planner::Sharding::kOptimGradsParams};
+  }
   q.exhaustive = flags.GetBool("exhaustive");
   q.exact_rank = flags.GetBool("exact-rank");
   if (auto rank = flags.Get("rank"); rank.has_value()) {

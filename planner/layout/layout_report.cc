@@ -108,7 +108,9 @@ std::string RenderLayoutSearch(const LayoutSearchRequest& q, const LayoutSearchR
     std::vector<std::string> totals;
     for (const auto& [kind, count] : kinds) totals.push_back(absl::StrCat(kind, " ", count));
     absl::StrAppend(&out, "\npruned: ", absl::StrJoin(totals, ", "),
-                    " (a search rule's count is of families, not enumerated further)\n");
+                    kinds.count("search rule") > 0
+                        ? " (a search rule's count is of families, not enumerated further)\n"
+                        : "\n");
     absl::StrAppend(&out, "  layouts  one of them: why\n");
     int64_t rest = 0, rest_lines = 0;
     for (size_t i = 0; i < pruned.size(); ++i) {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
-#include <numeric>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -21,10 +21,12 @@ namespace stowage::planner {
 //  - The layouts. For each GPU count: TP, CP and PP each a divisor of what the others leave
 //    (Megatron-Core's grid is tp x cp x dp x pp), EP a divisor of one stage's GPUs (1 for a
 //    dense model), VPP 1 to max_vpp with pp x vpp virtual stages of at least one layer each
-//    (interleaved schedule when vpp > 1, 1F1B otherwise), micro-batch 1 to max_micro_batch and
-//    both rank orders when pp > 1; the microbatches per step follow from the global batch
-//    (global / (micro-batch x dp), a whole number). Where the layers do not divide evenly over
-//    the virtual stages the layout carries a derived --pp-layout (Note [Derived pipeline
+//    (interleaved schedule when vpp > 1, 1F1B otherwise), micro-batch 1 to max_micro_batch,
+//    both rank orders when pp > 1 and each data-parallel sharding asked for (`stowage search`
+//    asks for all four under --framework hf: torch's DDP, ZeRO, FSDP2 with and without
+//    resharding, unless --sharding names one); the microbatches per step follow from the global
+//    batch (global / (micro-batch x dp), a whole number). Where the layers do not divide evenly
+//    over the virtual stages the layout carries a derived --pp-layout (Note [Derived pipeline
 //    layout]).
 //  - Which are valid is the single-plan path's own rule: ValidateRun and ValidatePipeline, the
 //    checks `stowage plan` runs (planner/cost/run_settings.h, pipeline_layout.h). The search adds
@@ -119,6 +121,7 @@ std::string LayoutName(const Layout& l) {
   if (l.vpp > 1) absl::StrAppend(&name, " VPP ", l.vpp);
   absl::StrAppend(&name, " MB ", l.micro_batch);
   if (l.pp > 1 && l.rank_order == RankOrder::kTpCpEpPpDp) absl::StrAppend(&name, " pp-dp");
+  if (l.sharding.has_value()) absl::StrAppend(&name, " ", ShardingName(*l.sharding));
   return name;
 }
 
@@ -130,6 +133,7 @@ std::string LayoutFlags(const Layout& l, uint64_t global_batch) {
   if (l.pp > 1 && l.rank_order != RankOrder::kTpCpEpDpPp) {
     absl::StrAppend(&flags, " --rank-order ", std::string(RankOrderName(l.rank_order)));
   }
+  if (l.sharding.has_value()) absl::StrAppend(&flags, " --sharding ", ShardingName(*l.sharding));
   if (!l.pp_layout.empty())
     absl::StrAppend(&flags, " --pp-layout ", absl::StrJoin(l.pp_layout, ","));
   return flags;
@@ -147,6 +151,7 @@ RunSettings ApplyLayout(RunSettings r, const Layout& l) {
   r.schedule = l.schedule;
   r.rank_order = l.rank_order;
   r.pp_layout = l.pp_layout;
+  if (l.sharding.has_value()) r.sharding = *l.sharding;
   r.account_for_embedding_in_pipeline_split = false;
   r.account_for_loss_in_pipeline_split = false;
   return r;
@@ -242,6 +247,12 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& q) {
   const bool moe = HasMoe(q.model);
   const uint64_t seq = q.base.seq_len;
   std::vector<Candidate> candidates;
+  // Each rank order with each data-parallel sharding searched (none: the base run's).
+  std::vector<std::pair<RankOrder, std::optional<Sharding>>> orders_and_shardings;
+  for (RankOrder order : {RankOrder::kTpCpEpDpPp, RankOrder::kTpCpEpPpDp}) {
+    if (q.shardings.empty()) orders_and_shardings.emplace_back(order, std::nullopt);
+    for (Sharding sharding : q.shardings) orders_and_shardings.emplace_back(order, sharding);
+  }
   for (int gpus : q.gpu_counts) {
     for (int tp : Divisors(gpus)) {
       Layout family;
@@ -275,12 +286,13 @@ absl::StatusOr<LayoutSearchResult> SearchLayouts(const LayoutSearchRequest& q) {
             family.ep = ep;
             for (int vpp = 1; vpp <= (pp > 1 ? q.max_vpp : 1) && pp * vpp <= layers; ++vpp) {
               for (int mb = 1; mb <= q.max_micro_batch; ++mb) {
-                for (RankOrder order : {RankOrder::kTpCpEpDpPp, RankOrder::kTpCpEpPpDp}) {
+                for (const auto& [order, sharding] : orders_and_shardings) {
                   if (pp == 1 && order != RankOrder::kTpCpEpDpPp) continue;
                   Layout l = family;
                   l.vpp = vpp;
                   l.micro_batch = mb;
                   l.rank_order = order;
+                  l.sharding = sharding;
                   l.schedule = vpp > 1 ? PipelineSchedule::kInterleaved : PipelineSchedule::k1F1B;
                   l.pp_layout = DerivedPpLayout(layers, pp * vpp);
                   ++out.layouts;

@@ -31,11 +31,14 @@ struct Layout {
   // Layers per (virtual) stage where Megatron's even split does not divide them (DerivedPpLayout);
   // empty: the even split.
   std::vector<int> pp_layout;
+  // The data-parallel sharding where the search chooses it (LayoutSearchRequest::shardings);
+  // else the base run's.
+  std::optional<Sharding> sharding;
   friend bool operator==(const Layout&, const Layout&) = default;
 };
 
-// "TP 1 CP 8 EP 8 PP 1 MB 1", with "VPP 2" (interleaved) and "pp-dp" (rank order tp-cp-ep-pp-dp)
-// where they apply.
+// "TP 1 CP 8 EP 8 PP 1 MB 1", with "VPP 2" (interleaved), "pp-dp" (rank order tp-cp-ep-pp-dp)
+// and the sharding where they apply.
 std::string LayoutName(const Layout& layout);
 // The `stowage plan` flags that set the layout (with --global-batch for its microbatches).
 std::string LayoutFlags(const Layout& layout, uint64_t global_batch);
@@ -67,6 +70,8 @@ struct LayoutSearchRequest {
   bool allow_tp_outside_nvlink = false;
   int max_vpp = 4;          // model chunks per stage tried (interleaved schedule)
   int max_micro_batch = 8;  // sequences per micro-batch tried
+  // Data-parallel shardings tried; empty: the base run's alone.
+  std::vector<Sharding> shardings;
   // Layouts ranked exactly wherever they fall (the best match of each).
   std::vector<LayoutPattern> rank_also;
   // Plan every layout that might rank above a rank_also layout, so that its rank is exact (else

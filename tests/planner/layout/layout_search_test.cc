@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/bytes.h"
 #include "planner/cost/pipeline_layout.h"
 #include "planner/hardware/hardware.h"
@@ -199,6 +200,32 @@ TEST(SearchLayouts, RanksAPatternWhereverItFalls) {
   const std::string text = RenderLayoutSearch(q, *searched, {});
   EXPECT_THAT(text, HasSubstr("gap to the best"));
   EXPECT_THAT(text, HasSubstr("decides:"));
+}
+
+// Under hf the layouts are torch's data-parallel engines (DDP, ZeRO, FSDP2), each planned.
+TEST(SearchLayouts, ChoosesTheShardingUnderHf) {
+  LayoutSearchRequest q;
+  q.model = Cut("llama-3.1-8b", 4);
+  q.hardware = *HardwarePreset("h100");
+  q.base = DefaultRunSettings(Framework::kHf, q.model);
+  q.base.seq_len = 8192;
+  q.gpu_counts = {8};
+  q.global_batch = 8;
+  q.options.gpu_budget_bytes = 40 * kGiB;
+  q.options.host_budget_bytes = q.hardware.DefaultHostBudgetPerGpu();
+  q.shardings = {Sharding::kNoShard, Sharding::kOptim, Sharding::kOptimGrads,
+                 Sharding::kOptimGradsParams};
+  q.top = 2;
+  ExpectSearchEqualsEnumeration(q);
+  auto searched = SearchLayouts(q);
+  ASSERT_TRUE(searched.ok());
+  ASSERT_FALSE(searched->ranked.empty());
+  const Layout& best = searched->ranked[0].layout;
+  ASSERT_TRUE(best.sharding.has_value());
+  EXPECT_EQ(best.tp, 1);  // transformers eager: no tensor or context parallelism
+  EXPECT_EQ(best.cp, 1);
+  EXPECT_THAT(LayoutFlags(best, q.global_batch),
+              HasSubstr(absl::StrCat("--sharding ", ShardingName(*best.sharding))));
 }
 
 TEST(SearchLayouts, SaysWhyFamiliesArePruned) {
