@@ -26,15 +26,15 @@ namespace stowage::planner {
 //    asks for all four under --framework hf: torch's DDP, ZeRO, FSDP2 with and without
 //    resharding, unless --sharding names one); the microbatches per step follow from the global
 //    batch (global / (micro-batch x dp), a whole number). Where the layers do not divide evenly
-//    over the virtual stages the layout carries a derived --pp-layout (Note [Derived pipeline
-//    layout]).
+//    over the virtual stages the layout carries a derived --pp-layout
+//    (Note [Derived pipeline layout]).
 //  - Which are valid is the single-plan path's own rule: ValidateRun and ValidatePipeline, the
 //    checks `stowage plan` runs (planner/cost/run_settings.h, pipeline_layout.h). The search adds
 //    only what it chooses not to try: TP beyond one NVLink domain (tensor parallelism's
 //    per-layer collectives across the network; allowed with allow_tp_outside_nvlink), and CP that
 //    does not split each sequence into 2 x cp equal chunks (Megatron-Core's load-balanced
 //    "zigzag" context parallelism gives rank r chunks r and 2cp - 1 - r:
-//    megatron/core/utils.py get_batch_on_this_cp_rank, v0.12).
+//    Megatron-LM megatron/training/utils.py get_batch_on_this_cp_rank).
 //  - Bounds first (Note [Layout bounds] in layout_bounds.cc): every valid layout gets its
 //    fixed-memory check and its compute-only step-time bound from the step costs of a few of
 //    its stages. Those that fail the first are pruned with the reason; the rest are planned
