@@ -13,6 +13,7 @@ inline constexpr int kExitUnavailable = 3;
 
 // argv[0] is the subcommand name; flags follow.
 int RunPlanCommand(int argc, char** argv);         // plan_command.cc
+int RunSearchCommand(int argc, char** argv);       // search_command.cc
 int RunCalibrateCommand(int argc, char** argv);    // calibrate_command.cc
 int RunBenchCommand(int argc, char** argv);        // bench_command.cc
 int RunDemoRuntimeCommand(int argc, char** argv);  // demo_runtime_command.cc

@@ -16,8 +16,10 @@ constexpr char kUsage[] =
     "commands:\n"
     "  plan           choose keep/recompute/offload per layer within the GPU and host budgets\n"
     "                 (no flags: GLM-5.3-Flash, 1M tokens, B200, CP 8, EP 8)\n"
+    "  search         rank every parallel layout (TP, CP, EP, PP, VPP, micro-batch) by step time\n"
     "  calibrate      measure this machine's copy bandwidth and pinning rate; write a profile\n"
     "  bench plan     planning time for the reference model and for deep models\n"
+    "  bench search   the layout search on three published jobs\n"
     "  bench offload  run the offload engine on a synthetic reference-shaped plan\n"
     "  demo-runtime   run the host backend through a plan with the metrics endpoint up\n"
     "  version        print the version\n"
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (command == "plan") return RunPlanCommand(argc - 1, argv + 1);
+  if (command == "search") return RunSearchCommand(argc - 1, argv + 1);
   if (command == "calibrate") return RunCalibrateCommand(argc - 1, argv + 1);
   if (command == "bench") return RunBenchCommand(argc - 1, argv + 1);
   if (command == "demo-runtime") return RunDemoRuntimeCommand(argc - 1, argv + 1);

@@ -256,6 +256,36 @@ HardwareProfile H800() {
   return p;
 }
 
+// H100 SXM5, datasheet values (NVIDIA H100 Tensor Core GPU datasheet, SXM column: 80 GB HBM3 at
+// 3.35 TB/s, 989 TFLOP/s dense BF16 (1,979 with sparsity), 67 TFLOP/s FP32, NVLink 900 GB/s both
+// directions together: 18 links x 25 GB/s per direction). The node is the HGX H100 8-GPU board
+// (NVSwitch, one 400 Gb/s ConnectX-7 NIC per GPU: HgxTopology), as Llama 3 trained on (Llama 3
+// paper, arXiv 2407.21783, section 3.3.1: 8 GPUs per server on NVLink, 400 Gbps per GPU across
+// servers). The host side is the DGX H100's (2 TiB, 2 sockets, 4 GPUs each); the host link is
+// PCIe Gen5 x16 with H200's measured rates (the same link), the pinning rate H200's measured one;
+// the op rates are hardware.h's defaults but for attention, H200's (the same SMs and clocks:
+// CudnnSm90Attention). The H800 below is this GPU with NVLink cut to 8 links.
+HardwareProfile H100() {
+  HardwareProfile p;
+  p.name = "h100";
+  p.source = "datasheet";
+  p.hbm_bytes = 81559ull * kMiB;  // 80 GB HBM3 as nvidia-smi reports an H100 SXM5
+  p.usable_fraction = 0.92;
+  p.hbm_bytes_per_second = 3.35e12;
+  p.dense_bf16_flops = 989e12;
+  p.dense_fp32_flops = 67e12;
+  CudnnSm90Attention(p);
+  p.d2h_bytes_per_second = 55.3e9;
+  p.h2d_bytes_per_second = 55.5e9;
+  p.bidir_d2h_bytes_per_second = 50.7e9;
+  p.bidir_h2d_bytes_per_second = 51.9e9;
+  p.pin_seconds_per_gib = 0.038;
+  p.host_bytes_per_numa_node = 1024 * kGiB;
+  p.gpus_per_numa_node = 4;
+  HgxTopology(p, 450e9);  // NVLink 4: 18 links x 25 GB/s per direction
+  return p;
+}
+
 // Datasheet values. The host link is PCIe Gen5 x16 (64 GB/s nominal per direction) derated by
 // the efficiency measured on H200 (55.4 / 64); the pinning rate is H200's measured one.
 HardwareProfile B200() {
@@ -388,13 +418,14 @@ double HardwareProfile::SharedHostLinkRate(double one_gpu_rate) const {
   return std::min(one_gpu_rate, host_link_bytes_per_second / gpus_per_host_link);
 }
 
-std::vector<std::string> HardwarePresetNames() { return {"h200", "h800", "b200", "gb200"}; }
+std::vector<std::string> HardwarePresetNames() { return {"h200", "h800", "b200", "gb200", "h100"}; }
 
 absl::StatusOr<HardwareProfile> HardwarePreset(std::string name) {
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return std::tolower(c); });
   if (name == "h200") return H200();
   if (name == "h800") return H800();
+  if (name == "h100") return H100();
   if (name == "b200") return B200();
   if (name == "gb200") return GB200();
   return absl::InvalidArgumentError(absl::StrCat(

@@ -1,6 +1,6 @@
 // Hardware profiles: what the planner needs to know about one GPU and the host it hangs off.
-// Presets for H200 (measured, see docs/hardware.md), H800, B200 and GB200 (datasheet values), or a
-// JSON profile file — the format `stowage calibrate` writes with HardwareProfileToJson.
+// Presets for H200 (measured, see docs/hardware.md), H100, H800, B200 and GB200 (datasheet values),
+// or a JSON profile file — the format `stowage calibrate` writes with HardwareProfileToJson.
 #ifndef STOWAGE_PLANNER_HARDWARE_H_
 #define STOWAGE_PLANNER_HARDWARE_H_
 
@@ -48,7 +48,7 @@ struct HardwareProfile {
   // the time one kernel costs however little it does.
   // Defaults (the presets', and a JSON profile's that omits a field): derived for H200 in
   // Note [Op rates] (hardware.cc), with elementwise_efficiency relative to a datasheet HBM rate;
-  // the flash shares are cuDNN's on H100 from the FlashAttention-3 paper, which the H200 and
+  // the flash shares are cuDNN's on H100 from the FlashAttention-3 paper, which the H200, H100 and
   // H800 presets replace with cuDNN 9.19's on H200 (Note [SDPA on sm90]).
   double gemm_efficiency = 746.0 / 989.0;
   // The share of dense_fp32_flops fp32 GEMMs reach (OpWork::fp32_gemm_flops): gemm_efficiency's
