@@ -745,12 +745,6 @@ def _saved_hooks(state: _StepState, layer_index: int, device: torch.device,
     return pack, unpack
 
 
-def checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) under torch.utils.checkpoint, non-reentrant, as every policy here
-    recomputes."""
-    return _checkpoint(fn, *args, **kwargs)
-
-
 @contextlib.contextmanager
 def checkpointed_submodules(i: int, layer: nn.Module, names: Iterable[str]) -> Iterator[None]:
     """Within the block, the forward of each submodule of `layer` named (a path for
@@ -800,4 +794,5 @@ def check_plan_matches(plan: Plan, layers: Sequence[nn.Module]) -> None:
 
 
 __all__ = ["PlannedLayer", "PlannedLayers", "ResidentMemory", "StaleTensorError",
-           "check_plan_matches", "checkpoint", "checkpointed_submodules", "offload_nbytes", "offloadable", "saved_key", "StowageError"]
+           "check_plan_matches", "checkpointed_submodules", "offload_nbytes",
+           "offloadable", "saved_key", "StowageError"]

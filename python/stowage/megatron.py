@@ -164,6 +164,14 @@ class _LayerCall(nn.Module):
         return self._forward(self.layer, x, *args, **kwargs)
 
 
+def _call_of(u: _Unit) -> _LayerCall:
+    """The _LayerCall of a planned layer, its class named as the layer's (what the plan's and
+    the wrapper's messages show)."""
+    cls = type(u.layer)
+    named = type(cls.__name__, (_LayerCall,), {"__qualname__": f"_LayerCall[{cls.__name__}]"})
+    return named(u.layer, cls.forward, keyword=u.mtp)
+
+
 class _Absent(nn.Module):
     """A layer of the plan that another pipeline stage runs."""
 
@@ -240,8 +248,7 @@ class MegatronLayers(PlannedLayers):
                  stage: int, pp: int, **runtime_options: Any):
         calls: list[nn.Module] = [_Absent(i) for i in range(len(plan.layers))]
         for u in units:
-            cls = type(u.layer)
-            calls[u.index] = _LayerCall(u.layer, cls.forward, keyword=u.mtp)
+            calls[u.index] = _call_of(u)
         if plan.offloads and pp > 1:
             runtime_options.setdefault("stage", stage)
         super().__init__(calls, plan, **runtime_options)
@@ -302,7 +309,16 @@ class MegatronLayers(PlannedLayers):
                         "the plan for this one")
                 self._forwards[u.chunk] = k + 1
                 state.enter_microbatch(k)
-        return self._run(u.index, x, args, kwargs)
+        try:
+            return self._run(u.index, x, args, kwargs)
+        except PlanError as e:
+            where = (f"MTP layer {u.index - _total_layers(self.chunks)}" if u.mtp
+                     else f"decoder layer_number {u.index + 1}")
+            raise PlanError(
+                f"stowage.megatron: {type(u.layer).__name__} {where} (plan layer {u.index}): "
+                f"{e}. A plan from `stowage plan --from-megatron` predicts the bytes of "
+                "TransformerEngine's layers; plan for these layers' own bytes with "
+                "stowage.megatron.profile(model, batch)") from None
 
     # -- selective recompute ------------------------------------------------------------------
     def checkpointed_submodules(self, i: int, layer: nn.Module,
@@ -513,7 +529,7 @@ def profile(model: Union[nn.Module, Sequence[nn.Module]], batch: Mapping[str, An
             x = kwargs.pop("hidden_states")
         else:
             x, args = args[0], args[1:]
-        calls = [_LayerCall(u.layer, type(u.layer).forward, keyword=mtp) for u in g]
+        calls = [_call_of(u) for u in g]
         p = profile_layers(calls, x.detach().requires_grad_(True), *args, repeats=repeats,
                            **kwargs)
         for lp, u in zip(p.layers, g):

@@ -4,7 +4,8 @@
     run_tests.py gpu [SUITE...]   test_*_gpu.py; exits 77 (CTest: skipped) when torch sees no CUDA
                                   device
 
-The suites live in folders by what they test (package/, measure/, cli/, bench/); the helpers they
+The suites live in folders by what they test (package/, measure/, cli/, bench/, and mcore/, run
+only when picked: `run_tests.py cpu mcore`); the helpers they
 share (support.py, plans.py, trace_event_format.py) are beside this file, which is on sys.path, so
 every suite imports them by name. SUITE picks some: a folder (`measure`), a file
 (`measure/test_hf_fit.py`) or a module name (`measure.test_hf_fit`). One suite also runs alone
@@ -22,6 +23,9 @@ import unittest
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Folders run only when picked: their suites have a CTest test of their own (mcore/: Megatron-Core
+# on several gloo ranks, minutes on CPU, under the torch 2.x Python that has megatron-core).
+PICKED_ONLY = ("mcore",)
 
 
 def suites(which: str, picked: list[str]) -> list[str]:
@@ -29,7 +33,8 @@ def suites(which: str, picked: list[str]) -> list[str]:
     the GPU ones or the others, of the folders, files or modules `picked` (all when empty)."""
     names = []
     for root, dirs, files in os.walk(HERE):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__"))
+                         and (picked or root != HERE or d not in PICKED_ONLY))
         for f in files:
             if f.startswith("test_") and f.endswith(".py") and f.endswith("_gpu.py") == (
                     which == "gpu"):

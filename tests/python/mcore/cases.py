@@ -16,6 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 HAVE_MEGATRON = (importlib.util.find_spec("megatron") is not None
                  and importlib.util.find_spec("megatron.core") is not None)
 skip_without_megatron = unittest.skipUnless(HAVE_MEGATRON, "needs megatron-core (torch 2.x)")
+# The GPTModel megatron_worker.py builds (its SEQ, VOCAB, HIDDEN and config()).
+WORKER_SHAPE = dict(seq=32, vocab=96, hidden=64, heads=4, kv_heads=2, ffn=128)
 
 
 def run(spec: dict, world: int = 1, timeout: int = 600) -> list:

@@ -1,16 +1,18 @@
 """One rank of a Megatron-Core GPTModel trained under Megatron's own schedule
 (get_forward_backward_func()) twice from the same weights and batches: unwrapped, and with
-stowage.megatron.wrap(model, plan). Prints, as JSON on its last line, per optimizer step whether
-the loss and every parameter gradient are bit-identical, and the bytes each planned layer sent to
-the host in each step (the runtime's trace) next to the plan's host_bytes.
+stowage.megatron.wrap(model, plan). Prints, as JSON on its last line, for each run and each
+optimizer step whether the loss and every parameter gradient are bit-identical, and the bytes
+each planned layer sent to the host (the runtime's trace) next to the plan's host_bytes.
 test_megatron_wrap.py and test_megatron_parallel.py run it in subprocesses (it patches torch.cuda
 for its process: measure/megatron_layers.py patch_for_cpu), one per rank:
 
     megatron_worker.py SPEC_JSON RANK WORLD STORE_DIR
 
-SPEC keys: moe, mtp (bools), policies (one per plan layer, or one for all), modules ({layer:
-[names]} for selective_recompute), tp, sp, pp, vpp, layers, microbatches, steps, misuse (a name
-from MISUSES: run that mistake and print its error instead).
+SPEC keys: cuda (run on GPU `rank`, NCCL, no CPU patches), bf16, moe, mtp (bools), policies (one per
+plan layer, or one for all), modules ({layer: [names]} for selective_recompute), tp, sp, pp, vpp,
+layers, microbatches, steps, plan (a one-stage plan to split into the pp stages), runs (a list
+of specs run one after another in this process, each over the keys above), emit_plan, misuse
+(a name from MISUSES: run that mistake and report its error instead).
 """
 
 from __future__ import annotations
@@ -29,24 +31,28 @@ sys.path.insert(0, os.path.join(HERE, ".."))  # package.test_microbatches: plans
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
 
 from megatron_layers import patch_for_cpu  # noqa: E402
+from mcore.cases import WORKER_SHAPE as SHAPE  # noqa: E402
 
-SEQ, VOCAB, HIDDEN = 32, 96, 64
+SEQ, VOCAB, HIDDEN = SHAPE["seq"], SHAPE["vocab"], SHAPE["hidden"]
 MISUSES = ("megatron_recompute", "outside_step", "other_model", "more_microbatches",
            "other_stage")
 
 
 def config(spec: dict):
     from megatron.core.transformer.transformer_config import TransformerConfig
-    kw = dict(num_layers=spec.get("layers", 2), hidden_size=HIDDEN, num_attention_heads=4,
-              num_query_groups=2, ffn_hidden_size=128, gated_linear_unit=True,
+    kw = dict(num_layers=spec.get("layers", 2), hidden_size=HIDDEN,
+              num_attention_heads=SHAPE["heads"], num_query_groups=SHAPE["kv_heads"],
+              ffn_hidden_size=SHAPE["ffn"], gated_linear_unit=True,
               activation_func=torch.nn.functional.silu, normalization="RMSNorm",
-              add_bias_linear=False, use_cpu_initialization=True, hidden_dropout=0.0,
+              add_bias_linear=False, hidden_dropout=0.0,
               attention_dropout=0.0, gradient_accumulation_fusion=False,
               bias_activation_fusion=True, apply_rope_fusion=False, masked_softmax_fusion=False,
-              params_dtype=torch.float32, tensor_model_parallel_size=spec.get("tp", 1),
+              params_dtype=torch.bfloat16 if spec.get("bf16") else torch.float32,
+              bf16=bool(spec.get("bf16")), use_cpu_initialization=not spec.get("cuda"),
+              tensor_model_parallel_size=spec.get("tp", 1),
               sequence_parallel=spec.get("sp", False),
               pipeline_model_parallel_size=spec.get("pp", 1),
-              pipeline_dtype=torch.float32)
+              pipeline_dtype=torch.bfloat16 if spec.get("bf16") else torch.float32)
     if spec.get("vpp", 1) > 1:
         kw["virtual_pipeline_model_parallel_size"] = spec["vpp"]
     if spec.get("moe"):
@@ -89,15 +95,15 @@ def build(spec: dict) -> list:
     return chunks
 
 
-def batches(n: int) -> list:
+def batches(n: int, device: str = "cpu") -> list:
     g = torch.Generator().manual_seed(7)
     out = []
     for _ in range(n):
         ids = torch.randint(0, VOCAB, (1, SEQ), generator=g)
-        out.append(dict(input_ids=ids, position_ids=torch.arange(SEQ)[None],
-                        attention_mask=torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool),
-                                                  1)[None, None],
-                        labels=torch.roll(ids, -1, 1)))
+        b = dict(input_ids=ids, position_ids=torch.arange(SEQ)[None],
+                 attention_mask=torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)[None, None],
+                 labels=torch.roll(ids, -1, 1))
+        out.append({k: v.to(device) for k, v in b.items()})
     return out
 
 
@@ -136,7 +142,7 @@ def run_step(chunks: list, data: list, spec: dict) -> list:
 
     vpp = len(chunks)
     iters = [iter(data) for _ in range(vpp)] if vpp > 1 else iter(data)
-    with CudaToCpu():
+    with contextlib.nullcontext() if spec.get("cuda") else CudaToCpu():
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iters,
             model=chunks if vpp > 1 else chunks[0], num_microbatches=len(data), seq_length=SEQ,
@@ -260,7 +266,7 @@ def one_run(spec: dict, rank: int) -> dict:
     import stowage
     import stowage.megatron as sm
     steps, m = spec.get("steps", 3), spec.get("microbatches", 1)
-    data = [batches(m) for _ in range(steps)]
+    data = [batches(m, "cuda" if spec.get("cuda") else "cpu") for _ in range(steps)]
     result: dict = {"rank": rank}
     ref = build(spec)
     misuse = spec.get("misuse")
@@ -296,8 +302,14 @@ def one_run(spec: dict, rank: int) -> dict:
         opt_ref.zero_grad(set_to_none=True)
         opt_mine.zero_grad(set_to_none=True)
         want = run_step(ref, data[s], spec)
-        with planned.step():
-            got = run_step(mine, data[s], spec)
+        try:
+            with planned.step():
+                got = run_step(mine, data[s], spec)
+        except Exception as e:  # noqa: BLE001  (a plan the layers do not fit: its message)
+            result["error"] = f"{type(e).__name__}: {e}"
+            planned.unwrap()
+            planned.close()
+            return result
         g_ref, g_mine = grads(ref), grads(mine)
         sent: dict = {}
         if rt is not None:
@@ -331,13 +343,18 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     spec = json.loads(sys.argv[1])
     rank, world, store_dir = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    patch_for_cpu()
-    # The pipeline schedules' p2p_communication.py _communicate synchronizes the device after its
-    # batch_isend_irecv: nothing to wait for on CPU, where gloo's waits have returned.
-    torch.cuda.synchronize = lambda *a, **k: None
+    cuda = bool(spec.get("cuda"))
+    if cuda:
+        torch.cuda.set_device(rank)
+    else:
+        patch_for_cpu()
+        # The pipeline schedules' p2p_communication.py _communicate synchronizes the device after
+        # its batch_isend_irecv: nothing to wait for on CPU, where gloo's waits have returned.
+        torch.cuda.synchronize = lambda *a, **k: None
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(store_dir, "store"), world),
+    dist.init_process_group("nccl" if cuda else "gloo",
+                            store=dist.FileStore(os.path.join(store_dir, "store"), world),
                             rank=rank, world_size=world)
     vpp = spec.get("vpp", 1)
     ps.initialize_model_parallel(spec.get("tp", 1), spec.get("pp", 1),

@@ -4,10 +4,17 @@ with and without an MTP layer, the loss and every parameter gradient over three 
 are bit-identical to the unwrapped model's, the state_dict keys are unchanged, and the bytes each
 layer sent to the host in each microbatch (the runtime's trace) equal the plan's host_bytes.
 Misuse: Megatron's recompute left on, a forward outside .step(), a plan for another model, more
-microbatches than the plan's -- each a clear error naming what to change."""
+microbatches than the plan's -- each a clear error naming what to change. A plan from `stowage plan
+--from-megatron ... --out plan.json` for the same job (bf16): offload_input runs bit-identical and
+moves the planned input bytes; offload_saved, whose host_bytes the planner predicts for
+TransformerEngine's layers, is refused at the layer that saves more, naming it."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import tempfile
 import unittest
 
 import support  # noqa: F401  (puts the package on sys.path)
@@ -56,6 +63,47 @@ class MegatronWrapTest(unittest.TestCase):
         self.assertIn("the plan has 3 layers but the model has 2 decoder layers", errors[2])
         self.assertIn("run.microbatches = 1", errors[3])
         self.assertIn("num_microbatches=1", errors[3])
+
+    @cases.skip_without_megatron
+    @unittest.skipUnless(os.environ.get("STOWAGE_CLI"), "needs the stowage CLI (STOWAGE_CLI)")
+    def test_plan_from_megatron_arguments(self):
+        w = cases.WORKER_SHAPE
+        config = dict(model_type="llama", hidden_size=w["hidden"], num_hidden_layers=2,
+                      num_attention_heads=w["heads"], num_key_value_heads=w["kv_heads"],
+                      head_dim=w["hidden"] // w["heads"], vocab_size=w["vocab"],
+                      max_position_embeddings=w["seq"], tie_word_embeddings=False,
+                      hidden_act="silu", intermediate_size=w["ffn"])
+        arguments = (f"--num-layers 2 --hidden-size {w['hidden']} --seq-length {w['seq']} "
+                     "--micro-batch-size 1 --global-batch-size 1 "
+                     "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --bf16\n")
+        plans = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(config, f)
+            with open(os.path.join(tmp, "args.txt"), "w") as f:
+                f.write(arguments)
+            for policy in ("offload_input", "offload_saved"):
+                out = os.path.join(tmp, f"{policy}.json")
+                done = subprocess.run(
+                    [os.environ["STOWAGE_CLI"], "plan", "--model", os.path.join(tmp, "config.json"),
+                     "--from-megatron", os.path.join(tmp, "args.txt"), "--hardware", "h200",
+                     "--gpus", "1", "--tp", "1", "--cp", "1", "--ep", "1", "--sharding",
+                     "no_shard", "--force", policy, "--out", out],
+                    capture_output=True, text=True, timeout=120)
+                self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+                with open(out) as f:
+                    plans[policy] = json.load(f)
+        runs = [{"bf16": True, "policies": [], "plan": plans[p]}
+                for p in ("offload_input", "offload_saved")]
+        results = cases.run({"runs": runs})[0]
+        self.assertEqual(plans["offload_input"]["layers"][0]["host_bytes"],
+                         w["seq"] * w["hidden"] * 2)  # the layer's bf16 input
+        cases.check(self, results[:1], runs[:1])
+        self.assertIn("TransformerLayer decoder layer_number 1 (plan layer 0): layer 0 "
+                      "(TransformerLayer, policy offload_saved) offloads", results[1]["error"])
+        self.assertIn("but the plan reserves layers[0].host_bytes = "
+                      f"{plans['offload_saved']['layers'][0]['host_bytes']}", results[1]["error"])
+        self.assertIn("stowage.megatron.profile(model, batch)", results[1]["error"])
 
 
 if __name__ == "__main__":
