@@ -55,7 +55,7 @@ from .agree import agree
 from .layers import PlannedLayers, checkpointed_submodules
 from .measure.layer_profile import ModelProfile
 from .measure.profile import profile_layers
-from .plan import Plan, PlanError
+from .plan import SELECTIVE_RECOMPUTE, Plan, PlanError
 from .runtime import PlanLike, Runtime, plan_json_text
 
 # Megatron's recompute words (TransformerConfig.recompute_modules) and the planner's
@@ -316,9 +316,9 @@ class MegatronLayers(PlannedLayers):
                      else f"decoder layer_number {u.index + 1}")
             raise PlanError(
                 f"stowage.megatron: {type(u.layer).__name__} {where} (plan layer {u.index}): "
-                f"{e}. A plan from `stowage plan --from-megatron` predicts the bytes of "
-                "TransformerEngine's layers; plan for these layers' own bytes with "
-                "stowage.megatron.profile(model, batch)") from None
+                f"{e}. (A plan from `stowage plan --from-megatron` predicts the bytes of "
+                "TransformerEngine's layers: plan for these layers' own bytes with "
+                "stowage.megatron.profile(model, batch))") from None
 
     # -- selective recompute ------------------------------------------------------------------
     def checkpointed_submodules(self, i: int, layer: nn.Module,
@@ -355,8 +355,11 @@ def _has(layer: nn.Module, path: str) -> bool:
     return type(m).__name__ != "IdentityOp"
 
 
-@contextlib.contextmanager
-def _megatron_recompute(i: int, layer: nn.Module, names: Sequence[str]) -> Iterator[None]:
+def recompute_targets(i: int, layer: nn.Module,
+                      names: Sequence[str]) -> tuple[list[str], list[nn.Module]]:
+    """What selective recompute of `names` reruns in plan layer i (Note [Megatron recompute
+    names]): the submodule paths checkpointed, and the MLPs whose activation is. A name the layer
+    has nothing for is a PlanError listing what is allowed."""
     paths: list[str] = []
     scopes: list[nn.Module] = []
     for name in names:
@@ -383,6 +386,12 @@ def _megatron_recompute(i: int, layer: nn.Module, names: Sequence[str]) -> Itera
                 f"({type(layer).__name__}) has no such module; allowed: Megatron's names ("
                 f"{allowed}, those the layer has) or a submodule path of the layer")
         paths.extend(p for p in found if p != "(activation)")
+    return paths, scopes
+
+
+@contextlib.contextmanager
+def _megatron_recompute(i: int, layer: nn.Module, names: Sequence[str]) -> Iterator[None]:
+    paths, scopes = recompute_targets(i, layer, names)
     with contextlib.ExitStack() as stack:
         stack.enter_context(checkpointed_submodules(i, layer, paths))
         if scopes:
@@ -474,6 +483,10 @@ def wrap(model: Union[nn.Module, Sequence[nn.Module]], plan: PlanLike, *,
         if "forward" in u.layer.__dict__:
             raise RuntimeError(f"stowage.megatron: layer {u.index} is wrapped already; call "
                                "unwrap() on the earlier handle first")
+    for u in units:  # selective recompute's names, before any step
+        lp = plan.layers[u.index]
+        if lp.policy == SELECTIVE_RECOMPUTE:
+            recompute_targets(u.index, _call_of(u), lp.recompute_modules)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         agree(plan, group)
     planned = MegatronLayers(chunks, plan, units, stage, pp, runtime=runtime, **runtime_options)
@@ -552,4 +565,4 @@ def profile(model: Union[nn.Module, Sequence[nn.Module]], batch: Mapping[str, An
 
 
 __all__ = ["ACTIVATION_SCOPES", "MegatronLayers", "RECOMPUTE_PATHS", "check_megatron_settings",
-           "profile", "wrap"]
+           "profile", "recompute_targets", "wrap"]

@@ -47,6 +47,7 @@ def check(test: unittest.TestCase, results: list, runs: list) -> None:
         with test.subTest(run=run, rank=r["rank"]):
             test.assertNotIn("error", r, r.get("error"))
             test.assertTrue(all(r["state_dict_keys_equal"]))
+            test.assertTrue(r.get("eval_equal", True), "a no_grad forward outside any step")
             want = {f"{i}.{k}": r["host_bytes"][i] for i in r["mine"] if r["host_bytes"][i]
                     for k in range(r["microbatches"])}
             for s, step in enumerate(r["steps"]):

@@ -35,7 +35,7 @@ from mcore.cases import WORKER_SHAPE as SHAPE  # noqa: E402
 
 SEQ, VOCAB, HIDDEN = SHAPE["seq"], SHAPE["vocab"], SHAPE["hidden"]
 MISUSES = ("megatron_recompute", "outside_step", "other_model", "more_microbatches",
-           "other_stage")
+           "other_stage", "unknown_module")
 
 
 def config(spec: dict):
@@ -278,6 +278,10 @@ def one_run(spec: dict, rank: int) -> dict:
         result["plan"] = plan.to_dict()
     if misuse == "other_stage":  # stage 0 given one layer more than Megatron gives it
         plan = stages_1f1b(stowage.Plan.from_dict(spec["plan"]), spec["pp"], m, shift=1)
+    if misuse == "unknown_module":
+        plan.layers[0].policy, plan.layers[0].host_bytes = "selective_recompute", 0
+        plan.layers[0].transfers, plan.layers[0].recompute_modules = [], ["core_attention"]
+        plan.layers[0].save_wait_before_layer = plan.layers[0].prefetch_after_layer = -1
     mine = build(spec)
     try:
         planned = sm.wrap(mine if len(mine) > 1 else mine[0], plan)
@@ -334,6 +338,9 @@ def one_run(spec: dict, rank: int) -> dict:
     result["policies"] = plan.policies()
     result["state_dict_keys_equal"] = [sorted(a.state_dict()) == sorted(b.state_dict())
                                        for a, b in zip(ref, mine)]
+    if len(ref) == 1 and ref[0].pre_process and ref[0].post_process:  # evaluation, no step
+        with torch.no_grad():
+            result["eval_equal"] = torch.equal(ref[0](**data[0][0]), mine[0](**data[0][0]))
     planned.unwrap()
     planned.close()
     return result

@@ -3,8 +3,10 @@ get_forward_backward_func() schedule): for every policy alone and for mixed plan
 with and without an MTP layer, the loss and every parameter gradient over three optimizer steps
 are bit-identical to the unwrapped model's, the state_dict keys are unchanged, and the bytes each
 layer sent to the host in each microbatch (the runtime's trace) equal the plan's host_bytes.
-Misuse: Megatron's recompute left on, a forward outside .step(), a plan for another model, more
-microbatches than the plan's -- each a clear error naming what to change. A plan from `stowage plan
+A no_grad forward outside any step (evaluation) equals the unwrapped model's. Misuse: Megatron's
+recompute left on, a forward outside .step(), a plan for another model, more microbatches than
+the plan's, a selective recompute name the layer has not -- each a clear error naming what to
+change. A plan from `stowage plan
 --from-megatron ... --out plan.json` for the same job (bf16): offload_input runs bit-identical and
 moves the planned input bytes; offload_saved, whose host_bytes the planner predicts for
 TransformerEngine's layers, is refused at the layer that saves more, naming it."""
@@ -55,7 +57,8 @@ class MegatronWrapTest(unittest.TestCase):
     @cases.skip_without_megatron
     def test_misuse(self):
         runs = [{"policies": ["offload_saved"], "misuse": m} for m in (
-            "megatron_recompute", "outside_step", "other_model", "more_microbatches")]
+            "megatron_recompute", "outside_step", "other_model", "more_microbatches",
+            "unknown_module")]
         errors = [r["error"] for r in cases.run({"runs": runs})[0]]
         self.assertIn("TransformerConfig.recompute_granularity is 'selective'", errors[0])
         self.assertIn("set recompute_granularity=None", errors[0])
@@ -63,6 +66,9 @@ class MegatronWrapTest(unittest.TestCase):
         self.assertIn("the plan has 3 layers but the model has 2 decoder layers", errors[2])
         self.assertIn("run.microbatches = 1", errors[3])
         self.assertIn("num_microbatches=1", errors[3])
+        self.assertIn("layers[0].recompute_modules names 'core_attention' but layer 0 "
+                      "(TransformerLayer) has no such module; allowed: Megatron's names "
+                      "(attn_core, core_attn, ffn_act, layernorm,", errors[4])
 
     @cases.skip_without_megatron
     @unittest.skipUnless(os.environ.get("STOWAGE_CLI"), "needs the stowage CLI (STOWAGE_CLI)")
