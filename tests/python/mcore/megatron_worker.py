@@ -35,7 +35,7 @@ from mcore.cases import WORKER_SHAPE as SHAPE  # noqa: E402
 
 SEQ, VOCAB, HIDDEN = SHAPE["seq"], SHAPE["vocab"], SHAPE["hidden"]
 MISUSES = ("megatron_recompute", "outside_step", "other_model", "more_microbatches",
-           "other_stage", "unknown_module")
+           "other_stage", "other_schedule", "unknown_module")
 
 
 def config(spec: dict):
@@ -278,6 +278,8 @@ def one_run(spec: dict, rank: int) -> dict:
         result["plan"] = plan.to_dict()
     if misuse == "other_stage":  # stage 0 given one layer more than Megatron gives it
         plan = stages_1f1b(stowage.Plan.from_dict(spec["plan"]), spec["pp"], m, shift=1)
+    if misuse == "other_schedule":  # a 1F1B plan for interleaved chunks
+        plan = stages_1f1b(stowage.Plan.from_dict(spec["plan"]), spec["pp"], m)
     if misuse == "unknown_module":
         plan.layers[0].policy, plan.layers[0].host_bytes = "selective_recompute", 0
         plan.layers[0].transfers, plan.layers[0].recompute_modules = [], ["core_attention"]

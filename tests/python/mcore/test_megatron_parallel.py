@@ -4,8 +4,10 @@ parallelism 2 under 1F1B, and 2 stages x 2 virtual chunks under the interleaved 
 every rank, loss and gradients are bit-identical to the unwrapped model's over two optimizer steps
 and each layer of the rank sends the plan's host_bytes per microbatch (under TP: the rank's
 shards). The pipeline plans are measured on the one-stage model and split into stages
-(package/test_microbatches.py pipelined). Sequence parallelism does not run on CPU: Megatron-Core
-0.16.1's local layer spec norms refuse it (transformer/torch_norm.py WrappedTorchNorm asserts
+(package/test_microbatches.py pipelined, or megatron_worker.py stages_1f1b for stages of several
+layers); a plan for another stage's layers or another schedule (1F1B's for interleaved chunks) is
+refused, naming both sides. Sequence parallelism does not run on CPU: Megatron-Core 0.16.1's
+local layer spec norms refuse it (transformer/torch_norm.py WrappedTorchNorm asserts
 `not config.sequence_parallel`; apex or TransformerEngine norms are needed), and MoE with TP
 requires it (moe/moe_layer.py), so TP runs the dense model."""
 
@@ -56,12 +58,15 @@ class MegatronParallelTest(unittest.TestCase):
         policies = ["offload_saved", "offload_input", "selective_recompute", "offload_saved"]
         modules = {"2": ["core_attn"]}
         plan = pipeline_plan(2, 2, policies, modules)
-        runs = [{"policies": policies, "modules": modules, "microbatches": 4}]
+        runs = [{"policies": policies, "modules": modules, "microbatches": 4},
+                {"policies": policies, "misuse": "other_schedule", "microbatches": 4}]
         ranks = cases.run({"pp": 2, "vpp": 2, "layers": 4, "steps": 2, "plan": plan,
                            "runs": runs}, world=2)
         self.assertEqual([r[0]["mine"] for r in ranks], [[0, 2], [1, 3]])
         for rank in ranks:
-            cases.check(self, rank, runs)
+            cases.check(self, rank[:1], runs[:1])
+            self.assertIn("the plan's run.vpp is 1 but this rank holds 2 model chunks",
+                          rank[1]["error"])
 
 
 if __name__ == "__main__":
