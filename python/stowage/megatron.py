@@ -203,7 +203,7 @@ def _parallel() -> tuple[int, int, int]:
 
 
 def _check_layout(plan: Plan, units: Sequence[_Unit], chunks: Sequence[nn.Module],
-                  pp: int, stage: int) -> None:
+                  pp: int, stage: int, tp: int) -> None:
     """The plan was made for this model and this rank's pipeline stage and chunks."""
     total = _total_layers(chunks) + _mtp_depths(chunks)
     if len(plan.layers) != total:
@@ -215,6 +215,11 @@ def _check_layout(plan: Plan, units: Sequence[_Unit], chunks: Sequence[nn.Module
     if plan.run.mtp_layers and plan.run.mtp_layers != _mtp_depths(chunks):
         raise PlanError(f"stowage.megatron: the plan's run.mtp_layers is {plan.run.mtp_layers} "
                         f"but the model's mtp_num_layers is {_mtp_depths(chunks)}")
+    if plan.run.tp > 1 and plan.run.tp != tp:  # a measured profile's plan says 1: the rank's
+        raise PlanError(
+            f"stowage.megatron: the plan's run.tp is {plan.run.tp} but Megatron runs tensor "
+            f"parallelism {tp} (parallel_state): its host_bytes are another shard's; make the "
+            "plan for this layout")
     if plan.run.pp != pp:
         raise PlanError(
             f"stowage.megatron: the plan's run.pp is {plan.run.pp} but Megatron runs {pp} "
@@ -330,8 +335,8 @@ class MegatronLayers(PlannedLayers):
     @contextlib.contextmanager
     def step(self) -> Iterator["MegatronLayers"]:
         """One optimizer step: every microbatch Megatron's schedule runs for it goes inside."""
-        self._forwards = {}
         with super().step():
+            self._forwards = {}
             yield self
             ran = {c: self._forwards.get(c, 0) for c in self._first_of_chunk}
             short = {c: n for c, n in ran.items() if 0 < n < self.plan.run.microbatches}
@@ -474,11 +479,11 @@ def wrap(model: Union[nn.Module, Sequence[nn.Module]], plan: PlanLike, *,
     if not isinstance(plan, Plan):
         plan = Plan.from_json(plan_json_text(plan))
     plan.validate()  # its own error here, before the ranks compare hashes
-    pp, stage, _ = _parallel()
+    pp, stage, tp = _parallel()
     units = _units(chunks, _total_layers(chunks))
     if not units:
         raise PlanError("stowage.megatron: the model has no TransformerLayer on this rank")
-    _check_layout(plan, units, chunks, pp, stage)
+    _check_layout(plan, units, chunks, pp, stage, tp)
     for u in units:
         if "forward" in u.layer.__dict__:
             raise RuntimeError(f"stowage.megatron: layer {u.index} is wrapped already; call "
