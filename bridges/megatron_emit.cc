@@ -66,6 +66,12 @@ std::string ModuleList(const std::vector<std::string>& modules) {
   return modules.empty() ? std::string("nothing") : absl::StrJoin(modules, ", ");
 }
 
+// What runs a plan Megatron's arguments cannot express: the Python module stowage.megatron wraps
+// the layers of a Megatron-Core model, each under its own policy, with Megatron's own recompute
+// and CPU offloading left off.
+constexpr char kStowageMegatron[] =
+    "stowage.megatron.wrap(model, plan) runs each TransformerLayer under its own policy";
+
 absl::Status MegatronCannotExpress(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(
       "--emit megatron cannot express this pipelined plan: ", where, " ", what,
@@ -73,8 +79,8 @@ absl::Status MegatronCannotExpress(const std::string& where, const std::string& 
       "every pipeline stage (megatron/core/recompute.py checkpointed_forward): --recompute-method "
       "block --recompute-num-layers K recomputes the first K layers of each chunk, uniform every "
       "layer, --recompute-granularity selective the same --recompute-modules in every layer. Run "
-      "this plan under the stowage runtime (its C ABI or Python layer carries per-layer choices; "
-      "write the plan with --out)"));
+      "this plan under the stowage runtime inside Megatron-Core: ",
+      kStowageMegatron, " (write the plan with --out)"));
 }
 
 // Note [Megatron under pipeline parallelism]: the one recompute setting every chunk of a
@@ -332,7 +338,7 @@ absl::StatusOr<MegatronArguments> EmitMegatronArguments(const Plan& plan, const 
           "activation offloading offloads chosen modules' inputs in every layer, not chosen "
           "layers, so ",
           Verb(offload_saved, "it is not offloaded: run it", "they are not offloaded: run them"),
-          " under the stowage runtime"));
+          " under the stowage runtime (stowage.megatron.wrap(model, plan))"));
     }
     return out;
   }
@@ -411,7 +417,7 @@ absl::StatusOr<MegatronArguments> EmitMegatronArguments(const Plan& plan, const 
           " saved activations (offload_saved); Megatron's CPU offloading takes only the first N "
           "layers (fewer than all) and is refused together with recompute, so ",
           Verb(offload_saved, "it is not offloaded: run it", "they are not offloaded: run them"),
-          " under the stowage runtime"));
+          " under the stowage runtime (stowage.megatron.wrap(model, plan))"));
     }
   }
   return out;
@@ -439,6 +445,14 @@ std::string RenderMegatronArguments(const Plan& plan, const MegatronArguments& a
   }
   for (const std::string& note : arguments.notes)
     absl::StrAppend(&out, "# not expressed: ", note, "\n");
+  if (!arguments.exact()) {
+    absl::StrAppend(&out,
+                    "# the layers' policies run exactly as planned with the Python module "
+                    "stowage.megatron: ",
+                    kStowageMegatron,
+                    " (write the plan with --out; leave out the recompute and CPU-offloading "
+                    "arguments above)\n");
+  }
   return out;
 }
 

@@ -1,6 +1,6 @@
 // A plan in the words of Megatron-LM, for a user who already runs it (`stowage plan --emit
 // megatron`): the arguments that carry the plan out as far as Megatron can express it, and, in
-// plain words, the per-layer choices it cannot (those need the stowage runtime). The torchtitan
+// plain words, the per-layer choices it cannot (those run under stowage.megatron). The torchtitan
 // counterpart is bridges/torchtitan_emit.h; reading a Megatron job is bridges/megatron_read.h.
 //
 // Note [Megatron expressiveness]. Megatron-LM (megatron/core/transformer/transformer_config.py,
@@ -53,7 +53,8 @@ struct MegatronArguments {
 // So a pipelined plan is expressed exactly when its recompute choices follow one of these on
 // every chunk; its offload choices become the notes they are without pipelining (recompute with
 // the input kept; keep). Otherwise EmitMegatronArguments refuses, naming the stage and the layer
-// that breaks the setting: such a plan needs the stowage runtime, which carries per-layer plans.
+// that breaks the setting: such a plan runs under the Python module stowage.megatron, which runs
+// each TransformerLayer under its own policy.
 // The split is --pipeline-model-parallel-size with --num-virtual-stages-per-pipeline-rank when
 // every virtual stage holds as many layers (Megatron's even split), else
 // --pipeline-model-parallel-layout (pipeline_parallel_layer_layout.py: "E", "t", "m", "L" per

@@ -7,7 +7,15 @@ if(NOT STOWAGE_CUDA STREQUAL "OFF")
   if(NOT DEFINED CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT} AND EXISTS /usr/local/cuda)
     set(CUDAToolkit_ROOT /usr/local/cuda)
   endif()
+  # CMake 3.25.1's FindCUDAToolkit (Debian bookworm's cmake) sets a DEPRECATION property on
+  # CUDA::nvToolsExt whenever the project requires CMake >= 3.25, without checking that the target
+  # exists; CUDA 12.9 and later ship no libnvToolsExt (only the nvtx3 headers), so configure stops
+  # with "set_property could not find TARGET CUDA::nvToolsExt". Looking the toolkit up under a
+  # lower required version skips that branch; stowage links nothing of nvToolsExt.
+  set(stowage_required_version "${CMAKE_MINIMUM_REQUIRED_VERSION}")
+  set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
   find_package(CUDAToolkit QUIET)
+  set(CMAKE_MINIMUM_REQUIRED_VERSION "${stowage_required_version}")
   if(CUDAToolkit_FOUND)
     if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS "${CUDAToolkit_BIN_DIR}/nvcc")
       set(CMAKE_CUDA_COMPILER "${CUDAToolkit_BIN_DIR}/nvcc")

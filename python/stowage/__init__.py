@@ -18,6 +18,7 @@ calls (stowage.plan_for_budget, stowage.evaluate: the C++ planner through the C 
 The package's layers, each importing only those before it:
   _lib, plan, runtime, agree   the C ABI through ctypes and the plan's typed view; no torch
   _tensors                     what the wrapper and the profiler both say of a tensor
+  _sharding                    which layers FSDP2 manages; the wrapping orders refused
   layers                       the torch wrapper: PlannedLayers runs layers under a plan
   measure                      measurements that write the layer profile the planner reads:
                                measure.profile (torch layers; `python -m stowage.measure.profile`)

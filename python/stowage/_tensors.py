@@ -53,6 +53,8 @@ class ResidentMemory:
     def __init__(self, module: nn.Module):
         spans: dict[int, int] = {}
         for t in itertools.chain(module.parameters(), module.buffers()):
+            if hasattr(t, "to_local"):  # a DTensor (FSDP2's sharded parameter): this rank's
+                t = t.to_local()  # shard, whose storage is a real one
             s = storage(t)
             start, nbytes = s.data_ptr(), s.nbytes()
             if nbytes > 0:

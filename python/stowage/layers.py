@@ -45,6 +45,9 @@ microbatch is restored (README "Microbatches in flight"). Entering another micro
 waits for the saves of the forward before it (its save waits are past: the plan's waits run
 within one microbatch's forward), so pending saves are always of one microbatch.
 
+Note [FSDP2 and DDP] (in _sharding.py): fully_shard each decoder layer before wrapping; wrap
+the layers before DistributedDataParallel(model); the other orders are refused.
+
 Note [Bit-identical gradients]. Offloading moves bytes, never values: a restored tensor is a
 byte copy with the original's size, stride and dtype; recompute reruns the same kernels under the
 RNG state checkpoint saved. Loss and gradients therefore equal those of the unwrapped model.
@@ -63,6 +66,8 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as torch_checkpoint
 
+from ._sharding import (SHARD_FIRST, check_wrapping_order, fsdp_managed, fsdp_module_class,
+                        is_fsdp)
 from ._tensors import ResidentMemory, hidden_state, offload_nbytes, offloadable, saved_key
 from .plan import (KEEP, OFFLOAD_INPUT, OFFLOAD_SAVED, OFFLOADING_POLICIES, POLICIES, RECOMPUTE,
                    SELECTIVE_RECOMPUTE, Plan, PlanError)
@@ -483,11 +488,17 @@ class PlannedLayers(nn.Module):
         # The layers are this module's children "0", "1", ... as in the ModuleList they came
         # from, so parameter names and checkpoints are the same whether a model holds its
         # layers or the planned ones (model.model.layers = planned).
+        check_wrapping_order(layers)  # Note [FSDP2 and DDP]
         layer_list = layers if isinstance(layers, nn.ModuleList) else nn.ModuleList(list(layers))
         self.__dict__["layers"] = layer_list  # a view of the children, not one itself
         for i, layer in enumerate(layer_list):
             self.add_module(str(i), layer)
         self._views = [PlannedLayer(self, i) for i in range(len(layer_list))]
+        # Note [FSDP2 and DDP]: each layer's class as wrapped (fully_shard swaps it for an
+        # FSDP subclass), this module's own, and which layers FSDP2 manages.
+        self._layer_types = [type(l) for l in layer_list]
+        self._own_type = type(self)
+        self._fsdp = [fsdp_managed(l) for l in layer_list]
         if not isinstance(plan, Plan):
             plan = Plan.from_json(plan_json_text(plan))
         self.plan: Plan = plan
@@ -539,6 +550,9 @@ class PlannedLayers(nn.Module):
         if self._state is not None:
             raise RuntimeError("PlannedLayers.step(): a step is already open; steps do not nest")
         state = _StepState(self, self._runtime)
+        # Which layers' parameters FSDP2 moves, read again (outside forward they are DTensors):
+        # a root fully_shard may come after wrapping.
+        self._fsdp = [fsdp_managed(l) for l in self.layers]
         if self._runtime is not None:
             self._runtime.begin_step()
         self._state = state
@@ -604,6 +618,8 @@ class PlannedLayers(nn.Module):
     def _run(self, i: int, x: torch.Tensor, args: tuple, kwargs: dict) -> Any:
         """Layer i under its policy (see PlannedLayer)."""
         layer = self.layers[i]
+        if type(layer) is not self._layer_types[i] or type(self) is not self._own_type:
+            self._check_sharded_after_wrap(i, layer)
         if not torch.is_grad_enabled():
             return layer(x, *args, **kwargs)
         state = self._state
@@ -627,6 +643,22 @@ class PlannedLayers(nn.Module):
             y.register_hook(_BackwardStart(state, i, state.microbatch))
         return out
 
+    def _check_sharded_after_wrap(self, i: int, layer: nn.Module) -> None:
+        """A class changed since wrapping: fully_shard applied in the refused order raises
+        (Note [FSDP2 and DDP]); any other class change is recorded."""
+        if is_fsdp(self):
+            raise RuntimeError(
+                "fully_shard was applied to the PlannedLayers itself, which the model does not "
+                "call when it loops over its layers, so FSDP2 would never gather the layers' "
+                f"parameters; {SHARD_FIRST}")
+        if is_fsdp(layer) and not issubclass(self._layer_types[i], fsdp_module_class()):
+            raise RuntimeError(
+                f"layer {i} ({self._layer_types[i].__name__}) was sharded with fully_shard after "
+                "stowage.wrap / PlannedLayers was built (the runtime chose its backend from where "
+                f"the parameters were, and fully_shard moves them); {SHARD_FIRST}")
+        self._layer_types[i] = type(layer)
+        self._own_type = type(self)
+
     def _run_layer(self, i: int, layer: nn.Module, policy: str, x: torch.Tensor,
                    args: tuple, kwargs: dict, state: Optional[_StepState]) -> torch.Tensor:
         if policy == KEEP:
@@ -639,7 +671,8 @@ class PlannedLayers(nn.Module):
         assert state is not None
         state.enter_layer(i, x.device)
         if policy == OFFLOAD_SAVED:
-            with torch.autograd.graph.saved_tensors_hooks(*_saved_hooks(state, i, x.device)):
+            hooks = _saved_hooks(state, i, x.device, layer if self._fsdp[i] else None)
+            with torch.autograd.graph.saved_tensors_hooks(*hooks):
                 out = layer(x, *args, **kwargs)
             state.flush()
             return out
@@ -702,10 +735,12 @@ class _BackwardStart:
 
 
 def _saved_hooks(state: _StepState, layer_index: int, device: torch.device,
-                 ) -> tuple[Callable, Callable]:
+                 fsdp_layer: Optional[nn.Module] = None) -> tuple[Callable, Callable]:
     """pack/unpack for an offload_saved layer. Parameters (and views of them) stay where they
-    are; each distinct saved tensor (saved_key) is offloaded once however many ops save it."""
-    resident = state.resident()
+    are; each distinct saved tensor (saved_key) is offloaded once however many ops save it.
+    `fsdp_layer`: the layer, when FSDP2 manages its parameters: its resident memory is read at
+    the first save, once FSDP2 has gathered them (Note [FSDP2 and DDP])."""
+    resident = state.resident() if fsdp_layer is None else None
     save = state.save
     # data_ptr -> handle of the first save at that address, this layer only. Its tensor is
     # referenced until the save retires, so no address is reused meanwhile.
@@ -713,6 +748,9 @@ def _saved_hooks(state: _StepState, layer_index: int, device: torch.device,
     views: dict = {}  # saved_key -> handle for other views at an address already seen
 
     def pack(t: torch.Tensor) -> Any:
+        nonlocal resident
+        if resident is None:
+            resident = ResidentMemory(fsdp_layer)  # gathered now: the forward has begun
         if not offloadable(t, device, resident):
             return t
         ptr = t.data_ptr()

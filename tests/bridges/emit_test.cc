@@ -17,6 +17,7 @@ namespace {
 using planner::RunSettings;
 using planner::Sharding;
 using ::testing::ElementsAre;
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
@@ -150,7 +151,9 @@ TEST(MegatronArguments, OffloadSavedPrefixIsCpuOffloadingOtherwiseNot) {
     const MegatronArguments a = Megatron(c.plan);
     EXPECT_FALSE(HasFlag(a, "--cpu-offloading-num-layers"));
     EXPECT_THAT(a.notes.back(), HasSubstr(c.offloads));
-    EXPECT_THAT(a.notes.back(), HasSubstr(absl::StrCat(c.run, " under the stowage runtime")));
+    EXPECT_THAT(a.notes.back(), HasSubstr(absl::StrCat(c.run,
+                                                       " under the stowage runtime "
+                                                       "(stowage.megatron.wrap(model, plan))")));
   }
 }
 
@@ -160,6 +163,15 @@ TEST(RenderMegatronArguments, OneFlagPerLineThenTheNotes) {
   EXPECT_THAT(text, HasSubstr("the nearest Megatron can run\n"));
   EXPECT_THAT(text, HasSubstr("--recompute-method block \\\n--recompute-num-layers 2\n"));
   EXPECT_THAT(text, HasSubstr("\n# not expressed: the plan recomputes layers 2-3"));
+  // The last line names what runs the plan as it is: the Python module stowage.megatron.
+  EXPECT_THAT(text, EndsWith("with the Python module stowage.megatron: "
+                             "stowage.megatron.wrap(model, plan) runs each TransformerLayer under "
+                             "its own policy (write the plan with --out; leave out the recompute "
+                             "and CPU-offloading arguments above)\n"));
+  // A plan Megatron expresses exactly has no such line.
+  const Plan exact = PlanOf({kFull, kFull, kKeep, kKeep});
+  EXPECT_THAT(RenderMegatronArguments(exact, Megatron(exact)),
+              ::testing::Not(HasSubstr("stowage.megatron")));
 }
 
 // The value of `section.key` in a torchtitan config; empty when absent.
@@ -340,7 +352,9 @@ TEST(MegatronUnderPipeline, StagesThatNeedDifferentSettingsAreRefusedNamingTheLa
                              "0 (of its layers 0-3) starts a chunk whose first 2 layers alone the "
                              "plan recomputes, and --recompute-method block recomputes the same "
                              "first layers of every chunk"));
-  EXPECT_THAT(why, HasSubstr("Run this plan under the stowage runtime"));
+  EXPECT_THAT(why, HasSubstr("Run this plan under the stowage runtime inside Megatron-Core: "
+                             "stowage.megatron.wrap(model, plan) runs each TransformerLayer under "
+                             "its own policy (write the plan with --out)"));
   // A recomputed layer after a kept one in its chunk.
   why = Refusal(
       EmitMegatronArguments(PipelinedPlanOf({kKeep, kFull, kKeep, kFull}, 2, 2, {1, 1, 1, 1}), run)

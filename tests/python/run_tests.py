@@ -3,9 +3,11 @@
     run_tests.py cpu [SUITE...]   every test_*.py except the GPU ones
     run_tests.py gpu [SUITE...]   test_*_gpu.py; exits 77 (CTest: skipped) when torch sees no CUDA
                                   device
+The suites in ALONE (several ranks each) run only when SUITE names them: CTest runs them as
+tests of their own.
 
-The suites live in folders by what they test (package/, measure/, cli/, bench/, and mcore/, run
-only when picked: `run_tests.py cpu mcore`); the helpers they
+The suites live in folders by what they test (package/, measure/, cli/, bench/; mcore/:
+stowage.megatron on Megatron-Core); the helpers they
 share (support.py, plans.py, trace_event_format.py) are beside this file, which is on sys.path, so
 every suite imports them by name. SUITE picks some: a folder (`measure`), a file
 (`measure/test_hf_fit.py`) or a module name (`measure.test_hf_fit`). One suite also runs alone
@@ -23,9 +25,10 @@ import unittest
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Folders run only when picked: their suites have a CTest test of their own (mcore/: Megatron-Core
-# on several gloo ranks, minutes on CPU, under the torch 2.x Python that has megatron-core).
-PICKED_ONLY = ("mcore",)
+# Suites CMakeLists.txt registers as tests of their own (several ranks each, with their own time
+# limit): run only when picked by name, not with the rest of their folder.
+ALONE = {"package.test_ddp", "package.test_fsdp2", "package.test_fsdp2_gpu",
+         "mcore.test_megatron_wrap", "mcore.test_megatron_parallel", "mcore.test_megatron_gpu"}
 
 
 def suites(which: str, picked: list[str]) -> list[str]:
@@ -33,22 +36,22 @@ def suites(which: str, picked: list[str]) -> list[str]:
     the GPU ones or the others, of the folders, files or modules `picked` (all when empty)."""
     names = []
     for root, dirs, files in os.walk(HERE):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__"))
-                         and (picked or root != HERE or d not in PICKED_ONLY))
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
         for f in files:
             if f.startswith("test_") and f.endswith(".py") and f.endswith("_gpu.py") == (
                     which == "gpu"):
                 rel = os.path.relpath(os.path.join(root, f[:-3]), HERE)
                 names.append(rel.replace(os.sep, "."))
-    if picked:
-        wanted = [p[:-3] if p.endswith(".py") else p for p in picked]
-        wanted = [w.strip("/").replace("/", ".") for w in wanted]
-        unknown = [p for p, w in zip(picked, wanted)
-                   if not any(n == w or n.startswith(w + ".") for n in names)]
-        if unknown:
-            raise SystemExit(f"run_tests.py: no {which} suite matches {', '.join(unknown)}")
-        names = [n for n in names if any(n == w or n.startswith(w + ".") for w in wanted)]
-    return sorted(names)
+    if not picked:
+        return sorted(n for n in names if n not in ALONE)
+    wanted = [p[:-3] if p.endswith(".py") else p for p in picked]
+    wanted = [w.strip("/").replace("/", ".") for w in wanted]
+    unknown = [p for p, w in zip(picked, wanted)
+               if not any(n == w or n.startswith(w + ".") for n in names)]
+    if unknown:
+        raise SystemExit(f"run_tests.py: no {which} suite matches {', '.join(unknown)}")
+    return sorted(n for n in names if n in wanted or (
+        n not in ALONE and any(n.startswith(w + ".") for w in wanted)))
 
 
 def main() -> int:

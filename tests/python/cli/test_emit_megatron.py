@@ -74,6 +74,10 @@ class EmitMegatronTest(unittest.TestCase):
             with self.subTest(flags=flags):
                 tokens, notes = _emitted(self.cli, flags)
                 self.assertTrue(tokens)
+                if any(n.startswith("# not expressed:") for n in notes):
+                    # The last line names what runs the plan as planned inside Megatron-Core.
+                    self.assertIn("with the Python module stowage.megatron: "
+                                  "stowage.megatron.wrap(model, plan)", notes[-1])
                 args = _parse(self.parser, tokens)
                 self.assertGreaterEqual(args.tensor_model_parallel_size and
                                         int(args.tensor_model_parallel_size), 1)
@@ -323,6 +327,8 @@ class EmitMegatronPipelineTest(unittest.TestCase):
                 self.assertRegex(out.stderr, r"--emit megatron cannot express this pipelined "
                                              r"plan: stage \d+'s layer \d+ ")
                 self.assertIn("stowage runtime", out.stderr)
+                self.assertIn("stowage.megatron.wrap(model, plan) runs each TransformerLayer "
+                              "under its own policy", out.stderr)
 
 
 if __name__ == "__main__":
