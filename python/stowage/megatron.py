@@ -362,9 +362,9 @@ def _has(layer: nn.Module, path: str) -> bool:
 
 def recompute_targets(i: int, layer: nn.Module,
                       names: Sequence[str]) -> tuple[list[str], list[nn.Module]]:
-    """What selective recompute of `names` reruns in plan layer i (Note [Megatron recompute
-    names]): the submodule paths checkpointed, and the MLPs whose activation is. A name the layer
-    has nothing for is a PlanError listing what is allowed."""
+    """What selective recompute of `names` reruns in plan layer i: the submodule paths
+    checkpointed, and the MLPs whose activation is (Note [Megatron recompute names]). A name the
+    layer has nothing for is a PlanError listing what is allowed."""
     paths: list[str] = []
     scopes: list[nn.Module] = []
     for name in names:
