@@ -24,6 +24,8 @@ The package's layers, each importing only those before it:
                                measure.profile (torch layers; `python -m stowage.measure.profile`)
                                and measure.hf_profile (a transformers model on fake tensors)
   planner                      the C++ planner's plans for a measured profile; wrap
+  megatron                     Megatron-Core's layers under a plan: stowage.megatron.profile,
+                               stowage.megatron.wrap (docs/megatron.md)
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def __getattr__(name: str) -> Any:
         # The version exists once, in the build (CMake's project(VERSION) -> stowage/version.h):
         # read from the runtime library this package drives, not a second literal here.
         return version()
+    if name == "megatron":  # the submodule, loaded on first use like the others
+        return importlib.import_module(".megatron", __name__)
     # Torch-dependent parts load on first use so `import stowage` works without torch.
     module = _TORCH_NAMES.get(name)
     if module is None:

@@ -588,6 +588,13 @@ class PlannedLayers(nn.Module):
                 state.microbatch = previous
 
     # -- forward ----------------------------------------------------------------------------
+    def checkpointed_submodules(self, i: int, layer: nn.Module,
+                                names: Sequence[str]) -> contextlib.AbstractContextManager:
+        """selective_recompute: a context in which layer i's forward runs with the parts the
+        plan names in recompute_modules checkpointed. Here each name is a submodule path of the
+        layer; a wrapper for another framework (stowage.megatron) maps its own names."""
+        return checkpointed_submodules(i, layer, names)
+
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Runs every layer in order on `x`, passing `args` and `kwargs` unchanged to each; a
         layer may return a tensor or a tuple whose first element is the next layer's input.
@@ -659,7 +666,7 @@ class PlannedLayers(nn.Module):
         if policy == RECOMPUTE:
             return _checkpoint(layer, x, *args, **kwargs)
         if policy == SELECTIVE_RECOMPUTE:
-            with _checkpointed_submodules(i, layer, self.plan.layers[i].recompute_modules):
+            with self.checkpointed_submodules(i, layer, self.plan.layers[i].recompute_modules):
                 return layer(x, *args, **kwargs)
         assert state is not None
         state.enter_layer(i, x.device)
@@ -777,7 +784,10 @@ def _saved_hooks(state: _StepState, layer_index: int, device: torch.device,
 
 
 @contextlib.contextmanager
-def _checkpointed_submodules(i: int, layer: nn.Module, names: Iterable[str]) -> Iterator[None]:
+def checkpointed_submodules(i: int, layer: nn.Module, names: Iterable[str]) -> Iterator[None]:
+    """Within the block, the forward of each submodule of `layer` named (a path for
+    get_submodule) runs under checkpoint; an unknown name is a PlanError listing the layer's
+    submodules."""
     patched = []
     try:
         for name in names:
@@ -822,4 +832,5 @@ def check_plan_matches(plan: Plan, layers: Sequence[nn.Module]) -> None:
 
 
 __all__ = ["PlannedLayer", "PlannedLayers", "ResidentMemory", "StaleTensorError",
-           "check_plan_matches", "offload_nbytes", "offloadable", "saved_key", "StowageError"]
+           "check_plan_matches", "checkpointed_submodules", "offload_nbytes",
+           "offloadable", "saved_key", "StowageError"]

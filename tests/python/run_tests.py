@@ -6,7 +6,8 @@
 The suites in ALONE (several ranks each) run only when SUITE names them: CTest runs them as
 tests of their own.
 
-The suites live in folders by what they test (package/, measure/, cli/, bench/); the helpers they
+The suites live in folders by what they test (package/, measure/, cli/, bench/; mcore/:
+stowage.megatron on Megatron-Core); the helpers they
 share (support.py, plans.py, trace_event_format.py) are beside this file, which is on sys.path, so
 every suite imports them by name. SUITE picks some: a folder (`measure`), a file
 (`measure/test_hf_fit.py`) or a module name (`measure.test_hf_fit`). One suite also runs alone
@@ -26,7 +27,8 @@ SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Suites CMakeLists.txt registers as tests of their own (several ranks each, with their own time
 # limit): run only when picked by name, not with the rest of their folder.
-ALONE = {"package.test_ddp", "package.test_fsdp2", "package.test_fsdp2_gpu"}
+ALONE = {"package.test_ddp", "package.test_fsdp2", "package.test_fsdp2_gpu",
+         "mcore.test_megatron_wrap", "mcore.test_megatron_parallel", "mcore.test_megatron_gpu"}
 
 
 def suites(which: str, picked: list[str]) -> list[str]:

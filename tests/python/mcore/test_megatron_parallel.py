@@ -1,0 +1,73 @@
+"""stowage.megatron under Megatron-Core's parallelism on CPU over gloo, two ranks, Megatron's own
+get_forward_backward_func() schedules: tensor parallelism 2 (no pipelining), pipeline
+parallelism 2 under 1F1B, and 2 stages x 2 virtual chunks under the interleaved schedule. On
+every rank, loss and gradients are bit-identical to the unwrapped model's over two optimizer steps
+and each layer of the rank sends the plan's host_bytes per microbatch (under TP: the rank's
+shards). The pipeline plans are measured on the one-stage model and split into stages
+(package/test_microbatches.py pipelined, or megatron_worker.py stages_1f1b for stages of several
+layers); a plan for another stage's layers or another schedule (1F1B's for interleaved chunks) is
+refused, naming both sides. Sequence parallelism does not run on CPU: Megatron-Core 0.16.1's
+local layer spec norms refuse it (transformer/torch_norm.py WrappedTorchNorm asserts
+`not config.sequence_parallel`; apex or TransformerEngine norms are needed), and MoE with TP
+requires it (moe/moe_layer.py), so TP runs the dense model."""
+
+from __future__ import annotations
+
+import unittest
+
+import support  # noqa: F401  (puts the package on sys.path)
+
+from mcore import cases
+
+
+def pipeline_plan(pp: int, vpp: int, policies: list, modules: dict) -> dict:
+    """The plan measured on the one-stage model of pp x vpp layers (one per model chunk)."""
+    base = cases.run({"runs": [dict(policies=policies, modules=modules, layers=pp * vpp,
+                                    emit_plan=True, steps=1)]})[0][0]
+    return base["plan"]
+
+
+class MegatronParallelTest(unittest.TestCase):
+    @cases.skip_without_megatron
+    def test_tensor_parallel(self):
+        runs = [{"policies": ["offload_saved", "offload_input"], "microbatches": 2},
+                {"policies": ["selective_recompute", "offload_saved"],
+                 "modules": {"0": ["ffn_act", "core_attn"]}},
+                {"policies": ["recompute", "keep"]}]
+        for rank in cases.run({"tp": 2, "steps": 2, "runs": runs}, world=2):
+            cases.check(self, rank, runs)
+
+    @cases.skip_without_megatron
+    def test_pipeline_1f1b(self):
+        policies = ["offload_saved", "recompute", "offload_input", "offload_saved"]
+        plan = pipeline_plan(2, 2, policies, {})  # 4 layers, 2 per stage
+        runs = [{"policies": policies, "microbatches": 4},
+                {"policies": policies, "misuse": "other_stage", "microbatches": 4}]
+        ranks = cases.run({"pp": 2, "layers": 4, "steps": 2, "plan": plan, "runs": runs},
+                          world=2)
+        self.assertEqual([r[0]["mine"] for r in ranks], [[0, 1], [2, 3]])
+        for r, rank in enumerate(ranks):
+            cases.check(self, rank[:1], runs[:1])
+            want = ["layers [0, 1] (layer_number - 1) but the plan's stages[0] gives it layers "
+                    "[0, 1, 2]", "layers [2, 3] (layer_number - 1) but the plan's stages[1] "
+                    "gives it layers [3]"][r]
+            self.assertIn(f"pipeline stage {r} runs decoder {want}", rank[1]["error"])
+
+    @cases.skip_without_megatron
+    def test_pipeline_interleaved(self):
+        policies = ["offload_saved", "offload_input", "selective_recompute", "offload_saved"]
+        modules = {"2": ["core_attn"]}
+        plan = pipeline_plan(2, 2, policies, modules)
+        runs = [{"policies": policies, "modules": modules, "microbatches": 4},
+                {"policies": policies, "misuse": "other_schedule", "microbatches": 4}]
+        ranks = cases.run({"pp": 2, "vpp": 2, "layers": 4, "steps": 2, "plan": plan,
+                           "runs": runs}, world=2)
+        self.assertEqual([r[0]["mine"] for r in ranks], [[0, 2], [1, 3]])
+        for rank in ranks:
+            cases.check(self, rank[:1], runs[:1])
+            self.assertIn("the plan's run.vpp is 1 but this rank holds 2 model chunks",
+                          rank[1]["error"])
+
+
+if __name__ == "__main__":
+    unittest.main()
