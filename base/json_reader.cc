@@ -78,12 +78,55 @@ std::string Excerpt(std::string_view text, size_t max_chars) {
 
 namespace {
 
-// The first place `text` nests deeper than kMaxJsonDepth, as an error naming its line and column;
-// OK otherwise. One pass over the bytes, brackets inside strings not counted.
-absl::Status CheckDepth(std::string_view text, std::string_view source) {
-  int depth = 0;
-  bool in_string = false;
+// One open array or object while scanning: how many elements it has so far, and (an object) the
+// key of the member being read.
+struct Frame {
+  bool array = false;
+  size_t elements = 0;
+  bool expect_key = false;  // an object, between '{' or ',' and the member's key
+  std::string_view key;
+};
+
+// The JSON path of the place the first `n` frames reach ("" for the root): the key or [index]
+// each of them is at.
+std::string PathOf(const std::vector<Frame>& frames, size_t n) {
+  std::string path;
+  for (size_t f = 0; f < n; ++f) {
+    if (frames[f].array) {
+      absl::StrAppend(&path, "[", frames[f].elements == 0 ? 0 : frames[f].elements - 1, "]");
+    } else {
+      absl::StrAppend(&path, path.empty() ? "" : ".", Excerpt(frames[f].key));
+    }
+  }
+  return path;
+}
+
+// Note [JSON limits while reading]
+// Parse scans the text once before nlohmann builds its tree, and stops at the first place it
+// nests deeper than kMaxJsonDepth or breaks one of the Limits. The scan keeps only a stack of
+// open containers (at most kMaxJsonDepth deep) and a few counters, so refusing an input costs the
+// bytes up to the place it breaks a rule: a 99 MB plan of 243,853 layers is refused after its
+// 100,001st layer, in the time it takes to read that far, not after the seconds it takes to build
+// every layer and only then count them. The scan does not check syntax (the parser does, after
+// it); it only counts, so malformed text is at worst counted wrongly and then refused by the
+// parser. Brackets, commas and colons inside strings are text, not structure.
+absl::Status CheckShape(std::string_view text, std::string_view source, const Limits& limits) {
   size_t line = 1, column = 0;
+  const auto where = [&] { return absl::StrCat(" at line ", line, ", column ", column); };
+  // " field 'a.b[2]'" for the place the first `n` frames reach.
+  const auto field = [](const std::vector<Frame>& frames, size_t n) {
+    const std::string path = PathOf(frames, n);
+    return path.empty() ? std::string(" the document") : absl::StrCat(" field '", path, "'");
+  };
+  if (text.size() > limits.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(Excerpt(source), ": ", text.size(),
+                                                   " bytes; allowed: at most ", limits.max_bytes));
+  }
+  std::vector<Frame> frames;
+  frames.reserve(kMaxJsonDepth + 1);
+  size_t values = 0;
+  bool in_string = false;
+  size_t string_start = 0;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     ++column;
@@ -97,27 +140,78 @@ absl::Status CheckDepth(std::string_view text, std::string_view source) {
         ++column;
       } else if (c == '"') {
         in_string = false;
+        if (!frames.empty() && frames.back().expect_key) {
+          frames.back().key = text.substr(string_start, i - string_start);
+          frames.back().expect_key = false;
+        }
       }
-    } else if (c == '"') {
+      if (in_string && i + 1 - string_start > limits.max_string_bytes) {
+        // A value string is named by its own key or index; a key by the object holding it.
+        const bool key = !frames.empty() && frames.back().expect_key;
+        const size_t n = key ? frames.size() - 1 : frames.size();
+        return absl::InvalidArgumentError(
+            absl::StrCat(Excerpt(source), ":", field(frames, n), " holds a string longer than ",
+                         limits.max_string_bytes, " bytes", where(), "; allowed: at most ",
+                         limits.max_string_bytes, " bytes"));
+      }
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ':') continue;
+    if (c == ']' || c == '}') {
+      if (!frames.empty()) frames.pop_back();
+      continue;
+    }
+    // Every other character outside a string is a comma or a character of a value; the first
+    // one of a container's first element counts that element.
+    if (c == ',') {
+      if (!frames.empty()) {
+        Frame& frame = frames.back();
+        if (!frame.array) frame.expect_key = true;
+        frame.elements = frame.elements == 0 ? 1 : frame.elements;
+        ++frame.elements;  // the element after the comma
+        if (frame.elements > limits.max_elements) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              Excerpt(source), ":", field(frames, frames.size() - 1), " has more than ",
+              limits.max_elements, frame.array ? " elements" : " members", where(),
+              "; allowed: at most ", limits.max_elements));
+        }
+        if (++values > limits.max_values) break;
+      }
+      continue;
+    }
+    if (!frames.empty() && frames.back().elements == 0) {
+      frames.back().elements = 1;  // its first element
+      if (++values > limits.max_values) break;
+    }
+    if (frames.empty() && values == 0) ++values;  // the root
+    if (c == '"') {
       in_string = true;
+      string_start = i + 1;
+      // A key is not a value of its own: the member was counted at its first character.
     } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) {
+      if (frames.size() >= static_cast<size_t>(kMaxJsonDepth)) {
         return absl::InvalidArgumentError(
             absl::StrCat(Excerpt(source), ": arrays and objects nest more than ", kMaxJsonDepth,
-                         " levels deep at line ", line, ", column ", column, "; at most ",
-                         kMaxJsonDepth, " are allowed"));
+                         " levels deep", where(), "; at most ", kMaxJsonDepth, " are allowed"));
       }
-    } else if (c == ']' || c == '}') {
-      --depth;
+      Frame frame;
+      frame.array = c == '[';
+      frame.expect_key = c == '{';
+      frames.push_back(frame);
     }
+  }
+  if (values > limits.max_values) {
+    return absl::InvalidArgumentError(absl::StrCat(Excerpt(source), ": more than ",
+                                                   limits.max_values, " values", where(),
+                                                   "; allowed: at most ", limits.max_values));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<Json> Parse(std::string_view text, std::string_view source) {
-  if (absl::Status deep = CheckDepth(text, source); !deep.ok()) return deep;
+absl::StatusOr<Json> Parse(std::string_view text, std::string_view source, const Limits& limits) {
+  if (absl::Status shape = CheckShape(text, source, limits); !shape.ok()) return shape;
   // Keys seen so far in each object being read, innermost last. A duplicate key is an error: JSON
   // readers disagree on which copy wins (nlohmann's ordered_json keeps the first, Python's json the
   // last), so two readers of one file would see two different documents.
