@@ -101,6 +101,13 @@ std::string PathOf(const std::vector<Frame>& frames, size_t n) {
   return path;
 }
 
+absl::Status TooManyValues(std::string_view source, const Limits& limits,
+                           const std::string& where) {
+  return absl::InvalidArgumentError(absl::StrCat(Excerpt(source), ": more than ", limits.max_values,
+                                                 " values", where, "; allowed: at most ",
+                                                 limits.max_values));
+}
+
 // Note [JSON limits while reading]
 // Parse scans the text once before nlohmann builds its tree, and stops at the first place it
 // nests deeper than kMaxJsonDepth or breaks one of the Limits. The scan keeps only a stack of
@@ -111,8 +118,13 @@ std::string PathOf(const std::vector<Frame>& frames, size_t n) {
 // it); it only counts, so malformed text is at worst counted wrongly and then refused by the
 // parser. Brackets, commas and colons inside strings are text, not structure.
 absl::Status CheckShape(std::string_view text, std::string_view source, const Limits& limits) {
-  size_t line = 1, column = 0;
-  const auto where = [&] { return absl::StrCat(" at line ", line, ", column ", column); };
+  // Lines and columns are counted only for an error (a vectorised count up to it), not per byte.
+  const auto where = [text](size_t at) {
+    const size_t line = 1 + std::count(text.begin(), text.begin() + at + 1, '\n');
+    const size_t newline = text.rfind('\n', at);
+    const size_t column = newline == std::string_view::npos ? at + 1 : at - newline;
+    return absl::StrCat(" at line ", line, ", column ", column);
+  };
   // " field 'a.b[2]'" for the place the first `n` frames reach.
   const auto field = [](const std::vector<Frame>& frames, size_t n) {
     const std::string path = PathOf(frames, n);
@@ -125,38 +137,10 @@ absl::Status CheckShape(std::string_view text, std::string_view source, const Li
   std::vector<Frame> frames;
   frames.reserve(kMaxJsonDepth + 1);
   size_t values = 0;
-  bool in_string = false;
-  size_t string_start = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
+  const size_t n = text.size();
+  for (size_t i = 0; i < n; ++i) {
     const char c = text[i];
-    ++column;
-    if (c == '\n') {
-      ++line;
-      column = 0;
-    }
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character (an escaped newline is not valid JSON; the parser says so)
-        ++column;
-      } else if (c == '"') {
-        in_string = false;
-        if (!frames.empty() && frames.back().expect_key) {
-          frames.back().key = text.substr(string_start, i - string_start);
-          frames.back().expect_key = false;
-        }
-      }
-      if (in_string && i + 1 - string_start > limits.max_string_bytes) {
-        // A value string is named by its own key or index; a key by the object holding it.
-        const bool key = !frames.empty() && frames.back().expect_key;
-        const size_t n = key ? frames.size() - 1 : frames.size();
-        return absl::InvalidArgumentError(
-            absl::StrCat(Excerpt(source), ":", field(frames, n), " holds a string longer than ",
-                         limits.max_string_bytes, " bytes", where(), "; allowed: at most ",
-                         limits.max_string_bytes, " bytes"));
-      }
-      continue;
-    }
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ':') continue;
+    if (c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == ':') continue;
     if (c == ']' || c == '}') {
       if (!frames.empty()) frames.pop_back();
       continue;
@@ -172,38 +156,51 @@ absl::Status CheckShape(std::string_view text, std::string_view source, const Li
         if (frame.elements > limits.max_elements) {
           return absl::InvalidArgumentError(absl::StrCat(
               Excerpt(source), ":", field(frames, frames.size() - 1), " has more than ",
-              limits.max_elements, frame.array ? " elements" : " members", where(),
+              limits.max_elements, frame.array ? " elements" : " members", where(i),
               "; allowed: at most ", limits.max_elements));
         }
-        if (++values > limits.max_values) break;
+        if (++values > limits.max_values) return TooManyValues(source, limits, where(i));
       }
       continue;
     }
     if (!frames.empty() && frames.back().elements == 0) {
       frames.back().elements = 1;  // its first element
-      if (++values > limits.max_values) break;
+      if (++values > limits.max_values) return TooManyValues(source, limits, where(i));
     }
     if (frames.empty() && values == 0) ++values;  // the root
     if (c == '"') {
-      in_string = true;
-      string_start = i + 1;
-      // A key is not a value of its own: the member was counted at its first character.
+      // To the closing quote, an escaped character at a time past a backslash (an escaped
+      // newline is not valid JSON; the parser says so). A key is not a value of its own: its
+      // member was counted at its first character.
+      const size_t start = i + 1;
+      const size_t past_limit = start + limits.max_string_bytes;
+      size_t j = start;
+      while (j < n && text[j] != '"' && j < past_limit) j += text[j] == '\\' ? 2 : 1;
+      if (std::min(j, n) - start > limits.max_string_bytes || (j < n && text[j] != '"')) {
+        // A value string is named by its own key or index; a key by the object holding it.
+        const bool key = !frames.empty() && frames.back().expect_key;
+        return absl::InvalidArgumentError(absl::StrCat(
+            Excerpt(source), ":", field(frames, key ? frames.size() - 1 : frames.size()),
+            " holds a string longer than ", limits.max_string_bytes, " bytes",
+            where(std::min(past_limit, n - 1)), "; allowed: at most ", limits.max_string_bytes,
+            " bytes"));
+      }
+      if (!frames.empty() && frames.back().expect_key) {
+        frames.back().key = text.substr(start, std::min(j, n) - start);
+        frames.back().expect_key = false;
+      }
+      i = j;  // the closing quote (or the end of a text cut off inside the string)
     } else if (c == '[' || c == '{') {
       if (frames.size() >= static_cast<size_t>(kMaxJsonDepth)) {
         return absl::InvalidArgumentError(
             absl::StrCat(Excerpt(source), ": arrays and objects nest more than ", kMaxJsonDepth,
-                         " levels deep", where(), "; at most ", kMaxJsonDepth, " are allowed"));
+                         " levels deep", where(i), "; at most ", kMaxJsonDepth, " are allowed"));
       }
       Frame frame;
       frame.array = c == '[';
       frame.expect_key = c == '{';
       frames.push_back(frame);
     }
-  }
-  if (values > limits.max_values) {
-    return absl::InvalidArgumentError(absl::StrCat(Excerpt(source), ": more than ",
-                                                   limits.max_values, " values", where(),
-                                                   "; allowed: at most ", limits.max_values));
   }
   return absl::OkStatus();
 }

@@ -463,9 +463,16 @@ absl::StatusOr<Plan> ReadPlanFile(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": plan: ", size, " bytes; allowed: at most ", PlanLimits().max_bytes));
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  auto plan = ParsePlanJson(buffer.str());
+  // Read in one piece (no stream buffer copying a 100 MB plan twice).
+  std::string text(size > 0 ? static_cast<size_t>(size) : 0, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (size <= 0) {  // not a regular file (a pipe): as it comes
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    text = buffer.str();
+  }
+  auto plan = ParsePlanJson(text);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(), absl::StrCat(path, ": ", plan.status().message()));
   }

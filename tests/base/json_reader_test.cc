@@ -153,6 +153,10 @@ TEST(JsonParse, LimitsAreCheckedWhileReadingNamingTheField) {
             "t: field 'a[0]' has more than 3 elements at line 2, column 5; allowed: at most 3");
   EXPECT_EQ(Parse(R"({"a": 1, "b": 2, "c": 3, "d": 4})", "t", limits).status().message(),
             "t: the document has more than 3 members at line 1, column 24; allowed: at most 3");
+  // Strings are measured as written: an escape is two bytes, and one that crosses the limit is
+  // past it.
+  EXPECT_TRUE(Parse(R"(["ab\n"])", "t", limits).ok());
+  EXPECT_FALSE(Parse(R"(["abc\n"])", "t", limits).ok());
   // Commas inside strings are text.
   EXPECT_TRUE(Parse(R"([",,,,", 1])", "t", limits).ok());
   // Values: the root, each container's elements and what they hold.
