@@ -175,10 +175,7 @@ class PollServer final : public MetricsHttpServer {
       for (size_t i = 2; i < fds.size(); ++i) {
         if (fds[i].revents != 0) Serve(connections_[i - 2], fds[i].revents);
       }
-      std::erase_if(connections_, [](const Connection& c) {
-        if (c.fd >= 0) return false;
-        return true;
-      });
+      std::erase_if(connections_, [](const Connection& c) { return c.fd < 0; });
       if (fds[1].revents != 0 && !AcceptAll()) {
         // Out of descriptors with no connection of ours to give back: another part of the
         // process holds them. Try again shortly instead of spinning on the readable socket.
