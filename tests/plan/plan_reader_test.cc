@@ -292,7 +292,8 @@ std::string PlanWithLayers(size_t layers, bool close) {
 
 TEST(PlanReader, TooManyLayersAreRefusedAtTheFirstOneTooMany) {
   const size_t too_many = static_cast<size_t>(kPlanMaxLayers) + 1;
-  // Refused at layer 100,001 (the comma before it starts line 100,001), naming the field and the limit.
+  // Refused at layer 100,001 (the comma before it starts line 100,001), naming the field and the
+  // limit.
   EXPECT_THAT(ErrorOf(PlanWithLayers(too_many, /*close=*/true)),
               HasSubstr("plan: field 'layers' has more than 100000 elements at line 100001, "
                         "column 1; allowed: at most 100000"));
