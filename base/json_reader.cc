@@ -78,37 +78,128 @@ std::string Excerpt(std::string_view text, size_t max_chars) {
 
 namespace {
 
-// The first place `text` nests deeper than kMaxJsonDepth, as an error naming its line and column;
-// OK otherwise. One pass over the bytes, brackets inside strings not counted.
-absl::Status CheckDepth(std::string_view text, std::string_view source) {
-  int depth = 0;
-  bool in_string = false;
-  size_t line = 1, column = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    ++column;
-    if (c == '\n') {
-      ++line;
-      column = 0;
+// One open array or object while scanning: how many elements it has so far, and (an object) the
+// key of the member being read.
+struct Frame {
+  bool array = false;
+  size_t elements = 0;
+  bool expect_key = false;  // an object, between '{' or ',' and the member's key
+  std::string_view key;
+};
+
+// The JSON path of the place the first `n` frames reach ("" for the root): the key or [index]
+// each of them is at.
+std::string PathOf(const std::vector<Frame>& frames, size_t n) {
+  std::string path;
+  for (size_t f = 0; f < n; ++f) {
+    if (frames[f].array) {
+      absl::StrAppend(&path, "[", frames[f].elements == 0 ? 0 : frames[f].elements - 1, "]");
+    } else {
+      absl::StrAppend(&path, path.empty() ? "" : ".", Excerpt(frames[f].key));
     }
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character (an escaped newline is not valid JSON; the parser says so)
-        ++column;
-      } else if (c == '"') {
-        in_string = false;
+  }
+  return path;
+}
+
+absl::Status TooManyValues(std::string_view source, const Limits& limits,
+                           const std::string& where) {
+  return absl::InvalidArgumentError(absl::StrCat(Excerpt(source), ": more than ", limits.max_values,
+                                                 " values", where, "; allowed: at most ",
+                                                 limits.max_values));
+}
+
+// Note [JSON limits while reading]
+// Parse scans the text once before nlohmann builds its tree, and stops at the first place it
+// nests deeper than kMaxJsonDepth or breaks one of the Limits. The scan keeps only a stack of
+// open containers (at most kMaxJsonDepth deep) and a few counters, so refusing an input costs the
+// bytes up to the place it breaks a rule: a 99 MB plan of 243,853 layers is refused after its
+// 100,001st layer, in the time it takes to read that far, not after the seconds it takes to build
+// every layer and only then count them. The scan does not check syntax (the parser does, after
+// it); it only counts, so malformed text is at worst counted wrongly and then refused by the
+// parser. Brackets, commas and colons inside strings are text, not structure.
+absl::Status CheckShape(std::string_view text, std::string_view source, const Limits& limits) {
+  // Lines and columns are counted only for an error (a vectorised count up to it), not per byte.
+  const auto where = [text](size_t at) {
+    const size_t line = 1 + std::count(text.begin(), text.begin() + at + 1, '\n');
+    const size_t newline = text.rfind('\n', at);
+    const size_t column = newline == std::string_view::npos ? at + 1 : at - newline;
+    return absl::StrCat(" at line ", line, ", column ", column);
+  };
+  // " field 'a.b[2]'" for the place the first `n` frames reach.
+  const auto field = [](const std::vector<Frame>& frames, size_t n) {
+    const std::string path = PathOf(frames, n);
+    return path.empty() ? std::string(" the document") : absl::StrCat(" field '", path, "'");
+  };
+  if (text.size() > limits.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(Excerpt(source), ": ", text.size(),
+                                                   " bytes; allowed: at most ", limits.max_bytes));
+  }
+  std::vector<Frame> frames;
+  frames.reserve(kMaxJsonDepth + 1);
+  size_t values = 0;
+  const size_t n = text.size();
+  for (size_t i = 0; i < n; ++i) {
+    const char c = text[i];
+    if (c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == ':') continue;
+    if (c == ']' || c == '}') {
+      if (!frames.empty()) frames.pop_back();
+      continue;
+    }
+    // Every other character outside a string is a comma or a character of a value; the first
+    // one of a container's first element counts that element.
+    if (c == ',') {
+      if (!frames.empty()) {
+        Frame& frame = frames.back();
+        if (!frame.array) frame.expect_key = true;
+        frame.elements = frame.elements == 0 ? 1 : frame.elements;
+        ++frame.elements;  // the element after the comma
+        if (frame.elements > limits.max_elements) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              Excerpt(source), ":", field(frames, frames.size() - 1), " has more than ",
+              limits.max_elements, frame.array ? " elements" : " members", where(i),
+              "; allowed: at most ", limits.max_elements));
+        }
+        if (++values > limits.max_values) return TooManyValues(source, limits, where(i));
       }
-    } else if (c == '"') {
-      in_string = true;
+      continue;
+    }
+    if (!frames.empty() && frames.back().elements == 0) {
+      frames.back().elements = 1;  // its first element
+      if (++values > limits.max_values) return TooManyValues(source, limits, where(i));
+    }
+    if (frames.empty() && values == 0) ++values;  // the root
+    if (c == '"') {
+      // To the closing quote, an escaped character at a time past a backslash (an escaped
+      // newline is not valid JSON; the parser says so). A key is not a value of its own: its
+      // member was counted at its first character.
+      const size_t start = i + 1;
+      const size_t past_limit = start + limits.max_string_bytes;
+      size_t j = start;
+      while (j < n && text[j] != '"' && j < past_limit) j += text[j] == '\\' ? 2 : 1;
+      if (std::min(j, n) - start > limits.max_string_bytes || (j < n && text[j] != '"')) {
+        // A value string is named by its own key or index; a key by the object holding it.
+        const bool key = !frames.empty() && frames.back().expect_key;
+        return absl::InvalidArgumentError(absl::StrCat(
+            Excerpt(source), ":", field(frames, key ? frames.size() - 1 : frames.size()),
+            " holds a string longer than ", limits.max_string_bytes, " bytes",
+            where(std::min(past_limit, n - 1)), "; allowed: at most ", limits.max_string_bytes,
+            " bytes"));
+      }
+      if (!frames.empty() && frames.back().expect_key) {
+        frames.back().key = text.substr(start, std::min(j, n) - start);
+        frames.back().expect_key = false;
+      }
+      i = j;  // the closing quote (or the end of a text cut off inside the string)
     } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) {
+      if (frames.size() >= static_cast<size_t>(kMaxJsonDepth)) {
         return absl::InvalidArgumentError(
             absl::StrCat(Excerpt(source), ": arrays and objects nest more than ", kMaxJsonDepth,
-                         " levels deep at line ", line, ", column ", column, "; at most ",
-                         kMaxJsonDepth, " are allowed"));
+                         " levels deep", where(i), "; at most ", kMaxJsonDepth, " are allowed"));
       }
-    } else if (c == ']' || c == '}') {
-      --depth;
+      Frame frame;
+      frame.array = c == '[';
+      frame.expect_key = c == '{';
+      frames.push_back(frame);
     }
   }
   return absl::OkStatus();
@@ -116,8 +207,8 @@ absl::Status CheckDepth(std::string_view text, std::string_view source) {
 
 }  // namespace
 
-absl::StatusOr<Json> Parse(std::string_view text, std::string_view source) {
-  if (absl::Status deep = CheckDepth(text, source); !deep.ok()) return deep;
+absl::StatusOr<Json> Parse(std::string_view text, std::string_view source, const Limits& limits) {
+  if (absl::Status shape = CheckShape(text, source, limits); !shape.ok()) return shape;
   // Keys seen so far in each object being read, innermost last. A duplicate key is an error: JSON
   // readers disagree on which copy wins (nlohmann's ordered_json keeps the first, Python's json the
   // last), so two readers of one file would see two different documents.

@@ -29,9 +29,26 @@ using Json = nlohmann::ordered_json;
 // a worker (a few hundred KiB).
 inline constexpr int kMaxJsonDepth = 100;
 
+// How much one JSON input may hold. Parse checks them in one pass over the text that stops at the
+// first one broken, before any tree is built: refusing a 100 MB input costs the milliseconds it
+// takes to scan up to the limit, not the seconds it takes to build it whole. Each reader may
+// narrow them (a plan's arrays hold at most kPlanMaxLayers elements); docs/limits.md lists them.
+struct Limits {
+  // The whole text.
+  size_t max_bytes = size_t{256} << 20;
+  // One string (key or value) as written, escapes included.
+  size_t max_string_bytes = size_t{1} << 20;
+  // The elements of one array or the members of one object.
+  size_t max_elements = size_t{1} << 20;
+  // Every value of the document (containers, strings, numbers, true, false, null) together.
+  size_t max_values = size_t{1} << 24;
+};
+
 // Parses `text`; a syntax error names `source` and the line and column where it was found. Text
-// nested deeper than kMaxJsonDepth is refused before anything recursive runs on it.
-absl::StatusOr<Json> Parse(std::string_view text, std::string_view source);
+// nested deeper than kMaxJsonDepth, or breaking one of `limits`, is refused (naming the field, the
+// line and column and the limit) before anything recursive runs on it.
+absl::StatusOr<Json> Parse(std::string_view text, std::string_view source,
+                           const Limits& limits = Limits());
 
 // At most `max_chars` of `text` for an error message: longer text is cut and says how much was cut,
 // so a huge input never makes a huge message.

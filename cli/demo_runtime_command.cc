@@ -59,6 +59,20 @@ absl::Status Interrupted() { return absl::CancelledError("interrupted"); }
 
 std::string Mib(uint64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
+// The URL of the endpoint `endpoint` (CanonicalMetricsAddress's spelling): one that can be opened
+// from this machine (scripts take the line's last word): an endpoint on every interface (0.0.0.0,
+// [::]) is reached through loopback.
+std::string MetricsUrl(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  const std::string host = endpoint.substr(0, colon);
+  const std::string port = endpoint.substr(colon + 1);
+  if (host == "0.0.0.0" || host == "[::]") {
+    return absl::StrCat("http://", host == "0.0.0.0" ? "127.0.0.1" : "[::1]", ":", port,
+                        "/metrics");
+  }
+  return absl::StrCat("http://", endpoint, "/metrics");
+}
+
 // A plan shaped like the reference run, scaled down to `tokens` tokens per rank so it fits any
 // machine: 45 layers (KDA, DSA every fourth; dense FFN in the first three, MoE after), every
 // layer input offloaded except the last layer's (its backward starts as soon as forward ends),
@@ -383,10 +397,17 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
   options.backend = STOWAGE_BACKEND_HOST;
   options.verify_checksums = flags.GetBool("verify") ? 1 : 0;
   options.copy_threads = static_cast<int32_t>(*copy_threads);
+  // The endpoint as it is bound (":9464" is 127.0.0.1:9464), so the URL printed below works.
   // Port 0 asks for a free port; it is resolved here so the demo can print the endpoint (the C
   // ABI, which the demo uses like any trainer, does not report the bound address).
-  std::string endpoint = address;
-  if (endpoint.size() > 2 && endpoint.ends_with(":0")) {
+  absl::StatusOr<std::string> canonical = runtime::CanonicalMetricsAddress(address);
+  if (!canonical.ok()) {
+    std::fprintf(stderr, "stowage demo-runtime: %s\n",
+                 std::string(canonical.status().message()).c_str());
+    return kExitUsage;
+  }
+  std::string endpoint = *std::move(canonical);
+  if (endpoint.ends_with(":0")) {
     absl::StatusOr<std::string> free = runtime::PickFreePort(endpoint);
     if (!free.ok()) {
       std::fprintf(stderr, "stowage demo-runtime: %s\n",
@@ -419,7 +440,7 @@ int RunDemoRuntimeCommand(int argc, char** argv) {
   std::printf("  %zu layers, %d offloading; %s pinned on NUMA node %d; prefetch distance %d\n",
               plan.layers.size(), offloading, Mib(stats.arena_capacity_bytes).c_str(),
               stats.numa_node, plan.runtime.prefetch_distance);
-  std::printf("metrics endpoint: http://%s/metrics\n", endpoint.c_str());
+  std::printf("metrics endpoint: %s\n", MetricsUrl(endpoint).c_str());
   std::printf("  %s; Ctrl-C stops\n", *steps == 0
                                           ? "running until interrupted"
                                           : absl::StrCat("running ", *steps, " steps").c_str());

@@ -1,5 +1,6 @@
 // The plan's one JSON writer (PlanToJson) and its one strict reader (ParsePlanJson,
 // ReadPlanFile), which fills in the fields an older plan leaves out and then validates the plan.
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -49,6 +50,15 @@ using nlohmann::ordered_json;
 
 // Errors from reading name the source "plan"; ReadPlanFile puts the file's path in front.
 constexpr std::string_view kSource = "plan";
+
+// What a plan's text may hold, checked while it is read (Note [JSON limits while reading] in
+// base/json_reader.cc): no array of a plan is longer than its layers, so a plan of more than
+// kPlanMaxLayers layers is refused at its first layer too many, before the rest is read.
+json::Limits PlanLimits() {
+  json::Limits limits;
+  limits.max_elements = static_cast<size_t>(kPlanMaxLayers);
+  return limits;
+}
 
 // Old name -> new name (moe_chunks also chunks dense FFNs).
 constexpr std::pair<std::string_view, std::string_view> kRenamedLayerFields[] = {
@@ -280,7 +290,7 @@ std::string PlanToJson(const Plan& plan) {
 }
 
 absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
-  absl::StatusOr<json::Json> parsed = json::Parse(text, kSource);
+  absl::StatusOr<json::Json> parsed = json::Parse(text, kSource, PlanLimits());
   if (!parsed.ok()) return parsed.status();
   absl::StatusOr<json::Object> root = json::Object::Of(*parsed, std::string(kSource));
   if (!root.ok()) return root.status();
@@ -445,9 +455,24 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
 absl::StatusOr<Plan> ReadPlanFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open plan file '", path, "'"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  auto plan = ParsePlanJson(buffer.str());
+  // A file past the size limit is refused before it is read into memory.
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size > 0 && static_cast<uint64_t>(size) > PlanLimits().max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": plan: ", size, " bytes; allowed: at most ", PlanLimits().max_bytes));
+  }
+  // Read in one piece (no stream buffer copying a 100 MB plan twice).
+  std::string text(size > 0 ? static_cast<size_t>(size) : 0, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (size <= 0) {  // not a regular file (a pipe): as it comes
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    text = buffer.str();
+  }
+  auto plan = ParsePlanJson(text);
   if (!plan.ok()) {
     return absl::Status(plan.status().code(), absl::StrCat(path, ": ", plan.status().message()));
   }

@@ -25,7 +25,6 @@
 #include <utility>
 #include <vector>
 
-#include "CivetServer.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -34,9 +33,10 @@
 #include "absl/strings/str_split.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/metric_type.h"
+#include "prometheus/text_serializer.h"
+#include "runtime/metrics_http.h"
 
 namespace stowage::runtime {
 namespace {
@@ -279,9 +279,8 @@ RuntimeCollector::RuntimeCollector(std::shared_ptr<const RuntimeCounters> counte
   }
 }
 
-// Splits "host:port" / "[v6]:port" / "port" and checks both halves, so that nothing but one
-// literal address reaches civetweb (whose listening_ports syntax would otherwise read a bare
-// port as "all interfaces", and accepts lists and suffixes).
+// Splits "host:port" / "[v6]:port" / "port" and checks both halves: nothing but one literal
+// address is bound (no lists, suffixes or host names).
 absl::StatusOr<std::pair<std::string, int>> ParseAddress(const std::string& address) {
   std::string host = "127.0.0.1";
   std::string port_text = address;
@@ -362,114 +361,47 @@ absl::StatusOr<SocketAddress> ToSocketAddress(const std::string& host, int port)
   return a;
 }
 
-// UNAVAILABLE naming the address and the reason when `host:port` cannot be bound right now.
-absl::Status CheckPortFree(const std::string& host, int port) {
+// A socket bound to `host:port` and listening; UNAVAILABLE naming the address and the reason
+// when it cannot be (Note [Endpoint under slow clients] in metrics_http.cc: the backlog is the
+// kernel's largest, as the server accepts as fast as connections come).
+absl::StatusOr<int> Listen(const std::string& host, int port) {
   absl::StatusOr<SocketAddress> a = ToSocketAddress(host, port);
   if (!a.ok()) return a.status();
   const int fd = socket(a->storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", std::strerror(errno)));
-  // As civetweb binds: SO_REUSEADDR, so a port in TIME_WAIT is not reported busy.
   const int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const int bound = bind(fd, a->get(), a->length);
-  const int error = errno;
-  close(fd);
-  if (bound == 0) return absl::OkStatus();
-  if (error == EADDRINUSE) {
-    return absl::UnavailableError(absl::StrCat(
-        "metrics endpoint ", host, ":", port,
-        " is already in use by another process (another rank? with STOWAGE_METRICS_ADDR each "
-        "rank listens on the base port + LOCAL_RANK; or pick another port)"));
+  if (bind(fd, a->get(), a->length) != 0) {
+    const int error = errno;
+    close(fd);
+    if (error == EADDRINUSE) {
+      return absl::UnavailableError(absl::StrCat(
+          "metrics endpoint ", host, ":", port,
+          " is already in use by another process (another rank? with STOWAGE_METRICS_ADDR each "
+          "rank listens on the base port + LOCAL_RANK; or pick another port)"));
+    }
+    return absl::UnavailableError(absl::StrCat("metrics endpoint: cannot bind ", host, ":", port,
+                                               ": ", std::strerror(error)));
   }
-  return absl::UnavailableError(
-      absl::StrCat("metrics endpoint: cannot bind ", host, ":", port, ": ", std::strerror(error)));
+  if (listen(fd, SOMAXCONN) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("metrics endpoint: cannot listen on ", host, ":",
+                                               port, ": ", std::strerror(error)));
+  }
+  return fd;
 }
 
-// Note [Prompt shutdown]. civetweb's listener thread waits for connections in poll() with a
-// 2 s timeout and checks its stop flag only between polls, so stopping the server takes up to
-// 2 s -- paid by every stowage_destroy with an endpoint. While the server stops, this thread
-// connects to it every few milliseconds: each connection ends the poll early, and the listener
-// sees the flag at once.
-class ShutdownWaker {
+class HttpMetricsExporter final : public MetricsExporter {
  public:
-  explicit ShutdownWaker(const std::string& address) {
-    const size_t colon = address.rfind(':');
-    int port = 0;
-    if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) return;
-    absl::StatusOr<SocketAddress> target = ToSocketAddress(address.substr(0, colon), port);
-    if (!target.ok()) return;
-    // 0.0.0.0 / [::] are not connectable everywhere: wake through loopback instead.
-    std::string host = address.substr(0, colon);
-    if (host == "0.0.0.0") target = ToSocketAddress("127.0.0.1", port);
-    if (host == "[::]") target = ToSocketAddress("[::1]", port);
-    if (!target.ok()) return;
-    thread_ = std::jthread([a = *target](std::stop_token stop) mutable {
-      while (!stop.stop_requested()) {
-        const int fd = socket(a.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return;
-        connect(fd, a.get(), a.length);  // refused once the listener is gone: fine
-        close(fd);
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    });
-  }
-  // Destroying the waker (after the server stopped) stops and joins its thread.
+  HttpMetricsExporter(std::string host, std::unique_ptr<MetricsHttpServer> server)
+      : host_(std::move(host)), server_(std::move(server)) {}
 
- private:
-  std::jthread thread_;
-};
-
-// Note [Endpoint under slow clients]. civetweb holds one worker thread per connection from
-// accept until the request has been read. With prometheus-cpp's defaults (2 workers) and
-// civetweb's (30 s to read a request), two idle local connections made a scrape wait 30 s, and two
-// connections trickling header bytes kept every scrape out for as long as they went on. So:
-//   - kServerThreads workers: a handful of slow clients still leaves workers for scrapes;
-//   - kRequestTimeoutMs bounds the whole request read (civetweb measures it from the request's
-//     start, not between bytes), so even more slow clients than workers delay a scrape by at most
-//     that long -- a scrape request arrives in one packet, 3 s is ample on a loaded host;
-//   - keep-alive off: an idle Prometheus connection between scrapes holds no worker (a new TCP
-//     connection per scrape costs microseconds on the scrape interval of seconds).
-// HEAD /metrics (health checks) is answered in civetweb's begin_request hook: prometheus-cpp's
-// handler serves GET only, and HEAD used to fall through to civetweb's file serving.
-constexpr int kServerThreads = 8;
-constexpr int kRequestTimeoutMs = 3000;
-// What prometheus-cpp's GET handler sends, so HEAD and GET agree.
-constexpr char kExpositionContentType[] = "text/plain; charset=utf-8";
-
-int AnswerHead(mg_connection* conn) {
-  const mg_request_info* info = mg_get_request_info(conn);
-  if (info == nullptr || info->request_method == nullptr || info->local_uri == nullptr ||
-      std::strcmp(info->request_method, "HEAD") != 0 ||
-      std::strcmp(info->local_uri, "/metrics") != 0) {
-    return 0;  // civetweb (and prometheus-cpp's GET handler) take it
-  }
-  mg_printf(conn, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nConnection: close\r\n\r\n",
-            kExpositionContentType);
-  return 200;
-}
-
-class CivetMetricsExporter final : public MetricsExporter {
- public:
-  CivetMetricsExporter(std::string host, std::unique_ptr<prometheus::Exposer> exposer,
-                       std::shared_ptr<RuntimeCollector> collector)
-      : host_(std::move(host)), exposer_(std::move(exposer)), collector_(std::move(collector)) {
-    exposer_->RegisterCollectable(collector_);
-  }
-  ~CivetMetricsExporter() override {
-    exposer_->RemoveCollectable(collector_);
-    ShutdownWaker waker(bound_address());  // Note [Prompt shutdown]
-    exposer_.reset();
-  }
-
-  std::string bound_address() const override {
-    const std::vector<int> ports = exposer_->GetListeningPorts();
-    return absl::StrCat(host_, ":", ports.empty() ? 0 : ports.front());
-  }
+  std::string bound_address() const override { return absl::StrCat(host_, ":", server_->port()); }
 
  private:
   std::string host_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::shared_ptr<RuntimeCollector> collector_;
+  std::unique_ptr<MetricsHttpServer> server_;
 };
 
 }  // namespace
@@ -480,30 +412,19 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   absl::StatusOr<std::pair<std::string, int>> parsed = ParseAddress(address);
   if (!parsed.ok()) return parsed.status();
   const auto& [host, port] = *parsed;
-  // civetweb reports a port it cannot bind as "null context when constructing CivetServer":
-  // bind it here first to say what is wrong (another process may still take it in between; the
-  // catch below then names the address too).
-  if (port != 0) {
-    if (absl::Status free = CheckPortFree(host, port); !free.ok()) return free;
-  }
-  auto collector = std::make_shared<RuntimeCollector>(std::move(counters));
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    // Note [Endpoint under slow clients].
-    CivetCallbacks callbacks;
-    callbacks.begin_request = AnswerHead;
-    exposer = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{"listening_ports", absl::StrCat(host, ":", port),       //
-                                 "num_threads", absl::StrCat(kServerThreads),            //
-                                 "request_timeout_ms", absl::StrCat(kRequestTimeoutMs),  //
-                                 "enable_keep_alive", "no"},
-        &callbacks);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics endpoint: cannot listen on ", host, ":",
-                                               port,
-                                               " (is another process using it?): ", e.what()));
-  }
-  return std::make_unique<CivetMetricsExporter>(host, std::move(exposer), std::move(collector));
+  absl::StatusOr<int> fd = Listen(host, port);
+  if (!fd.ok()) return fd.status();
+  auto collector = std::make_shared<const RuntimeCollector>(std::move(counters));
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> server = MetricsHttpServer::Start(
+      *fd, [collector] { return prometheus::TextSerializer().Serialize(collector->Collect()); });
+  if (!server.ok()) return server.status();
+  return std::make_unique<HttpMetricsExporter>(host, *std::move(server));
+}
+
+absl::StatusOr<std::string> CanonicalMetricsAddress(const std::string& address) {
+  absl::StatusOr<std::pair<std::string, int>> parsed = ParseAddress(address);
+  if (!parsed.ok()) return parsed.status();
+  return absl::StrCat(parsed->first, ":", parsed->second);
 }
 
 std::string ResolveMetricsAddress(const char* option) {

@@ -39,11 +39,11 @@ class MetricsExporter {
  public:
   // Serves GET /metrics on `address` ("host:port"; port 0 picks a free port). Binds exactly the
   // host given: "127.0.0.1:9464" listens on loopback only; all interfaces only if asked
-  // ("0.0.0.0:9464"). The host must be a literal IPv4 address, a bracketed IPv6 literal (only if
-  // civetweb was built with IPv6; otherwise UNAVAILABLE), or "localhost" (127.0.0.1); a bare port
-  // means 127.0.0.1. INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot be bound;
-  // errors name the address. Thread-safe: scrapes are served on the exporter's own threads;
-  // destroying it stops serving before it returns.
+  // ("0.0.0.0:9464"). The host must be a literal IPv4 address, a bracketed IPv6 literal, or
+  // "localhost" (127.0.0.1); a bare port means 127.0.0.1. INVALID_ARGUMENT for a malformed address,
+  // UNAVAILABLE when it cannot be bound; errors name the address. Thread-safe: scrapes are served
+  // on the exporter's own thread, which idle and slow clients cannot hold up (Note [Endpoint under
+  // slow clients] in metrics_http.cc); destroying it stops serving before it returns.
   static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(
       const std::string& address, std::shared_ptr<const RuntimeCounters> counters);
   virtual ~MetricsExporter() = default;
@@ -51,6 +51,11 @@ class MetricsExporter {
   // The address actually bound, with the real port ("127.0.0.1:40123").
   virtual std::string bound_address() const = 0;
 };
+
+// `address` as Start() reads it, spelled so that it can be connected to and printed in a URL: the
+// host Start() binds ("127.0.0.1" for a bare port, ":9464" and "localhost:9464") and the port.
+// INVALID_ARGUMENT naming the address where Start() would refuse it.
+absl::StatusOr<std::string> CanonicalMetricsAddress(const std::string& address);
 
 // The endpoint to open: `option` when non-null (empty string: none), else STOWAGE_METRICS_ADDR
 // (unset or empty: none). A bare port ("9464") means 127.0.0.1:9464.

@@ -12,6 +12,29 @@
 #include "planner/search/optimizer_internal.h"
 
 namespace stowage::planner {
+namespace {
+
+// What shrinks the LM head and loss, in the flags of the run's framework. Megatron's loss runs in
+// --loss-chunk-tokens chunks (0: every token at once); transformers' loss (ForCausalLMLoss) always
+// covers every token at once, and --framework hf refuses any other --loss-chunk-tokens
+// (ValidateHfRun in planner/frameworks/hf_build_layer.cc), so there only fewer tokens per step
+// help.
+std::string LossAdvice(const RunSettings& run) {
+  if (run.framework == Framework::kHf) {
+    return "with --framework hf the loss covers every token at once (transformers' "
+           "ForCausalLMLoss), so only fewer tokens per step shrink it: a shorter --seq-len or a "
+           "smaller --micro-batch (--framework megatron computes it in --loss-chunk-tokens "
+           "chunks)";
+  }
+  if (run.loss_chunk_tokens == 0) {
+    return absl::StrCat("try --loss-chunk-tokens ", RunSettings{}.loss_chunk_tokens,
+                        " (the LM head and loss in chunks of that many tokens; 0 takes every "
+                        "token at once)");
+  }
+  return absl::StrCat("try a smaller --loss-chunk-tokens (now ", run.loss_chunk_tokens, ")");
+}
+
+}  // namespace
 
 OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& o) {
   const uint64_t fixed = step.fixed.total();
@@ -58,7 +81,7 @@ OptimizeResult MinimumPeak(const StepCost& step, const OptimizerOptions& o) {
     r.binding = "LM head and loss";
     r.explanation =
         absl::StrCat("the LM head and loss need ", FormatBytes(step.tail_bytes), " on top of ",
-                     FormatBytes(fixed), " fixed memory; try a smaller --loss-chunk-tokens");
+                     FormatBytes(fixed), " fixed memory; ", LossAdvice(step.run));
   } else {
     r.binding = absl::StrCat("working set of the ", r.sim.peak_at);
     r.explanation = absl::StrCat("one layer's working set does not fit next to ",

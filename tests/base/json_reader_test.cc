@@ -135,5 +135,37 @@ TEST(Excerpt, CutsLongTextAndSaysHowMuch) {
   EXPECT_EQ(Excerpt(std::string(100, 'a'), 4), "aaaa... (96 more characters)");
 }
 
+// Note [JSON limits while reading]: each limit is checked in the scan before the tree is built,
+// names the field and where it was broken, and lets through what is exactly at the limit.
+TEST(JsonParse, LimitsAreCheckedWhileReadingNamingTheField) {
+  Limits limits;
+  limits.max_string_bytes = 4;
+  limits.max_elements = 3;
+  limits.max_values = 12;
+  EXPECT_TRUE(Parse(R"({"abcd": ["wxyz", 1, 2]})", "t", limits).ok());
+  EXPECT_EQ(Parse(R"({"a": {"b": [1, "wxyz5"]}})", "t", limits).status().message(),
+            "t: field 'a.b[1]' holds a string longer than 4 bytes at line 1, column 22; allowed: "
+            "at most 4 bytes");
+  EXPECT_EQ(Parse(R"({"abcde": 1})", "t", limits).status().message(),
+            "t: the document holds a string longer than 4 bytes at line 1, column 7; allowed: at "
+            "most 4 bytes");
+  EXPECT_EQ(Parse("{\"a\": [[1,\n2, 3, 4]]}", "t", limits).status().message(),
+            "t: field 'a[0]' has more than 3 elements at line 2, column 5; allowed: at most 3");
+  EXPECT_EQ(Parse(R"({"a": 1, "b": 2, "c": 3, "d": 4})", "t", limits).status().message(),
+            "t: the document has more than 3 members at line 1, column 24; allowed: at most 3");
+  // Strings are measured as written: an escape is two bytes, and one that crosses the limit is
+  // past it.
+  EXPECT_TRUE(Parse(R"(["ab\n"])", "t", limits).ok());
+  EXPECT_FALSE(Parse(R"(["abc\n"])", "t", limits).ok());
+  // Commas inside strings are text.
+  EXPECT_TRUE(Parse(R"([",,,,", 1])", "t", limits).ok());
+  // Values: the root, each container's elements and what they hold.
+  EXPECT_TRUE(Parse("[[1, 2, 3], [4, 5, 6], [7, 8]]", "t", limits).ok());  // 1 + 3 + 8
+  EXPECT_EQ(Parse("[[1, 2, 3], [4, 5, 6], [7, 8, 9]]", "t", limits).status().message(),
+            "t: more than 12 values at line 1, column 29; allowed: at most 12");
+  limits.max_bytes = 5;
+  EXPECT_EQ(Parse("[1, 2]", "t", limits).status().message(), "t: 6 bytes; allowed: at most 5");
+}
+
 }  // namespace
 }  // namespace stowage::json

@@ -347,11 +347,17 @@ TEST(PlanRequest, DeepNestingIsAnErrorNotACrash) {
 
 // A 100 MB name made stowage_last_error() 100 MB long.
 TEST(PlanRequest, TheLastErrorStaysReadableWhateverTheInput) {
-  const std::string name(10 << 20, 'x');
+  // A name within the reader's string limit (1 MiB) is quoted as an excerpt...
+  const std::string name((1 << 20) - 16, 'x');
   const Answer a = Call(false, Json{{"model", name}});
   EXPECT_EQ(a.status, STOWAGE_ERROR_INVALID_ARGUMENT);
   EXPECT_LT(a.text.size(), 8192u);
   EXPECT_THAT(a.text, HasSubstr("more characters)"));
+  // ...and a longer one is refused while it is read (Note [JSON limits while reading]).
+  const Answer huge = Call(false, Json{{"model", std::string(10 << 20, 'x')}});
+  EXPECT_EQ(huge.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_LT(huge.text.size(), 8192u);
+  EXPECT_THAT(huge.text, HasSubstr("field 'model' holds a string longer than 1048576 bytes"));
 }
 
 }  // namespace

@@ -365,6 +365,17 @@ TEST_F(PlanCommand, MaxSeqLen) {
   EXPECT_THAT(run.out, HasSubstr("longest sequence that fits:"));
 }
 
+// Regression: under --framework hf, where the loss binds, the answer advised "a smaller
+// --loss-chunk-tokens", which --framework hf refuses (transformers' loss takes every token).
+TEST_F(PlanCommand, MaxSeqLenUnderHfAdvisesWhatHfRuns) {
+  const Result run =
+      Stowage("plan --framework hf --model llama-3-8b --max-seq-len --hardware h200 --gpus 8");
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("it binds: LM head and loss"));
+  EXPECT_THAT(run.out, ::testing::Not(HasSubstr("try a smaller --loss-chunk-tokens")));
+  EXPECT_THAT(run.out, HasSubstr("with --framework hf the loss covers every token at once"));
+}
+
 // The families, their aliases and the presets; a real config's notes and count.
 TEST_F(PlanCommand, ListModelsAndConfigNotes) {
   const Result list = Stowage("plan --list-models");

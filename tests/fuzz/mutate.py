@@ -2,8 +2,10 @@
 """Mutation pass over every JSON input stowage takes, through the CLI and the C ABI.
 
 Seeds are the fuzz corpora (tests/fuzz/corpus/{plan,hf_config,hardware_profile}). Each mutant
-deletes fields, changes types, puts in huge, negative, fractional or non-finite numbers, or
-truncates the text; then:
+deletes fields, changes types, puts in huge, negative, fractional or non-finite numbers, nests
+arrays and objects deeply (at the root or in place of a field's value; around the readers' bound
+of 100 levels and far past it, balanced or not), puts in strings past the readers' length limit,
+or truncates the text; then:
   plans             stowage_plan_validate and (when valid and small) stowage_create/destroy on
                     the host backend through libstowage.so, and `stowage demo-runtime --plan`;
   HF configs        `stowage plan --model CONFIG --format json`;
@@ -38,6 +40,11 @@ SPECIAL_NUMBERS = [0, -1, 1, 2, 1.5, 0.5, -0.0, 2**31, 2**31 - 1, 2**32 + 2, 2**
                    2**63, 2**64 - 1, 2**64, 2**70, -(2**63), 1e30, -1e30, 1e308, 1e-308,
                    float("inf"), float("-inf"), float("nan")]
 OTHER_VALUES = [None, True, False, "", "1", "-1", "NaN", [], {}, [1], {"a": 1}]
+# Nesting depths around the readers' bound (kMaxJsonDepth in base/json_reader.h: 100 levels, the
+# document's own object included) and far past it (100,000 levels crashed every reader once).
+NEST_DEPTHS = [98, 99, 100, 101, 1000, 100000]
+LONG_STRING = 1 << 20  # base/json_reader.h Limits::max_string_bytes
+PLACEHOLDER = "__stowage_mutate_nested__"
 
 
 def dump(value):
@@ -104,8 +111,52 @@ def scale_once(doc, rng):
         parent[path[-1]] = value * factor if rng.random() < 0.7 else type(value)(value / factor)
 
 
+def brackets(rng, depth):
+    """The opening and closing text of `depth` levels of arrays or objects (or both,
+    alternating); one in four leaves them unclosed."""
+    kind = rng.choice(["array", "object", "mixed"])
+    opens, closes = [], []
+    for level in range(depth):
+        array = kind == "array" or (kind == "mixed" and level % 2 == 0)
+        opens.append("[" if array else '{"a":')
+        closes.append("]" if array else "}")
+    return "".join(opens), "" if rng.random() < 0.25 else "".join(reversed(closes))
+
+
+def nest_once(doc, rng):
+    """Deep nesting at the root (alone, or around the whole document) or in place of one field's
+    value. Done on the text: Python's own json cannot write (or read) 100,000 levels."""
+    opening, closing = brackets(rng, rng.choice(NEST_DEPTHS))
+    all_paths = [p for p in paths(doc) if p]
+    if not all_paths or rng.random() < 0.3:
+        inner = "1" if rng.random() < 0.5 else dump(doc)
+        return opening + inner + closing
+    path = rng.choice(all_paths)
+    get(doc, path[:-1])[path[-1]] = PLACEHOLDER
+    return dump(doc).replace(json.dumps(PLACEHOLDER), opening + "1" + closing, 1)
+
+
+def long_string_once(doc, rng):
+    """A string one byte past the readers' limit in place of one field's value or key."""
+    all_paths = [p for p in paths(doc) if p]
+    if not all_paths:
+        return dump(doc)
+    path = rng.choice(all_paths)
+    parent = get(doc, path[:-1])
+    if isinstance(parent, dict) and rng.random() < 0.3:
+        parent["k" * (LONG_STRING + 1)] = 1
+    else:
+        parent[path[-1]] = "s" * (LONG_STRING + 1)
+    return dump(doc)
+
+
 def mutant_text(seed_doc, rng):
     doc = copy.deepcopy(seed_doc)
+    r = rng.random()
+    if r < 0.1:
+        return nest_once(doc, rng)
+    if r < 0.12:
+        return long_string_once(doc, rng)
     if rng.random() < 0.3:
         scale_once(doc, rng)
         return dump(doc)
@@ -131,8 +182,8 @@ def load_seeds(kind):
         with open(os.path.join(folder, name), "rb") as f:
             try:
                 seeds.append((name, json.loads(f.read().decode("utf-8"))))
-            except (ValueError, UnicodeDecodeError):
-                pass  # regression inputs that are not JSON stay fuzz-only
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                pass  # regression inputs that are not JSON (or nest too deep) stay fuzz-only
     return [(n, d) for n, d in seeds if isinstance(d, dict)]
 
 
@@ -352,7 +403,7 @@ def check_plan(stowage, abi, text, tally):
         tally.add("plan (C ABI)", abi_answer)
         try:
             problems = plan_problems(json.loads(text), generated=False)
-        except ValueError:
+        except (ValueError, RecursionError):
             problems = ["accepted text that is not JSON"]
         if problems:
             tally.add("plan (C ABI)", "accepted bad plan", "; ".join(problems[:5]), text)

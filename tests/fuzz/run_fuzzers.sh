@@ -2,7 +2,8 @@
 # Builds the libFuzzer harnesses (the `fuzz` preset: clang, ASan + UBSan, build/fuzz) and runs
 # each for a chosen time over its seed corpus in tests/fuzz/corpus/<name>/. New inputs go to a
 # scratch directory, never into the repo; a crash leaves its input in build/fuzz/artifacts/ and
-# fails the run (add it to the corpus and a regression test once fixed).
+# fails the run (add it to the corpus and a regression test once fixed). The JSON harnesses use
+# the dictionary tests/fuzz/json.dict (JSON's tokens and deep nesting of arrays and objects).
 #   tests/fuzz/run_fuzzers.sh [--seconds N] [name ...]     (default: FUZZ_SECONDS or 60, all)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,9 +34,11 @@ for name in "${names[@]}"; do
   mkdir -p "$scratch/$name"
   log="$scratch/$name.log"
   result=ok
+  dict=()
+  [[ $name == cli_flags ]] || dict=(-dict="$root/tests/fuzz/json.dict")
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb: a runaway allocation is a bug.
   if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="$artifacts/${name}-" "$scratch/$name" "$root/tests/fuzz/corpus/$name" \
+      "${dict[@]}" -artifact_prefix="$artifacts/${name}-" "$scratch/$name" "$root/tests/fuzz/corpus/$name" \
       >"$log" 2>&1; then
     result="FAILED (see below; input in $artifacts)"
     status=1

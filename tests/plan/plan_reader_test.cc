@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "stowage/plan.h"
 
@@ -269,6 +270,52 @@ TEST(PlanReader, OldFieldNameIsRefusedNamingTheNewOne) {
   absl::StatusOr<Plan> plan = ParsePlanJson(j.dump());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->layers[1].ffn_chunks, 2);
+}
+
+// Limits are checked while the text is read (Note [JSON limits while reading] in
+// base/json_reader.cc). A plan of more layers than allowed used to be built whole before its
+// layers were counted: 12 s for a 99 MB plan of 243,853 layers.
+std::string PlanWithLayers(size_t layers, bool close) {
+  Json j = PlanObject();
+  j.erase("layers");
+  std::string text = j.dump();
+  text.pop_back();  // the closing '}'
+  text += ",\"layers\":[";
+  for (size_t i = 0; i < layers; ++i) {
+    absl::StrAppend(&text, i == 0 ? "" : "\n,", "{\"index\":", i,
+                    ",\"type\":\"a\",\"policy\":\"keep\",\"device_saved_bytes\":0,"
+                    "\"host_bytes\":0}");
+  }
+  if (close) text += "]}";
+  return text;
+}
+
+TEST(PlanReader, TooManyLayersAreRefusedAtTheFirstOneTooMany) {
+  const size_t too_many = static_cast<size_t>(kPlanMaxLayers) + 1;
+  // Refused at layer 100,001 (the comma before it starts line 100,001), naming the field and the
+  // limit.
+  EXPECT_THAT(ErrorOf(PlanWithLayers(too_many, /*close=*/true)),
+              HasSubstr("plan: field 'layers' has more than 100000 elements at line 100001, "
+                        "column 1; allowed: at most 100000"));
+  // What follows the layer too many is never read: a plan cut off after it is refused for its
+  // layers, not for being cut off (which a reader that builds everything first would say).
+  EXPECT_THAT(ErrorOf(PlanWithLayers(too_many, /*close=*/false)),
+              HasSubstr("field 'layers' has more than 100000 elements"));
+}
+
+TEST(PlanReader, LongStringsAreRefusedWhileReadingNamingTheField) {
+  Json j = PlanObject();
+  j["model"] = std::string(size_t{2} << 20, 'm');
+  EXPECT_THAT(ErrorOf(j), HasSubstr("plan: field 'model' holds a string longer than 1048576 "
+                                    "bytes at line 1, column "));
+  j = PlanObject();
+  j["layers"][1]["type"] = std::string(size_t{2} << 20, 't');
+  EXPECT_THAT(ErrorOf(j), HasSubstr("plan: field 'layers[1].type' holds a string longer than "
+                                    "1048576 bytes"));
+  // A long key is named by the object holding it.
+  j = PlanObject();
+  j["run"][std::string(size_t{2} << 20, 'k')] = 1;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("plan: field 'run' holds a string longer than 1048576"));
 }
 
 }  // namespace

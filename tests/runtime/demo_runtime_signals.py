@@ -4,6 +4,8 @@
    never finished and ignored SIGTERM. It is now refused up front: exit 2, the field named.
 2. SIGTERM stops the demo inside the step it is in (the step is ended and released), and the
    demo exits 0 -- it used to look at the signal only between steps.
+3. `--metrics-address=:PORT` (the host left out: 127.0.0.1) printed "http://:PORT/metrics", a URL
+   nothing can open; the demo now prints the address it binds, and the URL answers.
 
 Usage: demo_runtime_signals.py STOWAGE_BINARY
 """
@@ -79,6 +81,25 @@ class DemoRuntimeTest(unittest.TestCase):
         self.assertIn("interrupted during step 1", out)
         self.assertNotIn("step 1:", out)  # the step did not run to its end
         self.assertIn("done: 1 steps", out)  # ...but was ended (and released)
+
+    def test_a_port_without_a_host_prints_a_url_that_answers(self) -> None:
+        demo = subprocess.Popen(
+            [STOWAGE, "demo-runtime", "--steps", "1", "--step-interval", "0", "--hold", "60",
+             "--metrics-address=:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            url = ""
+            for line in demo.stdout:
+                if line.startswith("metrics endpoint:"):
+                    url = line.split()[-1]
+                    break
+            self.assertRegex(url, r"^http://127\.0\.0\.1:[1-9][0-9]*/metrics$")
+            with urllib.request.urlopen(url, timeout=10) as response:
+                self.assertEqual(response.status, 200)
+                self.assertIn("stowage_", response.read().decode())
+        finally:
+            demo.kill()
+            demo.wait()
 
 
 if __name__ == "__main__":
