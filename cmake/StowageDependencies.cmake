@@ -1,7 +1,7 @@
 # Third-party dependencies, all from Debian packages (scripts/setup-deps installs them).
 find_package(absl REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
-find_package(prometheus-cpp REQUIRED COMPONENTS core pull)
+find_package(prometheus-cpp REQUIRED COMPONENTS core)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(hwloc REQUIRED IMPORTED_TARGET GLOBAL hwloc)
 pkg_check_modules(numa REQUIRED IMPORTED_TARGET GLOBAL numa)
