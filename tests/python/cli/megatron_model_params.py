@@ -29,7 +29,8 @@ from megatron_layers import patch_for_cpu  # noqa: E402
 def patch_mla_core_attention() -> None:
     """megatron-core 0.16.1's MLA hands its core attention k_channels and v_channels, which the
     local spec's DotProductAttention does not take (only TransformerEngine's does). The core
-    attention holds no parameters: dropping the two keywords leaves the count as it is."""
+    attention holds no parameters: dropping the two keywords leaves the count as it is.
+    (megatron_layers.py's patch_for_cpu covers the rest.)"""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     init = DotProductAttention.__init__
 
@@ -37,6 +38,12 @@ def patch_mla_core_attention() -> None:
         init(self, *args, **kwargs)
 
     DotProductAttention.__init__ = without_channels
+    # Without TransformerEngine it also asks isinstance(linear_proj, TELinear), TELinear being a
+    # stand-in that is no class: a class nothing is an instance of answers what that check means
+    # (the projection is not TE's).
+    from megatron.core.transformer import multi_latent_attention
+    if not isinstance(getattr(multi_latent_attention, "TELinear", None), type):
+        multi_latent_attention.TELinear = type("NoTransformerEngineLinear", (), {})
 
 
 def count(case: dict) -> int:
