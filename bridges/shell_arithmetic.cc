@@ -57,7 +57,17 @@ class Arithmetic {
     return true;
   }
 
+  // Nesting ("((((1))))", "- - - 1") is bounded: the recursion below is never deeper than this.
+  static constexpr int kMaxNesting = 256;
+  struct Nest {
+    explicit Nest(int& n) : n_(n) { ++n_; }
+    ~Nest() { --n_; }
+    int& n_;
+  };
+
   absl::StatusOr<long long> Ternary() {
+    Nest nest(nesting_);
+    if (nesting_ > kMaxNesting) return Bad(absl::StrCat("nested more than ", kMaxNesting, " deep"));
     auto c = Binary(0);
     if (!c.ok() || !Take("?")) return c;
     auto a = Ternary();
@@ -127,6 +137,8 @@ class Arithmetic {
   }
 
   absl::StatusOr<long long> Power() {
+    Nest nest(nesting_);
+    if (nesting_ > kMaxNesting) return Bad(absl::StrCat("nested more than ", kMaxNesting, " deep"));
     auto base = Unary();
     if (!base.ok() || !Take("**")) return base;
     auto exponent = Power();
@@ -140,6 +152,8 @@ class Arithmetic {
   }
 
   absl::StatusOr<long long> Unary() {
+    Nest nest(nesting_);
+    if (nesting_ > kMaxNesting) return Bad(absl::StrCat("nested more than ", kMaxNesting, " deep"));
     if (Take("-")) {
       auto v = Unary();
       if (!v.ok() || *v == LLONG_MIN) return v.ok() ? Bad("overflow") : v;
@@ -197,6 +211,7 @@ class Arithmetic {
   const std::map<std::string, std::string>& variables_;
   int depth_;
   size_t pos_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

@@ -386,6 +386,17 @@ struct Fields {
 // `quotes_are_text` (a here-document).
 std::vector<ShellWord> Walk(absl::string_view raw, Scope& scope, bool no_split,
                             bool quotes_are_text) {
+  constexpr int kMaxDepth = 64;
+  if (scope.depth >= kMaxDepth) {
+    return {
+        ShellWord{"", absl::StrCat(scope.source, ":", scope.line, ": expansions nested more than ",
+                                   kMaxDepth, " deep are not read")}};
+  }
+  struct Deeper {
+    explicit Deeper(int& d) : d_(d) { ++d_; }
+    ~Deeper() { --d_; }
+    int& d_;
+  } deeper(scope.depth);
   Expander expand(scope);
   Fields f;
   bool in_double = false;

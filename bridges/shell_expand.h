@@ -20,6 +20,7 @@ struct Scope {
   std::vector<std::string>* positional = nullptr;
   std::string source;  // for $0 and for what is unresolved
   int line = 0;
+  int depth = 0;  // expansions within expansions (${A:-${B:-...}}), bounded
 };
 
 // A word as the shell passes it on: `"${A[@]}"` gives one field per element, an unquoted

@@ -39,7 +39,8 @@ using shell::Token;
 using shell::TokenKind;
 
 constexpr int kMaxIterations = 1000;
-constexpr int kMaxDepth = 32;  // nested eval / bash -c / function calls
+constexpr int kMaxDepth = 32;     // nested eval / bash -c / function calls
+constexpr int kMaxNesting = 200;  // compound commands within compound commands
 
 enum class Mode { kRun, kSkip, kUnknown };
 enum class Truth { kTrue, kFalse, kUnknown };
@@ -190,6 +191,17 @@ class Interpreter {
   }
 
   absl::StatusOr<Truth> Command(Mode mode) {
+    // Compound commands within compound commands ({ { ... } }, if in if): bounded, so the
+    // recursion below stays shallow whatever the file.
+    struct Deeper {
+      explicit Deeper(int& d) : d_(d) { ++d_; }
+      ~Deeper() { --d_; }
+      int& d_;
+    } deeper(nesting_);
+    if (nesting_ > kMaxNesting) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_, ":", Line(), ": commands nested more than ", kMaxNesting, " deep"));
+    }
     const Token* t = Peek();
     if (t == nullptr) return Unexpected();
     static const std::set<absl::string_view> kOutOfPlace = {"then", "elif", "else", "fi", "do",
@@ -393,6 +405,7 @@ class Interpreter {
   std::vector<int> unknown_lines_;  // conditions not decided, innermost last
 
   bool returning_ = false;  // after `return` in a function
+  int nesting_ = 0;         // compound commands being read
 };
 
 // NAME=..., NAME+=..., NAME[i]=...: the name, the subscript, whether it appends, the value as

@@ -268,5 +268,25 @@ TEST(ShellScript, EndlessLoopsAndDeepEvalsStop) {
   EXPECT_THAT(deep.unresolved, Contains(HasSubstr("more than 32 deep (the function f)")));
 }
 
+// Nothing recursive runs unbounded on a hostile file: deep nesting is refused or unresolved.
+TEST(ShellScript, DeepNestingIsBounded) {
+  const int n = 100000;
+  std::string groups;
+  for (int i = 0; i < n; ++i) groups += "{ ";
+  groups += "true; ";
+  for (int i = 0; i < n; ++i) groups += "}; ";
+  auto deep_group = ReadShellScript(groups, "job.sh", {});
+  ASSERT_FALSE(deep_group.ok());
+  EXPECT_THAT(deep_group.status().message(), HasSubstr("commands nested more than 200 deep"));
+  const ShellScript arithmetic = Read("X=$((" + std::string(n, '(') + "1" + std::string(n, ')') +
+                                      "))\nY=$((" + std::string(n, '-') + "1))\n");
+  EXPECT_THAT(arithmetic.variables.at("X").unresolved, HasSubstr("nested more than 256 deep"));
+  EXPECT_THAT(arithmetic.variables.at("Y").unresolved, HasSubstr("nested more than 256 deep"));
+  std::string nested = "x";
+  for (int i = 0; i < 2000; ++i) nested = "${A:-" + nested + "}";
+  const ShellScript expansion = Read("X=" + nested + "\n");
+  EXPECT_THAT(expansion.variables.at("X").unresolved, HasSubstr("nested more than 64 deep"));
+}
+
 }  // namespace
 }  // namespace stowage::bridges
