@@ -39,8 +39,9 @@ using shell::Token;
 using shell::TokenKind;
 
 constexpr int kMaxIterations = 1000;
-constexpr int kMaxDepth = 32;     // nested eval / bash -c / function calls
-constexpr int kMaxNesting = 200;  // compound commands within compound commands
+constexpr int kMaxDepth = 32;               // nested eval / bash -c / function calls
+constexpr int kMaxNesting = 200;            // compound commands within compound commands
+constexpr int kMaxTotalIterations = 20000;  // all loops' bodies together (nested loops)
 
 enum class Mode { kRun, kSkip, kUnknown };
 enum class Truth { kTrue, kFalse, kUnknown };
@@ -353,6 +354,11 @@ class Interpreter {
     }
     if (items.empty() || each == Mode::kSkip) items.assign(1, ShellWord{});
     for (size_t k = 0; k < items.size() && k < kMaxIterations; ++k) {
+      if (each != Mode::kSkip && ++iterations_ > kMaxTotalIterations) {
+        Unresolved(line, absl::StrCat("loops were read ", kMaxTotalIterations,
+                                      " times in all and no more"));
+        break;
+      }
       pos_ = body;
       if (each != Mode::kSkip) {
         out_.variables[name] = ShellValue{{items[k].text}, false, items[k].unresolved, {}};
@@ -373,8 +379,11 @@ class Interpreter {
       auto c = Condition("do", mode);
       if (!c.ok()) return c;
       Truth go = until ? Not(*c) : *c;
-      if (k >= kMaxIterations && Effective(mode) != Mode::kSkip) {
-        Unresolved(line, absl::StrCat("this loop was read ", kMaxIterations, " times and no more"));
+      if ((k >= kMaxIterations || ++iterations_ > kMaxTotalIterations) &&
+          Effective(mode) != Mode::kSkip) {
+        Unresolved(line,
+                   absl::StrCat("this loop was read ", k, " times and no more (at most ",
+                                kMaxIterations, " a loop, ", kMaxTotalIterations, " in all)"));
         go = Truth::kFalse;
       }
       Mode body = Branch(mode, go, line);
@@ -406,6 +415,7 @@ class Interpreter {
 
   bool returning_ = false;  // after `return` in a function
   int nesting_ = 0;         // compound commands being read
+  int iterations_ = 0;      // loop bodies read so far
 };
 
 // NAME=..., NAME+=..., NAME[i]=...: the name, the subscript, whether it appends, the value as

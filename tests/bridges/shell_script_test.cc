@@ -263,6 +263,10 @@ TEST(ShellScript, TextThatIsNotShellIsRefusedWithItsLine) {
 TEST(ShellScript, EndlessLoopsAndDeepEvalsStop) {
   const ShellScript loop = Read("while true; do X=1; done\n");
   EXPECT_THAT(loop.unresolved, Contains(HasSubstr("job.sh:1: this loop was read 1000 times")));
+  // Nested endless loops stop too: a budget for all loops together.
+  const ShellScript nested =
+      Read("while true; do while true; do while true; do X=1; done; done; done\n");
+  EXPECT_THAT(nested.unresolved, Contains(HasSubstr("(at most 1000 a loop, 20000 in all)")));
   const ShellScript deep = Read("f() { f; }\nf\n");
   EXPECT_TRUE(deep.commands.empty());
   EXPECT_THAT(deep.unresolved, Contains(HasSubstr("more than 32 deep (the function f)")));
