@@ -511,8 +511,15 @@ absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arg
                      not_needed.empty() ? "" : absl::StrCat(absl::StrJoin(not_needed, ", "), "; "),
                      absl::StrJoin(shown, "; "), unresolved.size() > 4 ? "; ..." : ""));
   }
-  // Megatron's distributed optimizer shards optimizer state over data parallel: --sharding optim.
-  if (distributed_optimizer && !explicit_sharding) out.flags.push_back({"sharding", "optim"});
+  // Megatron's distributed optimizer shards optimizer state over data parallel: --sharding optim;
+  // without it (and without a Megatron-FSDP strategy) every data-parallel rank holds it all,
+  // Megatron's default (--data-parallel-sharding-strategy no_shard), not the planner's.
+  if (!explicit_sharding) {
+    out.flags.push_back({"sharding", distributed_optimizer ? "optim" : "no_shard"});
+    out.origins["sharding"] = distributed_optimizer
+                                  ? absl::StrCat(where, ": --use-distributed-optimizer")
+                                  : absl::StrCat(where, ": no --use-distributed-optimizer");
+  }
   // Megatron-LM builds no MTP module without --mtp-num-layers (its default is None), whatever the
   // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/frameworks/megatron.cc).
   int pp = 1, mtp_layers = 0;

@@ -152,11 +152,10 @@ absl::StatusOr<std::optional<planner::ModelConfig>> TrainerModel(const cli::Flag
   auto model = bridges::MegatronModel(*trainer.model_arguments, static_cast<int>(*tp), *vocab,
                                       trainer.megatron_file, notes);
   if (!model.ok()) return model.status();
-  notes.push_back(absl::StrCat("the model is the one ", trainer.megatron_file,
-                               "'s arguments describe: ", model->num_layers(), " layers, hidden ",
-                               model->hidden, ", vocabulary ", model->vocab, " (", origin,
-                               ", padded for TP ", *tp, "), ", planner::ModelParameters(*model),
-                               " parameters"));
+  notes.push_back(absl::StrCat("the model its arguments describe: ", model->num_layers(),
+                               " layers, hidden ", model->hidden, ", vocabulary ", model->vocab,
+                               " (", origin, ", padded for TP ", *tp, "), ",
+                               planner::ModelParameters(*model), " parameters"));
   return *std::move(model);
 }
 
