@@ -1,8 +1,8 @@
 // What reading a trainer's own configuration gives (`stowage plan --from-megatron FILE`,
 // `--from-torchtitan FILE`; bridges/megatron_read.h, bridges/torchtitan_read.h): the settings the
 // planner has a flag for, in that flag's words, plus notes on what the file says that the planner
-// does not take (the model's shape comes from --model; recompute and offload settings are what
-// stowage chooses per layer).
+// does not take (recompute and offload settings are what stowage chooses per layer); for a
+// Megatron-LM job also the model its arguments describe and what the file leaves unresolved.
 #ifndef STOWAGE_BRIDGES_TRAINER_SETTINGS_H_
 #define STOWAGE_BRIDGES_TRAINER_SETTINGS_H_
 
