@@ -12,11 +12,15 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "bridges/megatron_job.h"
+#include "bridges/megatron_model.h"
+#include "bridges/shell_script.h"
 #include "planner/model/model.h"
 #include "stowage/plan.h"
 
@@ -48,11 +52,9 @@ bool IsPolicySetting(const std::string& name) {
          name == "fine-grained-activation-offloading" || name == "offload-modules";
 }
 
-struct Argument {
-  std::string name;  // without "--", dashes
-  std::optional<std::string> value;
-};
+using Argument = MegatronArgument;
 
+// A file that is not shell (an unbalanced quote): its `--name value` words, as a flat list.
 std::vector<Argument> ArgumentList(absl::string_view text) {
   std::vector<std::string> tokens;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -71,7 +73,7 @@ std::vector<Argument> ArgumentList(absl::string_view text) {
   std::vector<Argument> out;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i].rfind("--", 0) != 0) continue;  // the launcher, the script, a list's tail
-    Argument a{tokens[i].substr(2), std::nullopt};
+    Argument a{tokens[i].substr(2), std::nullopt, "", tokens[i]};
     if (auto eq = a.name.find('='); eq != std::string::npos) {
       a.value = a.name.substr(eq + 1);
       a.name = a.name.substr(0, eq);
@@ -110,16 +112,26 @@ absl::StatusOr<std::vector<Argument>> YamlScalars(absl::string_view text,
     std::replace(key.begin(), key.end(), '_', '-');
     const std::string lower = absl::AsciiStrToLower(value);
     if (lower == "false" || lower == "null" || lower == "~") continue;  // a switch left off
-    out.push_back({key, lower == "true" ? std::nullopt : std::optional<std::string>(value)});
+    out.push_back({key, lower == "true" ? std::nullopt : std::optional<std::string>(value), "",
+                   absl::StrCat("--", key, lower == "true" ? "" : " " + value)});
   }
   return out;
 }
 
+// YAML when the first line that is not a comment or "---" is `key:` or `key: value` with a plain
+// key (a shell line such as `X=${A:-1}` or `mkdir -p "$(dirname "$P")"` is not).
 bool LooksLikeYaml(absl::string_view text) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     line = absl::StripAsciiWhitespace(line);
-    if (line.empty() || line[0] == '#') continue;
-    return line.rfind("--", 0) != 0 && line.find(':') != absl::string_view::npos;
+    if (line.empty() || line[0] == '#' || line == "---") continue;
+    const size_t colon = line.find(':');
+    if (colon == 0 || colon == absl::string_view::npos) return false;
+    for (char c : line.substr(0, colon)) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
+        return false;
+      }
+    }
+    return line[0] != '-' && (colon + 1 == line.size() || line[colon + 1] == ' ');
   }
   return false;
 }
@@ -330,6 +342,223 @@ absl::StatusOr<bool> ReadMegatronSplit(const ArgumentValues& args, int pp, int m
                                      last->has_value() || layout != args.end());
 }
 
+// The arguments bridges/megatron_model.h reads for the model's shape and vocabulary.
+bool IsModelArgument(const std::string& name) {
+  static const auto* names = new std::set<std::string>{"num-layers",
+                                                       "hidden-size",
+                                                       "num-attention-heads",
+                                                       "ffn-hidden-size",
+                                                       "kv-channels",
+                                                       "group-query-attention",
+                                                       "num-query-groups",
+                                                       "swiglu",
+                                                       "quick-geglu",
+                                                       "geglu",
+                                                       "normalization",
+                                                       "disable-bias-linear",
+                                                       "add-bias-linear",
+                                                       "add-qkv-bias",
+                                                       "untie-embeddings-and-output-weights",
+                                                       "position-embedding-type",
+                                                       "max-position-embeddings",
+                                                       "no-position-embedding",
+                                                       "qk-layernorm",
+                                                       "num-experts",
+                                                       "moe-router-topk",
+                                                       "moe-ffn-hidden-size",
+                                                       "moe-shared-expert-intermediate-size",
+                                                       "moe-shared-expert-gate",
+                                                       "moe-layer-freq",
+                                                       "multi-latent-attention",
+                                                       "q-lora-rank",
+                                                       "kv-lora-rank",
+                                                       "qk-head-dim",
+                                                       "qk-nope-head-dim",
+                                                       "qk-pos-emb-head-dim",
+                                                       "qk-rope-head-dim",
+                                                       "v-head-dim",
+                                                       "vocab-size",
+                                                       "tokenizer-type",
+                                                       "tokenizer-model",
+                                                       "make-vocab-size-divisible-by",
+                                                       "softmax-type",
+                                                       "window-size",
+                                                       "window-attn-skip-freq"};
+  return names->contains(name);
+}
+
+// Arguments the job's description below reads (precision, Megatron-FSDP).
+bool IsJobArgument(const std::string& name) {
+  return name == "bf16" || name == "fp16" || name.rfind("fp8-", 0) == 0 ||
+         name == "use-megatron-fsdp" || name == "use-distributed-optimizer";
+}
+
+// The job as read, for the lines printed beside the plan.
+std::vector<std::string> JobLines(const ArgumentValues& all, const LaunchedJob& job,
+                                  const std::string& where,
+                                  const std::vector<std::string>& policy) {
+  std::vector<std::string> lines;
+  if (!job.launcher.empty()) {
+    lines.push_back(absl::StrCat("launcher: ", job.launcher, " (", where, "), ",
+                                 job.gpus.has_value()
+                                     ? absl::StrCat(*job.gpus, " GPUs (", job.gpus_origin, ")")
+                                     : absl::StrCat("GPUs not known: ", job.gpus_missing)));
+  }
+  std::string precision = all.contains("bf16") ? "bf16" : (all.contains("fp16") ? "fp16" : "fp32");
+  if (auto it = all.find("fp8-format"); it != all.end()) {
+    absl::StrAppend(&precision, " with fp8 ", it->second.value_or(""),
+                    " (the planner counts bf16 activations)");
+  }
+  std::string sharding =
+      all.contains("use-megatron-fsdp")
+          ? absl::StrCat("Megatron-FSDP ",
+                         all.contains("data-parallel-sharding-strategy")
+                             ? all.at("data-parallel-sharding-strategy").value_or("")
+                             : "no_shard")
+          : (all.contains("use-distributed-optimizer") ? "distributed optimizer" : "DDP");
+  auto value = [&](const char* name, const char* fallback) {
+    auto it = all.find(name);
+    return it == all.end() ? std::string(fallback) : it->second.value_or("");
+  };
+  lines.push_back(absl::StrCat("precision ", precision, "; ", sharding, "; micro-batch ",
+                               value("micro-batch-size", "1"), ", global batch ",
+                               value("global-batch-size", "(not set)")));
+  // The uniform policy that evaluates the script's own setting (--force): Megatron's full
+  // recompute, selective recompute (--recompute-activations is selective).
+  std::string force;
+  for (const std::string& p : policy) {
+    if (absl::StrContains(p, "recompute-granularity full")) force = "recompute";
+    if (force.empty() && (absl::StrContains(p, "selective") || p == "--recompute-activations")) {
+      force = "selective_recompute";
+    }
+  }
+  lines.push_back(absl::StrCat(
+      "the script recomputes / offloads: ",
+      policy.empty() ? "nothing" : absl::StrJoin(policy, ", "),
+      force.empty() ? "" : absl::StrCat(" (evaluate it as it is with --force ", force, ")")));
+  return lines;
+}
+
+// The settings of a job's arguments (Note [Pipeline split from Megatron] for the split).
+absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arguments,
+                                                const LaunchedJob& job,
+                                                const std::vector<std::string>& unresolved,
+                                                const std::string& source) {
+  TrainerSettings out;
+  std::vector<std::string> policy, unused, not_needed, model_unresolved;
+  ArgumentValues split, all;
+  bool distributed_optimizer = false, explicit_sharding = false;
+  const std::string where = job.line > 0 ? absl::StrCat(source, ":", job.line) : source;
+  for (const Argument& a : arguments) {
+    const std::string spelled = absl::StrCat("--", a.name, a.value ? " " + *a.value : "");
+    if (!a.unresolved.empty()) {
+      auto it = MegatronToStowage().find(a.name);
+      if (it != MegatronToStowage().end()) {
+        out.needs.push_back({it->second, absl::StrCat(a.unresolved, " (--", a.name, ")")});
+      } else if ((IsModelArgument(a.name) && a.name.rfind("tokenizer-", 0) != 0) ||
+                 IsPipelineSplitArgument(a.name)) {
+        // (The tokenizer matters only without --vocab-size, which then says what is missing.)
+        model_unresolved.push_back(absl::StrCat(a.unresolved, " (--", a.name, ")"));
+      } else {
+        not_needed.push_back(absl::StrCat("--", a.name));
+      }
+      continue;
+    }
+    all[a.name] = a.value;
+    if (IsPipelineSplitArgument(a.name)) {
+      split[a.name] = a.value;
+    } else if (auto it = MegatronToStowage().find(a.name); it != MegatronToStowage().end()) {
+      if (!a.value.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ": --", a.name, " has no value"));
+      }
+      out.flags.push_back({it->second, *a.value});
+      out.origins[it->second] = absl::StrCat(where, ": ", spelled);
+      explicit_sharding |= it->second == "sharding";
+    } else if (a.name == "use-distributed-optimizer") {
+      distributed_optimizer = true;
+    } else if (a.name == "optimizer-cpu-offload") {
+      out.flags.push_back({"optimizer-offload", "true"});
+    } else if (a.name == "use-tp-pp-dp-mapping") {
+      // initialize.py: order 'tp-cp-ep-pp-dp' under this switch (common_config.py).
+      out.flags.push_back({"rank-order", "tp-cp-ep-pp-dp"});
+    } else if (a.name == "grad-reduce-in-bf16" ||
+               (a.name == "megatron-fsdp-main-grads-dtype" && a.value == "bf16")) {
+      // The gradient buffer in bf16 (distributed_data_parallel_config.py grad_reduce_in_fp32
+      // off; Megatron-FSDP's main grads).
+      out.flags.push_back({"grad-dtype", "bf16"});
+    } else if (IsPolicySetting(a.name)) {
+      policy.push_back(a.spelled.empty() ? spelled : a.spelled);
+    } else if (!IsModelArgument(a.name) && !IsJobArgument(a.name)) {
+      unused.push_back(absl::StrCat("--", a.name));
+    }
+  }
+  if (!model_unresolved.empty()) {
+    out.needs.push_back({"model", absl::StrJoin(model_unresolved, "; ")});
+  }
+  if (HasMegatronModel(all) && model_unresolved.empty()) out.model_arguments = all;
+  if (job.gpus.has_value()) {
+    out.flags.push_back({"gpus", absl::StrCat(*job.gpus)});
+    out.origins["gpus"] = job.gpus_origin;
+  } else if (!job.gpus_missing.empty()) {
+    out.needs.push_back({"gpus", job.gpus_missing});
+  }
+  out.job = JobLines(all, job, where, policy);
+  if (!not_needed.empty() || !unresolved.empty()) {
+    std::vector<std::string> shown = unresolved;
+    if (shown.size() > 4) shown.resize(4);
+    out.notes.push_back(
+        absl::StrCat("not resolved in ", source, " and not needed for the plan: ",
+                     not_needed.empty() ? "" : absl::StrCat(absl::StrJoin(not_needed, ", "), "; "),
+                     absl::StrJoin(shown, "; "), unresolved.size() > 4 ? "; ..." : ""));
+  }
+  // Megatron's distributed optimizer shards optimizer state over data parallel: --sharding optim;
+  // without it (and without a Megatron-FSDP strategy) every data-parallel rank holds it all,
+  // Megatron's default (--data-parallel-sharding-strategy no_shard), not the planner's.
+  if (!explicit_sharding) {
+    out.flags.push_back({"sharding", distributed_optimizer ? "optim" : "no_shard"});
+    out.origins["sharding"] = distributed_optimizer
+                                  ? absl::StrCat(where, ": --use-distributed-optimizer")
+                                  : absl::StrCat(where, ": no --use-distributed-optimizer");
+  }
+  // Megatron-LM builds no MTP module without --mtp-num-layers (its default is None), whatever the
+  // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/frameworks/megatron.cc).
+  int pp = 1, mtp_layers = 0;
+  bool mtp_given = false;
+  for (const auto& [flag, value] : out.flags) {
+    const bool is_pp = flag == "pp", is_mtp = flag == "mtp-layers";
+    mtp_given |= is_mtp;
+    if (!is_pp && !is_mtp) continue;
+    const int min = is_pp ? 1 : 0, max = is_pp ? kPlanMaxPipelineStages : kPlanMaxMtpLayers;
+    int& read = is_pp ? pp : mtp_layers;
+    if (!absl::SimpleAtoi(value, &read) || read < min || read > max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": --", is_pp ? "pipeline-model-parallel-size" : "mtp-num-layers",
+                       " is '", value, "'; allowed: an integer in [", min, ", ", max, "]"));
+    }
+  }
+  if (!mtp_given) out.flags.push_back({"mtp-layers", "0"});
+  auto counted_layers = ReadMegatronSplit(split, pp, mtp_layers, source, out);
+  if (!counted_layers.ok()) return counted_layers.status();
+  // Without the rest of the model's shape --num-layers is read by the split alone.
+  if (split.contains("num-layers") && !*counted_layers && !out.model_arguments.has_value()) {
+    unused.insert(unused.begin(), "--num-layers");
+  }
+  if (!policy.empty()) {
+    out.notes.push_back(absl::StrCat(source, " sets ", absl::StrJoin(policy, ", "),
+                                     ": stowage chooses recompute and offload per layer (compare "
+                                     "with --force and --emit megatron)"));
+  }
+  if (!unused.empty()) {
+    out.notes.push_back(absl::StrCat(
+        "not used from ", source,
+        out.model_arguments.has_value() ? ": " : " (the model's shape comes from --model): ",
+        unused.size(), " settings, ",
+        absl::StrJoin(unused.begin(), unused.begin() + std::min<size_t>(unused.size(), 8), ", "),
+        unused.size() > 8 ? ", ..." : ""));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> MegatronLayoutStages(std::string_view layout_in) {
@@ -401,85 +630,44 @@ absl::StatusOr<std::vector<std::string>> MegatronLayoutStages(std::string_view l
   return stages;
 }
 
+absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text,
+                                                     std::string_view source) {
+  return ReadMegatronSettings(text, source, ShellEnvironment{});
+}
+
 absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text_in,
-                                                     std::string_view source_in) {
+                                                     std::string_view source_in,
+                                                     const ShellEnvironment& environment) {
   // Debian's Abseil has its own string_view; the splitting below works in its type.
   const absl::string_view text(text_in.data(), text_in.size());
   const std::string source(source_in);
   std::vector<Argument> arguments;
+  LaunchedJob job;
+  std::vector<std::string> unresolved;
   if (LooksLikeYaml(text)) {
     auto yaml = YamlScalars(text, source);
     if (!yaml.ok()) return yaml.status();
     arguments = *std::move(yaml);
+  } else if (auto script = ReadShellScript(text_in, source, environment); script.ok()) {
+    job = ReadLaunchedJob(*script, source);
+    arguments = job.arguments;
+    unresolved = script->unresolved;
   } else {
+    // Not shell (an unterminated quote): its `--name value` words as a flat list.
     arguments = ArgumentList(text);
+    unresolved.push_back(absl::StrCat(script.status().message(), " (read as a list of arguments)"));
   }
-  TrainerSettings out;
-  std::vector<std::string> policy, unused;
-  ArgumentValues split;
-  bool distributed_optimizer = false, explicit_sharding = false;
-  for (const Argument& a : arguments) {
-    if (IsPipelineSplitArgument(a.name)) {
-      split[a.name] = a.value;
-    } else if (auto it = MegatronToStowage().find(a.name); it != MegatronToStowage().end()) {
-      if (!a.value.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(source, ": --", a.name, " has no value"));
-      }
-      out.flags.push_back({it->second, *a.value});
-      explicit_sharding |= it->second == "sharding";
-    } else if (a.name == "use-distributed-optimizer") {
-      distributed_optimizer = true;
-    } else if (a.name == "optimizer-cpu-offload") {
-      out.flags.push_back({"optimizer-offload", "true"});
-    } else if (a.name == "use-tp-pp-dp-mapping") {
-      // initialize.py: order 'tp-cp-ep-pp-dp' under this switch (common_config.py).
-      out.flags.push_back({"rank-order", "tp-cp-ep-pp-dp"});
-    } else if (IsPolicySetting(a.name)) {
-      policy.push_back(absl::StrCat("--", a.name, a.value ? " " + *a.value : ""));
-    } else {
-      unused.push_back(absl::StrCat("--", a.name));
-    }
+  // Note [No Megatron argument]: a file with no `--name` argument (and a YAML file with no key)
+  // is not a Megatron-LM job; planning the default model for it would answer a question nobody
+  // asked.
+  if (arguments.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source,
+        ": found no Megatron-LM argument in it (a launch script running pretrain_gpt.py "
+        "--name value ..., a list of --name value arguments, or a YAML config of "
+        "name: value lines)"));
   }
-  // Megatron's distributed optimizer shards optimizer state over data parallel: --sharding optim.
-  if (distributed_optimizer && !explicit_sharding) out.flags.push_back({"sharding", "optim"});
-  // Megatron-LM builds no MTP module without --mtp-num-layers (its default is None), whatever the
-  // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/frameworks/megatron.cc).
-  int pp = 1, mtp_layers = 0;
-  bool mtp_given = false;
-  for (const auto& [flag, value] : out.flags) {
-    const bool is_pp = flag == "pp", is_mtp = flag == "mtp-layers";
-    mtp_given |= is_mtp;
-    if (!is_pp && !is_mtp) continue;
-    const int min = is_pp ? 1 : 0, max = is_pp ? kPlanMaxPipelineStages : kPlanMaxMtpLayers;
-    int& read = is_pp ? pp : mtp_layers;
-    if (!absl::SimpleAtoi(value, &read) || read < min || read > max) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": --", is_pp ? "pipeline-model-parallel-size" : "mtp-num-layers",
-                       " is '", value, "'; allowed: an integer in [", min, ", ", max, "]"));
-    }
-  }
-  if (!mtp_given) out.flags.push_back({"mtp-layers", "0"});
-  auto counted_layers = ReadMegatronSplit(split, pp, mtp_layers, source, out);
-  if (!counted_layers.ok()) return counted_layers.status();
-  // --num-layers is the model's shape, which comes from --model; only the split reads it.
-  if (split.contains("num-layers") && !*counted_layers) {
-    unused.insert(unused.begin(), "--num-layers");
-  }
-  if (!policy.empty()) {
-    out.notes.push_back(absl::StrCat(source, " sets ", absl::StrJoin(policy, ", "),
-                                     ": stowage chooses recompute and offload per layer (compare "
-                                     "with --force and --emit megatron)"));
-  }
-  if (!unused.empty()) {
-    out.notes.push_back(absl::StrCat(
-        "not used from ", source,
-        " (the model's shape comes from "
-        "--model): ",
-        unused.size(), " settings, ",
-        absl::StrJoin(unused.begin(), unused.begin() + std::min<size_t>(unused.size(), 8), ", "),
-        unused.size() > 8 ? ", ..." : ""));
-  }
-  return out;
+  return ReadMegatronJob(arguments, job, unresolved, source);
 }
 
 }  // namespace stowage::bridges

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bridges/shell_script.h"
 #include "bridges/trainer_settings.h"
 
 namespace stowage::bridges {
@@ -29,6 +30,15 @@ absl::StatusOr<std::vector<std::string>> MegatronLayoutStages(std::string_view l
 // the argument, its value and what is allowed.
 absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text,
                                                      std::string_view source);
+
+// The same for a launch script (bridges/shell_script.h reads it without running it; the file
+// is then the script, its positional parameters and environment those of `environment`): the
+// training command's arguments, the GPUs its launcher starts (bridges/megatron_job.h), the model
+// its arguments describe (TrainerSettings::model_arguments, for bridges/megatron_model.h), and
+// what it leaves unresolved (TrainerSettings::needs when a flag depends on it, a note otherwise).
+// A file with no Megatron argument at all is refused.
+absl::StatusOr<TrainerSettings> ReadMegatronSettings(std::string_view text, std::string_view source,
+                                                     const ShellEnvironment& environment);
 
 }  // namespace stowage::bridges
 

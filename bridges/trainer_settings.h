@@ -1,12 +1,13 @@
 // What reading a trainer's own configuration gives (`stowage plan --from-megatron FILE`,
 // `--from-torchtitan FILE`; bridges/megatron_read.h, bridges/torchtitan_read.h): the settings the
 // planner has a flag for, in that flag's words, plus notes on what the file says that the planner
-// does not take (the model's shape comes from --model; recompute and offload settings are what
-// stowage chooses per layer).
+// does not take (recompute and offload settings are what stowage chooses per layer); for a
+// Megatron-LM job also the model its arguments describe and what the file leaves unresolved.
 #ifndef STOWAGE_BRIDGES_TRAINER_SETTINGS_H_
 #define STOWAGE_BRIDGES_TRAINER_SETTINGS_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +31,18 @@ struct TrainerSettings {
   std::vector<std::pair<std::string, std::string>> flags;  // ("tp", "8"), ("sharding", "optim")
   std::vector<std::string> notes;
   std::optional<TorchtitanSplit> torchtitan_split;  // a pipelined job without its stages listed
+  // Megatron-LM: every argument of a job whose arguments describe a model (--num-layers,
+  // --hidden-size, --num-attention-heads), for bridges::MegatronModel once the tensor parallel
+  // size and the vocabulary are settled.
+  std::optional<std::map<std::string, std::optional<std::string>>> model_arguments;
+  // Where a flag's value came from ("train.sh:77: --tensor-model-parallel-size 8"), for the
+  // messages of checks that combine them.
+  std::map<std::string, std::string> origins;
+  // Flags the file leaves unresolved (its value depends on what stowage cannot know): (flag,
+  // why); an error unless the command line gives the flag.
+  std::vector<std::pair<std::string, std::string>> needs;
+  // The job as read: launcher, GPUs, precision, batch, what it recomputes or offloads.
+  std::vector<std::string> job;
 };
 
 }  // namespace stowage::bridges

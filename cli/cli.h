@@ -3,8 +3,8 @@
 // needs a value"), rejects unknown flags with a message naming them and the nearest known
 // spelling, takes declared aliases (other tools' names for the same flag), and renders --help from
 // the same table, so a flag cannot be documented but not parsed (or the reverse).
-#ifndef STOWAGE_TOOLS_CLI_H_
-#define STOWAGE_TOOLS_CLI_H_
+#ifndef STOWAGE_CLI_CLI_H_
+#define STOWAGE_CLI_CLI_H_
 
 #include <cstdint>
 #include <functional>
@@ -76,4 +76,4 @@ absl::StatusOr<uint64_t> ParseCount(const std::string& text, const std::string& 
 
 }  // namespace stowage::cli
 
-#endif  // STOWAGE_TOOLS_CLI_H_
+#endif  // STOWAGE_CLI_CLI_H_

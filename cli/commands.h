@@ -1,8 +1,8 @@
 // The `stowage` subcommands. Each lives in its own file and returns the process exit code:
 // 0 success, 1 the request cannot be met (e.g. a plan does not fit), 2 bad usage or input,
 // 3 the machine lacks what the command needs (e.g. no GPU).
-#ifndef STOWAGE_TOOLS_COMMANDS_H_
-#define STOWAGE_TOOLS_COMMANDS_H_
+#ifndef STOWAGE_CLI_COMMANDS_H_
+#define STOWAGE_CLI_COMMANDS_H_
 
 namespace stowage::tools {
 
@@ -20,4 +20,4 @@ int RunDemoRuntimeCommand(int argc, char** argv);  // demo_runtime_command.cc
 
 }  // namespace stowage::tools
 
-#endif  // STOWAGE_TOOLS_COMMANDS_H_
+#endif  // STOWAGE_CLI_COMMANDS_H_

@@ -5,6 +5,8 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
+#include "cli/plan_inputs.h"
 #include "planner/cost/cost_model.h"
 #include "planner/cost/reference_jobs.h"
 #include "planner/cost/run_settings.h"
@@ -173,9 +176,15 @@ cli::FlagParser MakeParser() {
          ""});
   p.Add({"list-models", "", "list the config.json families (with aliases) and the presets", ""});
   p.Add({"from-megatron", "FILE",
-         "take the run settings (parallel sizes, the pipeline split, sequence length, micro "
-         "batch, optimizer, sharding) from a Megatron-LM argument list or YAML config; flags "
+         "plan the job a Megatron-LM launch script (read, never run; its arguments follow `--` "
+         "at the end: --from-megatron FILE -- ARG...), argument list or YAML config starts: the "
+         "model its arguments describe (unless --model), the GPUs its launcher starts, the "
+         "parallel sizes, pipeline split, sequence length, batch, optimizer and sharding; flags "
          "given here win",
+         ""});
+  p.Add({"vocab-size", "N",
+         "with --from-megatron: the tokenizer's vocabulary when the file does not say it "
+         "(Megatron pads it to a multiple of --make-vocab-size-divisible-by x TP)",
          ""});
   p.Add({"from-torchtitan", "FILE",
          "take the run settings (parallel degrees, the pipeline stages, seq_len, local/global "
@@ -383,6 +392,16 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::s
 
 int RunPlanCommand(int argc, char** argv) {
   cli::FlagParser flags = MakeParser();
+  // After `--`: the positional parameters of the --from-megatron launch script.
+  std::vector<std::string> script_args;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--") continue;
+    for (int j = i + 1; j < argc; ++j) {
+      if (argv[j] != nullptr) script_args.emplace_back(argv[j]);
+    }
+    argc = i;
+    break;
+  }
   if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok()) {
     std::fprintf(stderr, "stowage plan: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
@@ -396,36 +415,10 @@ int RunPlanCommand(int argc, char** argv) {
     return kExitUsage;
   }
   // Run settings from the trainer's own config: flags given on the command line win.
-  std::optional<bridges::TorchtitanSplit> torchtitan_split;
-  for (const char* from : {"from-megatron", "from-torchtitan"}) {
-    auto file = flags.Get(from);
-    if (!file.has_value()) continue;
-    std::ifstream in(*file, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in) {
-      std::fprintf(stderr, "stowage plan: --%s=%s: cannot read the file\n", from, file->c_str());
-      return kExitUsage;
-    }
-    absl::StatusOr<bridges::TrainerSettings> settings =
-        std::string(from) == "from-megatron" ? bridges::ReadMegatronSettings(text.str(), *file)
-                                             : bridges::ReadTorchtitanSettings(text.str(), *file);
-    if (!settings.ok()) {
-      std::fprintf(stderr, "stowage plan: %s\n", std::string(settings.status().message()).c_str());
-      return kExitUsage;
-    }
-    for (const auto& [flag, value] : settings->flags) {
-      if (flags.Has(flag)) {
-        std::fprintf(stderr, "note: %s sets --%s %s; the command line's --%s wins\n", file->c_str(),
-                     flag.c_str(), value.c_str(), flag.c_str());
-      } else if (!flags.SetDefault(flag, value)) {
-        std::fprintf(stderr, "note: %s sets --%s, which this planner does not take\n",
-                     file->c_str(), flag.c_str());
-      }
-    }
-    for (const std::string& note : settings->notes)
-      std::fprintf(stderr, "note: %s\n", note.c_str());
-    if (settings->torchtitan_split.has_value()) torchtitan_split = settings->torchtitan_split;
+  absl::StatusOr<TrainerInputs> trainer = ReadTrainerInputs(flags, script_args);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "stowage plan: %s\n", std::string(trainer.status().message()).c_str());
+    return kExitUsage;
   }
   if (flags.GetBool("list-models")) {
     std::fputs(planner::ListModelsText().c_str(), stdout);
@@ -453,12 +446,19 @@ int RunPlanCommand(int argc, char** argv) {
     }
     profile_step = *std::move(step);
   } else {
-    auto inputs = ReadInputs(flags, torchtitan_split);
+    if (absl::Status s = CheckTrainerJob(flags, *trainer); !s.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(s.message()).c_str());
+      return kExitUsage;
+    }
+    auto inputs = ReadInputs(flags, *trainer);
     if (!inputs.ok()) {
       std::fprintf(stderr, "stowage plan: %s\n", std::string(inputs.status().message()).c_str());
       return kExitUsage;
     }
     in = *std::move(inputs);
+  }
+  for (const std::string& line : trainer->job) {  // the job as the launch script starts it
+    std::fprintf(*format == "json" ? stderr : stdout, "job: %s\n", line.c_str());
   }
   // With --format json stdout carries only the plan.
   for (const std::string& note : in.model_notes) {

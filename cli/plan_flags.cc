@@ -131,15 +131,24 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
-                                  const std::optional<bridges::TorchtitanSplit>& torchtitan_split) {
+absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags, const TrainerInputs& trainer) {
   Inputs in;
-  auto model = flags.GetString("model", planner::kDefaultModel);
-  if (!model.ok()) return model.status();
-  in.model_label = *model;
-  auto m = LooksLikePath(*model) ? planner::ReadHfConfigFile(*model) : planner::ModelPreset(*model);
-  if (!m.ok()) return m.status();
-  in.model = *m;
+  const std::optional<bridges::TorchtitanSplit>& torchtitan_split = trainer.torchtitan_split;
+  std::vector<std::string> trainer_notes;
+  auto trainer_model = TrainerModel(flags, trainer, trainer_notes);
+  if (!trainer_model.ok()) return trainer_model.status();
+  if (trainer_model->has_value()) {  // the model a Megatron-LM job's own arguments describe
+    in.model_label = trainer.megatron_file;
+    in.model = **trainer_model;
+  } else {
+    auto model = flags.GetString("model", planner::kDefaultModel);
+    if (!model.ok()) return model.status();
+    in.model_label = *model;
+    auto m =
+        LooksLikePath(*model) ? planner::ReadHfConfigFile(*model) : planner::ModelPreset(*model);
+    if (!m.ok()) return m.status();
+    in.model = *m;
+  }
   if (flags.Has("vision-tokens")) {
     auto vision = flags.GetInt("vision-tokens", 0, 0, 1 << 30);
     if (!vision.ok()) return vision.status();
@@ -148,6 +157,7 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
     }
   }
   in.model_notes = in.model.notes;
+  in.model_notes.insert(in.model_notes.end(), trainer_notes.begin(), trainer_notes.end());
   auto hardware = flags.GetString("hardware", planner::kDefaultHardware);
   if (!hardware.ok()) return hardware.status();
   in.hardware_label = *hardware;

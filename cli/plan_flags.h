@@ -1,8 +1,8 @@
 // The run flags of `stowage plan` read into a model, hardware, run settings and budgets: shared by
 // `stowage plan` (plan_command.cc) and `stowage search` (search_command.cc), which take the same
 // flags for everything but the layout.
-#ifndef STOWAGE_TOOLS_PLAN_FLAGS_H_
-#define STOWAGE_TOOLS_PLAN_FLAGS_H_
+#ifndef STOWAGE_CLI_PLAN_FLAGS_H_
+#define STOWAGE_CLI_PLAN_FLAGS_H_
 
 #include <optional>
 #include <string>
@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "bridges/torchtitan_read.h"
 #include "cli/cli.h"
+#include "cli/plan_inputs.h"
 #include "planner/cost/run_settings.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
@@ -43,9 +44,10 @@ absl::Status ReadPipeline(const cli::FlagParser& flags, int num_layers,
 // --model, --hardware, the run settings (framework defaults first), the budgets and --force:
 // every flag of `stowage plan` but --profile and the outputs. Flags not given take their
 // defaults; the run is not validated here (planner::ValidateRun, ValidatePipeline are).
-absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags,
-                                  const std::optional<bridges::TorchtitanSplit>& torchtitan_split);
+// `trainer` is what --from-megatron / --from-torchtitan read (empty without them): the model a
+// Megatron-LM job's arguments describe when no --model is given, a torchtitan job's stage split.
+absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags, const TrainerInputs& trainer);
 
 }  // namespace stowage::tools
 
-#endif  // STOWAGE_TOOLS_PLAN_FLAGS_H_
+#endif  // STOWAGE_CLI_PLAN_FLAGS_H_

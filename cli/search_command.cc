@@ -156,7 +156,7 @@ absl::StatusOr<SearchInputs> ReadSearchInputs(const cli::FlagParser& flags) {
   if (absl::Status st = run.Parse(static_cast<int>(argv.size()), argv.data(), 1); !st.ok()) {
     return st;
   }
-  absl::StatusOr<Inputs> in = ReadInputs(run, std::nullopt);
+  absl::StatusOr<Inputs> in = ReadInputs(run, TrainerInputs{});
   if (!in.ok()) return in.status();
   s.inputs = *std::move(in);
   if (s.inputs.options.force.has_value()) {

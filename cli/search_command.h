@@ -1,7 +1,7 @@
 // `stowage search`'s inputs: the job (read by `stowage plan`'s own flag reader, cli/plan_flags.h)
 // and the search request (planner/layout/layout_search.h).
-#ifndef STOWAGE_TOOLS_SEARCH_COMMAND_H_
-#define STOWAGE_TOOLS_SEARCH_COMMAND_H_
+#ifndef STOWAGE_CLI_SEARCH_COMMAND_H_
+#define STOWAGE_CLI_SEARCH_COMMAND_H_
 
 #include <string>
 #include <vector>
@@ -26,4 +26,4 @@ absl::StatusOr<SearchInputs> ReadSearchInputs(const cli::FlagParser& flags);
 
 }  // namespace stowage::tools
 
-#endif  // STOWAGE_TOOLS_SEARCH_COMMAND_H_
+#endif  // STOWAGE_CLI_SEARCH_COMMAND_H_

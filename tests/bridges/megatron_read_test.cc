@@ -29,15 +29,15 @@ TEST(ReadMegatronSettings, ArgumentListOfALaunchScript) {
       "  --recompute-granularity full --bf16\n",
       "train.sh");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(s->flags,
-              UnorderedElementsAre(Pair("tp", "4"), Pair("cp", "2"), Pair("ep", "8"),
-                                   Pair("seq-len", "131072"), Pair("micro-batch", "1"),
-                                   Pair("optimizer", "sgd"), Pair("optimizer-offload", "true"),
-                                   Pair("sharding", "optim"), Pair("mtp-layers", "0")));
+  EXPECT_THAT(s->flags, UnorderedElementsAre(
+                            Pair("tp", "4"), Pair("cp", "2"), Pair("ep", "8"),
+                            Pair("seq-len", "131072"), Pair("micro-batch", "1"),
+                            Pair("optimizer", "sgd"), Pair("optimizer-offload", "true"),
+                            Pair("sharding", "optim"), Pair("mtp-layers", "0"), Pair("gpus", "8")));
   ASSERT_EQ(s->notes.size(), 2u);
   EXPECT_THAT(s->notes[0], HasSubstr("--recompute-granularity full"));
   EXPECT_THAT(s->notes[1], HasSubstr("--num-layers"));
-  EXPECT_THAT(s->notes[1], HasSubstr("--bf16"));
+  EXPECT_THAT(s->job, Contains(HasSubstr("precision bf16")));
 }
 
 TEST(ReadMegatronSettings, YamlConfigAtAnyNesting) {
@@ -60,12 +60,15 @@ TEST(ReadMegatronSettings, TpPpDpMappingIsTheRankOrder) {
   const auto s =
       ReadMegatronSettings("--pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping", "a");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("pp", "2"), Pair("rank-order", "tp-cp-ep-pp-dp"),
-                                             Pair("mtp-layers", "0")));
+  // Without --use-distributed-optimizer: Megatron's no_shard.
+  EXPECT_THAT(s->flags,
+              UnorderedElementsAre(Pair("pp", "2"), Pair("rank-order", "tp-cp-ep-pp-dp"),
+                                   Pair("mtp-layers", "0"), Pair("sharding", "no_shard")));
   const auto yaml = ReadMegatronSettings("use_tp_pp_dp_mapping: true\n", "cfg.yaml");
   ASSERT_TRUE(yaml.ok()) << yaml.status();
   EXPECT_THAT(yaml->flags,
-              UnorderedElementsAre(Pair("rank-order", "tp-cp-ep-pp-dp"), Pair("mtp-layers", "0")));
+              UnorderedElementsAre(Pair("rank-order", "tp-cp-ep-pp-dp"), Pair("mtp-layers", "0"),
+                                   Pair("sharding", "no_shard")));
 }
 
 // Megatron-LM trains MTP only with --mtp-num-layers (default None): without it the plan trains
@@ -73,13 +76,13 @@ TEST(ReadMegatronSettings, TpPpDpMappingIsTheRankOrder) {
 TEST(ReadMegatronSettings, MtpNumLayersOrNone) {
   const auto given = ReadMegatronSettings("--mtp-num-layers 1 --mtp-loss-scaling-factor 0.1", "a");
   ASSERT_TRUE(given.ok()) << given.status();
-  EXPECT_THAT(given->flags, UnorderedElementsAre(Pair("mtp-layers", "1")));
+  EXPECT_THAT(given->flags, Contains(Pair("mtp-layers", "1")));
   const auto yaml = ReadMegatronSettings("model:\n  mtp_num_layers: 2\n", "cfg.yaml");
   ASSERT_TRUE(yaml.ok()) << yaml.status();
-  EXPECT_THAT(yaml->flags, UnorderedElementsAre(Pair("mtp-layers", "2")));
+  EXPECT_THAT(yaml->flags, Contains(Pair("mtp-layers", "2")));
   const auto absent = ReadMegatronSettings("--tensor-model-parallel-size 2", "a");
   ASSERT_TRUE(absent.ok());
-  EXPECT_THAT(absent->flags, UnorderedElementsAre(Pair("tp", "2"), Pair("mtp-layers", "0")));
+  EXPECT_THAT(absent->flags, Contains(Pair("mtp-layers", "0")));
 }
 
 TEST(ReadMegatronSettings, AnExplicitShardingStrategyWinsOverTheDistributedOptimizer) {
@@ -129,8 +132,9 @@ TEST(ReadMegatronSettings, ALayoutGivesEveryVirtualStagesLayers) {
       "  --pipeline-model-parallel-layout 'E,t*7|(t*9|)*2,t*7,L'\n",
       "train.sh");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("pp", "4"), Pair("mtp-layers", "0"),
-                                             Pair("pp-layout", "7,9,9,7")));
+  EXPECT_THAT(s->flags,
+              UnorderedElementsAre(Pair("sharding", "no_shard"), Pair("pp", "4"),
+                                   Pair("mtp-layers", "0"), Pair("pp-layout", "7,9,9,7")));
   // Eight virtual stages over four ranks: two model chunks each, the interleaved schedule; the
   // MTP depth runs in the last virtual stage, after its decoder layers.
   const auto virtual_stages = ReadMegatronSettings(
@@ -140,8 +144,9 @@ TEST(ReadMegatronSettings, ALayoutGivesEveryVirtualStagesLayers) {
   ASSERT_TRUE(virtual_stages.ok()) << virtual_stages.status();
   EXPECT_THAT(
       virtual_stages->flags,
-      UnorderedElementsAre(Pair("pp", "4"), Pair("mtp-layers", "1"), Pair("vpp", "2"),
-                           Pair("schedule", "interleaved"), Pair("pp-layout", "0,2,2,2,2,2,2,1")));
+      UnorderedElementsAre(Pair("sharding", "no_shard"), Pair("pp", "4"), Pair("mtp-layers", "1"),
+                           Pair("vpp", "2"), Pair("schedule", "interleaved"),
+                           Pair("pp-layout", "0,2,2,2,2,2,2,1")));
   EXPECT_THAT(Joined(virtual_stages->notes), HasSubstr("planned as --vpp 2 --pp-layout"));
 }
 
@@ -153,8 +158,9 @@ TEST(ReadMegatronSettings, UnevenFirstAndLastStagesAndTheirChunks) {
       "--decoder-last-pipeline-num-layers 10 --num-virtual-stages-per-pipeline-rank 2",
       "train.sh");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("pp", "4"), Pair("mtp-layers", "0"),
-                                             Pair("vpp", "2"), Pair("schedule", "interleaved"),
+  EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("sharding", "no_shard"), Pair("pp", "4"),
+                                             Pair("mtp-layers", "0"), Pair("vpp", "2"),
+                                             Pair("schedule", "interleaved"),
                                              Pair("pp-layout", "3,4,4,5,3,4,4,5")));
   // The split read --num-layers, so it is not named as unused.
   EXPECT_THAT(Joined(s->notes), Not(HasSubstr("not used")));
@@ -173,11 +179,11 @@ TEST(ReadMegatronSettings, LayersPerVirtualStageGiveTheChunks) {
       "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
       "train.sh");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(s->flags,
-              UnorderedElementsAre(Pair("pp", "4"), Pair("mtp-layers", "0"), Pair("vpp", "4"),
-                                   Pair("schedule", "interleaved"),
-                                   Pair("account-for-embedding-in-pipeline-split", "true"),
-                                   Pair("account-for-loss-in-pipeline-split", "true")));
+  EXPECT_THAT(s->flags, UnorderedElementsAre(
+                            Pair("sharding", "no_shard"), Pair("pp", "4"), Pair("mtp-layers", "0"),
+                            Pair("vpp", "4"), Pair("schedule", "interleaved"),
+                            Pair("account-for-embedding-in-pipeline-split", "true"),
+                            Pair("account-for-loss-in-pipeline-split", "true")));
 }
 
 TEST(ReadMegatronSettings, SplitsMegatronRefusesAreErrorsNamingTheArgument) {
@@ -228,6 +234,71 @@ TEST(ReadMegatronSettings, SplitsMegatronRefusesAreErrorsNamingTheArgument) {
       error("--pipeline-model-parallel-size two"),
       HasSubstr(
           "train.sh: --pipeline-model-parallel-size is 'two'; allowed: an integer in [1, 512]"));
+}
+
+// Note [No Megatron argument]: a file without one is refused, not planned as the default model.
+TEST(ReadMegatronSettings, AFileWithoutAnyMegatronArgumentIsRefused) {
+  for (const std::string text : {"hello world\n", "", "[[[]]]", "# only a comment\n",
+                                 "torchrun train.py\n", "---\n# an empty YAML document\n"}) {
+    auto s = ReadMegatronSettings(text, "f.sh");
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_THAT(s.status().message(), HasSubstr("f.sh: found no Megatron-LM argument in it"))
+        << text;
+  }
+  EXPECT_TRUE(ReadMegatronSettings("--seq-length 4096\n", "f.sh").ok());
+}
+
+TEST(ReadMegatronSettings, ALaunchScriptIsReadAsShell) {
+  const auto s = ReadMegatronSettings(
+      "#!/bin/bash\n"
+      "GPUS_PER_NODE=${GPUS_PER_NODE:-4}\n"
+      "NNODES=2\n"
+      "TP=${1:-2}\n"
+      "MBS=${MBS:-4}\n"
+      "ARGS=(--tensor-model-parallel-size $TP --micro-batch-size=${MBS})\n"
+      "mkdir -p \"$(dirname \"$CKPT\")\"\n"
+      "torchrun --nproc-per-node=$GPUS_PER_NODE --nnodes $NNODES \\\n"
+      "    pretrain_gpt.py \"${ARGS[@]}\" --save $(date +%s)\n",
+      "run.sh", ShellEnvironment{{"4"}, {{"MBS", "2"}}});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(s->flags, Contains(Pair("tp", "4")));
+  EXPECT_THAT(s->flags, Contains(Pair("micro-batch", "2")));
+  EXPECT_THAT(s->flags, Contains(Pair("gpus", "8")));
+  EXPECT_EQ(s->origins.at("gpus"), "torchrun --nproc-per-node=4 x --nnodes 2, line 8");
+  EXPECT_EQ(s->origins.at("tp"), "run.sh:8: --tensor-model-parallel-size 4");
+  // What is unresolved and not needed is named with its line.
+  EXPECT_THAT(s->notes, Contains(HasSubstr("run.sh:7: $(dirname")));
+  EXPECT_THAT(s->notes, Contains(HasSubstr("--save")));
+}
+
+TEST(ReadMegatronSettings, WhatIsNeededButUnresolvedNamesTheFlagThatSuppliesIt) {
+  const auto s = ReadMegatronSettings(
+      "TP=$(python -c 'print(8)')\n"
+      "LAYERS=$3\n"
+      "python pretrain_gpt.py --tensor-model-parallel-size $TP --num-layers $LAYERS \\\n"
+      "  --hidden-size 64 --num-attention-heads 4\n",
+      "run.sh", ShellEnvironment{});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_THAT(s->needs, Contains(Pair("tp", HasSubstr("run.sh:1: $(python -c 'print(8)') is a "
+                                                      "command substitution"))));
+  EXPECT_THAT(s->needs, Contains(Pair("model", HasSubstr("run.sh:2: $3 is not given"))));
+  EXPECT_THAT(s->needs, Contains(Pair("gpus", HasSubstr("run.sh:3: python starts the training"))));
+  EXPECT_FALSE(s->model_arguments.has_value());
+}
+
+TEST(ReadMegatronSettings, GpusFromSlurmAndWorldSize) {
+  const auto slurm = ReadMegatronSettings(
+      "#SBATCH --nodes=4\n#SBATCH --gres=gpu:8\n"
+      "srun python pretrain_gpt.py --seq-length 4096\n",
+      "job.sbatch", ShellEnvironment{});
+  ASSERT_TRUE(slurm.ok()) << slurm.status();
+  EXPECT_THAT(slurm->flags, Contains(Pair("gpus", "32")));
+  EXPECT_EQ(slurm->origins.at("gpus"), "SLURM --gpus-per-node 8 x --nodes 4");
+  const auto world =
+      ReadMegatronSettings("WORLD_SIZE=$((2 * 8))\npython pretrain_gpt.py --seq-length 4096\n",
+                           "w.sh", ShellEnvironment{});
+  ASSERT_TRUE(world.ok()) << world.status();
+  EXPECT_THAT(world->flags, Contains(Pair("gpus", "16")));
 }
 
 }  // namespace

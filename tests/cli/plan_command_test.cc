@@ -66,7 +66,8 @@ TEST_F(PlanCommand, FromMegatronTakesTheRunSettingsAndFlagsWin) {
   }
   const std::string job = "plan --model llama-3-8b --hardware h200 --gpus 8 --format json ";
   const Result from = Stowage(job + "--from-megatron " + Path("train.sh"));
-  const Result flags = Stowage(job + "--tp 2 --cp 4 --seq-len 128K --sharding optim");
+  // The parallel sizes the file leaves out are Megatron's defaults (EP 1, PP 1).
+  const Result flags = Stowage(job + "--tp 2 --cp 4 --ep 1 --pp 1 --seq-len 128K --sharding optim");
   ASSERT_EQ(flags.code, 0) << flags.out;
   ASSERT_EQ(from.code, 0) << from.out;
   // Same plan; only the notes (on stderr, merged here) differ.
