@@ -42,8 +42,9 @@ class MetricsExporter {
   // ("0.0.0.0:9464"). The host must be a literal IPv4 address, a bracketed IPv6 literal, or
   // "localhost" (127.0.0.1); a bare port means 127.0.0.1. INVALID_ARGUMENT for a malformed address,
   // UNAVAILABLE when it cannot be bound; errors name the address. Thread-safe: scrapes are served
-  // on the exporter's own thread, which idle and slow clients cannot hold up (Note [Endpoint under
-  // slow clients] in metrics_http.cc); destroying it stops serving before it returns.
+  // on the exporter's own thread, which idle and slow clients cannot hold up
+  // (Note [Endpoint under slow clients] in metrics_http.cc); destroying it stops serving before it
+  // returns.
   static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(
       const std::string& address, std::shared_ptr<const RuntimeCounters> counters);
   virtual ~MetricsExporter() = default;
