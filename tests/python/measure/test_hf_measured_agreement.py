@@ -1,7 +1,8 @@
 """`stowage plan --profile <measured>` against `stowage plan --framework hf` and against the live
 bytes of the whole step, on every family transformers builds here: peaks and step times within
-1%; and the public H200 cases through the measured profile: peaks within 3%, as the analytic
-profile. The tables say where a side is known to miss, and why."""
+1%, the analytic peak never below the live bytes by more than 0.5% (NEVER_BELOW); and the public
+H200 cases through the measured profile: peaks within 3%, as the analytic profile. The tables say
+where a side is known to miss, and why."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import tempfile
 import unittest
 
 import support  # noqa: F401  (puts the package on sys.path)
-from measure.hf_cases import (CUBLAS_WORKSPACES, FAMILIES, HAVE, LENGTHS, MEASURED, MEASURING,
-                              POLICIES, live_step, needs_hf, peak, plan, plan_both)
+from measure.hf_cases import (CUBLAS_WORKSPACES, FAMILIES, HAVE, HF_FLAGS, LENGTHS, MEASURED,
+                              MEASURING, POLICIES, live_step, needs_hf, peak, plan, plan_both)
 
 if HAVE:
     from stowage.measure.hf_fit import HfMeasurement
@@ -49,8 +50,9 @@ MEASURED_BELOW: dict = {}
 STEP_GAPS: dict = {}
 
 # Where `--framework hf` misses what transformers' code holds by more than 1% (the live bytes say
-# so; the test fails once the recipe is fixed: then drop the entry). (family, policy, tokens or None
-# for every length) -> the term. Mistral 4096 recompute, Mixtral (both lengths) and Llama 4 4096
+# so; the test fails once the recipe is fixed: then drop the entry), above it only: a peak below
+# the live bytes is never listed (NEVER_BELOW). (family, policy, tokens or None for every length)
+# -> the term. Mistral 4096 recompute, Mixtral (both lengths) and Llama 4 4096
 # recompute were here until the simulator made each layer's gradients when its modules' backward
 # runs and the hf recipe held the output's logits through the backward (Note [Gradient timing] in
 # planner/cost/cost_model.cc, Note [hf gradient timing] in planner/frameworks/hf_build_layer.cc);
@@ -90,10 +92,59 @@ ANALYTIC_GAPS = {
 # -0.26% without the shared expert's input gradient at the routed experts' moment.
 HF_MEASURED_AGREEMENT = 0.0005
 
+# How far below the live bytes of the whole step the analytic hf peak may be, in every row of every
+# family, ANALYTIC_GAPS' included: a peak below what runs is the one error that turns into an OOM
+# at launch. 0.5% is what the recipe's known omission costs (2h per token in a recomputed layer's
+# backward: the embedding output transformers holds through the layers, Note [Measured hf]; gemma2
+# 16384 recompute -0.15%, the lowest row). Every row the recipe once planned low was at least
+# twice that: glm_moe_dsa 4096 recompute -5.2% (the rerun's DSA indexer scores, Note [hf MLA] in
+# planner/frameworks/hf_mla.cc), gemma2 16384 recompute -1.05% (the masks the checkpoints hold,
+# Note [hf masks] in planner/frameworks/hf_build_layer.cc), glm4_moe 4096 keep -1.05% (o_proj's
+# copy of SDPA's output, Note [hf partial rotary] in planner/frameworks/hf_attention.cc).
+NEVER_BELOW = 0.005
+# Rows still below NEVER_BELOW, and why (the test fails once they are not: then drop the entry):
+# (family, policy, tokens) -> the term. Under transformers' gradient checkpointing every backward
+# moment of the step (each layer's and the embedding's) holds 2h bytes per token more than the
+# plan (mistral 4096: 32 MiB at each, mixtral 16384: 128 MiB; the loss moment agrees to the byte),
+# whose allocation is not yet attributed; with a small per-layer peak it is more than 0.5%.
+NEVER_BELOW_GAPS = {
+    ("mistral", "recompute", 4096): "-0.91%: 2h per token in the recomputed backward",
+    ("mixtral", "recompute", 16384): "-0.70%: 2h per token in the recomputed backward",
+}
+
 # The families whose forward under recompute the hf recipe counts at its moment (every layer's
 # forward level within 1% of the live bytes): Note [hf recompute forward] in
 # planner/frameworks/hf_build_layer.cc. Llama 4's MoE layers were 13.8 GiB low at 16384 tokens.
 RECOMPUTE_FORWARD = ("llama4_text",)
+
+# The live peak of the whole step at full depth with the cuBLAS workspaces the CPU cannot see, and
+# each layer's forward level likewise: (family, tokens, policy) -> (bytes, [bytes]). Both of
+# AgreementTest's family tests read it, so each step is traced once.
+LIVE: dict = {}
+_FULL: dict = {}  # the last family's full-depth model (fake tensors: no weights' memory)
+
+
+def rows() -> list[tuple[str, int, str]]:
+    """(family, tokens, policy) of every row AgreementTest checks; STOWAGE_HF_FAMILIES (a comma
+    list) picks some families, to iterate on a few."""
+    only = os.environ.get("STOWAGE_HF_FAMILIES")
+    return [(family, seq_len, force) for family in FAMILIES
+            if not only or family in only.split(",")
+            for seq_len in LENGTHS.get(family, (4096, 16384))
+            for force in POLICIES.get(family, ("keep", "recompute"))]
+
+
+def live(family: str, seq_len: int, force: str) -> tuple[int, list[int]]:
+    """The truth on these fake tensors (the real code at real widths; recompute is transformers'
+    own gradient checkpointing) for one row: LIVE's."""
+    key = (family, seq_len, force)
+    if key not in LIVE:
+        if family not in _FULL:
+            _FULL.clear()
+            _FULL[family] = build_hf_model(FAMILIES[family], one_per_kind=False)
+        truth, forward = live_step(_FULL[family], seq_len, force == "recompute")
+        LIVE[key] = (truth + CUBLAS_WORKSPACES, [f + CUBLAS_WORKSPACES for f in forward])
+    return LIVE[key]
 
 
 @needs_hf
@@ -105,76 +156,99 @@ class AgreementTest(unittest.TestCase):
         # `stowage plan --framework hf`. The measured profile must land within 1% of the truth;
         # the analytic plan within 1% of the truth and the two profiles within 1% of each other
         # (unless the measured profile is known to miss, MEASURED_GAPS), except where the
-        # analytic plan is known to miss the truth (ANALYTIC_GAPS), where it must still miss it
-        # by more than 1% (the test fails once that is fixed: then drop the entry); their step
-        # times within 1%. The CPU cannot
-        # see the cuBLAS workspaces (64 MiB, CUDA only): they are added to the measured side.
-        rows = []
-        only = os.environ.get("STOWAGE_HF_FAMILIES")  # a comma list, to iterate on a few
-        for family, config in FAMILIES.items():
-            if only and family not in only.split(","):
-                continue
-            m = (measure_hf(config, lengths=MEASURING[family]) if family in MEASURING else
-                 measure_hf(config, seq_len=4096))
-            full = build_hf_model(config, one_per_kind=False)
-            for seq_len in LENGTHS.get(family, (4096, 16384)):
-                if not m.covers(seq_len):  # Note [One side of every threshold]
-                    m = measure_hf(config, seq_len=seq_len)
-                for force in POLICIES.get(family, ("keep", "recompute")):
-                    with self.subTest(family=family, seq_len=seq_len, force=force):
-                        truth, live_forward = live_step(full, seq_len, force == "recompute")
-                        truth += CUBLAS_WORKSPACES
-                        a, b, levels = plan_both(config, m, seq_len, force)
-                        analytic, measured = peak(a), peak(b) + CUBLAS_WORKSPACES
-                        ta, tb = a["predicted"]["step_seconds"], b["predicted"]["step_seconds"]
-                        rows.append(f"{family:10s} {seq_len:6d} {force:9s} {truth / 2**30:8.3f} "
-                                    f"{measured / 2**30:8.3f} {analytic / 2**30:8.3f} "
-                                    f"{100 * (measured - truth) / truth:+6.2f}% "
-                                    f"{100 * (measured - analytic) / analytic:+6.2f}% "
-                                    f"{ta:8.4f} {tb:8.4f} {100 * (tb - ta) / ta:+6.1f}%")
-                        below = MEASURED_BELOW.get((family, force, seq_len))
-                        if below is not None:
-                            self.assertLess(measured, truth * 0.99, f"{rows[-1]}: {below}")
-                        elif (family, seq_len) in MEASURED_GAPS:
-                            # Conservative: never below the truth, within 3%.
-                            self.assertGreaterEqual(measured, truth, rows[-1])
-                            self.assertLessEqual((measured - truth) / truth, 0.03,
-                                                 f"{rows[-1]}: {MEASURED_GAPS[family, seq_len]}")
-                        else:
-                            self.assertLessEqual(abs(measured - truth) / truth, 0.01, rows[-1])
-                        # Step time: the same op work by class on both sides (Note [Kernel bytes] in
-                        # stowage/measure/op_work.py; Note [Step time] in
-                        # planner/frameworks/hf_layer.h), so the same seconds within 1%.
-                        step_gap = STEP_GAPS.get(family)
-                        if step_gap is None:
-                            self.assertLessEqual(abs(tb - ta) / ta, 0.01, rows[-1])
-                        else:
-                            self.assertGreater(abs(tb - ta) / ta, 0.01, f"{rows[-1]}: {step_gap}")
-                        gap = ANALYTIC_GAPS.get((family, force, seq_len),
-                                                ANALYTIC_GAPS.get((family, force, None)))
-                        if gap is None:
-                            self.assertLessEqual(abs(analytic - truth) / truth, 0.01, rows[-1])
-                            # A measured profile known to miss the truth is not held to the
-                            # analytic plan that meets it.
-                            if (family, seq_len) not in MEASURED_GAPS and below is None:
-                                self.assertLessEqual(abs(measured - analytic) / analytic,
-                                                     HF_MEASURED_AGREEMENT, rows[-1])
-                        else:
-                            self.assertGreater(abs(analytic - truth) / truth, 0.01,
-                                               f"{rows[-1]}: {gap}")
-                        # Each layer's forward under recompute (the plan's level there, the
-                        # timeline's points 1..n: plan_levels), where the recipe states the
-                        # moment (Note [hf recompute forward] in
-                        # planner/frameworks/hf_build_layer.cc).
-                        if force == "recompute" and family in RECOMPUTE_FORWARD:
-                            for j, live in enumerate(live_forward):
-                                live += CUBLAS_WORKSPACES
-                                self.assertLessEqual(
-                                    abs(levels[1 + j] - live) / live, 0.01,
-                                    f"{rows[-1]}: the forward of layer {j}: planned "
-                                    f"{levels[1 + j] / 2**30:.3f} GiB, live {live / 2**30:.3f}")
+        # analytic plan is known to miss the truth (ANALYTIC_GAPS), where it must still be above
+        # it by more than 1% (the test fails once that is fixed: then drop the entry); their
+        # step times within 1%. The CPU cannot see the cuBLAS workspaces (64 MiB, CUDA only):
+        # they are added to the measured side (live()). The analytic peak's floor, NEVER_BELOW,
+        # is the test below.
+        table = []
+        m, measured_family = None, None
+        for family, seq_len, force in rows():
+            config = FAMILIES[family]
+            if measured_family != family:
+                m = (measure_hf(config, lengths=MEASURING[family]) if family in MEASURING else
+                     measure_hf(config, seq_len=4096))
+                measured_family = family
+            if not m.covers(seq_len):  # Note [One side of every threshold]
+                m = measure_hf(config, seq_len=seq_len)
+            with self.subTest(family=family, seq_len=seq_len, force=force):
+                truth, live_forward = live(family, seq_len, force)
+                a, b, levels = plan_both(config, m, seq_len, force)
+                analytic, measured = peak(a), peak(b) + CUBLAS_WORKSPACES
+                ta, tb = a["predicted"]["step_seconds"], b["predicted"]["step_seconds"]
+                table.append(f"{family:10s} {seq_len:6d} {force:9s} {truth / 2**30:8.3f} "
+                             f"{measured / 2**30:8.3f} {analytic / 2**30:8.3f} "
+                             f"{100 * (measured - truth) / truth:+6.2f}% "
+                             f"{100 * (measured - analytic) / analytic:+6.2f}% "
+                             f"{ta:8.4f} {tb:8.4f} {100 * (tb - ta) / ta:+6.1f}%")
+                below = MEASURED_BELOW.get((family, force, seq_len))
+                if below is not None:
+                    self.assertLess(measured, truth * 0.99, f"{table[-1]}: {below}")
+                elif (family, seq_len) in MEASURED_GAPS:
+                    # Conservative: never below the truth, within 3%.
+                    self.assertGreaterEqual(measured, truth, table[-1])
+                    self.assertLessEqual((measured - truth) / truth, 0.03,
+                                         f"{table[-1]}: {MEASURED_GAPS[family, seq_len]}")
+                else:
+                    self.assertLessEqual(abs(measured - truth) / truth, 0.01, table[-1])
+                # Step time: the same op work by class on both sides (Note [Kernel bytes] in
+                # stowage/measure/op_work.py; Note [Step time] in
+                # planner/frameworks/hf_layer.h), so the same seconds within 1%.
+                step_gap = STEP_GAPS.get(family)
+                if step_gap is None:
+                    self.assertLessEqual(abs(tb - ta) / ta, 0.01, table[-1])
+                else:
+                    self.assertGreater(abs(tb - ta) / ta, 0.01, f"{table[-1]}: {step_gap}")
+                gap = ANALYTIC_GAPS.get((family, force, seq_len),
+                                        ANALYTIC_GAPS.get((family, force, None)))
+                if gap is None:
+                    self.assertLessEqual(abs(analytic - truth) / truth, 0.01, table[-1])
+                    # A measured profile known to miss the truth is not held to the
+                    # analytic plan that meets it.
+                    if (family, seq_len) not in MEASURED_GAPS and below is None:
+                        self.assertLessEqual(abs(measured - analytic) / analytic,
+                                             HF_MEASURED_AGREEMENT, table[-1])
+                else:  # a pessimistic miss only: NEVER_BELOW
+                    self.assertGreater((analytic - truth) / truth, 0.01, f"{table[-1]}: {gap}")
+                # Each layer's forward under recompute (the plan's level there, the
+                # timeline's points 1..n: plan_levels), where the recipe states the
+                # moment (Note [hf recompute forward] in
+                # planner/frameworks/hf_build_layer.cc).
+                if force == "recompute" and family in RECOMPUTE_FORWARD:
+                    for j, forward in enumerate(live_forward):
+                        self.assertLessEqual(
+                            abs(levels[1 + j] - forward) / forward, 0.01,
+                            f"{table[-1]}: the forward of layer {j}: planned "
+                            f"{levels[1 + j] / 2**30:.3f} GiB, live {forward / 2**30:.3f}")
         print("\nfamily     tokens policy    live GiB measured   hf GiB  vs live  vs hf   "
-              "hf s     meas s   diff\n" + "\n".join(rows))
+              "hf s     meas s   diff\n" + "\n".join(table))
+
+    def test_the_analytic_peak_is_never_below_the_live_bytes(self) -> None:
+        # Every row of the test above (the live bytes shared through LIVE): `stowage plan
+        # --framework hf` at least the live peak of the whole step less NEVER_BELOW, whatever
+        # ANALYTIC_GAPS says (NEVER_BELOW_GAPS: the rows known to be lower). A plan that fits a
+        # budget the step then exceeds is an OOM at launch; a plan above the truth only wastes
+        # memory.
+        table = []
+        for family, seq_len, force in rows():
+            with self.subTest(family=family, seq_len=seq_len, force=force):
+                truth, _forward = live(family, seq_len, force)
+                with tempfile.TemporaryDirectory() as tmp:
+                    cfg = os.path.join(tmp, "config.json")
+                    with open(cfg, "w") as f:
+                        json.dump(FAMILIES[family], f)
+                    analytic = peak(plan(["--model", cfg, "--seq-len", str(seq_len), *HF_FLAGS,
+                                          "--force", force]))
+                table.append(f"{family:16s} {seq_len:6d} {force:9s} {truth / 2**30:9.3f} "
+                             f"{analytic / 2**30:9.3f} {100 * (analytic - truth) / truth:+6.2f}%")
+                known = NEVER_BELOW_GAPS.get((family, force, seq_len))
+                if known is None:
+                    self.assertGreaterEqual(analytic, truth * (1 - NEVER_BELOW),
+                                            f"{table[-1]}: the analytic peak below the live bytes")
+                else:
+                    self.assertLess(analytic, truth * (1 - NEVER_BELOW), f"{table[-1]}: {known}")
+        print("\nfamily           tokens policy     live GiB    hf GiB  vs live\n" +
+              "\n".join(table))
 
     def test_public_h200_cases_through_the_measured_profile(self) -> None:
         cases = []
