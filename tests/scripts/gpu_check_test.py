@@ -159,7 +159,7 @@ class PackagedFolderTest(unittest.TestCase):
     def test_elf_reader_agrees_with_readelf(self) -> None:
         if shutil.which("readelf") is None:
             self.skipTest("no readelf")
-        for rel in ("bin/stowage", "lib/libstowage.so", "lib/libprometheus-cpp-pull.so.1.0"):
+        for rel in ("bin/stowage", "lib/libstowage.so", "lib/libprometheus-cpp-core.so.1.0"):
             path = os.path.join(self.root, rel)
             text = subprocess.run(["readelf", "-dW", path], capture_output=True, text=True,
                                   check=True).stdout
