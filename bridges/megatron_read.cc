@@ -393,6 +393,19 @@ bool IsJobArgument(const std::string& name) {
          name == "use-megatron-fsdp" || name == "use-distributed-optimizer";
 }
 
+// The uniform policy that evaluates the script's own setting (--force): Megatron's full
+// recompute, selective recompute (--recompute-activations is selective); empty for none.
+std::string ScriptForce(const std::vector<std::string>& policy) {
+  std::string force;
+  for (const std::string& p : policy) {
+    if (absl::StrContains(p, "recompute-granularity full")) force = "recompute";
+    if (force.empty() && (absl::StrContains(p, "selective") || p == "--recompute-activations")) {
+      force = "selective_recompute";
+    }
+  }
+  return force;
+}
+
 // The job as read, for the lines printed beside the plan.
 std::vector<std::string> JobLines(const ArgumentValues& all, const LaunchedJob& job,
                                   const std::string& where,
@@ -423,19 +436,11 @@ std::vector<std::string> JobLines(const ArgumentValues& all, const LaunchedJob& 
   lines.push_back(absl::StrCat("precision ", precision, "; ", sharding, "; micro-batch ",
                                value("micro-batch-size", "1"), ", global batch ",
                                value("global-batch-size", "(not set)")));
-  // The uniform policy that evaluates the script's own setting (--force): Megatron's full
-  // recompute, selective recompute (--recompute-activations is selective).
-  std::string force;
-  for (const std::string& p : policy) {
-    if (absl::StrContains(p, "recompute-granularity full")) force = "recompute";
-    if (force.empty() && (absl::StrContains(p, "selective") || p == "--recompute-activations")) {
-      force = "selective_recompute";
-    }
-  }
+  const std::string force = ScriptForce(policy);
   lines.push_back(absl::StrCat(
       "the script recomputes / offloads: ",
       policy.empty() ? "nothing" : absl::StrJoin(policy, ", "),
-      force.empty() ? "" : absl::StrCat(" (evaluate it as it is with --force ", force, ")")));
+      force.empty() ? "" : absl::StrCat(" (evaluated beside the plan as --force ", force, ")")));
   return lines;
 }
 
@@ -503,6 +508,8 @@ absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arg
     out.needs.push_back({"gpus", job.gpus_missing});
   }
   out.job = JobLines(all, job, where, policy);
+  out.script_force = ScriptForce(policy);
+  if (!out.script_force.empty()) out.script_policy = absl::StrJoin(policy, ", ");
   if (!not_needed.empty() || !unresolved.empty()) {
     std::vector<std::string> shown = unresolved;
     if (shown.size() > 4) shown.resize(4);

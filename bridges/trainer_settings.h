@@ -43,6 +43,12 @@ struct TrainerSettings {
   std::vector<std::pair<std::string, std::string>> needs;
   // The job as read: launcher, GPUs, precision, batch, what it recomputes or offloads.
   std::vector<std::string> job;
+  // What the job recomputes today as the uniform --force policy that evaluates it ("recompute",
+  // "selective_recompute"; empty when it recomputes nothing), and the arguments that say so
+  // ("--recompute-granularity selective, --recompute-modules mlp"): `stowage plan` evaluates it
+  // beside the plan.
+  std::string script_force;
+  std::string script_policy;
 };
 
 }  // namespace stowage::bridges

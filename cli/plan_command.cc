@@ -308,11 +308,70 @@ absl::StatusOr<std::string> EmitText(const std::string& emit, const Plan& plan,
   return bridges::RenderTorchtitanJob(plan, *job);
 }
 
+// The --force path: Optimize under the budgets; a forced policy that does not fit them is
+// evaluated again without budgets, so that its own peak is shown (users compare it with what
+// they run). `fits` says whether the budgets hold.
+planner::OptimizeResult OptimizeStep(const planner::StepCost& step,
+                                     const planner::OptimizerOptions& options, bool& fits) {
+  planner::OptimizeResult result = planner::Optimize(step, options);
+  fits = result.feasible;
+  if (!fits && options.force.has_value()) {
+    planner::OptimizerOptions unlimited = options;
+    unlimited.gpu_budget_bytes = ~0ull;
+    unlimited.host_budget_bytes = ~0ull;
+    result = planner::Optimize(step, unlimited);
+  }
+  return result;
+}
+
+// Note [The script's own setting]
+// A Megatron-LM job that recomputes today (TrainerInputs::script_force) is evaluated as `--force
+// POLICY` evaluates it, through the same path (OptimizeStep; every stage forced for a pipeline),
+// and printed beside the plan: its step and peak against the GPU budget, and the plan's, so a
+// user sees what the plan changes. Empty when the script recomputes nothing.
+std::string ScriptSettingLine(const Inputs& in, const TrainerInputs& trainer,
+                              const planner::StepCost* step, double plan_seconds,
+                              uint64_t plan_peak) {
+  if (trainer.script_force.empty()) return "";
+  absl::StatusOr<LayerPolicy> policy = ParseLayerPolicy(trainer.script_force);
+  if (!policy.ok()) return "";
+  planner::OptimizerOptions forced = in.options;
+  forced.force = *policy;
+  bool fits = false;
+  double seconds = 0;
+  uint64_t peak = 0;
+  if (step != nullptr) {
+    const planner::OptimizeResult result = OptimizeStep(*step, forced, fits);
+    seconds = result.sim.step_seconds;
+    peak = result.sim.peak_bytes;
+  } else {
+    auto pipeline = planner::PlanPipeline(in.model, in.hardware, in.run, forced);
+    fits = pipeline.ok() && pipeline->feasible;
+    if (pipeline.ok() && !fits) {  // its own peak: every stage forced, without budgets
+      forced.gpu_budget_bytes = ~0ull;
+      forced.host_budget_bytes = ~0ull;
+      pipeline = planner::PlanPipeline(in.model, in.hardware, in.run, forced);
+    }
+    if (!pipeline.ok()) {
+      return absl::StrCat("the script's own setting (", trainer.script_policy,
+                          ") could not be evaluated: ", pipeline.status().message());
+    }
+    seconds = pipeline->step_seconds;
+    peak = pipeline->stages[pipeline->binding_stage].result.sim.peak_bytes;
+  }
+  return absl::StrCat("the script's own setting (", trainer.script_policy, ") as --force ",
+                      trainer.script_force, ": step ", planner::FormatSeconds(seconds), ", peak ",
+                      FormatBytes(peak), " of ", FormatBytes(in.options.gpu_budget_bytes), " (",
+                      fits ? "fits" : "does not fit", "); the plan: step ",
+                      planner::FormatSeconds(plan_seconds), ", peak ", FormatBytes(plan_peak));
+}
+
 // With pipeline parallelism (or several microbatches): every stage planned
 // (planner/search/pipeline.h), each stage's layers, the per-stage table naming the binding stage,
 // the binding stage's summary; with --emit, the trainer's settings instead, or why it cannot
 // express the plan.
-int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::string& format) {
+int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const TrainerInputs& trainer,
+                    const std::string& format) {
   const std::optional<std::string> emit = flags.Get("emit");
   if (in.options.force.has_value()) {
     std::fprintf(stderr,
@@ -373,6 +432,11 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const std::s
     std::fputs(planner::RenderStageTable(*pipeline, plan).c_str(), stdout);
     std::printf("\nstage %d (binding):\n", binding.stage);
     std::fputs(planner::RenderSummary(binding.step, plan, binding.result).c_str(), stdout);
+  }
+  if (const std::string line = ScriptSettingLine(in, trainer, nullptr, pipeline->step_seconds,
+                                                 binding.result.sim.peak_bytes);
+      !line.empty()) {
+    std::fprintf(text, "job: %s\n", line.c_str());
   }
   if (auto out = flags.Get("out"); out.has_value() && !WriteFile(*out, json)) return kExitUnmet;
   if (auto svg = flags.Get("timeline"); svg.has_value()) {
@@ -532,7 +596,7 @@ int RunPlanCommand(int argc, char** argv) {
   }
 
   if (!profile_step.has_value() && (in.run.pp > 1 || in.run.microbatches > 1)) {
-    return RunPipelinePlan(flags, in, *format);
+    return RunPipelinePlan(flags, in, *trainer, *format);
   }
   auto step = profile_step.has_value() ? absl::StatusOr<planner::StepCost>(*profile_step)
                                        : planner::BuildStepCost(in.model, in.hardware, in.run);
@@ -540,15 +604,8 @@ int RunPlanCommand(int argc, char** argv) {
     std::fprintf(stderr, "stowage plan: %s\n", std::string(step.status().message()).c_str());
     return kExitUsage;
   }
-  planner::OptimizeResult result = planner::Optimize(*step, in.options);
-  bool fits = result.feasible;
-  if (!fits && in.options.force.has_value()) {
-    // Show the forced policy anyway, with its own peak: users compare it with what they run.
-    planner::OptimizerOptions unlimited = in.options;
-    unlimited.gpu_budget_bytes = ~0ull;
-    unlimited.host_budget_bytes = ~0ull;
-    result = planner::Optimize(*step, unlimited);
-  }
+  bool fits = false;
+  planner::OptimizeResult result = OptimizeStep(*step, in.options, fits);
   if (!result.feasible) {
     std::FILE* say = *format == "json" || emit.has_value() ? stderr : stdout;
     std::fprintf(
@@ -591,6 +648,12 @@ int RunPlanCommand(int argc, char** argv) {
     std::fputs(planner::RenderTable(*step, plan, result).c_str(), stdout);
     std::fputs("\n", stdout);
     std::fputs(planner::RenderSummary(*step, plan, result).c_str(), stdout);
+  }
+  if (const std::string line =
+          ScriptSettingLine(in, *trainer, &*step, result.sim.step_seconds, result.sim.peak_bytes);
+      !line.empty()) {
+    std::fprintf(*format == "json" || emit.has_value() ? stderr : stdout, "job: %s\n",
+                 line.c_str());
   }
   if (auto out = flags.Get("out"); out.has_value() && !WriteFile(*out, json)) return kExitUnmet;
   if (auto svg = flags.Get("timeline"); svg.has_value()) {

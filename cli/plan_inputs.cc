@@ -104,6 +104,8 @@ absl::StatusOr<TrainerInputs> ReadTrainerInputs(cli::FlagParser& flags,
       }
       out.model_arguments = settings->model_arguments;
       out.job = settings->job;
+      out.script_force = settings->script_force;
+      out.script_policy = settings->script_policy;
     }
     for (const std::string& note : settings->notes) {
       std::fprintf(stderr, "note: %s\n", note.c_str());

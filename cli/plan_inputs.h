@@ -27,6 +27,10 @@ struct TrainerInputs {
   std::optional<std::map<std::string, std::optional<std::string>>> model_arguments;
   std::map<std::string, std::string> origins;
   std::vector<std::string> job;
+  // What the script recomputes today, as the --force policy that evaluates it
+  // (bridges::TrainerSettings::script_force), and its arguments; empty when it recomputes nothing.
+  std::string script_force;
+  std::string script_policy;
 };
 
 // Reads --from-megatron and --from-torchtitan into `flags` (as defaults: the command line wins,

@@ -40,6 +40,8 @@ inline constexpr json::Range<int> kInFlight{1, kPlanMaxMicrobatches};
 inline constexpr json::Range<int> kStageIndex{0, kPlanMaxPipelineStages - 1};
 inline constexpr json::Range<int> kChunkLayers{0, kPlanMaxLayers};
 inline constexpr json::Range<int> kMtpLayers{0, kPlanMaxMtpLayers};
+inline constexpr json::Range<int> kGpus{0, kPlanMaxParallelSize};  // 0: not stated
+inline constexpr json::Range<uint64_t> kGlobalBatch{0, kPlanMaxGlobalBatch};
 
 // Note [Pipeline stages]: the run's pipeline fields agree with each other, and the stages' chunks
 // cover the layers in virtual-stage order (chunk c of stage s is virtual stage c x pp + s).

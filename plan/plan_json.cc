@@ -24,6 +24,8 @@ using plan_internal::kBytes;
 using plan_internal::kChunkLayers;
 using plan_internal::kCopyChunk;
 using plan_internal::kFfnChunks;
+using plan_internal::kGlobalBatch;
+using plan_internal::kGpus;
 using plan_internal::kGpusPerNumaNode;
 using plan_internal::kInFlight;
 using plan_internal::kLayerIndex;
@@ -210,6 +212,10 @@ std::string PlanToJson(const Plan& plan) {
   if (plan.rank_order != RankOrder::kTpCpEpDpPp) {
     j["run"]["rank_order"] = RankOrderName(plan.rank_order);
   }
+  // The job's GPUs and global batch: written only when stated (plans without them keep their
+  // bytes and hash).
+  if (plan.gpus != 0) j["run"]["gpus"] = plan.gpus;
+  if (plan.global_batch != 0) j["run"]["global_batch"] = plan.global_batch;
   j["run"]["gpu_budget_bytes"] = plan.gpu_budget_bytes;
   j["run"]["host_budget_bytes"] = plan.host_budget_bytes;
   // Note [Plans that do not fit]: every plan says whether it fits; one that does not says why.
@@ -341,6 +347,8 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
                        "'; allowed: tp-cp-ep-dp-pp, tp-cp-ep-pp-dp (Megatron's rank orders)"));
     }
     plan.rank_order = *parsed_order;
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("gpus", plan.gpus, kGpus));
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("global_batch", plan.global_batch, kGlobalBatch));
     STOWAGE_RETURN_IF_ERROR(run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
     STOWAGE_RETURN_IF_ERROR(run->ReadOptional("host_budget_bytes", plan.host_budget_bytes, kBytes));
   }

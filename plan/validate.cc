@@ -1,5 +1,6 @@
 // ValidatePlan: every rule a plan obeys, in one place (include/stowage/plan.h), with the checks
 // of the run's pipeline fields and the stages that the reader shares.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -27,6 +28,8 @@ using plan_internal::kBytes;
 using plan_internal::kChunkLayers;
 using plan_internal::kCopyChunk;
 using plan_internal::kFfnChunks;
+using plan_internal::kGlobalBatch;
+using plan_internal::kGpus;
 using plan_internal::kGpusPerNumaNode;
 using plan_internal::kInFlight;
 using plan_internal::kLinkRate;
@@ -291,6 +294,17 @@ absl::Status ValidatePlan(const Plan& plan) {
   STOWAGE_RETURN_IF_ERROR(CheckRange("run.tp", plan.tp, kParallel));
   STOWAGE_RETURN_IF_ERROR(CheckRange("run.cp", plan.cp, kParallel));
   STOWAGE_RETURN_IF_ERROR(CheckRange("run.ep", plan.ep, kParallel));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.gpus", plan.gpus, kGpus));
+  STOWAGE_RETURN_IF_ERROR(CheckRange("run.global_batch", plan.global_batch, kGlobalBatch));
+  // A step's sequences are whole microbatches on every data-parallel rank.
+  const uint64_t per_rank = static_cast<uint64_t>(plan.micro_batch) *
+                            static_cast<uint64_t>(std::max(plan.microbatches, 1));
+  if (plan.global_batch % per_rank != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: field 'run.global_batch' is ", plan.global_batch,
+        "; allowed: 0 (not stated) or a multiple of run.micro_batch x run.microbatches = ",
+        per_rank));
+  }
   STOWAGE_RETURN_IF_ERROR(CheckRange("run.gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));
   STOWAGE_RETURN_IF_ERROR(CheckRange("run.host_budget_bytes", plan.host_budget_bytes, kBytes));
 

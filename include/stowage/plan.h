@@ -41,6 +41,9 @@ inline constexpr int kPlanMaxVirtualStages = 32;    // run.vpp
 inline constexpr int kPlanMaxMicrobatches = 1 << 20;
 // Multi-token-prediction depths a plan may carry (Note [MTP layers]); DeepSeek-V3 and GLM train 1.
 inline constexpr int kPlanMaxMtpLayers = 64;
+// run.global_batch, sequences per step: micro_batch x microbatches x data parallel at their limits
+// would wrap; no job steps on more than this.
+inline constexpr uint64_t kPlanMaxGlobalBatch = uint64_t{1} << 40;
 
 // What happens to one layer's activations between its forward and its backward.
 enum class LayerPolicy {
@@ -323,6 +326,12 @@ struct Plan {
   // Note [MTP layers]: multi-token-prediction depths trained (0: none), the last entries of
   // `layers`.
   int mtp_layers = 0;
+  // The job the plan was made for: its GPUs (the world size) and its global batch, sequences per
+  // step (micro_batch x microbatches x data parallel, data parallel = gpus / (tp x cp x pp)).
+  // 0: not stated (plans written before these fields, plans made by hand); written only when
+  // stated, so that those plans keep their bytes and hash.
+  int gpus = 0;
+  uint64_t global_batch = 0;
   uint64_t gpu_budget_bytes = 0;
   uint64_t host_budget_bytes = 0;
   PlanPrediction predicted;

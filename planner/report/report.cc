@@ -105,6 +105,13 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   plan.cp = step.run.cp;
   plan.ep = step.run.ep;
   plan.mtp_layers = step.mtp_layers;
+  // The job: its GPUs and the sequences of one step (data parallel as planner/cost/
+  // communication.cc groups the ranks).
+  const RunSettings& run = step.run;
+  plan.gpus = run.gpus;
+  plan.global_batch = static_cast<uint64_t>(run.micro_batch) *
+                      static_cast<uint64_t>(std::max(run.microbatches, 1)) *
+                      static_cast<uint64_t>(std::max(1, run.gpus / (run.tp * run.cp * run.pp)));
   plan.gpu_budget_bytes = labels.gpu_budget_bytes;
   plan.host_budget_bytes = labels.host_budget_bytes;
   const SimResult& sim = result.sim;

@@ -105,6 +105,10 @@ class RunSettings:
     microbatches: int = 1
     # Note [MTP layers]: multi-token-prediction depths trained, the last entries of layers.
     mtp_layers: int = 0
+    # The job the plan was made for: its GPUs and its global batch (sequences per step); 0 where
+    # the plan does not state them (plans written before these fields).
+    gpus: int = 0
+    global_batch: int = 0
     gpu_budget_bytes: int = 0
     host_budget_bytes: int = 0
 

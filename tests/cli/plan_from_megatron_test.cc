@@ -100,6 +100,9 @@ TEST_F(PlanFromMegatron, ScriptArgumentsFollowTheDoubleDash) {
       Stowage("plan --hardware h800 --format json --from-megatron " + script + " -- 2 4");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("\"tp\": 2"));
+  // The plan states the job it assumed: 4 GPUs, TP 2: data parallel 2 x micro-batch 1.
+  EXPECT_THAT(run.out, HasSubstr("\"gpus\": 4"));
+  EXPECT_THAT(run.out, HasSubstr("\"global_batch\": 2"));
   EXPECT_THAT(run.out, HasSubstr("4 GPUs (torchrun --nproc_per_node 4 x (one node), line 3)"));
   // Without $2 the GPU count is unresolved, and needed.
   const Result missing = Stowage("plan --hardware h800 --from-megatron " + script);
@@ -108,6 +111,52 @@ TEST_F(PlanFromMegatron, ScriptArgumentsFollowTheDoubleDash) {
   EXPECT_THAT(missing.out, HasSubstr("give --gpus on the command line"));
   // Words after `--` without --from-megatron are a mistake.
   EXPECT_EQ(Stowage("plan -- 1 2").code, 2);
+}
+
+// What the script recomputes today is evaluated as `--force` evaluates it, beside the plan
+// (Note [The script's own setting] in cli/plan_command.cc).
+TEST_F(PlanFromMegatron, TheScriptsOwnRecomputeIsEvaluatedBesideThePlan) {
+  const std::string model =
+      "  --num-layers 4 --hidden-size 256 --num-attention-heads 4 --swiglu \\\n"
+      "  --normalization RMSNorm --position-embedding-type rope --vocab-size 1000 \\\n"
+      "  --seq-length 4096 --disable-bias-linear";
+  const std::string full =
+      Write("full.sh",
+            "torchrun --nproc_per_node 4 pretrain_gpt.py --recompute-granularity full \\\n"
+            "  --recompute-method uniform --recompute-num-layers 1 \\\n" +
+                model + "\n");
+  const Result run = Stowage("plan --hardware h800 --from-megatron " + full);
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("(evaluated beside the plan as --force recompute)"));
+  EXPECT_THAT(run.out, HasSubstr("job: the script's own setting (--recompute-granularity full, "
+                                 "--recompute-method uniform, --recompute-num-layers 1) as --force "
+                                 "recompute: step "));
+  EXPECT_THAT(run.out, HasSubstr(" (fits); the plan: step "));
+  // Under a budget the forced policy misses, it is still evaluated, with its own peak.
+  const Result tight = Stowage("plan --hardware h800 --gpu-mem 0.05 --from-megatron " + full);
+  EXPECT_THAT(tight.out, HasSubstr(" (does not fit); the plan: step ")) << tight.out;
+  // Selective recompute, through the pipeline path (several microbatches).
+  const std::string selective =
+      Write("selective.sh",
+            "torchrun --nproc_per_node 4 pretrain_gpt.py --recompute-activations \\\n"
+            "  --micro-batch-size 1 --global-batch-size 16 \\\n" +
+                model + "\n");
+  const Result pipelined = Stowage("plan --hardware h800 --from-megatron " + selective);
+  ASSERT_EQ(pipelined.code, 0) << pipelined.out;
+  EXPECT_THAT(pipelined.out, HasSubstr("4 microbatches"));
+  const Result json = Stowage("plan --hardware h800 --format json --from-megatron " + selective);
+  ASSERT_EQ(json.code, 0) << json.out;
+  EXPECT_THAT(json.out, HasSubstr("\"gpus\": 4"));
+  EXPECT_THAT(json.out, HasSubstr("\"global_batch\": 16"));
+  EXPECT_THAT(pipelined.out, HasSubstr("job: the script's own setting (--recompute-activations) as "
+                                       "--force selective_recompute: step "));
+  // A script that recomputes nothing has no such line.
+  const std::string none =
+      Write("none.sh", "torchrun --nproc_per_node 4 pretrain_gpt.py \\\n" + model + "\n");
+  const Result plain = Stowage("plan --hardware h800 --from-megatron " + none);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_THAT(plain.out, HasSubstr("the script recomputes / offloads: nothing"));
+  EXPECT_THAT(plain.out, Not(HasSubstr("the script's own setting")));
 }
 
 }  // namespace

@@ -254,6 +254,44 @@ TEST(PlanValidator, LimitsOfRunSettings) {
   EXPECT_THAT(ErrorOf(j), HasSubstr("'layers[1].ffn_chunks' has value 0"));
 }
 
+// run.gpus and run.global_batch: the job the plan was made for, when stated. A plan without them
+// (written before them) loads as before and keeps its bytes, hence its hash.
+TEST(PlanReader, TheJobsGpusAndGlobalBatchAreOptional) {
+  const Json old_plan = PlanObject();
+  ASSERT_FALSE(old_plan["run"].contains("gpus"));
+  ASSERT_FALSE(old_plan["run"].contains("global_batch"));
+  absl::StatusOr<Plan> read = ParsePlanJson(old_plan.dump());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->gpus, 0);
+  EXPECT_EQ(read->global_batch, 0u);
+  EXPECT_EQ(CanonicalPlanHash(*read), CanonicalPlanHash(OffloadingPlan()));
+
+  Plan stated = OffloadingPlan();
+  stated.micro_batch = 2;
+  stated.gpus = 64;
+  stated.global_batch = 256;
+  const std::string json = PlanToJson(stated);
+  EXPECT_THAT(json, HasSubstr("\"gpus\": 64"));
+  EXPECT_THAT(json, HasSubstr("\"global_batch\": 256"));
+  absl::StatusOr<Plan> again = ParsePlanJson(json);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->gpus, 64);
+  EXPECT_EQ(again->global_batch, 256u);
+  EXPECT_NE(CanonicalPlanHash(stated), CanonicalPlanHash(OffloadingPlan()));
+
+  Json j = Json::parse(json);
+  j["run"]["global_batch"] = 255;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'run.global_batch' is 255; allowed: 0 (not stated) or a "
+                                    "multiple of run.micro_batch x run.microbatches = 2"));
+  j = Json::parse(json);
+  j["run"]["gpus"] = -1;
+  EXPECT_THAT(ErrorOf(j),
+              HasSubstr("'run.gpus' has value -1; allowed: an integer in [0, 1048576]"));
+  j = Json::parse(json);
+  j["run"]["global_batch"] = uint64_t{1} << 41;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'run.global_batch' has value 2199023255552"));
+}
+
 }  // namespace
 }  // namespace stowage
 

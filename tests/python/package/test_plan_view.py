@@ -58,6 +58,20 @@ def mtp_plan() -> stowage.Plan:
 
 
 class PlanViewTest(unittest.TestCase):
+    def test_the_jobs_gpus_and_global_batch_round_trip(self) -> None:
+        # run.gpus and run.global_batch: the job the plan assumed; 0 where a plan does not say.
+        plan = mtp_plan()
+        self.assertEqual((plan.run.gpus, plan.run.global_batch), (0, 0))
+        plan.run.gpus, plan.run.global_batch = 64, 8
+        again = stowage.Plan.from_json(plan.to_json())
+        self.assertEqual((again.run.gpus, again.run.global_batch), (64, 8))
+        d = plan.to_dict()
+        del d["run"]["gpus"], d["run"]["global_batch"]  # a plan written before them
+        self.assertEqual(stowage.Plan.from_dict(d).run.gpus, 0)
+        d["run"]["global_batch"] = 1 << 41
+        with self.assertRaisesRegex(stowage.PlanError, r"'run.global_batch' has value"):
+            stowage.Plan.from_dict(d)
+
     def test_mtp_layer_round_trips_and_runs(self) -> None:
         plan = mtp_plan()
         plan.validate()
