@@ -387,6 +387,28 @@ bool IsModelArgument(const std::string& name) {
   return names->contains(name);
 }
 
+// Whether Megatron-LM itself takes --`name` (its parser's names at the commit the generated list
+// names: bridges/megatron_lm_arguments.inc, from scripts/gen-megatron-argument-names), '_' read as
+// '-' on both sides as YAML keys are read. An argument it does not take is a fork's or a typo:
+// named apart from the Megatron-LM arguments the planner does not use, never an error.
+bool IsMegatronLmArgument(const std::string& name) {
+  static const std::set<std::string>* const names = [] {
+    static constexpr const char* kNames[] = {
+#include "bridges/megatron_lm_arguments.inc"
+    };
+    auto* set = new std::set<std::string>;
+    for (const char* n : kNames) {
+      std::string dashed(n);
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      set->insert(std::move(dashed));
+    }
+    return set;
+  }();
+  std::string dashed = name;
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  return names->contains(dashed);
+}
+
 // Arguments the job's description below reads (precision, Megatron-FSDP).
 bool IsJobArgument(const std::string& name) {
   return name == "bf16" || name == "fp16" || name.rfind("fp8-", 0) == 0 ||
@@ -554,6 +576,19 @@ absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arg
     out.notes.push_back(absl::StrCat(source, " sets ", absl::StrJoin(policy, ", "),
                                      ": stowage chooses recompute and offload per layer (compare "
                                      "with --force and --emit megatron)"));
+  }
+  // Arguments Megatron-LM does not have at all, apart: a fork's (read, not used) or a typo.
+  std::vector<std::string> unknown;
+  std::erase_if(unused, [&](const std::string& flag) {
+    if (IsMegatronLmArgument(flag.substr(2))) return false;
+    unknown.push_back(flag);
+    return true;
+  });
+  if (!unknown.empty()) {
+    out.notes.push_back(
+        absl::StrCat("unknown to Megatron-LM (not among its own arguments; a fork's, or a typo), "
+                     "not used, from ",
+                     source, ": ", absl::StrJoin(unknown, ", ")));
   }
   if (!unused.empty()) {
     out.notes.push_back(absl::StrCat(

@@ -40,6 +40,27 @@ TEST(ReadMegatronSettings, ArgumentListOfALaunchScript) {
   EXPECT_THAT(s->job, Contains(HasSubstr("precision bf16")));
 }
 
+// Megatron-LM's own arguments the planner does not use, and arguments Megatron-LM does not have
+// (a fork's, a typo), are named apart; neither is an error. '_' reads as '-', as in YAML keys.
+TEST(ReadMegatronSettings, ArgumentsMegatronLmDoesNotHaveAreNamedApart) {
+  const auto s = ReadMegatronSettings(
+      "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --seq-length 4096 \\\n"
+      "  --rotary-base 500000 --my-fork-fused-router --override-opt-param-scheduler \\\n"
+      "  --lr-decay-stlye cosine\n",
+      "train.sh");
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::string unknown, unused;
+  for (const std::string& note : s->notes) {
+    if (note.rfind("unknown to Megatron-LM", 0) == 0) unknown = note;
+    if (note.rfind("not used from", 0) == 0) unused = note;
+  }
+  EXPECT_THAT(unknown, HasSubstr("train.sh: --my-fork-fused-router, --lr-decay-stlye"));
+  EXPECT_THAT(unused, HasSubstr("--rotary-base"));
+  EXPECT_THAT(unused, HasSubstr("--override-opt-param-scheduler"));
+  EXPECT_THAT(unused, Not(HasSubstr("--my-fork-fused-router")));
+  EXPECT_THAT(unknown, Not(HasSubstr("--rotary-base")));
+}
+
 TEST(ReadMegatronSettings, YamlConfigAtAnyNesting) {
   const auto s = ReadMegatronSettings(
       "model_parallel:\n"
