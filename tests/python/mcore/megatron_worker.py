@@ -193,6 +193,7 @@ def stages_1f1b(base, pp: int, microbatches: int, shift: int = 0):
     n = len(plan.layers) // pp
     plan.run.pp, plan.run.vpp, plan.run.schedule = pp, 1, "1f1b"
     plan.run.microbatches = microbatches
+    plan.run.global_batch = 0  # the planned job's batch no longer holds: not stated
     plan.stages, arena = [], 0
     for s in range(pp):
         held = most = 0
@@ -251,6 +252,7 @@ def plan_for(chunks: list, spec: dict, data: list):
             plan.layers[i].policy = "selective_recompute"
             plan.layers[i].recompute_modules = list(names)
     plan.run.microbatches = spec.get("microbatches", 1)
+    plan.run.global_batch = 0  # the planned job's batch no longer holds: not stated
     if spec.get("mtp"):
         plan.run.mtp_layers = 1
         plan.layers[-1].name = "mtp.0"
