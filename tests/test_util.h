@@ -43,6 +43,13 @@ inline CommandResult RunCommand(const std::string& command) {
   return run;
 }
 
+// The built `stowage` CLI run with `args`: its stdout, and its stderr merged in unless
+// `with_stderr` is false (then dropped), and its exit code.
+inline CommandResult RunStowage(const std::string& args, bool with_stderr = true) {
+  return RunCommand(std::string(STOWAGE_BINARY_DIR) + "/cli/stowage " + args +
+                    (with_stderr ? " 2>&1" : " 2>/dev/null"));
+}
+
 }  // namespace stowage::testing
 
 // First statement of every test labelled `gpu`.

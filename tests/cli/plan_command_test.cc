@@ -21,10 +21,7 @@ using ::testing::HasSubstr;
 
 using Result = stowage::testing::CommandResult;  // out: stdout and stderr
 
-Result Stowage(const std::string& args) {
-  const std::string command = std::string(STOWAGE_BINARY_DIR) + "/cli/stowage " + args + " 2>&1";
-  return stowage::testing::RunCommand(command);
-}
+using stowage::testing::RunStowage;
 
 class PlanCommand : public ::testing::Test {
  protected:
@@ -39,20 +36,20 @@ class PlanCommand : public ::testing::Test {
 };
 
 TEST_F(PlanCommand, BareStowagePrintsTheCommandsAndPlansNothing) {
-  const Result run = Stowage("");
+  const Result run = RunStowage("");
   EXPECT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("usage: stowage <command>"));
   EXPECT_THAT(run.out, HasSubstr("bench plan"));
   EXPECT_THAT(run.out, ::testing::Not(HasSubstr("peak")));
-  EXPECT_EQ(Stowage("--help").out, run.out);
+  EXPECT_EQ(RunStowage("--help").out, run.out);
 }
 
 TEST_F(PlanCommand, TakesMegatronSpellingsOfTheParallelSizes) {
-  const Result megatron = Stowage(
+  const Result megatron = RunStowage(
       "plan --seq-length 128K --tensor-model-parallel-size 2 --context-parallel-size 4 "
       "--expert-model-parallel-size 4 --micro-batch-size 1 --format json");
   const Result ours =
-      Stowage("plan --seq-len 128K --tp 2 --cp 4 --ep 4 --micro-batch 1 --format json");
+      RunStowage("plan --seq-len 128K --tp 2 --cp 4 --ep 4 --micro-batch 1 --format json");
   ASSERT_EQ(megatron.code, ours.code) << megatron.out;
   EXPECT_EQ(megatron.out, ours.out);
   EXPECT_THAT(megatron.out, HasSubstr("\"tp\": 2"));
@@ -65,17 +62,18 @@ TEST_F(PlanCommand, FromMegatronTakesTheRunSettingsAndFlagsWin) {
                                        "  --use-distributed-optimizer --num-layers 45\n";
   }
   const std::string job = "plan --model llama-3-8b --hardware h200 --gpus 8 --format json ";
-  const Result from = Stowage(job + "--from-megatron " + Path("train.sh"));
+  const Result from = RunStowage(job + "--from-megatron " + Path("train.sh"));
   // The parallel sizes the file leaves out are Megatron's defaults (EP 1, PP 1).
-  const Result flags = Stowage(job + "--tp 2 --cp 4 --ep 1 --pp 1 --seq-len 128K --sharding optim");
+  const Result flags =
+      RunStowage(job + "--tp 2 --cp 4 --ep 1 --pp 1 --seq-len 128K --sharding optim");
   ASSERT_EQ(flags.code, 0) << flags.out;
   ASSERT_EQ(from.code, 0) << from.out;
   // Same plan; only the notes (on stderr, merged here) differ.
   EXPECT_THAT(from.out, HasSubstr(flags.out.substr(flags.out.find('{'))));
   EXPECT_THAT(from.out, HasSubstr("not used from"));
-  const Result override_tp = Stowage(job + "--from-megatron " + Path("train.sh") + " --tp 1");
+  const Result override_tp = RunStowage(job + "--from-megatron " + Path("train.sh") + " --tp 1");
   EXPECT_THAT(override_tp.out, HasSubstr("\"tp\": 1"));
-  EXPECT_EQ(Stowage("plan --from-megatron " + Path("missing.sh")).code, 2);
+  EXPECT_EQ(RunStowage("plan --from-megatron " + Path("missing.sh")).code, 2);
 }
 
 // torchtitan's own llama3_8b.toml (tests/data/torchtitan, v0.2.2): its run settings plan the
@@ -84,19 +82,19 @@ TEST_F(PlanCommand, FromTorchtitanTakesTheRunSettingsAndFlagsWin) {
   const std::string toml =
       std::string(STOWAGE_SOURCE_DIR) + "/tests/data/torchtitan/llama3_8b.toml";
   const std::string job = "plan --hardware h200 --gpus 8 --format json ";
-  const Result from = Stowage(job + "--from-torchtitan " + toml);
-  const Result flags = Stowage(job +
-                               "--model llama-3.1-8b --tp 1 --cp 1 --pp 1 --seq-len 8192 "
-                               "--micro-batch 1 --sharding optim_grads_params --optimizer adam");
+  const Result from = RunStowage(job + "--from-torchtitan " + toml);
+  const Result flags = RunStowage(job +
+                                  "--model llama-3.1-8b --tp 1 --cp 1 --pp 1 --seq-len 8192 "
+                                  "--micro-batch 1 --sharding optim_grads_params --optimizer adam");
   ASSERT_EQ(flags.code, 0) << flags.out;
   ASSERT_EQ(from.code, 0) << from.out;
   EXPECT_THAT(from.out, HasSubstr(flags.out.substr(flags.out.find('{'))));
   EXPECT_THAT(from.out, HasSubstr("not used from"));
   EXPECT_THAT(from.out, HasSubstr("activation_checkpoint.mode = \"selective\""));
-  const Result seq = Stowage(job + "--from-torchtitan " + toml + " --seq-len 4096");
+  const Result seq = RunStowage(job + "--from-torchtitan " + toml + " --seq-len 4096");
   EXPECT_THAT(seq.out, HasSubstr("\"seq_len\": 4096"));
   EXPECT_THAT(seq.out, HasSubstr("the command line's --seq-len wins"));
-  const Result bad = Stowage("plan --from-torchtitan " + Path("missing.toml"));
+  const Result bad = RunStowage("plan --from-torchtitan " + Path("missing.toml"));
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.out, HasSubstr("--from-torchtitan=" + Path("missing.toml")));
 }
@@ -123,15 +121,15 @@ TEST_F(PlanCommand, FromATrainerConfigPlansItsPipelineSplit) {
     }
     return counts;
   };
-  const Result torchtitan = Stowage(job + "--from-torchtitan " + Path("pp.toml"));
+  const Result torchtitan = RunStowage(job + "--from-torchtitan " + Path("pp.toml"));
   ASSERT_EQ(torchtitan.code, 0) << torchtitan.out;
   EXPECT_THAT(stage_layers(torchtitan.out), ElementsAre(8, 9, 8, 7));
-  const Result megatron = Stowage(job + "--from-megatron " + Path("pp.sh"));
+  const Result megatron = RunStowage(job + "--from-megatron " + Path("pp.sh"));
   ASSERT_EQ(megatron.code, 0) << megatron.out;
   EXPECT_THAT(stage_layers(megatron.out), ElementsAre(7, 9, 9, 7));
   for (const std::string& from :
        {"--from-torchtitan " + Path("pp.toml"), "--from-megatron " + Path("pp.sh")}) {
-    const Result given = Stowage(job + from + " --pp-layout 5,9,9,9");
+    const Result given = RunStowage(job + from + " --pp-layout 5,9,9,9");
     ASSERT_EQ(given.code, 0) << given.out;
     EXPECT_THAT(stage_layers(given.out), ElementsAre(5, 9, 9, 9)) << from;
   }
@@ -141,7 +139,7 @@ TEST_F(PlanCommand, FromATrainerConfigPlansItsPipelineSplit) {
 // (which the GPU holds at no cost in step time: Note [Least pinned memory]); torchtitan can only
 // checkpoint them, and says so.
 TEST_F(PlanCommand, EmitTorchtitanPrintsTheJobSectionsAndWhatItCannotExpress) {
-  const Result run = Stowage("plan --emit torchtitan");
+  const Result run = RunStowage("plan --emit torchtitan");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("[parallelism]\ndata_parallel_replicate_degree = 1\n"
                                  "data_parallel_shard_degree = 8\ntensor_parallel_degree = 1\n"
@@ -152,9 +150,9 @@ TEST_F(PlanCommand, EmitTorchtitanPrintsTheJobSectionsAndWhatItCannotExpress) {
   EXPECT_THAT(run.out, HasSubstr("# not expressed: layers 0-43 offload their input"));
   EXPECT_THAT(run.out, HasSubstr("# not expressed: the plan trains 1 MTP layer(s); torchtitan's "
                                  "models have no MTP module"));
-  const Result keep = Stowage("plan --emit torchtitan --seq-len 16K --force keep");
+  const Result keep = RunStowage("plan --emit torchtitan --seq-len 16K --force keep");
   EXPECT_THAT(keep.out, HasSubstr("mode = \"none\""));
-  EXPECT_EQ(Stowage("plan --emit deepspeed").code, 2);
+  EXPECT_EQ(RunStowage("plan --emit deepspeed").code, 2);
 }
 
 // Note [Megatron under pipeline parallelism], Note [torchtitan under pipeline parallelism]: a
@@ -163,13 +161,13 @@ TEST_F(PlanCommand, EmitTorchtitanPrintsTheJobSectionsAndWhatItCannotExpress) {
 TEST_F(PlanCommand, EmitExpressesAPipelineOrRefusesNamingTheStageAndLayer) {
   const std::string base =
       "plan --model llama-3.1-8b --hardware h200 --cp 1 --gpus 64 --pp 4 --microbatches 8 ";
-  const Result megatron = Stowage(base + "--seq-len 8K --pp-layout 7,9,9,7 --emit megatron");
+  const Result megatron = RunStowage(base + "--seq-len 8K --pp-layout 7,9,9,7 --emit megatron");
   ASSERT_EQ(megatron.code, 0) << megatron.out;
   EXPECT_THAT(megatron.out, HasSubstr("--pipeline-model-parallel-size 4 \\\n"
                                       "--pipeline-model-parallel-layout 'E,t*7|t*9|t*9|t*7,L' \\\n"
                                       "--global-batch-size 128\n"));  // 8 x 1 x 64 / 4
   const Result titan =
-      Stowage(base + "--seq-len 8K --vpp 2 --schedule interleaved --emit torchtitan");
+      RunStowage(base + "--seq-len 8K --vpp 2 --schedule interleaved --emit torchtitan");
   ASSERT_EQ(titan.code, 0) << titan.out;
   EXPECT_THAT(titan.out, HasSubstr("pipeline_parallel_degree = 4\n"));
   EXPECT_THAT(titan.out,
@@ -182,8 +180,8 @@ TEST_F(PlanCommand, EmitExpressesAPipelineOrRefusesNamingTheStageAndLayer) {
   EXPECT_THAT(titan.out, HasSubstr("mode = \"none\"\n"));
   // Tight memory: the stages recompute different layers, which neither trainer can say.
   for (const char* emit : {"megatron", "torchtitan"}) {
-    const Result refused =
-        Stowage(base + "--seq-len 64K --gpu-mem 22 --emit " + emit + " --out " + Path("plan.json"));
+    const Result refused = RunStowage(base + "--seq-len 64K --gpu-mem 22 --emit " + emit +
+                                      " --out " + Path("plan.json"));
     EXPECT_EQ(refused.code, 2) << refused.out;
     EXPECT_THAT(refused.out, HasSubstr(std::string("stowage plan: --emit ") + emit +
                                        " cannot express this pipelined plan: stage "));
@@ -194,7 +192,7 @@ TEST_F(PlanCommand, EmitExpressesAPipelineOrRefusesNamingTheStageAndLayer) {
 }
 
 TEST_F(PlanCommand, MaxSeqLenStatesTheJobItAssumedTheStepAndWhatBinds) {
-  const Result run = Stowage("plan --max-seq-len");
+  const Result run = RunStowage("plan --max-seq-len");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("job: glm-5.3-flash on b200, 64 GPUs, TP 1, CP 8, EP 8"));
   EXPECT_THAT(run.out, HasSubstr("host 204.8 GiB per GPU"));  // 80% of 256 GiB stays pinnable
@@ -203,7 +201,7 @@ TEST_F(PlanCommand, MaxSeqLenStatesTheJobItAssumedTheStepAndWhatBinds) {
   EXPECT_THAT(run.out, HasSubstr("it binds: "));
   // A step-time limit shortens the answer and is what binds (15 s: the step includes its
   // exposed communication, ~6.5 s of FSDP gathers over the network even at 8K tokens).
-  const Result timed = Stowage("plan --max-seq-len --max-step-seconds 15");
+  const Result timed = RunStowage("plan --max-seq-len --max-step-seconds 15");
   ASSERT_EQ(timed.code, 0) << timed.out;
   EXPECT_THAT(timed.out, HasSubstr("step at most 15 s"));
   EXPECT_THAT(timed.out, HasSubstr("it binds: the step time limit (--max-step-seconds)"));
@@ -213,13 +211,13 @@ TEST_F(PlanCommand, MaxSeqLenStatesTheJobItAssumedTheStepAndWhatBinds) {
   };
   EXPECT_LT(tokens(timed.out), tokens(run.out));
   // Nothing fits one H200 with this model: the answer says fixed memory is why.
-  const Result none = Stowage("plan --max-seq-len --hardware h200 --gpus 8 --cp 1");
+  const Result none = RunStowage("plan --max-seq-len --hardware h200 --gpus 8 --cp 1");
   EXPECT_EQ(none.code, 1);
   EXPECT_THAT(none.out, HasSubstr("no sequence length fits"));
   EXPECT_THAT(none.out, HasSubstr("binding: fixed memory"));
   // Asked for a plan file, it still gets one: the closest plan at the shortest length searched.
   const Result none_out =
-      Stowage("plan --max-seq-len --hardware h200 --gpus 8 --cp 1 --out " + Path("none.json"));
+      RunStowage("plan --max-seq-len --hardware h200 --gpus 8 --cp 1 --out " + Path("none.json"));
   EXPECT_EQ(none_out.code, 1) << none_out.out;
   auto closest = stowage::ReadPlanFile(Path("none.json"));
   ASSERT_TRUE(closest.ok()) << closest.status();
@@ -229,7 +227,7 @@ TEST_F(PlanCommand, MaxSeqLenStatesTheJobItAssumedTheStepAndWhatBinds) {
 }
 
 TEST_F(PlanCommand, DefaultHostBudgetLeavesAFifthOfRamUnpinned) {
-  const Result run = Stowage("plan --seq-len 64K --format json");
+  const Result run = RunStowage("plan --seq-len 64K --format json");
   ASSERT_EQ(run.code, 0) << run.out;
   auto plan = stowage::ParsePlanJson(run.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -238,7 +236,7 @@ TEST_F(PlanCommand, DefaultHostBudgetLeavesAFifthOfRamUnpinned) {
 }
 
 TEST_F(PlanCommand, DefaultPlansTheReferenceRun) {
-  const Result run = Stowage("plan");
+  const Result run = RunStowage("plan");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("glm-5.3-flash on b200"));
   EXPECT_THAT(run.out, HasSubstr("1048576 tokens"));
@@ -249,8 +247,8 @@ TEST_F(PlanCommand, DefaultPlansTheReferenceRun) {
 }
 
 TEST_F(PlanCommand, JsonOutAndTimeline) {
-  const Result run = Stowage("plan --seq-len 256K --format json --out " + Path("plan.json") +
-                             " --timeline " + Path("t.svg"));
+  const Result run = RunStowage("plan --seq-len 256K --format json --out " + Path("plan.json") +
+                                " --timeline " + Path("t.svg"));
   ASSERT_EQ(run.code, 0) << run.out;
   auto from_stdout = stowage::ParsePlanJson(run.out);
   ASSERT_TRUE(from_stdout.ok()) << from_stdout.status();
@@ -267,10 +265,10 @@ TEST_F(PlanCommand, JsonOutAndTimeline) {
 }
 
 TEST_F(PlanCommand, ForcedPoliciesCompare) {
-  const Result keep = Stowage("plan --seq-len 256K --force keep");
+  const Result keep = RunStowage("plan --seq-len 256K --force keep");
   EXPECT_EQ(keep.code, 1) << keep.out;  // keeping everything does not fit a B200
   EXPECT_THAT(keep.out, HasSubstr("DOES NOT FIT"));
-  const Result offload = Stowage("plan --seq-len 256K --force offload_input --format json");
+  const Result offload = RunStowage("plan --seq-len 256K --force offload_input --format json");
   ASSERT_EQ(offload.code, 0) << offload.out;
   auto plan = stowage::ParsePlanJson(offload.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -288,11 +286,11 @@ TEST_F(PlanCommand, ForcedPoliciesCompare) {
 }
 
 TEST_F(PlanCommand, InfeasibleRequestsSayWhatBinds) {
-  const Result run = Stowage("plan --gpu-mem 60");
+  const Result run = RunStowage("plan --gpu-mem 60");
   EXPECT_EQ(run.code, 1) << run.out;
   EXPECT_THAT(run.out, HasSubstr("does not fit"));
   EXPECT_THAT(run.out, HasSubstr("binding: fixed memory"));
-  const Result host = Stowage("plan --seq-len 2M");
+  const Result host = RunStowage("plan --seq-len 2M");
   EXPECT_EQ(host.code, 1) << host.out;
   EXPECT_THAT(host.out, HasSubstr("binding: host memory"));
 }
@@ -330,12 +328,12 @@ TEST_F(PlanCommand, NothingFitsStillWritesTheClosestPlanJsonOutAndTimeline) {
   EXPECT_THAT(picture.str(), HasSubstr("class=\"exceeded\""));
   EXPECT_THAT(picture.str(), HasSubstr("exceeded by"));
   // The table says it too, then shows the closest plan.
-  const Result table = Stowage("plan --seq-len 256K --gpu-mem 100");
+  const Result table = RunStowage("plan --seq-len 256K --gpu-mem 100");
   EXPECT_EQ(table.code, 1);
   EXPECT_THAT(table.out, HasSubstr("the closest plan (it does not fit):"));
   EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
   // Fixed memory over the budget: still a plan, binding "fixed memory".
-  const Result fixed = Stowage("plan --gpu-mem 60 --out " + Path("fixed.json"));
+  const Result fixed = RunStowage("plan --gpu-mem 60 --out " + Path("fixed.json"));
   EXPECT_EQ(fixed.code, 1) << fixed.out;
   auto fixed_plan = stowage::ReadPlanFile(Path("fixed.json"));
   ASSERT_TRUE(fixed_plan.ok()) << fixed_plan.status();
@@ -344,7 +342,7 @@ TEST_F(PlanCommand, NothingFitsStillWritesTheClosestPlanJsonOutAndTimeline) {
 
 TEST_F(PlanCommand, NothingFitsInAPipelineNamesTheBindingStage) {
   const std::string out = Path("pp.json");
-  const Result run = Stowage(
+  const Result run = RunStowage(
       "plan --model llama-3.1-8b --hardware h200 --seq-len 64K --cp 1 --gpus 64 --pp 4 "
       "--microbatches 8 --gpu-mem 12 --out " +
       out);
@@ -361,7 +359,7 @@ TEST_F(PlanCommand, NothingFitsInAPipelineNamesTheBindingStage) {
 }
 
 TEST_F(PlanCommand, MaxSeqLen) {
-  const Result run = Stowage("plan --max-seq-len --hardware h200 --cp 16 --gpus 128");
+  const Result run = RunStowage("plan --max-seq-len --hardware h200 --cp 16 --gpus 128");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("longest sequence that fits:"));
 }
@@ -370,7 +368,7 @@ TEST_F(PlanCommand, MaxSeqLen) {
 // --loss-chunk-tokens", which --framework hf refuses (transformers' loss takes every token).
 TEST_F(PlanCommand, MaxSeqLenUnderHfAdvisesWhatHfRuns) {
   const Result run =
-      Stowage("plan --framework hf --model llama-3-8b --max-seq-len --hardware h200 --gpus 8");
+      RunStowage("plan --framework hf --model llama-3-8b --max-seq-len --hardware h200 --gpus 8");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("it binds: LM head and loss"));
   EXPECT_THAT(run.out, ::testing::Not(HasSubstr("try a smaller --loss-chunk-tokens")));
@@ -379,22 +377,22 @@ TEST_F(PlanCommand, MaxSeqLenUnderHfAdvisesWhatHfRuns) {
 
 // The families, their aliases and the presets; a real config's notes and count.
 TEST_F(PlanCommand, ListModelsAndConfigNotes) {
-  const Result list = Stowage("plan --list-models");
+  const Result list = RunStowage("plan --list-models");
   EXPECT_EQ(list.code, 0) << list.out;
   EXPECT_THAT(list.out, HasSubstr("deepseek_v3: DeepseekV3ForCausalLM, kimi_k2"));
   EXPECT_THAT(list.out, HasSubstr("llama-3.1-405b (llama): 405.85B"));
-  const Result oss = Stowage("plan --model " + std::string(STOWAGE_SOURCE_DIR) +
-                             "/tests/planner/data/hf/gpt-oss-20b.json --seq-len 32K --cp 1 "
-                             "--gpus 8 --ep 8 --hardware h200");
+  const Result oss = RunStowage("plan --model " + std::string(STOWAGE_SOURCE_DIR) +
+                                "/tests/planner/data/hf/gpt-oss-20b.json --seq-len 32K --cp 1 "
+                                "--gpus 8 --ep 8 --hardware h200");
   EXPECT_EQ(oss.code, 0) << oss.out;
   EXPECT_THAT(oss.out, HasSubstr("from architectures[0] 'GptOssForCausalLM'"));
   EXPECT_THAT(oss.out, HasSubstr("quantization_config (mxfp4) is not used for training"));
   EXPECT_THAT(oss.out, HasSubstr("model parameters       20914757184 (20.91B)"));
   EXPECT_THAT(oss.out, HasSubstr("sliding_attention+moe"));
-  const Result bad = Stowage("plan --model " + Path("falcon.json"));
+  const Result bad = RunStowage("plan --model " + Path("falcon.json"));
   EXPECT_EQ(bad.code, 2);
   std::ofstream(Path("falcon.json")) << R"({"architectures": ["FalconForCausalLM"]})";
-  const Result falcon = Stowage("plan --model " + Path("falcon.json"));
+  const Result falcon = RunStowage("plan --model " + Path("falcon.json"));
   EXPECT_EQ(falcon.code, 2);
   EXPECT_THAT(falcon.out,
               HasSubstr("unsupported model: architecture 'FalconForCausalLM' (architectures[0])"));
@@ -402,60 +400,60 @@ TEST_F(PlanCommand, ListModelsAndConfigNotes) {
 
 TEST_F(PlanCommand, OtherModelsAndProfiles) {
   const Result llama =
-      Stowage("plan --model llama-3-8b --seq-len 128K --cp 2 --gpus 8 --hardware h200");
+      RunStowage("plan --model llama-3-8b --seq-len 128K --cp 2 --gpus 8 --hardware h200");
   EXPECT_EQ(llama.code, 0) << llama.out;
   EXPECT_THAT(llama.out, HasSubstr("attention+dense_ffn"));
-  const Result hf = Stowage("plan --model " + std::string(STOWAGE_SOURCE_DIR) +
-                            "/tests/planner/data/glm-5.3-flash.config.json --seq-len 256K");
+  const Result hf = RunStowage("plan --model " + std::string(STOWAGE_SOURCE_DIR) +
+                               "/tests/planner/data/glm-5.3-flash.config.json --seq-len 256K");
   EXPECT_EQ(hf.code, 0) << hf.out;
   std::ofstream(Path("hw.json")) << R"({"name": "lab", "hbm_bytes": 150000000000,
       "hbm_bytes_per_second": 4e12, "dense_bf16_flops": 1e15, "d2h_bytes_per_second": 5e10,
       "h2d_bytes_per_second": 5e10, "host_bytes_per_numa_node": 1000000000000,
       "gpus_per_numa_node": 4})";
-  const Result profile = Stowage("plan --seq-len 256K --hardware " + Path("hw.json"));
+  const Result profile = RunStowage("plan --seq-len 256K --hardware " + Path("hw.json"));
   EXPECT_EQ(profile.code, 0) << profile.out;
   EXPECT_THAT(profile.out, HasSubstr("(measured figures)"));
 }
 
 TEST_F(PlanCommand, BadInputIsAUsageError) {
-  Result run = Stowage("plan --seq-len banana");
+  Result run = RunStowage("plan --seq-len banana");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("seq-len"));
-  run = Stowage("plan --force sometimes");
+  run = RunStowage("plan --force sometimes");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--force is 'sometimes'; allowed: keep, recompute, "
                                  "selective_recompute, offload_input, offload_saved"));
   // The old spelling names the policy it meant.
-  run = Stowage("plan --force offload");
+  run = RunStowage("plan --force offload");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--force offload is now --force offload_input"));
   // Note [Optimality gap]: the flag, the value and the range.
   for (const char* bad : {"-0.1", "0.5", "nan", "tight"}) {
-    run = Stowage(std::string("plan --optimality-gap ") + bad);
+    run = RunStowage(std::string("plan --optimality-gap ") + bad);
     EXPECT_EQ(run.code, 2) << bad;
     EXPECT_THAT(run.out, HasSubstr(std::string("--optimality-gap is ")));
     EXPECT_THAT(run.out, HasSubstr("0 (prove the plan optimal) to 0.01")) << run.out;
   }
-  run = Stowage("plan --seq-len 256K --optimality-gap 0 --format json");
+  run = RunStowage("plan --seq-len 256K --optimality-gap 0 --format json");
   EXPECT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("\"optimality\": \"proven\""));
   // Note [hf transformers versions]: the flag, the value and the rule; hf only.
-  run = Stowage("plan --framework hf --tp 1 --cp 1 --ep 1 --gpus 1 --transformers 5.16");
+  run = RunStowage("plan --framework hf --tp 1 --cp 1 --ep 1 --gpus 1 --transformers 5.16");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--transformers is '5.16'; allowed: a transformers release 5.N "
                                  "or 5.N.P with N >= 17"));
-  run = Stowage("plan --transformers 5.23");
+  run = RunStowage("plan --transformers 5.23");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--transformers applies to --framework hf only"));
-  run = Stowage("plan --model nope");
+  run = RunStowage("plan --model nope");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("unknown model preset 'nope'"));
-  run = Stowage("plan --cp 3");
+  run = RunStowage("plan --cp 3");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--seq-len is 1048576; it must be a multiple of --cp (3)"));
-  run = Stowage("plan --frobnicate");
+  run = RunStowage("plan --frobnicate");
   EXPECT_EQ(run.code, 2);
-  run = Stowage("plan --help");
+  run = RunStowage("plan --help");
   EXPECT_EQ(run.code, 0);
   EXPECT_THAT(run.out, HasSubstr("--moe-imbalance"));
 }
@@ -466,42 +464,42 @@ TEST_F(PlanCommand, BadInputIsAUsageError) {
 TEST_F(PlanCommand, HfDefaultsToNoContextOrExpertParallelism) {
   const std::string moe = "plan --model " + std::string(STOWAGE_SOURCE_DIR) +
                           "/tests/planner/data/measured/qwen3moe-6layer.config.json --seq-len 8K";
-  const Result run = Stowage(moe + " --framework hf --format json");
+  const Result run = RunStowage(moe + " --framework hf --format json");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("\"cp\": 1,"));
   EXPECT_THAT(run.out, HasSubstr("\"ep\": 1,"));
-  const Result megatron = Stowage(moe + " --format json");
+  const Result megatron = RunStowage(moe + " --format json");
   EXPECT_THAT(megatron.out, HasSubstr("\"cp\": 8,"));
   EXPECT_THAT(megatron.out, HasSubstr("\"ep\": 8,"));
   for (const std::string flag : {"cp", "ep"}) {
-    const Result given = Stowage(moe + " --framework hf --" + flag + " 2");
+    const Result given = RunStowage(moe + " --framework hf --" + flag + " 2");
     EXPECT_EQ(given.code, 2) << given.out;
     EXPECT_THAT(given.out, HasSubstr("--" + flag + " is 2 with --framework hf"));
   }
-  EXPECT_THAT(Stowage("plan --help").out, HasSubstr("(default: 8 (1 with --framework hf))"));
+  EXPECT_THAT(RunStowage("plan --help").out, HasSubstr("(default: 8 (1 with --framework hf))"));
   // Note [hf data parallel]: the summary names torch's engine the sharding stands for.
-  EXPECT_THAT(Stowage(moe + " --framework hf --gpus 8").out,
+  EXPECT_THAT(RunStowage(moe + " --framework hf --gpus 8").out,
               HasSubstr("8 GPUs, sharding optim_grads_params (torch FSDP2 fully_shard)\n"));
-  EXPECT_THAT(Stowage(moe + " --framework hf --gpus 8 --sharding no_shard").out,
+  EXPECT_THAT(RunStowage(moe + " --framework hf --gpus 8 --sharding no_shard").out,
               HasSubstr("sharding no_shard (torch DDP)\n"));
-  EXPECT_THAT(Stowage(moe + " --framework hf --gpus 1").out,
+  EXPECT_THAT(RunStowage(moe + " --framework hf --gpus 1").out,
               HasSubstr("1 GPUs, sharding optim_grads_params (no data-parallel engine: one rank)"));
 }
 
 // Regressions: wrapped numbers planned "fits" with exit 0; --loss-chunk-tokens 0 was
 // documented but rejected; `--tp --format json` blamed "json".
 TEST_F(PlanCommand, HostileNumbersAreClearUsageErrors) {
-  Result run = Stowage("plan --model llama-3-8b --seq-len 9007199254740992");
+  Result run = RunStowage("plan --model llama-3-8b --seq-len 9007199254740992");
   EXPECT_EQ(run.code, 2) << run.out;
   EXPECT_THAT(run.out, HasSubstr("--seq-len is 9007199254740992; allowed: 1 to 1073741824"));
-  run = Stowage("plan --model llama-3-8b --tp --format json");
+  run = RunStowage("plan --model llama-3-8b --tp --format json");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("flag '--tp' needs a value (N) but is followed by '--format'"));
-  run = Stowage("plan --model llama-3-8b --seq-len 32K --cp 1 --gpus 8 --loss-chunk-tokens 0");
+  run = RunStowage("plan --model llama-3-8b --seq-len 32K --cp 1 --gpus 8 --loss-chunk-tokens 0");
   EXPECT_EQ(run.code, 0) << run.out;
   std::ofstream(Path("neg.json")) << R"({"hbm_bytes": -1, "hbm_bytes_per_second": 4e12,
       "dense_bf16_flops": 1e15, "d2h_bytes_per_second": 5e10, "h2d_bytes_per_second": 5e10})";
-  run = Stowage("plan --hardware " + Path("neg.json"));
+  run = RunStowage("plan --hardware " + Path("neg.json"));
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("field 'hbm_bytes' has value -1; allowed: an integer in"));
 }
@@ -513,7 +511,7 @@ namespace {
 // Every stage planned, the binding one named, the plan carrying one section per stage.
 TEST_F(PlanCommand, PipelinePlansEveryStage) {
   const std::string out = Path("pp.json");
-  const Result run = Stowage(
+  const Result run = RunStowage(
       "plan --model llama-3.1-8b --hardware h200 --seq-len 8K --cp 1 --gpus 64 "
       "--pipeline-model-parallel-size 4 --microbatches 8 --out " +
       out);
@@ -541,11 +539,11 @@ TEST_F(PlanCommand, RankOrderMovesPipelineNeighboursOntoNvlink) {
   const std::string base =
       "plan --model llama-3.1-8b --hardware h200 --seq-len 8K --tp 4 --cp 1 --gpus 64 --pp 2 "
       "--microbatches 4 ";
-  const Result pp_last = Stowage(base + "--out " + Path("pp_last.json"));
+  const Result pp_last = RunStowage(base + "--out " + Path("pp_last.json"));
   ASSERT_EQ(pp_last.code, 0) << pp_last.out;
   EXPECT_THAT(pp_last.out, HasSubstr("over network (rank order tp-cp-ep-dp-pp: stages 32 ranks"));
   const Result dp_last =
-      Stowage(base + "--rank-order tp-cp-ep-pp-dp --out " + Path("dp_last.json"));
+      RunStowage(base + "--rank-order tp-cp-ep-pp-dp --out " + Path("dp_last.json"));
   ASSERT_EQ(dp_last.code, 0) << dp_last.out;
   EXPECT_THAT(dp_last.out, HasSubstr("over NVLink (rank order tp-cp-ep-pp-dp: stages 4 ranks"));
   auto a = stowage::ReadPlanFile(Path("pp_last.json"));
@@ -557,22 +555,22 @@ TEST_F(PlanCommand, RankOrderMovesPipelineNeighboursOntoNvlink) {
   EXPECT_NEAR(b->predicted.exposed_point_to_point_seconds, 5 * (message / 450e9 + 3.4e-6), 1e-9);
   EXPECT_LT(b->predicted.exposed_point_to_point_seconds,
             a->predicted.exposed_point_to_point_seconds);
-  EXPECT_EQ(Stowage(base + "--rank-order tp-cp-ep-dp-pp --out " + Path("default.json")).code, 0);
+  EXPECT_EQ(RunStowage(base + "--rank-order tp-cp-ep-dp-pp --out " + Path("default.json")).code, 0);
   auto same = stowage::ReadPlanFile(Path("default.json"));
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_EQ(same->predicted.exposed_point_to_point_seconds,
             a->predicted.exposed_point_to_point_seconds);
-  const Result megatron = Stowage(base + "--rank-order tp-cp-ep-pp-dp --emit megatron");
+  const Result megatron = RunStowage(base + "--rank-order tp-cp-ep-pp-dp --emit megatron");
   ASSERT_EQ(megatron.code, 0) << megatron.out;
   EXPECT_THAT(megatron.out, HasSubstr("--pipeline-model-parallel-size 2 \\\n"
                                       "--use-tp-pp-dp-mapping \\\n"));
-  EXPECT_THAT(Stowage(base + "--emit megatron").out,
+  EXPECT_THAT(RunStowage(base + "--emit megatron").out,
               ::testing::Not(HasSubstr("--use-tp-pp-dp-mapping")));
-  const Result titan = Stowage(base + "--rank-order tp-cp-ep-pp-dp --emit torchtitan");
+  const Result titan = RunStowage(base + "--rank-order tp-cp-ep-pp-dp --emit torchtitan");
   EXPECT_NE(titan.code, 0);
   EXPECT_THAT(titan.out, HasSubstr("--rank-order is tp-cp-ep-pp-dp; torchtitan's device mesh "
                                    "puts the pipeline outermost"));
-  const Result bad = Stowage(base + "--rank-order pp-dp");
+  const Result bad = RunStowage(base + "--rank-order pp-dp");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_THAT(bad.out, HasSubstr("--rank-order is 'pp-dp'; allowed: tp-cp-ep-dp-pp (Megatron's "
                                  "default, pipeline outermost), tp-cp-ep-pp-dp"));
@@ -580,17 +578,17 @@ TEST_F(PlanCommand, RankOrderMovesPipelineNeighboursOntoNvlink) {
 
 TEST_F(PlanCommand, PipelineFlagErrors) {
   const std::string base = "plan --model llama-3.1-8b --hardware h200 --seq-len 8K --cp 1 ";
-  Result run = Stowage(base + "--pp 4 --vpp 2");
+  Result run = RunStowage(base + "--pp 4 --vpp 2");
   EXPECT_NE(run.code, 0);
   EXPECT_THAT(run.out,
               HasSubstr("--vpp is 2; virtual stages run only under --schedule interleaved"));
-  run = Stowage(base + "--pp 3 --gpus 63");
+  run = RunStowage(base + "--pp 3 --gpus 63");
   EXPECT_THAT(run.out, HasSubstr("give the layers of each with --pp-layout, e.g. --pp-layout"));
-  run = Stowage(base + "--pp 4 --pp-layout 8,8,8,x");
+  run = RunStowage(base + "--pp 4 --pp-layout 8,8,8,x");
   EXPECT_THAT(run.out, HasSubstr("--pp-layout is '8,8,8,x'; allowed: layer counts"));
-  run = Stowage(base + "--pp 4 --schedule interleaved --vpp 2 --microbatches 2");
+  run = RunStowage(base + "--pp 4 --schedule interleaved --vpp 2 --microbatches 2");
   EXPECT_THAT(run.out, HasSubstr("the interleaved schedule needs at least --pp (4) microbatches"));
-  run = Stowage(base + "--pp 4 --microbatches 4 --global-batch 64");
+  run = RunStowage(base + "--pp 4 --microbatches 4 --global-batch 64");
   EXPECT_THAT(run.out, HasSubstr("give one"));
 }
 
@@ -601,25 +599,25 @@ namespace {
 // Note [MTP layers]: the default plan trains GLM-5.3-Flash's MTP layer and still fits;
 // --mtp-layers 0 trains none; --framework hf refuses --mtp-layers > 0; --emit megatron says it.
 TEST_F(PlanCommand, MtpLayersAreTrainedUnderMegatronAndRefusedUnderHf) {
-  const Result plan = Stowage("plan");
+  const Result plan = RunStowage("plan");
   ASSERT_EQ(plan.code, 0) << plan.out;
   EXPECT_THAT(plan.out, HasSubstr("\n    mtp.0  mtp+kda+moe"));
   EXPECT_THAT(plan.out, HasSubstr("multi-token prediction 1 MTP layer trained"));
-  const Result json = Stowage("plan --format json");
+  const Result json = RunStowage("plan --format json");
   EXPECT_THAT(json.out, HasSubstr("\"mtp_layers\": 1"));
   EXPECT_THAT(json.out, HasSubstr("\"name\": \"mtp.0\""));
-  const Result none = Stowage("plan --mtp-layers 0 --format json");
+  const Result none = RunStowage("plan --mtp-layers 0 --format json");
   ASSERT_EQ(none.code, 0) << none.out;
   EXPECT_THAT(none.out, ::testing::Not(HasSubstr("mtp_layers")));
   EXPECT_THAT(none.out, ::testing::Not(HasSubstr("mtp.0")));
-  EXPECT_THAT(Stowage("plan --mtp-layers 0").out,
+  EXPECT_THAT(RunStowage("plan --mtp-layers 0").out,
               HasSubstr("multi-token prediction not trained (--mtp-layers 0)"));
-  const Result hf = Stowage("plan --model deepseek-v3 --framework hf --mtp-layers 1");
+  const Result hf = RunStowage("plan --model deepseek-v3 --framework hf --mtp-layers 1");
   EXPECT_EQ(hf.code, 2) << hf.out;
   EXPECT_THAT(hf.out, HasSubstr("--mtp-layers is 1; --framework hf plans transformers models, "
                                 "which drop the MTP weights on load"));
-  EXPECT_THAT(Stowage("plan --emit megatron").out, HasSubstr("--mtp-num-layers 1"));
-  EXPECT_THAT(Stowage("plan --mtp-layers 0 --emit megatron").out,
+  EXPECT_THAT(RunStowage("plan --emit megatron").out, HasSubstr("--mtp-num-layers 1"));
+  EXPECT_THAT(RunStowage("plan --mtp-layers 0 --emit megatron").out,
               ::testing::Not(HasSubstr("--mtp-num-layers")));
 }
 

@@ -18,10 +18,7 @@ using ::testing::Not;
 
 using Result = stowage::testing::CommandResult;  // out: stdout and stderr
 
-Result Stowage(const std::string& args) {
-  const std::string command = std::string(STOWAGE_BINARY_DIR) + "/cli/stowage " + args + " 2>&1";
-  return stowage::testing::RunCommand(command);
-}
+using stowage::testing::RunStowage;
 
 std::string Script(const std::string& name) {
   return std::string(STOWAGE_SOURCE_DIR) + "/tests/data/megatron-scripts/" + name;
@@ -48,7 +45,7 @@ TEST_F(PlanFromMegatron, AFileWithNoMegatronArgumentIsRefused) {
   for (const auto& [name, text] : {std::pair<std::string, std::string>{"hello.sh", "hello world\n"},
                                    {"empty.sh", ""},
                                    {"brackets.sh", "[[[]]]"}}) {
-    const Result run = Stowage("plan --from-megatron " + Write(name, text));
+    const Result run = RunStowage("plan --from-megatron " + Write(name, text));
     EXPECT_EQ(run.code, 2) << run.out;
     EXPECT_THAT(run.out, HasSubstr(name + ": found no Megatron-LM argument in it")) << run.out;
     EXPECT_THAT(run.out, Not(HasSubstr("peak device memory")));
@@ -57,22 +54,22 @@ TEST_F(PlanFromMegatron, AFileWithNoMegatronArgumentIsRefused) {
 
 // The GPT-3 example launches 8 GPUs but asks for TP 8 x PP 16.
 TEST_F(PlanFromMegatron, Gpt3NamesTheGpusAndWhereEachNumberCameFrom) {
-  const Result run =
-      Stowage("plan --hardware h800 --vocab-size 50257 --from-megatron " + Script("gpt3_175b.sh"));
+  const Result run = RunStowage("plan --hardware h800 --vocab-size 50257 --from-megatron " +
+                                Script("gpt3_175b.sh"));
   EXPECT_EQ(run.code, 2) << run.out;
   EXPECT_THAT(run.out, HasSubstr("the job runs 8 GPUs (torchrun --nproc_per_node 8 x --nnodes 1, "
                                  "line 77) but asks for TP 8 ("));
   EXPECT_THAT(run.out, HasSubstr("gpt3_175b.sh:77: --pipeline-model-parallel-size 16) = 128"));
   // Without --vocab-size: which flag supplies the vocabulary.
   const Result no_vocab =
-      Stowage("plan --hardware h800 --gpus 128 --from-megatron " + Script("gpt3_175b.sh"));
+      RunStowage("plan --hardware h800 --gpus 128 --from-megatron " + Script("gpt3_175b.sh"));
   EXPECT_EQ(no_vocab.code, 2) << no_vocab.out;
   EXPECT_THAT(no_vocab.out, HasSubstr("give --vocab-size N"));
 }
 
 TEST_F(PlanFromMegatron, Llama3PlansTheModelItsArgumentsDescribe) {
-  const Result run = Stowage("plan --hardware h800 --format json --from-megatron " +
-                             Script("llama3_8b_h100_fp8.sh"));
+  const Result run = RunStowage("plan --hardware h800 --format json --from-megatron " +
+                                Script("llama3_8b_h100_fp8.sh"));
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("\"model_parameters\": 8030261248"));
   EXPECT_THAT(run.out, HasSubstr("\"seq_len\": 8192"));
@@ -80,7 +77,7 @@ TEST_F(PlanFromMegatron, Llama3PlansTheModelItsArgumentsDescribe) {
   EXPECT_THAT(run.out, HasSubstr("job: launcher: torchrun"));
   EXPECT_THAT(run.out, HasSubstr("8 GPUs (torchrun --nproc_per_node 8 x --nnodes 1, line 187)"));
   // --model on the command line wins over the script's model.
-  const Result model = Stowage(
+  const Result model = RunStowage(
       "plan --hardware h800 --format json --model qwen3-8b "
       "--from-megatron " +
       Script("llama3_8b_h100_fp8.sh"));
@@ -97,7 +94,7 @@ TEST_F(PlanFromMegatron, ScriptArgumentsFollowTheDoubleDash) {
             "  --normalization RMSNorm --position-embedding-type rope --vocab-size 1000 \\\n"
             "  --seq-length 4096 --disable-bias-linear\n");
   const Result run =
-      Stowage("plan --hardware h800 --format json --from-megatron " + script + " -- 2 4");
+      RunStowage("plan --hardware h800 --format json --from-megatron " + script + " -- 2 4");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("\"tp\": 2"));
   // The plan states the job it assumed: 4 GPUs, TP 2: data parallel 2 x micro-batch 1.
@@ -105,12 +102,12 @@ TEST_F(PlanFromMegatron, ScriptArgumentsFollowTheDoubleDash) {
   EXPECT_THAT(run.out, HasSubstr("\"global_batch\": 2"));
   EXPECT_THAT(run.out, HasSubstr("4 GPUs (torchrun --nproc_per_node 4 x (one node), line 3)"));
   // Without $2 the GPU count is unresolved, and needed.
-  const Result missing = Stowage("plan --hardware h800 --from-megatron " + script);
+  const Result missing = RunStowage("plan --hardware h800 --from-megatron " + script);
   EXPECT_EQ(missing.code, 2) << missing.out;
   EXPECT_THAT(missing.out, HasSubstr("run.sh:2: ${2} is not set (the GPU count)"));
   EXPECT_THAT(missing.out, HasSubstr("give --gpus on the command line"));
   // Words after `--` without --from-megatron are a mistake.
-  EXPECT_EQ(Stowage("plan -- 1 2").code, 2);
+  EXPECT_EQ(RunStowage("plan -- 1 2").code, 2);
 }
 
 // What the script recomputes today is evaluated as `--force` evaluates it, beside the plan
@@ -125,7 +122,7 @@ TEST_F(PlanFromMegatron, TheScriptsOwnRecomputeIsEvaluatedBesideThePlan) {
             "torchrun --nproc_per_node 4 pretrain_gpt.py --recompute-granularity full \\\n"
             "  --recompute-method uniform --recompute-num-layers 1 \\\n" +
                 model + "\n");
-  const Result run = Stowage("plan --hardware h800 --from-megatron " + full);
+  const Result run = RunStowage("plan --hardware h800 --from-megatron " + full);
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("(evaluated beside the plan as --force recompute)"));
   EXPECT_THAT(run.out, HasSubstr("job: the script's own setting (--recompute-granularity full, "
@@ -133,7 +130,7 @@ TEST_F(PlanFromMegatron, TheScriptsOwnRecomputeIsEvaluatedBesideThePlan) {
                                  "recompute: step "));
   EXPECT_THAT(run.out, HasSubstr(" (fits); the plan: step "));
   // Under a budget the forced policy misses, it is still evaluated, with its own peak.
-  const Result tight = Stowage("plan --hardware h800 --gpu-mem 0.05 --from-megatron " + full);
+  const Result tight = RunStowage("plan --hardware h800 --gpu-mem 0.05 --from-megatron " + full);
   EXPECT_THAT(tight.out, HasSubstr(" (does not fit); the plan: step ")) << tight.out;
   // Selective recompute, through the pipeline path (several microbatches).
   const std::string selective =
@@ -141,10 +138,10 @@ TEST_F(PlanFromMegatron, TheScriptsOwnRecomputeIsEvaluatedBesideThePlan) {
             "torchrun --nproc_per_node 4 pretrain_gpt.py --recompute-activations \\\n"
             "  --micro-batch-size 1 --global-batch-size 16 \\\n" +
                 model + "\n");
-  const Result pipelined = Stowage("plan --hardware h800 --from-megatron " + selective);
+  const Result pipelined = RunStowage("plan --hardware h800 --from-megatron " + selective);
   ASSERT_EQ(pipelined.code, 0) << pipelined.out;
   EXPECT_THAT(pipelined.out, HasSubstr("4 microbatches"));
-  const Result json = Stowage("plan --hardware h800 --format json --from-megatron " + selective);
+  const Result json = RunStowage("plan --hardware h800 --format json --from-megatron " + selective);
   ASSERT_EQ(json.code, 0) << json.out;
   EXPECT_THAT(json.out, HasSubstr("\"gpus\": 4"));
   EXPECT_THAT(json.out, HasSubstr("\"global_batch\": 16"));
@@ -153,7 +150,7 @@ TEST_F(PlanFromMegatron, TheScriptsOwnRecomputeIsEvaluatedBesideThePlan) {
   // A script that recomputes nothing has no such line.
   const std::string none =
       Write("none.sh", "torchrun --nproc_per_node 4 pretrain_gpt.py \\\n" + model + "\n");
-  const Result plain = Stowage("plan --hardware h800 --from-megatron " + none);
+  const Result plain = RunStowage("plan --hardware h800 --from-megatron " + none);
   ASSERT_EQ(plain.code, 0) << plain.out;
   EXPECT_THAT(plain.out, HasSubstr("the script recomputes / offloads: nothing"));
   EXPECT_THAT(plain.out, Not(HasSubstr("the script's own setting")));

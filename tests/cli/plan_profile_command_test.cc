@@ -20,11 +20,7 @@ using ::testing::HasSubstr;
 
 using Result = stowage::testing::CommandResult;  // out: stdout and stderr
 
-Result Stowage(const std::string& args, bool with_stderr = true) {
-  const std::string command =
-      std::string(STOWAGE_BINARY_DIR) + "/cli/stowage " + args + (with_stderr ? " 2>&1" : "");
-  return stowage::testing::RunCommand(command);
-}
+using stowage::testing::RunStowage;
 
 // Four 64 MiB-input blocks; 1.06 GiB fixed. Keeping everything peaks at about 2.6 GiB; the
 // smallest peak is about 1.8 GiB (the last layer's backward working set).
@@ -69,7 +65,7 @@ class PlanProfileCommand : public ::testing::Test {
 };
 
 TEST_F(PlanProfileCommand, TableAndSummary) {
-  const Result run = Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2.3");
+  const Result run = RunStowage("plan --profile " + Path("profile.json") + " --gpu-mem 2.3");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("on cuda:0 (measured figures), 8192 tokens"));
   EXPECT_THAT(run.out, HasSubstr("MLPBlock"));
@@ -87,7 +83,7 @@ TEST_F(PlanProfileCommand, TableAndSummary) {
 // parameters 0" — the planner's defaults, not what was measured. It reports what the profile
 // states, and "not stated" for what it does not.
 TEST_F(PlanProfileCommand, SummarySaysWhatTheProfileStates) {
-  const Result unstated = Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2.3");
+  const Result unstated = RunStowage("plan --profile " + Path("profile.json") + " --gpu-mem 2.3");
   ASSERT_EQ(unstated.code, 0) << unstated.out;
   EXPECT_THAT(unstated.out, HasSubstr("model parameters       not stated by the layer profile"));
   EXPECT_THAT(unstated.out, HasSubstr("framework              (not stated), optimizer (not "
@@ -100,13 +96,13 @@ TEST_F(PlanProfileCommand, SummarySaysWhatTheProfileStates) {
                  R"("tokens": 8192, "framework": "hf", "optimizer": "none", )"
                  R"("grad_dtype": "bf16", "model_parameters": 268435456,)");
   std::ofstream(Path("stated.json")) << stated;
-  const Result run = Stowage("plan --profile " + Path("stated.json") + " --gpu-mem 2.3");
+  const Result run = RunStowage("plan --profile " + Path("stated.json") + " --gpu-mem 2.3");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("model parameters       268435456 (0.27B)"));
   EXPECT_THAT(run.out, HasSubstr("framework              hf, optimizer none, gradients bf16; "
                                  "from the layer profile"));
   const Result json =
-      Stowage("plan --profile " + Path("stated.json") + " --gpu-mem 2.3 --format json", false);
+      RunStowage("plan --profile " + Path("stated.json") + " --gpu-mem 2.3 --format json", false);
   auto plan = stowage::ParsePlanJson(json.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->framework, "hf");
@@ -114,7 +110,7 @@ TEST_F(PlanProfileCommand, SummarySaysWhatTheProfileStates) {
   // A framework the planner has no name for is refused, naming the field and the value.
   stated.replace(stated.find("\"hf\""), 4, "\"jax\"");
   std::ofstream(Path("bad.json")) << stated;
-  const Result bad = Stowage("plan --profile " + Path("bad.json") + " --gpu-mem 2.3");
+  const Result bad = RunStowage("plan --profile " + Path("bad.json") + " --gpu-mem 2.3");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_THAT(bad.out, HasSubstr("field 'framework' has value \"jax\"; allowed: \"megatron\" or "
                                  "\"hf\""));
@@ -122,9 +118,9 @@ TEST_F(PlanProfileCommand, SummarySaysWhatTheProfileStates) {
 
 TEST_F(PlanProfileCommand, JsonOutAndTimeline) {
   const Result run =
-      Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2 --format json --out " +
-                  Path("plan.json") + " --timeline " + Path("t.svg"),
-              /*with_stderr=*/false);
+      RunStowage("plan --profile " + Path("profile.json") + " --gpu-mem 2 --format json --out " +
+                     Path("plan.json") + " --timeline " + Path("t.svg"),
+                 /*with_stderr=*/false);
   ASSERT_EQ(run.code, 0) << run.out;
   auto plan = stowage::ParsePlanJson(run.out);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -145,7 +141,7 @@ TEST_F(PlanProfileCommand, JsonOutAndTimeline) {
 }
 
 TEST_F(PlanProfileCommand, TooSmallABudgetSaysWhatBinds) {
-  const Result run = Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 1.3");
+  const Result run = RunStowage("plan --profile " + Path("profile.json") + " --gpu-mem 1.3");
   EXPECT_EQ(run.code, 1) << run.out;
   EXPECT_THAT(run.out, HasSubstr("does not fit"));
   EXPECT_THAT(run.out, HasSubstr("needs at least 1.8 GiB"));
@@ -153,22 +149,22 @@ TEST_F(PlanProfileCommand, TooSmallABudgetSaysWhatBinds) {
 }
 
 TEST_F(PlanProfileCommand, UsageErrors) {
-  Result run = Stowage("plan --profile " + Path("profile.json"));
+  Result run = RunStowage("plan --profile " + Path("profile.json"));
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--gpu-mem is required with --profile"));
-  run = Stowage("plan --profile " + Path("profile.json") + " --gpu-mem 2 --seq-len 1M");
+  run = RunStowage("plan --profile " + Path("profile.json") + " --gpu-mem 2 --seq-len 1M");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--seq-len describes a model config"));
-  run = Stowage("plan --profile " + Path("missing.json") + " --gpu-mem 2");
+  run = RunStowage("plan --profile " + Path("missing.json") + " --gpu-mem 2");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("missing.json"));
   std::ofstream(Path("bad.json")) << R"({"format": "stowage-layer-profile", "schema_version": 1,
       "measured_memory": true, "tokens": -1})";
-  run = Stowage("plan --profile " + Path("bad.json") + " --gpu-mem 2");
+  run = RunStowage("plan --profile " + Path("bad.json") + " --gpu-mem 2");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("field 'tokens' has value -1"));
   // With --hardware the budget defaults to its usable memory.
-  run = Stowage("plan --profile " + Path("profile.json") + " --hardware h200");
+  run = RunStowage("plan --profile " + Path("profile.json") + " --hardware h200");
   EXPECT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("on h200"));
 }

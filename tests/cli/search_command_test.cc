@@ -21,11 +21,7 @@ using ::testing::HasSubstr;
 
 using Result = stowage::testing::CommandResult;
 
-Result Stowage(const std::string& args, bool with_stderr = true) {
-  const std::string command = std::string(STOWAGE_BINARY_DIR) + "/cli/stowage " + args +
-                              (with_stderr ? " 2>&1" : " 2>/dev/null");
-  return stowage::testing::RunCommand(command);
-}
+using stowage::testing::RunStowage;
 
 // A small job: Llama-3.1-8B on 8 H100 at 8K tokens, 16 sequences per step.
 constexpr char kJob[] =
@@ -66,7 +62,7 @@ void ReadTable(const std::string& out, std::vector<Row>& rows, std::vector<std::
 }
 
 TEST(SearchCommand, EveryRowReplannedAloneGivesTheNumbersItShows) {
-  const Result run = Stowage(kJob);
+  const Result run = RunStowage(kJob);
   ASSERT_EQ(run.code, 0) << run.out;
   std::vector<Row> rows;
   std::vector<std::string> plans;
@@ -74,7 +70,7 @@ TEST(SearchCommand, EveryRowReplannedAloneGivesTheNumbersItShows) {
   ASSERT_EQ(rows.size(), 6u) << run.out;
   ASSERT_EQ(plans.size(), rows.size()) << run.out;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const Result alone = Stowage(plans[i] + " --format json", /*with_stderr=*/false);
+    const Result alone = RunStowage(plans[i] + " --format json", /*with_stderr=*/false);
     ASSERT_EQ(alone.code, 0) << plans[i] << "\n" << alone.out;
     auto plan = stowage::ParsePlanJson(alone.out);
     ASSERT_TRUE(plan.ok()) << plan.status();
@@ -86,19 +82,19 @@ TEST(SearchCommand, EveryRowReplannedAloneGivesTheNumbersItShows) {
 }
 
 TEST(SearchCommand, WritesTheBestPlanAsStowagePlanDoes) {
-  const Result best = Stowage(std::string(kJob) + " --format json", /*with_stderr=*/false);
+  const Result best = RunStowage(std::string(kJob) + " --format json", /*with_stderr=*/false);
   ASSERT_EQ(best.code, 0) << best.out;
-  const Result table = Stowage(kJob);
+  const Result table = RunStowage(kJob);
   std::vector<Row> rows;
   std::vector<std::string> plans;
   ReadTable(table.out, rows, plans);
   ASSERT_FALSE(plans.empty());
-  const Result alone = Stowage(plans[0] + " --format json", /*with_stderr=*/false);
+  const Result alone = RunStowage(plans[0] + " --format json", /*with_stderr=*/false);
   EXPECT_EQ(best.out, alone.out);
 }
 
 TEST(SearchCommand, RanksAPatternAndSaysWhyFamiliesArePruned) {
-  const Result run = Stowage(std::string(kJob) + " --rank 'tp=1,pp=2' --exact-rank");
+  const Result run = RunStowage(std::string(kJob) + " --rank 'tp=1,pp=2' --exact-rank");
   ASSERT_EQ(run.code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("tp=1,pp=2: TP 1 CP "));
   EXPECT_THAT(run.out, HasSubstr("(exact)"));
@@ -108,22 +104,22 @@ TEST(SearchCommand, RanksAPatternAndSaysWhyFamiliesArePruned) {
 }
 
 TEST(SearchCommand, RefusesBadFlagsNamingThem) {
-  Result run = Stowage("search --gpus 8,x --global-batch 8");
+  Result run = RunStowage("search --gpus 8,x --global-batch 8");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--gpus is '8,x'"));
-  run = Stowage("search --gpus 8");
+  run = RunStowage("search --gpus 8");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("--global-batch"));
-  run = Stowage("search --gpus 8 --global-batch 8 --rank tq=2");
+  run = RunStowage("search --gpus 8 --global-batch 8 --rank tq=2");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("unknown key 'tq'"));
-  run = Stowage("search --gpus 8 --seq-len 8K --global-batch-tokens 12K");
+  run = RunStowage("search --gpus 8 --seq-len 8K --global-batch-tokens 12K");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("multiple of --seq-len"));
-  run = Stowage("search --tp 2");
+  run = RunStowage("search --tp 2");
   EXPECT_EQ(run.code, 2);
   EXPECT_THAT(run.out, HasSubstr("unknown flag '--tp'"));
-  EXPECT_EQ(Stowage("search --help").code, 0);
+  EXPECT_EQ(RunStowage("search --help").code, 0);
 }
 
 }  // namespace

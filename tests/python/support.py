@@ -157,3 +157,24 @@ def planned_saved_per_layer(cli: str, config: dict, seq_len: int, extra: tuple =
     plan = json.loads(out.stdout)
     assert plan["run"]["framework"] == "hf"
     return [layer["device_saved_bytes"] for layer in plan["layers"]]
+
+
+def first_layer_inputs(model: nn.Module, ids: torch.Tensor) -> tuple:
+    """The hidden state (a leaf that requires grad), the other positional arguments and the
+    keyword arguments a transformers causal LM passes its first decoder layer for `ids`."""
+    seen: list = []
+
+    def hook(module, args, kwargs):  # type: ignore[no-untyped-def]
+        seen.append((args, kwargs))
+        raise StopIteration  # one layer call is all we need
+
+    handle = model.model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(ids)
+    except StopIteration:
+        pass
+    finally:
+        handle.remove()
+    args, kwargs = seen[0]
+    return args[0].detach().requires_grad_(True), args[1:], kwargs

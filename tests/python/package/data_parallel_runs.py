@@ -17,7 +17,7 @@ import os
 import socket
 from typing import Any, Callable, Optional
 
-import support  # noqa: F401  (puts the package on sys.path)
+import support
 
 try:
     import torch
@@ -59,32 +59,12 @@ def _model(device: torch.device) -> nn.Module:
     return LlamaForCausalLM(_config()).to(device).train()
 
 
-def _layer_inputs(model: nn.Module, ids: torch.Tensor) -> tuple:
-    """The hidden state and the other arguments the model passes its first layer."""
-    seen: list = []
-
-    def hook(module, args, kwargs):  # type: ignore[no-untyped-def]
-        seen.append((args, kwargs))
-        raise StopIteration  # one layer call is all we need
-
-    handle = model.model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(ids)
-    except StopIteration:
-        pass
-    finally:
-        handle.remove()
-    args, kwargs = seen[0]
-    return args[0].detach().requires_grad_(True), args[1:], kwargs
-
-
 def _plan(device: torch.device, ids: torch.Tensor, policies: list,
           modules: tuple) -> "stowage.Plan":
     """The plan for the unsharded layers: host_bytes are what they save, exactly, so a parameter
     offloaded by mistake overruns it (PlanError) as well as the byte count checked below."""
     model = _model(device)
-    hidden, args, kwargs = _layer_inputs(model, ids)
+    hidden, args, kwargs = support.first_layer_inputs(model, ids)
     return plans.plan_for(model.model.layers, hidden, policies, *args,
                           recompute_modules=modules, **kwargs)
 

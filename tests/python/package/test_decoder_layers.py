@@ -11,7 +11,7 @@ import copy
 import math
 import unittest
 
-import support  # noqa: F401  (puts the package on sys.path)
+import support
 import torch
 import torch.nn as nn
 
@@ -203,25 +203,6 @@ def _configs() -> dict:
                  "transformers is not installed for this Python (Debian's torch 1.13 has none; "
                  "scripts/setup-deps pins transformers 5.23 into the PATH python)")
 class TransformersDecoderLayersTest(unittest.TestCase):
-    def layer_inputs(self, model: nn.Module, ids: torch.Tensor) -> tuple:
-        """The hidden state and keyword arguments the model passes its first layer."""
-        seen: list = []
-
-        def hook(module, args, kwargs):  # type: ignore[no-untyped-def]
-            seen.append((args, kwargs))
-            raise StopIteration  # one layer call is all we need
-
-        handle = model.model.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            with torch.no_grad():
-                model(ids)
-        except StopIteration:
-            pass
-        finally:
-            handle.remove()
-        args, kwargs = seen[0]
-        return args[0].detach().requires_grad_(True), args[1:], kwargs
-
     def check(self, name: str) -> None:
         config_cls, model_cls, fields = _configs()[name]
         torch.manual_seed(0)
@@ -232,7 +213,7 @@ class TransformersDecoderLayersTest(unittest.TestCase):
             return m(input_ids=i, labels=i).loss
 
         want = train(copy.deepcopy(model), ids, 2, loss_of)
-        hidden, args, kwargs = self.layer_inputs(model, ids)
+        hidden, args, kwargs = support.first_layer_inputs(model, ids)
         for policies, modules in PLANS:
             with self.subTest(model=name, policies=policies):
                 wrapped = copy.deepcopy(model)
@@ -256,7 +237,7 @@ class TransformersDecoderLayersTest(unittest.TestCase):
         ids = torch.randint(0, 64, (1, 16))
         loss_of = lambda m, i: m(input_ids=i, labels=i).loss  # noqa: E731
         want = train(copy.deepcopy(model), ids, 2, loss_of)
-        hidden, args, kwargs = self.layer_inputs(model, ids)
+        hidden, args, kwargs = support.first_layer_inputs(model, ids)
         profile = stowage.profile_layers(model.model.layers, hidden, *args, **kwargs)
         policies = ["offload_input", "offload_saved", "recompute", "keep"]
         plan = stowage.evaluate(profile, policies).plan
