@@ -9,7 +9,8 @@ for its process: measure/megatron_layers.py patch_for_cpu), one per rank:
     megatron_worker.py SPEC_JSON RANK WORLD STORE_DIR
 
 SPEC keys: cuda (run on GPU `rank`, NCCL, no CPU patches), bf16, moe, mtp (bools), policies (one per
-plan layer, or one for all), modules ({layer: [names]} for selective_recompute), tp, sp, pp, vpp,
+plan layer, or one for all), modules ({layer: [names]} for selective_recompute), tp, sp (sequence
+parallelism: the norms are SequenceParallelNorm), pp, vpp,
 layers, microbatches, steps, plan (a one-stage plan to split into the pp stages), runs (a list
 of specs run one after another in this process, each over the keys above), emit_plan, misuse
 (a name from MISUSES: run that mistake and report its error instead).
@@ -35,7 +36,7 @@ from mcore.cases import WORKER_SHAPE as SHAPE  # noqa: E402
 
 SEQ, VOCAB, HIDDEN = SHAPE["seq"], SHAPE["vocab"], SHAPE["hidden"]
 MISUSES = ("megatron_recompute", "outside_step", "other_model", "more_microbatches",
-           "other_stage", "other_schedule", "unknown_module")
+           "other_stage", "other_schedule", "unknown_module", "planned_with_sp")
 
 
 def config(spec: dict):
@@ -66,6 +67,34 @@ def config(spec: dict):
     return TransformerConfig(**kw)
 
 
+class SequenceParallelNorm(torch.nn.RMSNorm):
+    """An RMSNorm that runs under sequence parallelism, as TransformerEngine's and apex's norms do
+    and Megatron-Core 0.16.1's local spec norm does not (transformer/torch_norm.py WrappedTorchNorm
+    asserts `not config.sequence_parallel`): each rank normalizes its own sequence shard, and the
+    weight is marked `sequence_parallel`, the attribute distributed/finalize_model_grads.py reads
+    to all-reduce its gradient over the tensor-parallel group."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__(hidden_size, eps=eps)
+        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+
+
+def sequence_parallel_spec(layer_spec, cfg, vp_stage):
+    """The local layer spec with its norms (and the block's final norm) SequenceParallelNorm."""
+    import copy
+
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
+                                                             get_num_layers_to_build)
+    layer_spec = copy.deepcopy(layer_spec)
+    for name in ("input_layernorm", "pre_mlp_layernorm"):
+        if getattr(layer_spec.submodules, name) is not IdentityOp:
+            setattr(layer_spec.submodules, name, SequenceParallelNorm)
+    n = get_num_layers_to_build(cfg, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * n,
+                                      layer_norm=SequenceParallelNorm)
+
+
 def build(spec: dict) -> list:
     """This rank's model chunks, the same weights on every call (seeded)."""
     from megatron.core import parallel_state as ps
@@ -89,7 +118,9 @@ def build(spec: dict) -> list:
             kw["vp_stage"] = v
         pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=v)
         post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=v)
-        chunks.append(GPTModel(cfg, layer_spec, vocab_size=VOCAB, max_sequence_length=SEQ,
+        block_spec = (sequence_parallel_spec(layer_spec, cfg, v if vpp > 1 else None)
+                      if spec.get("sp") else layer_spec)
+        chunks.append(GPTModel(cfg, block_spec, vocab_size=VOCAB, max_sequence_length=SEQ,
                                pre_process=pre, post_process=post, position_embedding_type="rope",
                                mtp_block_spec=mtp_spec if post else None, **kw))
     return chunks
@@ -282,6 +313,8 @@ def one_run(spec: dict, rank: int) -> dict:
         plan = stages_1f1b(stowage.Plan.from_dict(spec["plan"]), spec["pp"], m, shift=1)
     if misuse == "other_schedule":  # a 1F1B plan for interleaved chunks
         plan = stages_1f1b(stowage.Plan.from_dict(spec["plan"]), spec["pp"], m)
+    if misuse == "planned_with_sp":  # the planner's plan for TP 2 with SP (its run.tp is 2)
+        plan.run.tp = 2
     if misuse == "unknown_module":
         plan.layers[0].policy, plan.layers[0].host_bytes = "selective_recompute", 0
         plan.layers[0].transfers, plan.layers[0].recompute_modules = [], ["core_attention"]

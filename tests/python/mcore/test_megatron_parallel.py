@@ -6,10 +6,14 @@ and each layer of the rank sends the plan's host_bytes per microbatch (under TP:
 shards). The pipeline plans are measured on the one-stage model and split into stages
 (package/test_microbatches.py pipelined, or megatron_worker.py stages_1f1b for stages of several
 layers); a plan for another stage's layers or another schedule (1F1B's for interleaved chunks) is
-refused, naming both sides. Sequence parallelism does not run on CPU: Megatron-Core 0.16.1's
-local layer spec norms refuse it (transformer/torch_norm.py WrappedTorchNorm asserts
-`not config.sequence_parallel`; apex or TransformerEngine norms are needed), and MoE with TP
-requires it (moe/moe_layer.py), so TP runs the dense model."""
+refused, naming both sides.
+
+Sequence parallelism (TP 2 + SP, dense and MoE: Megatron-Core requires SP for MoE under TP,
+moe/moe_layer.py) runs with megatron_worker.py's SequenceParallelNorm in place of the local
+spec's norm, which refuses SP (transformer/torch_norm.py WrappedTorchNorm asserts
+`not config.sequence_parallel`; apex's and TransformerEngine's norms run it). The saved tensors
+of the sequence-parallel region are then the rank's sequence shard: the layer input offloaded is
+half of TP 1's."""
 
 from __future__ import annotations
 
@@ -36,6 +40,25 @@ class MegatronParallelTest(unittest.TestCase):
                 {"policies": ["recompute", "keep"]}]
         for rank in cases.run({"tp": 2, "steps": 2, "runs": runs}, world=2):
             cases.check(self, rank, runs)
+
+    @cases.skip_without_megatron
+    def test_sequence_parallel(self):
+        runs = [{"policies": ["offload_saved", "offload_input"], "microbatches": 2},
+                {"policies": ["selective_recompute", "recompute"],
+                 "modules": {"0": ["ffn_act", "core_attn", "layernorm"]}},
+                {"moe": True, "policies": ["offload_saved", "selective_recompute"],
+                 "modules": {"1": ["moe_act", "layernorm"]}, "microbatches": 2},
+                {"moe": True, "policies": ["offload_input", "keep"]},
+                {"policies": ["offload_input"], "misuse": "planned_with_sp", "sp": False}]
+        ranks = cases.run({"tp": 2, "sp": True, "steps": 2, "runs": runs}, world=2)
+        for rank in ranks:
+            cases.check(self, rank[:4], runs[:4])
+            # The layer input is the rank's half of the sequence: SEQ/2 tokens x hidden, fp32.
+            self.assertEqual(rank[0]["host_bytes"][1],
+                             cases.WORKER_SHAPE["seq"] // 2 * cases.WORKER_SHAPE["hidden"] * 4)
+            self.assertEqual(rank[3]["host_bytes"][0], rank[0]["host_bytes"][1])
+            self.assertIn("tensor parallelism 2 with sequence parallelism but the model's "
+                          "TransformerConfig.sequence_parallel is False", rank[4]["error"])
 
     @cases.skip_without_megatron
     def test_pipeline_1f1b(self):
