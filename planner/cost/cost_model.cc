@@ -51,6 +51,11 @@ absl::StatusOr<uint64_t> LayerCeiling(const LayerCost& l) {
 
 }  // namespace
 
+bool SavesInput(const LayerCost& layer) {
+  return std::any_of(layer.saved.begin(), layer.saved.end(),
+                     [](const SavedTensor& t) { return t.name == "input"; });
+}
+
 absl::Status AddModule(LayerCost& layer, const std::string& name, double seconds, bool in_ffn) {
   uint64_t bytes = 0;
   bool wrapped = false;
@@ -237,11 +242,17 @@ absl::Status CheckStepCostBounds(const StepCost& step) {
 // and the output's gradient (output_bytes) beside it; the forward-only transients (GLM-5's DSA
 // indexer: two fp32 [s, H, s] score tensors, 4 GiB a layer at 4096 tokens, Note [hf MLA] in
 // planner/frameworks/hf_build_layer.cc) make it the backward's peak. The backward's own moments
-// follow, with what the checkpoint holds beyond its input until its backward ends
+// follow, with the layer's input, which the checkpoint holds (offload_input: the restore brought
+// back) until its backward ends, and what the checkpoint holds beyond it
 // (LayerCost::checkpoint_held_bytes: under hf the step's masks, Note [hf masks]), which the rerun
-// counts already as the forward did. A measured layer's rerun is its measured forward (own forward
-// bytes) with the output's gradient: the same moment read off the measured step
-// (Note [Measured layers] in planner/frameworks/layer_profile.cc).
+// counts already as the forward did. Where keep saves the input (Megatron: the first norm's
+// input, "input" among the saved tensors) the backward's moments count it already; where keep
+// does not (transformers: the first RMSNorm saves its fp32 upcast, not the bf16 input, which
+// keep frees after the forward), a recomputed layer's backward holds it beyond them: 2h bytes
+// per token (torch 2.11 checkpoint.py: the non-reentrant checkpoint keeps the function's inputs
+// in its frame until the frame's last saved tensor is unpacked). A measured layer's rerun is its
+// measured forward (own forward bytes) with the output's gradient: the same moment read off the
+// measured step (Note [Measured layers] in planner/frameworks/layer_profile.cc).
 OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
   OptionCost c;
   const int k = std::max(1, o.chunks);
@@ -269,6 +280,9 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
                      attn_saved + l.attn_backward_transient + l.attn_peak_grad_bytes}) +
            l.output_bytes + input_grad;
   };
+  // Note [Recompute moment]: the input the checkpoint holds (or the restore brought back) through
+  // the backward's own moments, where the layer's saved tensors do not include it already.
+  const uint64_t unsaved_input = SavesInput(l) ? 0 : l.input_bytes;
   const uint64_t keep_forward = forward_with(attn_saved, l.ffn_saved_bytes);
   const uint64_t keep_backward = backward_with(l.ffn_saved_bytes);
   switch (o.policy) {
@@ -308,8 +322,9 @@ OptionCost EvaluateOption(const LayerCost& l, const LayerOption& o) {
       c.forward_peak =
           std::max(forward_with(l.input_bytes, 0), l.input_bytes + l.unkept_forward_bytes);
       c.checkpoint_held_bytes = l.checkpoint_held_bytes;
-      c.backward_peak = std::max(backward_with(l.ffn_saved_bytes / k) + l.checkpoint_held_bytes,
-                                 forward_with(attn_saved, l.ffn_saved_bytes / k) + l.output_bytes);
+      c.backward_peak =
+          std::max(backward_with(l.ffn_saved_bytes / k) + l.checkpoint_held_bytes + unsaved_input,
+                   forward_with(attn_saved, l.ffn_saved_bytes / k) + l.output_bytes);
       break;
     case LayerPolicy::kOffloadSaved:
       c.host_bytes = l.saved_bytes;

@@ -119,6 +119,11 @@ struct LayerCost {
 };
 inline constexpr int kMaxInFlightMicrobatches = 1024;
 
+// Whether keep saves the layer's input: one of its saved tensors is "input" (what offload_input
+// moves). Megatron's layers do (the first norm's input); transformers' do not (the first RMSNorm
+// saves its fp32 upcast), so a recomputed layer holds its input beside them in its backward.
+bool SavesInput(const LayerCost& layer);
+
 // Appends recompute module `name` to `layer` (rerun in `seconds`; `in_ffn`: RecomputeModule::
 // in_ffn), its saved_bytes the sum of the layer's saved tensors that name it (SavedTensor::module):
 // the recipes call it once the module's tensors are saved. An error when that sum is beyond

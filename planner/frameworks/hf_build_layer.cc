@@ -25,7 +25,8 @@ namespace {
 //  OLMo 2/3: the norms follow the sublayers (`post_attention_layernorm(self_attn(x))`) and
 //    compute gpt-oss's fp32 weight mul: fp32 x, rsqrt, the fp32 normalised x (8w + 4 per row);
 //    their output feeds the residual add, while the sublayer's bf16 input (2h) is what q/k/v
-//    (gate/up) keep: the same 10h + 4 a pre-norm with its kept output counts. The q/k norms are
+//    (gate/up) keep: the same 10h + 4 a pre-norm with its kept output counts, of which the
+//    attention's 2h is the layer's input ("input": keep saves it). The q/k norms are
 //    the same code over the whole projection. Olmo2RotaryEmbedding returns cos/sin in fp32 (no
 //    `.to(x.dtype)`), one pair per layer type (Olmo3Model.forward), so `q * cos` promotes RoPE to
 //    fp32 and `.to(q_type)` casts back: per element of q and k forward q * cos r2 w4, rotate_half
@@ -60,6 +61,16 @@ void OlmoPhi3Terms(HfLayer& b, const LayerSpec& spec) {
   const double h = m.hidden, hq = m.heads, hkv = m.kv_heads, d = m.head_dim;
   if (b.dialect.fp32_rope) b.Traffic(16 * (hq + hkv) * d, 26 * (hq + hkv) * d, 2, 6);
   if (b.dialect.norms_after) {
+    // The 2h of the attention norm's count that q/k/v keep is the layer's input itself: keep
+    // saves it, so a recomputed layer's backward holds nothing beyond its saved tensors
+    // (Note [Recompute moment] in cost_model.cc; SavesInput).
+    auto norm = std::find_if(b.cost.saved.begin(), b.cost.saved.end(),
+                             [](const SavedTensor& t) { return t.name == "attn.norm"; });
+    const auto input = static_cast<uint64_t>(std::llround(2 * h * b.t));
+    if (norm != b.cost.saved.end() && norm->bytes >= input) {
+      norm->bytes -= input;
+      b.cost.saved.insert(norm, {"input", "", input});
+    }
     // The norms' own moments, with the gradients made by them: OlmoNormMoments.
     const double freed = (8 * h + 4) * b.t;
     auto less_freed = [&](uint64_t& transient) {

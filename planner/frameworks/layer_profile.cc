@@ -562,11 +562,9 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
     l.type = pl.type;
     l.input_bytes = pl.input_bytes;
     l.output_bytes = pl.output_bytes;
-    bool saves_input = false;
     for (const ProfileSavedTensor& t : pl.saved) {
       l.saved.push_back({t.name, t.module, t.bytes});
       l.saved_bytes += t.bytes;
-      saves_input |= t.name == "input";
     }
     for (const ProfileModule& m : pl.modules) {
       RecomputeModule rm{m.name, 0, seconds(m.seconds, m.work), false};
@@ -578,7 +576,7 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
     }
     // Note [Measured layers]: the layer's own bytes, split into the terms EvaluateOption adds.
     const uint64_t own_forward = pl.input_bytes + pl.forward_peak_bytes;
-    const uint64_t own_backward = pl.backward_peak_bytes + (saves_input ? pl.input_bytes : 0);
+    const uint64_t own_backward = pl.backward_peak_bytes + (SavesInput(l) ? pl.input_bytes : 0);
     l.ffn_forward_transient = sat(own_forward, l.saved_bytes + l.output_bytes);
     l.ffn_saved_bytes = pl.backward_peak_released_bytes;
     l.attn_backward_transient =

@@ -149,7 +149,10 @@ BackwardHeld BackwardHeldBytes(const StepCost& step) {
     const uint64_t shards = static_cast<uint64_t>(std::max(1, step.layer_grad_shards));
     level = sum(level, grads ? (step.layers[j].grad_bytes + shards - 1) / shards : 0);
   }
-  held.at_end = sum(level, grads ? step.embedding_grad_bytes : 0);
+  // The embedding's backward makes its gradient from the one it receives, the first layer's
+  // input's (Note [Gradient timing]: made last in that layer's backward), alive beside it.
+  const uint64_t received = n > 0 ? step.layers.front().input_bytes : 0;
+  held.at_end = grads ? sum(level, sum(step.embedding_grad_bytes, received)) : level;
   return held;
 }
 

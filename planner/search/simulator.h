@@ -115,8 +115,10 @@ SimResult Simulate(const StepCost& step, const Schedule& schedule, bool record);
 // made by its peak) — the logits the caller holds (StepCost::held_logits_bytes) and, where
 // gradients are made in backward, the LM head's and those of layers j + 1 .. n - 1; in_layer[n-1]
 // is also what the tail leaves. at_end: after the last backward (layer 0's, then the
-// embedding's): the logits and every gradient. The simulator's levels and the optimizer's memory
-// bounds (Note [Exact search]) are both made of these sums.
+// embedding's): the logits and every gradient, and where gradients are made in backward, the
+// gradient the embedding's backward receives (layer 0's input's) beside the one it makes. The
+// simulator's levels and the optimizer's memory bounds (Note [Exact search]) are both made of these
+// sums.
 struct BackwardHeld {
   std::vector<uint64_t> in_layer;
   uint64_t at_end = 0;

@@ -354,24 +354,27 @@ TEST(ProfileStepCost, TheBackwardPeaksMomentWorkedOutByHand) {
   early.attn_backward_transient = 0;
   EXPECT_EQ(EvaluateOption(early, {LayerPolicy::kKeep, 0, 1}).backward_peak, 800u);
 
-  // Layer 1's checkpoint holds 25 beyond its input through its recomputed backward (the
-  // step's masks): its backward moments with it, or its rerun forward (saved 300 and output 40,
-  // over its own 200) with the output's gradient 40, whichever is more.
+  // Layer 1's checkpoint holds its input (100: keep does not save it, so its measured backward
+  // does not count it) and 25 beyond it through its recomputed backward (the step's masks): its
+  // backward moments with them, or its rerun forward (saved 300 and output 40, over its own 200)
+  // with the output's gradient 40, whichever is more.
   const LayerCost& l1 = step->layers[1];
   EXPECT_EQ(l1.checkpoint_held_bytes, 25u);
   EXPECT_EQ(l1.checkpoint_held_group, 1);
+  EXPECT_FALSE(SavesInput(l1));
   EXPECT_EQ(EvaluateOption(l1, {LayerPolicy::kKeep, 0, 1}).backward_peak, 480u);
   EXPECT_EQ(EvaluateOption(l1, {LayerPolicy::kRecompute, 0, 1}).backward_peak,
-            std::max<uint64_t>(480 + 25, 340 + 40));
+            std::max<uint64_t>(480 + 100 + 25, 340 + 40));
 
   // The held logits: 20 of the loss's bytes through the whole backward and at the end.
   EXPECT_EQ(step->held_logits_bytes, 20u);
   const BackwardHeld held = BackwardHeldBytes(*step);
   // In layer 1's backward: the logits 20 and the LM head's gradients 70; in layer 0's also
-  // layer 1's 40; at the end all of them and the embedding's 30.
+  // layer 1's 40; at the end, the embedding's backward, all of them, the embedding's 30 and the
+  // gradient it receives (layer 0's input's, 100).
   EXPECT_EQ(held.in_layer[1], 90u);
   EXPECT_EQ(held.in_layer[0], 130u);
-  EXPECT_EQ(held.at_end, 20u + 70 + 40 + 40 + 30);
+  EXPECT_EQ(held.at_end, 20u + 70 + 40 + 40 + 30 + 100);
   // The step under keep, over fixed 1100 (weights 1000, other 100, no gradients): layer 0's
   // backward holds its own 1015 and the 130 around it; layer 1's its own 480 (saved 300, output
   // 40, input 100, all 40 of its gradients: version-1 figures) beside layer 0's resident 600
@@ -391,8 +394,9 @@ TEST(ProfileStepCost, TheBackwardPeaksMomentWorkedOutByHand) {
   for (const ComputeInterval& c : r.compute) {
     if (c.phase == Phase::kBackward && c.layer == 0) {
       EXPECT_EQ(level_at(c.start), 1100u + 130 + 1015);
-      // From its end on: the logits and every gradient, the embedding's 30 included (at_end).
-      EXPECT_EQ(level_at(c.end), 1100u + 20 + 70 + 40 + 40 + 30);
+      // From its end on: the logits and every gradient, the embedding's 30 included, and the
+      // gradient the embedding receives (at_end).
+      EXPECT_EQ(level_at(c.end), 1100u + 20 + 70 + 40 + 40 + 30 + 100);
     }
     if (c.phase == Phase::kTail) {
       EXPECT_EQ(level_at(c.start), 1100u + 900 + 90);

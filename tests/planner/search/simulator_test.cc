@@ -41,11 +41,13 @@ OptionCost Layer(uint64_t resident, uint64_t host, double fwd = 1, double rec = 
 // backward_peak counts the gradients it has made by its peak; the rest come at its end; the tail
 // leaves the held logits and the LM head's gradients; the embedding's come last. By hand, with
 // the LM head's 7 B of gradients, 40 B of held logits in a 100 B tail, layer gradients 30 B
-// (layer 0) and 50 B (layer 1), embedding 11 B:
+// (layer 0) and 50 B (layer 1), embedding 11 B, layer 0's input 4 B:
 //   forward: 10, 30; tail: 130; tail end: 30 + 40 + 7 = 77, and at that instant the backward
 //   of 1 starts: 77 - 20 + 80 = 137; its end: 137 - 80 + 50 = 107 (= 10 + 97), and the backward
-//   of 0 starts: 107 - 10 + 65 = 162 (the peak); its end: 162 - 65 + 30 + 11 = 138. (The
-//   timeline merges the events of one instant.)
+//   of 0 starts: 107 - 10 + 65 = 162 (the peak); its end, the embedding's backward: 162 - 65 +
+//   30 + 11 + 4 = 142, the 4 B the gradient the embedding receives (layer 0's input's). (The
+//   timeline merges the events of one instant.) The regression: that gradient was not counted
+//   at the end (138), where a short sequence with a large vocabulary peaks.
 TEST(Simulator, GradientsAndHeldLogitsThroughTheBackward) {
   StepCost step = Toy(2);
   step.tail_bytes = 100;
@@ -55,17 +57,19 @@ TEST(Simulator, GradientsAndHeldLogitsThroughTheBackward) {
   step.embedding_grad_bytes = 11;
   step.layers[0].grad_bytes = 30;
   step.layers[1].grad_bytes = 50;
+  step.layers[0].input_bytes = 4;
   const BackwardHeld held = BackwardHeldBytes(step);
   EXPECT_EQ(held.in_layer, (std::vector<uint64_t>{97, 47}));
-  EXPECT_EQ(held.at_end, 138u);
+  EXPECT_EQ(held.at_end, 142u);
   const SimResult r =
       Simulate(step, {Layer(10, 0, 1, 0, 2, 0, 65), Layer(20, 0, 1, 0, 2, 0, 80)}, 1, true);
   EXPECT_EQ(r.peak_bytes, 162u);
   EXPECT_EQ(r.peak_at, "backward of layer 0");
   std::vector<uint64_t> levels;
   for (const MemoryPoint& p : r.timeline) levels.push_back(p.bytes);
-  EXPECT_EQ(levels, (std::vector<uint64_t>{0, 10, 30, 130, 137, 162, 138}));
-  // Without gradients made in backward only the held logits stay (40 B to the end).
+  EXPECT_EQ(levels, (std::vector<uint64_t>{0, 10, 30, 130, 137, 162, 142}));
+  // Without gradients made in backward (Megatron's buffers) only the held logits stay (40 B to
+  // the end).
   step.gradients_in_backward = false;
   step.layers[0].grad_bytes = step.layers[1].grad_bytes = 0;
   const SimResult plain =
