@@ -75,8 +75,8 @@ cli::FlagParser MakeParser() {
   p.Add({"no-sequence-parallel", "",
          "TP without Megatron's --sequence-parallel (Megatron-LM's default): every TP rank holds "
          "the layer input, norms and residual for the whole sequence, the TP collectives are "
-         "all-reduces and the pipeline's messages whole; a MoE model needs it with --tp > 1 and "
-         "refuses this (no effect with --tp 1)",
+         "all-reduces and the pipeline's messages whole; refused for a MoE model with --tp > 1, "
+         "which Megatron-Core trains only with sequence parallelism (no effect with --tp 1)",
          "off: sequence parallelism"});
   p.Add(
       {"cp", "N", "context parallel size", "8 (1 with --framework hf)", {"context-parallel-size"}});

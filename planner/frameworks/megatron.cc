@@ -180,14 +180,14 @@ namespace {
 // tensor between a row-parallel output and the next column-parallel input holds t/sp tokens per
 // rank: the layer input and the residual `mid` (hc_mult streams), the norms' inputs, outputs and
 // rsigma, the MTP module's norms and eh_proj input, the final norm and the LM head's saved input
-// (LanguageModelEmbedding.forward scatters the embedding to the shard only under SP,
-// scatter_to_sequence_parallel_region), and the pipeline's messages (schedules.py
-// forward_backward_pipelining_without_interleaving: seq_length // tp only under SP). Tensors split
-// by heads, the FFN's intermediate or the vocabulary divide by tp either way. The MoE router and
-// permute run on the rank's own tokens, the SP shard: Megatron refuses MoE under TP without SP
-// (ValidateRun). Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-// Models" (2022), count the same: 10 s b h of a GPT layer's activations replicated on every TP
-// rank without SP, divided by t with it.
+// (the embedding's output is reduce-scattered to the shard under SP, LanguageModelEmbedding's
+// reduce_scatter_embeddings, and all-reduced whole without), and the pipeline's messages
+// (schedules.py get_tensor_shapes: seq_length // tp only under SP). Tensors split by heads, the
+// FFN's intermediate or the vocabulary divide by tp either way. The MoE router and permute run on
+// the rank's own tokens, the SP shard: Megatron refuses MoE under TP without SP (ValidateRun).
+// Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022),
+// split a GPT layer's activations the same way: 10 s b h of them (the norms and the residual
+// path's dropouts) on every TP rank without SP, divided by t with it.
 
 constexpr double kChunkOverheadSeconds = 100e-6;  // two all-to-all launches + kernel tails
 constexpr uint64_t kIndexerQueryBlock = 1024;     // DSA indexer scores this many queries at once

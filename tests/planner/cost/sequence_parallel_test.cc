@@ -148,7 +148,8 @@ TEST(SequenceParallel, PipelineMessagesAreTheWholeSequence) {
   // schedules.py get_tensor_shapes: seq_length // tp only under sequence parallelism.
   EXPECT_EQ(PipelineMessageBytes(m, DenseRun(4, false)), 8192.0 * 4096 * 2);
   EXPECT_EQ(PipelineMessageBytes(m, DenseRun(4, true)), 8192.0 * 4096 * 2 / 4);
-  EXPECT_EQ(PipelineMessageBytes(m, DenseRun(1, false)), PipelineMessageBytes(m, DenseRun(1, true)));
+  EXPECT_EQ(PipelineMessageBytes(m, DenseRun(1, false)),
+            PipelineMessageBytes(m, DenseRun(1, true)));
 }
 
 TEST(SequenceParallel, MtpModuleOutsideItsLayerIsWholeWithoutIt) {
