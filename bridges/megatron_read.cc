@@ -553,9 +553,10 @@ absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arg
                                   : absl::StrCat(where, ": no --use-distributed-optimizer");
   }
   // Megatron-LM's --sequence-parallel is off unless given (arguments.py; it turns it off with TP 1,
-  // where it is moot): without it TP is planned without sequence parallelism (Note [Sequence
-  // parallelism] in planner/frameworks/megatron.cc). A MoE model under TP > 1 without it is
-  // refused once the TP and the model are known (tools::CheckTrainerJob in cli/plan_inputs.cc).
+  // where it is moot): without it TP is planned without sequence parallelism
+  // (Note [Sequence parallelism] in planner/frameworks/megatron.cc). A MoE model under TP > 1
+  // without it is refused once the TP and the model are known (tools::CheckTrainerJob in
+  // cli/plan_inputs.cc).
   if (!sequence_parallel) {
     out.flags.push_back({"no-sequence-parallel", "true"});
     out.origins["no-sequence-parallel"] =
