@@ -98,6 +98,18 @@ TEST(SequenceParallel, MootWithTp1) {
     EXPECT_EQ(on.layers[i].saved_bytes, off.layers[i].saved_bytes);
   }
   EXPECT_EQ(on.tail_bytes, off.tail_bytes);
+  // transformers eager (--framework hf) runs no TP: the setting changes nothing there either.
+  RunSettings hf_on = DefaultRunSettings(Framework::kHf, m), hf_off = hf_on;
+  hf_on.seq_len = hf_off.seq_len = 4096;
+  hf_on.gpus = hf_off.gpus = 1;
+  hf_off.sequence_parallel = false;
+  const StepCost a = Build(m, hf_on), b = Build(m, hf_off);
+  ASSERT_EQ(a.layers.size(), b.layers.size());
+  EXPECT_EQ(a.layers[0].saved_bytes, b.layers[0].saved_bytes);
+  EXPECT_EQ(a.tail_bytes, b.tail_bytes);
+  hf_off.tp = hf_off.gpus = 2;  // and refuses TP, with or without sequence parallelism
+  EXPECT_THAT(BuildStepCost(m, *HardwarePreset("h100"), hf_off).status().message(),
+              HasSubstr("--tp is 2 with --framework hf; transformers eager runs no tensor"));
   EXPECT_EQ(SequenceShards(DenseRun(1, true)), 1);
   EXPECT_EQ(SequenceShards(DenseRun(4, true)), 4);
   EXPECT_EQ(SequenceShards(DenseRun(4, false)), 1);
