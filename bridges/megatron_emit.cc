@@ -225,8 +225,9 @@ absl::StatusOr<MegatronArguments> EmitMegatronArguments(const Plan& plan, const 
     if (!value.empty()) out.args.push_back(std::move(value));
   };
   add("--tensor-model-parallel-size", absl::StrCat(plan.tp));
-  // The planner's TP is Megatron's with sequence parallelism (norms and dropout split too).
-  if (plan.tp > 1) add("--sequence-parallel");
+  // Megatron's --sequence-parallel (norms and dropout split too) when the plan has it
+  // (run.sequence_parallel, the planner's default); Megatron-LM's default is off.
+  if (plan.tp > 1 && plan.sequence_parallel) add("--sequence-parallel");
   add("--context-parallel-size", absl::StrCat(plan.cp));
   if (plan.ep > 1) add("--expert-model-parallel-size", absl::StrCat(plan.ep));
   add("--seq-length", absl::StrCat(plan.seq_len));

@@ -474,7 +474,7 @@ absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arg
   TrainerSettings out;
   std::vector<std::string> policy, unused, not_needed, model_unresolved;
   ArgumentValues split, all;
-  bool distributed_optimizer = false, explicit_sharding = false;
+  bool distributed_optimizer = false, explicit_sharding = false, sequence_parallel = false;
   const std::string where = job.line > 0 ? absl::StrCat(source, ":", job.line) : source;
   for (const Argument& a : arguments) {
     const std::string spelled = absl::StrCat("--", a.name, a.value ? " " + *a.value : "");
@@ -505,6 +505,9 @@ absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arg
       distributed_optimizer = true;
     } else if (a.name == "optimizer-cpu-offload") {
       out.flags.push_back({"optimizer-offload", "true"});
+    } else if (a.name == "sequence-parallel") {
+      // A switch (a YAML config's `sequence_parallel: false` says it is off).
+      sequence_parallel = !a.value.has_value() || (*a.value != "false" && *a.value != "False");
     } else if (a.name == "use-tp-pp-dp-mapping") {
       // initialize.py: order 'tp-cp-ep-pp-dp' under this switch (common_config.py).
       out.flags.push_back({"rank-order", "tp-cp-ep-pp-dp"});
@@ -548,6 +551,16 @@ absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arg
     out.origins["sharding"] = distributed_optimizer
                                   ? absl::StrCat(where, ": --use-distributed-optimizer")
                                   : absl::StrCat(where, ": no --use-distributed-optimizer");
+  }
+  // Megatron-LM's --sequence-parallel is off unless given (arguments.py; it turns it off with TP 1,
+  // where it is moot): without it TP is planned without sequence parallelism
+  // (Note [Sequence parallelism] in planner/frameworks/megatron.cc). A MoE model under TP > 1
+  // without it is refused once the TP and the model are known (tools::CheckTrainerJob in
+  // cli/plan_inputs.cc).
+  if (!sequence_parallel) {
+    out.flags.push_back({"no-sequence-parallel", "true"});
+    out.origins["no-sequence-parallel"] =
+        absl::StrCat(where, ": no --sequence-parallel (Megatron-LM's default: off)");
   }
   // Megatron-LM builds no MTP module without --mtp-num-layers (its default is None), whatever the
   // checkpoint's num_nextn_predict_layers (Note [MTP layers] in planner/frameworks/megatron.cc).

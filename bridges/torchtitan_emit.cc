@@ -69,8 +69,15 @@ absl::StatusOr<TorchtitanJobToml> EmitTorchtitanJob(const Plan& plan, const RunS
           "parameter all-gathers the plan did not count"));
     }
   }
-  // The planner's TP is with sequence parallelism, as torchtitan's TP plans are; its experts
-  // are not tensor-parallel (the routed tokens are split over TP instead).
+  // The planner's TP is with sequence parallelism, as torchtitan's TP plans are (unless
+  // --no-sequence-parallel); its experts are not tensor-parallel (the routed tokens are split
+  // over TP instead).
+  if (plan.tp > 1 && !plan.sequence_parallel) {
+    out.notes.push_back(
+        "the plan is TP without sequence parallelism (--no-sequence-parallel); torchtitan's TP "
+        "plans always split the norms' tokens over TP (SequenceParallel): less activation memory "
+        "than planned, and all-gathers / reduce-scatters instead of the planned all-reduces");
+  }
   set("parallelism", "tensor_parallel_degree", absl::StrCat(plan.tp));
   set("parallelism", "context_parallel_degree", absl::StrCat(plan.cp));
   set("parallelism", "pipeline_parallel_degree", absl::StrCat(plan.pp));

@@ -69,9 +69,15 @@ cli::FlagParser MakeParser() {
   p.Add({"micro-batch", "N", "sequences per micro-batch", "1", {"micro-batch-size"}});
   p.Add({"tp",
          "N",
-         "tensor parallel size (with sequence parallelism)",
+         "tensor parallel size (with sequence parallelism unless --no-sequence-parallel)",
          "1",
          {"tensor-model-parallel-size"}});
+  p.Add({"no-sequence-parallel", "",
+         "TP without Megatron's --sequence-parallel (Megatron-LM's default): every TP rank holds "
+         "the layer input, norms and residual for the whole sequence, the TP collectives are "
+         "all-reduces and the pipeline's messages whole; refused for a MoE model with --tp > 1, "
+         "which Megatron-Core trains only with sequence parallelism (no effect with --tp 1)",
+         "off: sequence parallelism"});
   p.Add(
       {"cp", "N", "context parallel size", "8 (1 with --framework hf)", {"context-parallel-size"}});
   p.Add({"ep",
@@ -217,6 +223,7 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
                            "seq-len",
                            "micro-batch",
                            "tp",
+                           "no-sequence-parallel",
                            "cp",
                            "ep",
                            "gpus",

@@ -231,6 +231,8 @@ absl::StatusOr<Inputs> ReadInputs(const cli::FlagParser& flags, const TrainerInp
   if (!parsed_optimizer.ok()) return parsed_optimizer.status();
   r.optimizer = *parsed_optimizer;
   r.optimizer_offload = flags.GetBool("optimizer-offload");
+  // Megatron's --sequence-parallel (Note [Sequence parallelism] in planner/frameworks/megatron.cc).
+  r.sequence_parallel = !flags.GetBool("no-sequence-parallel");
   auto loss_chunk = flags.GetCount("loss-chunk-tokens", defaults.loss_chunk_tokens, /*min=*/0);
   if (!loss_chunk.ok()) return loss_chunk.status();
   r.loss_chunk_tokens = *loss_chunk;

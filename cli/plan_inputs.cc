@@ -192,6 +192,22 @@ absl::Status CheckTrainerJob(const cli::FlagParser& flags, const TrainerInputs& 
                      from("pp"), "): ", gpus / pp, " GPUs per pipeline stage, which EP ", ep, " (",
                      from("ep"), ") does not divide"));
   }
+  // Megatron-LM refuses MoE under TP without --sequence-parallel: Megatron-LM 0.16.1
+  // megatron/training/yaml_arguments.py asserts "When using MoE and tensor parallelism, sequence
+  // parallelism must be used.", and Megatron-Core 0.16.1 transformer/moe/moe_layer.py
+  // MoELayer.forward raises a ValueError in training. A model from --model is checked by
+  // planner::ValidateRun.
+  const bool moe = trainer.model_arguments.has_value() && !flags.Has("model") &&
+                   trainer.model_arguments->contains("num-experts");
+  if (moe && tp > 1 && flags.GetBool("no-sequence-parallel")) {
+    const auto& experts = trainer.model_arguments->at("num-experts");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job trains a MoE model (--num-experts ", experts.value_or(""), ") under TP ", tp, " (",
+        from("tp"), ") without --sequence-parallel (", from("no-sequence-parallel"),
+        "); Megatron-LM refuses that (yaml_arguments.py: \"When using MoE and tensor "
+        "parallelism, sequence parallelism must be used.\"; moe_layer.py MoELayer.forward); add "
+        "--sequence-parallel to the script"));
+  }
   return absl::OkStatus();
 }
 

@@ -48,7 +48,8 @@ absl::StatusOr<std::optional<planner::ModelConfig>> TrainerModel(const cli::Flag
 
 // The run against the launcher, before the planner's own checks: the GPUs must hold TP x CP x PP
 // whole and each pipeline stage's GPUs EP whole, each number named with where it came from (the
-// file's line, the command line, Megatron's or the planner's default).
+// file's line, the command line, Megatron's or the planner's default); a MoE model the file
+// describes under TP > 1 needs --sequence-parallel.
 absl::Status CheckTrainerJob(const cli::FlagParser& flags, const TrainerInputs& trainer);
 
 }  // namespace stowage::tools

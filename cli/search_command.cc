@@ -34,12 +34,12 @@ struct RunFlag {
   const char* value_name;  // "" for a switch
 };
 constexpr RunFlag kRunFlags[] = {
-    {"model", "NAME|PATH"},  {"hardware", "NAME|PATH"},   {"seq-len", "N"},
-    {"framework", "NAME"},   {"transformers", "5.N"},     {"vision-tokens", "N"},
-    {"moe-imbalance", "X"},  {"gpu-mem", "GiB"},          {"host-mem", "GiB"},
-    {"sharding", "MODE"},    {"grad-dtype", "fp32|bf16"}, {"mtp-layers", "N"},
-    {"optimizer", "NAME"},   {"optimizer-offload", ""},   {"loss-chunk-tokens", "N"},
-    {"optimality-gap", "G"},
+    {"model", "NAME|PATH"},  {"hardware", "NAME|PATH"},    {"seq-len", "N"},
+    {"framework", "NAME"},   {"transformers", "5.N"},      {"vision-tokens", "N"},
+    {"moe-imbalance", "X"},  {"gpu-mem", "GiB"},           {"host-mem", "GiB"},
+    {"sharding", "MODE"},    {"grad-dtype", "fp32|bf16"},  {"mtp-layers", "N"},
+    {"optimizer", "NAME"},   {"optimizer-offload", ""},    {"loss-chunk-tokens", "N"},
+    {"optimality-gap", "G"}, {"no-sequence-parallel", ""},
 };
 
 cli::FlagParser MakeParser() {

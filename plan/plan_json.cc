@@ -212,6 +212,7 @@ std::string PlanToJson(const Plan& plan) {
   if (plan.rank_order != RankOrder::kTpCpEpDpPp) {
     j["run"]["rank_order"] = RankOrderName(plan.rank_order);
   }
+  if (!plan.sequence_parallel) j["run"]["sequence_parallel"] = false;
   // The job's GPUs and global batch: written only when stated (plans without them keep their
   // bytes and hash).
   if (plan.gpus != 0) j["run"]["gpus"] = plan.gpus;
@@ -347,6 +348,7 @@ absl::StatusOr<Plan> ParsePlanJson(std::string_view text) {
                        "'; allowed: tp-cp-ep-dp-pp, tp-cp-ep-pp-dp (Megatron's rank orders)"));
     }
     plan.rank_order = *parsed_order;
+    STOWAGE_RETURN_IF_ERROR(run->ReadOptional("sequence_parallel", plan.sequence_parallel));
     STOWAGE_RETURN_IF_ERROR(run->ReadOptional("gpus", plan.gpus, kGpus));
     STOWAGE_RETURN_IF_ERROR(run->ReadOptional("global_batch", plan.global_batch, kGlobalBatch));
     STOWAGE_RETURN_IF_ERROR(run->ReadOptional("gpu_budget_bytes", plan.gpu_budget_bytes, kBytes));

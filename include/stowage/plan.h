@@ -323,6 +323,10 @@ struct Plan {
   // Megatron's rank order the stages' links were planned for (the planner's --rank-order).
   // Written only when not the default, so that other plans keep their bytes and hash.
   RankOrder rank_order = RankOrder::kTpCpEpDpPp;
+  // Megatron's --sequence-parallel: whether the layer input, the norms, the residual and the
+  // pipeline's messages split their tokens over the TP ranks (moot with tp 1). Written only when
+  // false, so that other plans keep their bytes and hash; absent means true.
+  bool sequence_parallel = true;
   // Note [MTP layers]: multi-token-prediction depths trained (0: none), the last entries of
   // `layers`.
   int mtp_layers = 0;

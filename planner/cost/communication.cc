@@ -16,8 +16,8 @@
 namespace stowage::planner {
 
 // Note [Communication]
-// Per rank and per step, for the run's TP (with sequence parallelism), CP, EP, data-parallel
-// sharding and world size. Groups follow Megatron-Core's rank order (GroupsOf;
+// Per rank and per step, for the run's TP (with or without sequence parallelism), CP, EP,
+// data-parallel sharding and world size. Groups follow Megatron-Core's rank order (GroupsOf;
 // parallel_state.py RankGenerator numbers the grid innermost first, a dense grid tp-cp-dp-pp and
 // an expert grid tp-ep-dp-pp with expert tensor parallelism 1, as the cost model assumes). Under
 // the default order "tp-cp-ep-dp-pp" (megatron/training/initialize.py): TP members are adjacent
@@ -47,12 +47,21 @@ namespace stowage::planner {
 // the network and (g - 1)/n over NVLink at once (g members per domain); the slower part binds.
 //
 // What each collective moves, t = tokens per rank (seq_len x micro_batch / cp), h = hidden:
-//  - TP/SP (Megatron-Core ColumnParallelLinear / RowParallelLinear with sequence_parallel):
-//    before attention and before the FFN (a MoE layer's shared experts; routed experts have
-//    no TP) an all-gather of t x h x dtype, after each a reduce-scatter of the same; backward
-//    the reverse pair plus the input all-gathered again for the weight gradient (SP keeps
-//    only its shard), which Megatron issues before the data-gradient GEMM and so hides.
-//    Forward and backward pairs are on the critical path (no --tp-comm-overlap modelled).
+//  - TP with sequence parallelism (Megatron-Core ColumnParallelLinear / RowParallelLinear with
+//    sequence_parallel): before attention and before the FFN (a MoE layer's shared experts;
+//    routed experts have no TP) an all-gather of t x h x dtype, after each a reduce-scatter of
+//    the same; backward the reverse pair plus the input all-gathered again for the weight
+//    gradient (SP keeps only its shard), which Megatron issues before the data-gradient GEMM and
+//    so hides. Forward and backward pairs are on the critical path (no --tp-comm-overlap
+//    modelled).
+//  - TP without sequence parallelism (RunSettings::sequence_parallel false; Megatron-Core 0.16.1
+//    tensor_parallel/layers.py): each row-parallel linear's output is all-reduced whole, t x h
+//    x dtype (reduce_from_tensor_model_parallel_region), and in backward each column-parallel
+//    linear's input gradient is (LinearWithGradAccumulationAndAsyncCommunication.backward,
+//    allreduce_dgrad); the column input needs no gather and the row output's gradient no
+//    collective. One all-reduce per sublayer each way, on the critical path like the pairs
+//    above (an all-reduce is a reduce-scatter then an all-gather: the same exposed time, less
+//    the hidden weight-gradient gather).
 //  - CP, softmax attention and MLA (TransformerEngine's ring attention, P2P): the local K/V
 //    block (t x K/V width) goes round the ring, cp-1 steps (fewer when a sliding window or
 //    attention chunk reaches fewer blocks); backward sends K/V and dK/dV, twice the bytes.
@@ -86,8 +95,10 @@ namespace stowage::planner {
 //  - Word embeddings on the first and the last stage (tied to the head, or the MTP modules'
 //    input): their gradients all-reduced between the two stages once per step; exposed.
 //  - Embedding and LM head under TP/SP: a reduce-scatter after the embedding and an
-//    all-gather before the head, forward, and the reverse in backward; exposed. With pipeline
-//    parallelism the first stage makes the embedding's, the last the head's.
+//    all-gather before the head, forward, and the reverse in backward; exposed. Without SP the
+//    embedding's partial lookups are all-reduced in forward (VocabParallelEmbedding.forward,
+//    reduce_scatter_embeddings off) and the head's input gradient in backward; exposed. With
+//    pipeline parallelism the first stage makes the embedding's, the last the head's.
 //  - PP point-to-point (StageLink, PointToPointSeconds, PipelineMessageBytes): charged by the
 //    pipeline, per microbatch, with the overlap rule of Note [Pipeline] (pipeline.cc).
 // The exposed parts of a layer's collectives add to that layer's forward (and recompute) and
@@ -372,8 +383,10 @@ double PointToPointSeconds(const HardwareProfile& hw, CommLink link, double byte
 }
 
 double PipelineMessageBytes(const ModelConfig& m, const RunSettings& run) {
+  // The sequence-parallel shard: the whole sequence without SP (Note [Sequence parallelism] in
+  // planner/frameworks/megatron.cc).
   const double tokens = static_cast<double>(run.seq_len) * run.micro_batch / std::max(1, run.cp) /
-                        std::max(1, run.tp);
+                        SequenceShards(run);
   return tokens * static_cast<double>(m.hidden) * std::max(1, m.hc_mult) * run.activation_bytes;
 }
 
@@ -390,7 +403,8 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
   const GroupPlacement dense_dp = groups.dense_dp, expert_dp = groups.expert_dp;
   const double dt = run.activation_bytes, h = m.hidden, t = b.Tokens();
   const double wb = run.weight_bytes, gb = run.grad_bytes;
-  const double tp_bytes = t * h * dt;  // one sequence-parallel gather: the whole t x h
+  const double tp_bytes = t * h * dt;  // one sequence-parallel gather or all-reduce: t x h
+  const bool sequence_parallel = SequenceShards(run) > 1;
   const bool fsdp = run.sharding == Sharding::kOptimGradsParams;
 
   double forward_compute = 0, backward_compute = 0;
@@ -419,12 +433,20 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
     if (tp > 1) {
       // Attention, then the dense FFN or the MoE layer's shared experts.
       const int sublayers = spec.ffn == FfnKind::kDense || m.shared_intermediate > 0 ? 2 : 1;
-      add(b.Op("TP all-gather", CommGroup::kTp, Collective::kAllGather, tp_g, tp_bytes, sublayers,
-               2 * sublayers),
-          sublayers, sublayers);
-      add(b.Op("TP reduce-scatter", CommGroup::kTp, Collective::kReduceScatter, tp_g, tp_bytes,
-               sublayers, sublayers),
-          sublayers, sublayers);
+      if (sequence_parallel) {
+        add(b.Op("TP all-gather", CommGroup::kTp, Collective::kAllGather, tp_g, tp_bytes, sublayers,
+                 2 * sublayers),
+            sublayers, sublayers);
+        add(b.Op("TP reduce-scatter", CommGroup::kTp, Collective::kReduceScatter, tp_g, tp_bytes,
+                 sublayers, sublayers),
+            sublayers, sublayers);
+      } else {
+        // Without SP: the row-parallel outputs forward, the column-parallel input gradients
+        // backward (Note [Communication]).
+        add(b.Op("TP all-reduce", CommGroup::kTp, Collective::kAllReduce, tp_g, tp_bytes, sublayers,
+                 sublayers),
+            sublayers, sublayers);
+      }
     }
     if (cp > 1) {
       switch (spec.attention) {
@@ -531,12 +553,21 @@ StepComm BuildStepComm(const ModelConfig& m, const HardwareProfile& hw, const Ru
   };
   // The embedding's collectives on the first stage, the LM head's on the last.
   const int ends = (first_stage ? 1 : 0) + (last_stage ? 1 : 0);
-  if (tp > 1 && ends > 0) {
+  if (tp > 1 && ends > 0 && sequence_parallel) {
     CommOp emb = b.Op(ends == 2     ? "TP embedding reduce-scatter / LM head all-gather"
                       : first_stage ? "TP embedding reduce-scatter"
                                     : "TP LM head all-gather",
                       CommGroup::kTp, Collective::kAllGather, tp_g, tp_bytes, ends, ends);
     const double all = 2 * ends * emb.seconds;
+    step_op(std::move(emb), all);
+  } else if (tp > 1 && ends > 0) {
+    // Without SP: the embedding's all-reduce in forward, the head's input gradient's in backward.
+    CommOp emb = b.Op(ends == 2     ? "TP embedding all-reduce / LM head gradient all-reduce"
+                      : first_stage ? "TP embedding all-reduce"
+                                    : "TP LM head gradient all-reduce",
+                      CommGroup::kTp, Collective::kAllReduce, tp_g, tp_bytes, first_stage ? 1 : 0,
+                      last_stage ? 1 : 0);
+    const double all = ends * emb.seconds;
     step_op(std::move(emb), all);
   }
   // Parameters this rank holds (as the cost model's fixed memory counts them): the stage's

@@ -79,8 +79,9 @@ double PointToPointSeconds(const HardwareProfile& hw, CommLink link, double byte
 
 // What a pipeline stage sends its neighbour per microbatch and model chunk, one way: its output
 // activation (forward) or its input gradient (backward), Megatron-Core's tensor of (seq_len / cp
-// / tp under sequence parallelism) x micro_batch x hidden (schedules.py get_tensor_shapes), times
-// the residual streams a hyper-connected model carries (hc_mult), in the activation dtype.
+// / tp under sequence parallelism, seq_len / cp without) x micro_batch x hidden (schedules.py
+// get_tensor_shapes), times the residual streams a hyper-connected model carries (hc_mult), in
+// the activation dtype.
 double PipelineMessageBytes(const ModelConfig& model, const RunSettings& run);
 
 // The parallel dimension a collective runs over.

@@ -207,6 +207,16 @@ absl::Status ValidateRun(const ModelConfig& m, const RunSettings& r) {
   if (m.heads > 0 && m.heads % r.tp != 0) {
     return bad("tp", r.tp, absl::StrCat("the model's ", m.heads, " heads must divide evenly"));
   }
+  // Megatron-Core 0.16.1 transformer/moe/moe_layer.py MoELayer.forward raises "During training,
+  // performance may degrade if MoE and tensor parallelism are enabled without also enabling
+  // sequence parallelism" (Megatron-LM 0.16.1 megatron/training/yaml_arguments.py asserts "When
+  // using MoE and tensor parallelism, sequence parallelism must be used.").
+  if (has_moe && r.tp > 1 && !r.sequence_parallel) {
+    return bad("tp", r.tp,
+               "a MoE model under tensor parallelism needs sequence parallelism: Megatron-Core "
+               "refuses to train MoE layers with TP > 1 without --sequence-parallel "
+               "(moe_layer.py MoELayer.forward); drop --no-sequence-parallel or use --tp 1");
+  }
   // The busiest of ep ranks can hold at most all the routed tokens: ep times the average.
   if (!(r.moe_imbalance >= 1.0 && r.moe_imbalance <= std::max(1, r.ep))) {
     return bad("moe-imbalance", r.moe_imbalance,

@@ -40,7 +40,7 @@ int OptimizerBytesPerParam(OptimizerKind kind);  // 12, 8, 0
 struct RunSettings {
   uint64_t seq_len = 1048576;  // tokens per sequence
   int micro_batch = 1;         // sequences per micro-batch
-  int tp = 1;                  // tensor parallel, with sequence parallelism
+  int tp = 1;                  // tensor parallel
   int cp = 8;                  // context parallel
   int ep = 8;                  // expert parallel
   int gpus = 64;               // world size; data parallel = gpus / (tp * cp)
@@ -49,6 +49,11 @@ struct RunSettings {
   int weight_bytes = 2;        // bf16 weights
   int grad_bytes = 4;          // fp32 main gradients
   OptimizerKind optimizer = OptimizerKind::kAdam;  // its state: OptimizerBytesPerParam
+  // Megatron's --sequence-parallel (meaningful with tp > 1; Megatron-LM's default is off, the
+  // planner's on): the tensors outside attention and the FFN (the layer input, the norms, the
+  // residual) split their tokens over the TP ranks; without it every TP rank holds them for the
+  // whole sequence (SequenceShards; Note [Sequence parallelism] in planner/frameworks/megatron.cc).
+  bool sequence_parallel = true;
   // Optimizer state lives in pinned host memory and the step runs on the CPU (Megatron's
   // --optimizer-cpu-offload): gradients go D2H and updated weights H2D once per step.
   bool optimizer_offload = false;
@@ -94,6 +99,13 @@ RunSettings DefaultRunSettings(Framework framework, const ModelConfig& model);
 // The MTP depths `run` trains (RunSettings::mtp_layers resolved): the layers after the model's
 // decoder layers, on the last pipeline stage.
 int TrainedMtpLayers(const ModelConfig& model, const RunSettings& run);
+
+// The ranks the tokens of the sequence-parallel region (the layer input, the norms, the residual,
+// the pipeline's messages) split over: tp with sequence parallelism, else 1 (each TP rank holds
+// the whole sequence).
+inline int SequenceShards(const RunSettings& run) {
+  return run.sequence_parallel && run.tp > 1 ? run.tp : 1;
+}
 
 // Checks ranges and divisibility (e.g. gpus by tp*cp, experts by ep) and the limits of
 // planner/model/model.h; errors name the flag (or model field), its value and what is allowed.

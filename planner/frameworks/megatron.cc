@@ -20,12 +20,12 @@ namespace {
 
 // Note [Cost model]
 // Bytes are counted per token from the layer shapes and multiplied by the tokens one rank holds
-// (seq_len * micro_batch / cp). Under TP with sequence parallelism, tensors on the residual path
-// (layer input, norms) divide by tp, tensors inside attention and the FFN divide their head or
-// intermediate dimension by tp. Routed-expert tensors scale with the tokens the busiest
-// expert-parallel rank receives: tokens * top_k * moe_imbalance (expert TP is 1). A layer's
-// input is hc_mult * hidden wide (mHC residual streams), which is what makes 1M tokens / CP 8 of
-// GLM-5.3-Flash come to 32 KiB per token per layer, 180 GiB over 45 layers.
+// (seq_len * micro_batch / cp). Under TP, tensors inside attention and the FFN divide their head
+// or intermediate dimension by tp; tensors on the residual path (layer input, norms) divide by tp
+// only with sequence parallelism (Note [Sequence parallelism]). Routed-expert tensors scale with
+// the tokens the busiest expert-parallel rank receives: tokens * top_k * moe_imbalance (expert TP
+// is 1). A layer's input is hc_mult * hidden wide (mHC residual streams), which is what makes 1M
+// tokens / CP 8 of GLM-5.3-Flash come to 32 KiB per token per layer, 180 GiB over 45 layers.
 //
 // Seconds: each module's work as an OpWork, timed by OpSeconds (planner/hardware/op_time.h): matmul
 // FLOPs (2 per multiply-add; backward twice forward) as dense GEMMs, routed experts as grouped
@@ -44,9 +44,10 @@ namespace {
 // transformer_engine/pytorch/, Megatron-Core's under megatron/core/.
 //  Norm + linear (TELayerNormColumnParallelLinear = module/layernorm_linear.py
 //    _LayerNormLinear.forward): saves the norm's input (the layer input or the residual `mid`:
-//    the same storage), ln_out (the local sequence shard under SP; backward all-gathers it) and
-//    rsigma, one fp32 per row: h*dt/tp + 4/tp for each of the two norms. TENorm before a MoE
-//    (ops/basic/rmsnorm.py RMSNorm.op_forward) saves its input and rstdevs the same way.
+//    the same storage), ln_out (the local sequence shard under SP, backward all-gathers it; the
+//    whole sequence without SP) and rsigma, one fp32 per row: (h*dt + 4)/sp for each of the two
+//    norms (sp: Note [Sequence parallelism]). TENorm before a MoE (ops/basic/rmsnorm.py
+//    RMSNorm.op_forward) saves its input and rstdevs the same way.
 //  q/k norms (TENorm, the same op_forward): `input_.contiguous()` copies the q and k views out
 //    of linear_qkv's output and saves the copies with one fp32 rstdev per head.
 //  Attention (transformer/attention.py SelfAttention with TEDotProductAttention, RoPE fused:
@@ -86,7 +87,7 @@ namespace {
 // (mtp_on_this_rank), so each depth is one more plannable layer at the end of the last virtual
 // stage (VirtualStageLayers), "mtp.K" in the table and the plan
 // (Note [MTP layers] in stowage/plan.h). What depth K's MultiTokenPredictionLayer keeps for
-// backward, per token (SP: /tp):
+// backward, per token (all but the token ids divided by sp, Note [Sequence parallelism]):
 //  - its two inputs, the hidden states of the depth before (the decoder's final-norm output for
 //    K = 0) and the embedding of the tokens shifted by K + 1 (_get_embeddings: roll_tensor, then
 //    the shared embedding): hnorm and enorm (TENorm, Note [megatron profile]) save them as their
@@ -97,10 +98,11 @@ namespace {
 //    "input", 2 h dt + 8, what recompute keeps and offload_input moves;
 //  - enorm's and hnorm's fp32 rstdevs (8 B);
 //  - torch.cat((enorm(e), hnorm(h)), -1), eh_proj's saved input (TEColumnParallelLinear keeps the
-//    local sequence shard): 2 h dt; the norms' outputs are not kept apart from it (cat saves none);
+//    local sequence shard under SP, the whole sequence without): 2 h dt; the norms' outputs are
+//    not kept apart from it (cat saves none);
 //  - the transformer layer of the model's last layer kind, exactly as a decoder layer of that kind
 //    (BuildMegatronLayer: its input is eh_proj's output, gathered and scattered back to the SP
-//    shard);
+//    shard under SP, all-reduced without);
 //  - final_layernorm (TENorm) saves its input, the layer's output, and its rstdev: h dt + 4.
 // The depth's output (final_layernorm's, h dt) goes to the shared output layer and a second
 // cross-entropy (gpt_model.py _postprocess; mtp_loss_scaling_factor scales the loss, not what it
@@ -165,6 +167,27 @@ namespace {
 //    (LayerKinds.LinearAttentionCoreOutputIsKeptByItsConsumer). Megatron-Core has no selective
 //    recompute of either layer at 0.16.1 (Megatron-LM main adds gdn_norm_out, a
 //    CheckpointWithoutOutput over the gated norm, not modelled here).
+
+// Note [Sequence parallelism]
+// Megatron's --sequence-parallel (RunSettings::sequence_parallel; Megatron-LM's default is off, the
+// planner's on). sp = SequenceShards(run): tp with it, 1 without. Megatron-Core 0.16.1
+// tensor_parallel/layers.py: a ColumnParallelLinear's input under SP is the rank's sequence shard,
+// which LinearWithGradAccumulationAndAsyncCommunication.forward all-gathers for the GEMM and saves
+// as the shard (backward gathers it again for the weight gradient); without SP the input is the
+// whole sequence (copy_to_tensor_model_parallel_region: identity forward, all-reduce backward) and
+// is saved whole. A RowParallelLinear's output is reduce-scattered to the shard under SP,
+// all-reduced to the whole sequence without (reduce_from_tensor_model_parallel_region). So every
+// tensor between a row-parallel output and the next column-parallel input holds t/sp tokens per
+// rank: the layer input and the residual `mid` (hc_mult streams), the norms' inputs, outputs and
+// rsigma, the MTP module's norms and eh_proj input, the final norm and the LM head's saved input
+// (the embedding's output is reduce-scattered to the shard under SP, LanguageModelEmbedding's
+// reduce_scatter_embeddings, and all-reduced whole without), and the pipeline's messages
+// (schedules.py get_tensor_shapes: seq_length // tp only under SP). Tensors split by heads, the
+// FFN's intermediate or the vocabulary divide by tp either way. The MoE router and permute run on
+// the rank's own tokens, the SP shard: Megatron refuses MoE under TP without SP (ValidateRun).
+// Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022),
+// split a GPT layer's activations the same way: 10 s b h of them (the norms and the residual
+// path's dropouts) on every TP rank without SP, divided by t with it.
 
 constexpr double kChunkOverheadSeconds = 100e-6;  // two all-to-all launches + kernel tails
 constexpr uint64_t kIndexerQueryBlock = 1024;     // DSA indexer scores this many queries at once
@@ -374,9 +397,10 @@ void Ffn(Builder& b, const LayerSpec& spec) {
     const double fe = m.moe_intermediate, fs = m.shared_intermediate / tp;
     // Note [megatron profile]: the router and the permute run on this rank's own tokens
     // (sequence-parallel shard), the experts on the tokens dispatched to it.
-    const double k = m.experts_per_token;
-    b.Save("moe.router", "", k * (8 + 4) / tp);
-    b.Save("moe.permute_map", "", (m.experts * (1 + dt) + 8 * k) / tp);
+    // (Megatron refuses MoE under TP without SP: the shard is t / tp, ValidateRun.)
+    const double k = m.experts_per_token, sp = SequenceShards(b.run);
+    b.Save("moe.router", "", k * (8 + 4) / sp);
+    b.Save("moe.permute_map", "", (m.experts * (1 + dt) + 8 * k) / sp);
     b.Save("moe.dispatched", "", routed * h * dt);
     b.Save("moe.gate_up", "", (routed * 2 * fe + 2 * fs) * dt);
     b.Save("moe.probs", "", routed * dt);
@@ -406,13 +430,15 @@ absl::StatusOr<LayerCost> BuildMegatronLayer(const ModelConfig& m, const Hardwar
   b.cost.index = index;
   b.cost.type = spec.TypeName();
   const double tp = run.tp, dt = run.activation_bytes, h = m.hidden, n = m.hc_mult;
-  b.Save("input", "", n * h * dt / tp);
-  if (m.hc_mult > 1) b.Save("attn.hc_in", "", h * dt / tp);
-  b.Save("attn.norm", "", (h * dt + 4) / tp);  // ln_out + rsigma (Note [megatron profile])
+  // The sequence-parallel region: t / sp tokens per rank (Note [Sequence parallelism]).
+  const double sp = SequenceShards(run);
+  b.Save("input", "", n * h * dt / sp);
+  if (m.hc_mult > 1) b.Save("attn.hc_in", "", h * dt / sp);
+  b.Save("attn.norm", "", (h * dt + 4) / sp);  // ln_out + rsigma (Note [megatron profile])
   Attention(b, spec);
-  b.Save("mid", "", n * h * dt / tp);
-  if (m.hc_mult > 1) b.Save("ffn.hc_in", "", h * dt / tp);
-  b.Save("ffn.norm", "", (h * dt + 4) / tp);
+  b.Save("mid", "", n * h * dt / sp);
+  if (m.hc_mult > 1) b.Save("ffn.hc_in", "", h * dt / sp);
+  b.Save("ffn.norm", "", (h * dt + 4) / sp);
   Ffn(b, spec);
   b.matmul_flops += 2.0 * static_cast<double>(DenseLayerParams(m, spec)) / tp * tokens;
   b.cost.input_bytes = b.cost.saved.front().bytes;
@@ -459,18 +485,19 @@ absl::StatusOr<LayerCost> BuildMegatronMtpLayer(const ModelConfig& m, const Hard
   b.cost.name = MtpLayerName(depth);
   b.cost.type = absl::StrCat("mtp+", b.cost.type);
   const double tp = run.tp, dt = run.activation_bytes, h = m.hidden;
+  const double sp = SequenceShards(run);  // Note [Sequence parallelism]
   std::vector<SavedTensor> layer = std::move(b.cost.saved);
   b.cost.saved.clear();
   // The hidden states, the shifted tokens' embedding and their ids.
-  b.Save("input", "", 2 * h * dt / tp + 8);
-  b.Save("mtp.norms", "", 2 * 4.0 / tp);
-  b.Save("mtp.eh_proj_in", "", 2 * h * dt / tp);
+  b.Save("input", "", 2 * h * dt / sp + 8);
+  b.Save("mtp.norms", "", 2 * 4.0 / sp);
+  b.Save("mtp.eh_proj_in", "", 2 * h * dt / sp);
   const size_t own_front = b.cost.saved.size();
   for (SavedTensor& t : layer) {
     if (t.name == "input") t.name = "mtp.layer_input";
     b.cost.saved.push_back(std::move(t));
   }
-  b.Save("mtp.final_norm", "", (h * dt + 4) / tp);
+  b.Save("mtp.final_norm", "", (h * dt + 4) / sp);
   uint64_t own = 0;  // the module's bytes around its transformer layer
   for (size_t i = 0; i < b.cost.saved.size(); ++i) {
     if (i < own_front || i + 1 == b.cost.saved.size()) {
@@ -482,7 +509,7 @@ absl::StatusOr<LayerCost> BuildMegatronMtpLayer(const ModelConfig& m, const Hard
     b.cost.saved_bytes = b.Sum(b.cost.saved_bytes, t.bytes, "the saved tensors");
   }
   b.cost.input_bytes = b.cost.saved.front().bytes;
-  b.cost.output_bytes = b.Bytes(h * dt / tp * tokens, "the MTP layer's output");
+  b.cost.output_bytes = b.Bytes(h * dt / sp * tokens, "the MTP layer's output");
   const double eh_proj = 2 * (2 * h * h) / tp * tokens;
   b.cost.forward_flops += eh_proj;
   b.cost.forward_time +=
@@ -557,8 +584,10 @@ absl::Status ApplyMegatronStep(const ModelConfig& m, const HardwareProfile& hw,
   c.fixed.comm_buffers = whole.Bytes(comm, "the communication buffers");
 
   // Tail: final norm, LM head (vocab split by TP) and cross-entropy over loss chunks; backward
-  // recomputes each chunk's logits when the loss is chunked.
+  // recomputes each chunk's logits when the loss is chunked. The final norm's input and output
+  // (the head's saved input) are in the sequence-parallel region (Note [Sequence parallelism]).
   const double dt = run.activation_bytes, h = m.hidden, v = m.vocab / tp;
+  const double sp = SequenceShards(run);
   const double chunk = run.loss_chunk_tokens == 0
                            ? tokens
                            : std::min(tokens, static_cast<double>(run.loss_chunk_tokens));
@@ -570,7 +599,7 @@ absl::Status ApplyMegatronStep(const ModelConfig& m, const HardwareProfile& hw,
   // (every head's logits are saved until its backward).
   const double heads = 1 + static_cast<double>(c.mtp_layers);
   const double logit_sets = chunk >= tokens ? heads : 1;
-  c.tail_bytes = whole.Bytes(tokens * (m.hc_mult + 2 + 2 * (heads - 1)) * h * dt / tp +
+  c.tail_bytes = whole.Bytes(tokens * (m.hc_mult + 2 + 2 * (heads - 1)) * h * dt / sp +
                                  logit_sets * chunk * v * (dt + 4 + 4 + softcap_bytes),
                              "the LM head and loss working set");
   const double head_flops = heads * 2 * h * v * tokens;

@@ -104,6 +104,9 @@ Plan MakePlan(const StepCost& step, const OptimizeResult& result, const Baseline
   plan.tp = step.run.tp;
   plan.cp = step.run.cp;
   plan.ep = step.run.ep;
+  // Moot with tp 1 (Megatron turns it off there): recorded as the default, so that such a plan
+  // keeps its bytes whichever way the setting came.
+  plan.sequence_parallel = step.run.tp == 1 || step.run.sequence_parallel;
   plan.mtp_layers = step.mtp_layers;
   // The job: its GPUs and the sequences of one step (data parallel as planner/cost/
   // communication.cc groups the ranks).
@@ -284,14 +287,16 @@ std::string RenderSummary(const StepCost& step, const Plan& plan, const Optimize
   }
   absl::StrAppend(
       &out,
-      absl::StrFormat("tokens per GPU         %d (%d x %d / CP %d), TP %d, EP %d, "
-                      "%d GPUs, sharding %s%s\n",
-                      step.tokens_per_rank, step.run.seq_len, step.run.micro_batch, step.run.cp,
-                      step.run.tp, step.run.ep, step.run.gpus, ShardingName(step.run.sharding),
-                      // Note [hf data parallel]: which of torch's engines that is.
-                      !stated && step.run.framework == Framework::kHf
-                          ? absl::StrCat(" (", HfDataParallelEngine(step.run), ")")
-                          : std::string()));
+      absl::StrFormat(
+          "tokens per GPU         %d (%d x %d / CP %d), TP %d%s, EP %d, "
+          "%d GPUs, sharding %s%s\n",
+          step.tokens_per_rank, step.run.seq_len, step.run.micro_batch, step.run.cp, step.run.tp,
+          step.run.tp > 1 && !step.run.sequence_parallel ? " without sequence parallelism" : "",
+          step.run.ep, step.run.gpus, ShardingName(step.run.sharding),
+          // Note [hf data parallel]: which of torch's engines that is.
+          !stated && step.run.framework == Framework::kHf
+              ? absl::StrCat(" (", HfDataParallelEngine(step.run), ")")
+              : std::string()));
   auto said = [](bool given, const char* what) {
     return given ? std::string(what) : std::string("(not stated)");
   };

@@ -89,9 +89,10 @@ absl::StatusOr<RunSettings> ReadRun(const json::Object& o, const ModelConfig& mo
     if (!parsed.ok()) return r->Invalid("framework", "megatron or hf");
     parsed_framework = *parsed;
   }
-  if (absl::Status s = r->OnlyKeys({"framework", "seq_len", "micro_batch", "tp", "cp", "ep", "gpus",
-                                    "moe_imbalance", "loss_chunk_tokens", "grad_bytes",
-                                    "mtp_layers", "transformers", "optimizer", "sharding"});
+  if (absl::Status s =
+          r->OnlyKeys({"framework", "seq_len", "micro_batch", "tp", "cp", "ep", "gpus",
+                       "moe_imbalance", "loss_chunk_tokens", "grad_bytes", "mtp_layers",
+                       "transformers", "optimizer", "sharding", "sequence_parallel"});
       !s.ok())
     return s;
   RunSettings run = DefaultRunSettings(parsed_framework, model);
@@ -124,6 +125,11 @@ absl::StatusOr<RunSettings> ReadRun(const json::Object& o, const ModelConfig& mo
           r->ReadOptional("mtp_layers", run.mtp_layers, json::Range<int>{0, kPlanMaxMtpLayers});
       !s.ok())
     return s;
+  // Megatron's --sequence-parallel under TP, as --no-sequence-parallel and the plan's
+  // run.sequence_parallel (Note [Sequence parallelism] in planner/frameworks/megatron.cc).
+  if (absl::Status s = r->ReadOptional("sequence_parallel", run.sequence_parallel); !s.ok()) {
+    return s;
+  }
   // The optimizer's state, as the CLI's --optimizer and the plan's run.optimizer spell it.
   std::string optimizer;
   // The transformers release the hf recipe follows, as --transformers

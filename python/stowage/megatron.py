@@ -220,16 +220,18 @@ def _check_layout(plan: Plan, units: Sequence[_Unit], chunks: Sequence[nn.Module
             f"stowage.megatron: the plan's run.tp is {plan.run.tp} but Megatron runs tensor "
             f"parallelism {tp} (parallel_state): its host_bytes are another shard's; make the "
             "plan for this layout")
-    sequence_parallel = bool(getattr(chunks[0].config, "sequence_parallel", False))
-    planned_sp = getattr(plan.run, "sequence_parallel", True)
-    if plan.run.tp > 1 and tp > 1 and planned_sp != sequence_parallel:
-        # The planner's layer input, norms and residual are 1/tp of the sequence under sequence
-        # parallelism and the whole sequence without it: the other setting's host_bytes and peak.
+    # Note [Sequence parallelism] (planner/frameworks/megatron.cc): under TP the layer inputs are
+    # a TP rank's shard of the sequence with it, the whole sequence without.
+    sp = bool(getattr(chunks[0].config, "sequence_parallel", False))
+    if plan.run.tp > 1 and tp > 1 and plan.run.sequence_parallel != sp:
         raise PlanError(
-            f"stowage.megatron: the plan was made for tensor parallelism {plan.run.tp} "
-            f"{'with' if planned_sp else 'without'} sequence parallelism but the model's "
-            f"TransformerConfig.sequence_parallel is {sequence_parallel} (--sequence-parallel); "
-            "make the plan for the model's setting or change the model's")
+            f"stowage.megatron: the plan's run.sequence_parallel is "
+            f"{str(plan.run.sequence_parallel).lower()} but Megatron runs TP {tp} "
+            f"{'with' if sp else 'without'} sequence parallelism "
+            "(TransformerConfig.sequence_parallel): its layer inputs are "
+            f"{'a TP shard of the' if sp else 'the whole'} sequence, not what the plan's "
+            "host_bytes count; make the plan "
+            + ("without --no-sequence-parallel" if sp else "with --no-sequence-parallel"))
     if plan.run.pp != pp:
         raise PlanError(
             f"stowage.megatron: the plan's run.pp is {plan.run.pp} but Megatron runs {pp} "

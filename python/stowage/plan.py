@@ -105,6 +105,9 @@ class RunSettings:
     microbatches: int = 1
     # Note [MTP layers]: multi-token-prediction depths trained, the last entries of layers.
     mtp_layers: int = 0
+    # Megatron's --sequence-parallel under TP (plan.h Plan::sequence_parallel): written only when
+    # False, as PlanToJson writes it; absent means True.
+    sequence_parallel: bool = True
     # The job the plan was made for: its GPUs and its global batch (sequences per step); 0 where
     # the plan does not state them (plans written before these fields).
     gpus: int = 0
@@ -197,7 +200,8 @@ class Plan:
             "generator": self.generator,
             "model": self.model,
             "hardware": self.hardware,
-            "run": dataclasses.asdict(self.run),
+            "run": {k: v for k, v in dataclasses.asdict(self.run).items()
+                    if k != "sequence_parallel" or v is not True},
             "fits": self.fits,
             **({"binding": dataclasses.asdict(self.binding)}
                if not self.fits and self.binding is not None else {}),

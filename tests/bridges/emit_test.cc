@@ -20,6 +20,7 @@ using ::testing::ElementsAre;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 Plan PlanOf(const std::vector<LayerPolicy>& policies, int tp = 1) {
   Plan plan;
@@ -80,6 +81,13 @@ TEST(MegatronArguments, ParallelSizesAndSequenceParallelWithTp) {
   EXPECT_FALSE(HasFlag(a, "--recompute-granularity"));
   EXPECT_TRUE(a.exact());
   EXPECT_FALSE(HasFlag(Megatron(PlanOf({kKeep})), "--sequence-parallel"));
+  // A plan without sequence parallelism (run.sequence_parallel false): TP alone, as Megatron-LM
+  // runs it by default.
+  Plan no_sp = PlanOf({kKeep, kKeep}, /*tp=*/4);
+  no_sp.sequence_parallel = false;
+  const MegatronArguments b = Megatron(no_sp);
+  EXPECT_THAT(ValuesOf(b, "--tensor-model-parallel-size"), ElementsAre("4"));
+  EXPECT_FALSE(HasFlag(b, "--sequence-parallel"));
 }
 
 TEST(MegatronArguments, FullRecomputeOfEveryLayerIsUniform) {
@@ -244,6 +252,16 @@ TEST(TorchtitanJobToml, NoShardReplicatesAndCpStillShards) {
   EXPECT_EQ(Toml(c, "parallelism", "data_parallel_replicate_degree"), "4");
   EXPECT_EQ(Toml(c, "parallelism", "data_parallel_shard_degree"), "1");
   EXPECT_THAT(Notes(c), HasSubstr("applies FSDP over the CP ranks"));
+}
+
+// torchtitan's TP plans always split the norms over TP: a plan without it says so.
+TEST(TorchtitanJobToml, APlanWithoutSequenceParallelismSaysTorchtitanHasIt) {
+  RunSettings run;
+  run.gpus = 8;
+  Plan plan = PlanOf({kKeep}, /*tp=*/2);
+  EXPECT_THAT(Notes(Titan(plan, run)), Not(HasSubstr("sequence parallelism")));
+  plan.sequence_parallel = false;
+  EXPECT_THAT(Notes(Titan(plan, run)), HasSubstr("TP without sequence parallelism"));
 }
 
 // A pipelined plan: `layout` layers per virtual stage (v = chunk x pp + stage), the policies of

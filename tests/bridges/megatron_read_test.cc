@@ -29,11 +29,12 @@ TEST(ReadMegatronSettings, ArgumentListOfALaunchScript) {
       "  --recompute-granularity full --bf16\n",
       "train.sh");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(s->flags, UnorderedElementsAre(
-                            Pair("tp", "4"), Pair("cp", "2"), Pair("ep", "8"),
-                            Pair("seq-len", "131072"), Pair("micro-batch", "1"),
-                            Pair("optimizer", "sgd"), Pair("optimizer-offload", "true"),
-                            Pair("sharding", "optim"), Pair("mtp-layers", "0"), Pair("gpus", "8")));
+  EXPECT_THAT(s->flags,
+              UnorderedElementsAre(Pair("tp", "4"), Pair("cp", "2"), Pair("ep", "8"),
+                                   Pair("seq-len", "131072"), Pair("micro-batch", "1"),
+                                   Pair("optimizer", "sgd"), Pair("optimizer-offload", "true"),
+                                   Pair("sharding", "optim"), Pair("mtp-layers", "0"),
+                                   Pair("gpus", "8"), Pair("no-sequence-parallel", "true")));
   ASSERT_EQ(s->notes.size(), 2u);
   EXPECT_THAT(s->notes[0], HasSubstr("--recompute-granularity full"));
   EXPECT_THAT(s->notes[1], HasSubstr("--num-layers"));
@@ -76,20 +77,46 @@ TEST(ReadMegatronSettings, YamlConfigAtAnyNesting) {
                                              Pair("mtp-layers", "0")));
 }
 
+// Megatron-LM's --sequence-parallel is a switch, off unless given (arguments.py): without it the
+// job is planned with --no-sequence-parallel (moot with TP 1), with it as the planner's default.
+TEST(ReadMegatronSettings, SequenceParallelOnlyWhenTheScriptSaysSo) {
+  const auto without = ReadMegatronSettings(
+      "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 8\n", "tp8.sh");
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_THAT(without->flags, Contains(Pair("no-sequence-parallel", "true")));
+  EXPECT_THAT(without->origins.at("no-sequence-parallel"),
+              HasSubstr("tp8.sh:1: no --sequence-parallel (Megatron-LM's default: off)"));
+  const auto with = ReadMegatronSettings(
+      "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 8 \\\n"
+      "  --sequence-parallel --seq-length 4096\n",
+      "sp.sh");
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_THAT(with->flags, Not(Contains(Pair("no-sequence-parallel", ::testing::_))));
+  EXPECT_THAT(with->flags, Contains(Pair("seq-len", "4096")));  // not taken as its value
+  // Used, so not among the arguments the planner does not use.
+  for (const std::string& note : with->notes) {
+    EXPECT_THAT(note, Not(HasSubstr("--sequence-parallel"))) << note;
+  }
+  const auto yaml_off =
+      ReadMegatronSettings("tensor_model_parallel_size: 2\nsequence_parallel: false\n", "c.yaml");
+  ASSERT_TRUE(yaml_off.ok()) << yaml_off.status();
+  EXPECT_THAT(yaml_off->flags, Contains(Pair("no-sequence-parallel", "true")));
+}
+
 // Megatron's --use-tp-pp-dp-mapping is its rank order tp-cp-ep-pp-dp (initialize.py).
 TEST(ReadMegatronSettings, TpPpDpMappingIsTheRankOrder) {
   const auto s =
       ReadMegatronSettings("--pipeline-model-parallel-size 2 --use-tp-pp-dp-mapping", "a");
   ASSERT_TRUE(s.ok()) << s.status();
   // Without --use-distributed-optimizer: Megatron's no_shard.
-  EXPECT_THAT(s->flags,
-              UnorderedElementsAre(Pair("pp", "2"), Pair("rank-order", "tp-cp-ep-pp-dp"),
-                                   Pair("mtp-layers", "0"), Pair("sharding", "no_shard")));
+  EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("pp", "2"), Pair("rank-order", "tp-cp-ep-pp-dp"),
+                                             Pair("mtp-layers", "0"), Pair("sharding", "no_shard"),
+                                             Pair("no-sequence-parallel", "true")));
   const auto yaml = ReadMegatronSettings("use_tp_pp_dp_mapping: true\n", "cfg.yaml");
   ASSERT_TRUE(yaml.ok()) << yaml.status();
-  EXPECT_THAT(yaml->flags,
-              UnorderedElementsAre(Pair("rank-order", "tp-cp-ep-pp-dp"), Pair("mtp-layers", "0"),
-                                   Pair("sharding", "no_shard")));
+  EXPECT_THAT(yaml->flags, UnorderedElementsAre(
+                               Pair("rank-order", "tp-cp-ep-pp-dp"), Pair("mtp-layers", "0"),
+                               Pair("sharding", "no_shard"), Pair("no-sequence-parallel", "true")));
 }
 
 // Megatron-LM trains MTP only with --mtp-num-layers (default None): without it the plan trains
@@ -111,7 +138,8 @@ TEST(ReadMegatronSettings, AnExplicitShardingStrategyWinsOverTheDistributedOptim
       "--use-distributed-optimizer --data-parallel-sharding-strategy optim_grads", "a");
   ASSERT_TRUE(s.ok());
   EXPECT_THAT(s->flags,
-              UnorderedElementsAre(Pair("sharding", "optim_grads"), Pair("mtp-layers", "0")));
+              UnorderedElementsAre(Pair("sharding", "optim_grads"), Pair("mtp-layers", "0"),
+                                   Pair("no-sequence-parallel", "true")));
 }
 
 TEST(ReadMegatronSettings, ErrorsNameTheSourceAndLine) {
@@ -153,9 +181,9 @@ TEST(ReadMegatronSettings, ALayoutGivesEveryVirtualStagesLayers) {
       "  --pipeline-model-parallel-layout 'E,t*7|(t*9|)*2,t*7,L'\n",
       "train.sh");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_THAT(s->flags,
-              UnorderedElementsAre(Pair("sharding", "no_shard"), Pair("pp", "4"),
-                                   Pair("mtp-layers", "0"), Pair("pp-layout", "7,9,9,7")));
+  EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("sharding", "no_shard"), Pair("pp", "4"),
+                                             Pair("mtp-layers", "0"), Pair("pp-layout", "7,9,9,7"),
+                                             Pair("no-sequence-parallel", "true")));
   // Eight virtual stages over four ranks: two model chunks each, the interleaved schedule; the
   // MTP depth runs in the last virtual stage, after its decoder layers.
   const auto virtual_stages = ReadMegatronSettings(
@@ -163,11 +191,11 @@ TEST(ReadMegatronSettings, ALayoutGivesEveryVirtualStagesLayers) {
       "--pipeline-model-parallel-layout \"E|(tt|)*6,t,m,L\"",
       "train.sh");
   ASSERT_TRUE(virtual_stages.ok()) << virtual_stages.status();
-  EXPECT_THAT(
-      virtual_stages->flags,
-      UnorderedElementsAre(Pair("sharding", "no_shard"), Pair("pp", "4"), Pair("mtp-layers", "1"),
-                           Pair("vpp", "2"), Pair("schedule", "interleaved"),
-                           Pair("pp-layout", "0,2,2,2,2,2,2,1")));
+  EXPECT_THAT(virtual_stages->flags,
+              UnorderedElementsAre(
+                  Pair("sharding", "no_shard"), Pair("pp", "4"), Pair("mtp-layers", "1"),
+                  Pair("vpp", "2"), Pair("schedule", "interleaved"),
+                  Pair("pp-layout", "0,2,2,2,2,2,2,1"), Pair("no-sequence-parallel", "true")));
   EXPECT_THAT(Joined(virtual_stages->notes), HasSubstr("planned as --vpp 2 --pp-layout"));
 }
 
@@ -182,7 +210,8 @@ TEST(ReadMegatronSettings, UnevenFirstAndLastStagesAndTheirChunks) {
   EXPECT_THAT(s->flags, UnorderedElementsAre(Pair("sharding", "no_shard"), Pair("pp", "4"),
                                              Pair("mtp-layers", "0"), Pair("vpp", "2"),
                                              Pair("schedule", "interleaved"),
-                                             Pair("pp-layout", "3,4,4,5,3,4,4,5")));
+                                             Pair("pp-layout", "3,4,4,5,3,4,4,5"),
+                                             Pair("no-sequence-parallel", "true")));
   // The split read --num-layers, so it is not named as unused.
   EXPECT_THAT(Joined(s->notes), Not(HasSubstr("not used")));
   const auto last_only = ReadMegatronSettings(
@@ -204,7 +233,8 @@ TEST(ReadMegatronSettings, LayersPerVirtualStageGiveTheChunks) {
                             Pair("sharding", "no_shard"), Pair("pp", "4"), Pair("mtp-layers", "0"),
                             Pair("vpp", "4"), Pair("schedule", "interleaved"),
                             Pair("account-for-embedding-in-pipeline-split", "true"),
-                            Pair("account-for-loss-in-pipeline-split", "true")));
+                            Pair("account-for-loss-in-pipeline-split", "true"),
+                            Pair("no-sequence-parallel", "true")));
 }
 
 TEST(ReadMegatronSettings, SplitsMegatronRefusesAreErrorsNamingTheArgument) {

@@ -159,6 +159,29 @@ TEST(PlanRequest, HfRequestsDefaultToWhatTransformersRuns) {
   EXPECT_THAT(given.text, HasSubstr("--ep is 2 with --framework hf"));
 }
 
+// "sequence_parallel": false plans TP as --no-sequence-parallel does (a bool, else an error naming
+// it); the plan says so, and holds the layer inputs for the whole sequence on every TP rank.
+TEST(PlanRequest, SequenceParallelAsTheFlag) {
+  Json request = {{"model", "llama-3.1-8b"},
+                  {"hardware", "h200"},
+                  {"run", {{"seq_len", 32768}, {"tp", 4}, {"cp", 1}, {"ep", 1}, {"gpus", 8}}}};
+  const Answer with = Call(false, request);
+  ASSERT_EQ(with.status, STOWAGE_OK) << with.text;
+  EXPECT_THAT(with.text, ::testing::Not(HasSubstr("sequence_parallel")));
+  request["run"]["sequence_parallel"] = false;
+  const Answer without = Call(false, request);
+  ASSERT_EQ(without.status, STOWAGE_OK) << without.text;
+  auto a = stowage::ParsePlanJson(with.text), b = stowage::ParsePlanJson(without.text);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->sequence_parallel);
+  EXPECT_FALSE(b->sequence_parallel);
+  EXPECT_GT(b->predicted.peak_device_bytes, a->predicted.peak_device_bytes);
+  request["run"]["sequence_parallel"] = "off";
+  const Answer bad = Call(false, request);
+  EXPECT_EQ(bad.status, STOWAGE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(bad.text, HasSubstr("run.sequence_parallel"));
+}
+
 // Note [MTP layers]: "mtp_layers" means what --mtp-layers means — absent, the config's count
 // (GLM-5.3-Flash trains one MTP layer after its 45); 0, none; under hf, an error naming it.
 TEST(PlanRequest, MtpLayersAsTheFlag) {

@@ -18,6 +18,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using Result = stowage::testing::CommandResult;  // out: stdout and stderr
 
@@ -63,9 +64,10 @@ TEST_F(PlanCommand, FromMegatronTakesTheRunSettingsAndFlagsWin) {
   }
   const std::string job = "plan --model llama-3-8b --hardware h200 --gpus 8 --format json ";
   const Result from = RunStowage(job + "--from-megatron " + Path("train.sh"));
-  // The parallel sizes the file leaves out are Megatron's defaults (EP 1, PP 1).
-  const Result flags =
-      RunStowage(job + "--tp 2 --cp 4 --ep 1 --pp 1 --seq-len 128K --sharding optim");
+  // The parallel sizes the file leaves out are Megatron's defaults (EP 1, PP 1), and so is its
+  // sequence parallelism (off without --sequence-parallel).
+  const Result flags = RunStowage(
+      job + "--tp 2 --cp 4 --ep 1 --pp 1 --seq-len 128K --sharding optim --no-sequence-parallel");
   ASSERT_EQ(flags.code, 0) << flags.out;
   ASSERT_EQ(from.code, 0) << from.out;
   // Same plan; only the notes (on stderr, merged here) differ.
@@ -74,6 +76,44 @@ TEST_F(PlanCommand, FromMegatronTakesTheRunSettingsAndFlagsWin) {
   const Result override_tp = RunStowage(job + "--from-megatron " + Path("train.sh") + " --tp 1");
   EXPECT_THAT(override_tp.out, HasSubstr("\"tp\": 1"));
   EXPECT_EQ(RunStowage("plan --from-megatron " + Path("missing.sh")).code, 2);
+}
+
+// --no-sequence-parallel: TP as Megatron-LM runs it by default. The plan says so (JSON, summary),
+// holds more (the layer inputs whole on every TP rank) and emits no --sequence-parallel; a MoE
+// model under TP refuses it naming the flags; --help describes it.
+TEST_F(PlanCommand, NoSequenceParallelPlansMoreAndSaysSo) {
+  const std::string job =
+      "plan --model llama-3.1-8b --hardware h200 --tp 4 --cp 1 --ep 1 --gpus 8 --seq-len 32K ";
+  const Result sp = RunStowage(job + "--format json");
+  const Result no_sp = RunStowage(job + "--no-sequence-parallel --format json");
+  ASSERT_EQ(sp.code, 0) << sp.out;
+  ASSERT_EQ(no_sp.code, 0) << no_sp.out;
+  EXPECT_THAT(sp.out, Not(HasSubstr("sequence_parallel")));
+  EXPECT_THAT(no_sp.out, HasSubstr("\"sequence_parallel\": false"));
+  const auto peak = [](const std::string& out) {
+    const std::string key = "\"peak_device_bytes\": ";
+    return std::stoull(out.substr(out.find(key) + key.size()));
+  };
+  EXPECT_GT(peak(no_sp.out), peak(sp.out));
+  EXPECT_THAT(RunStowage(job + "--no-sequence-parallel").out,
+              HasSubstr("TP 4 without sequence parallelism"));
+  EXPECT_THAT(RunStowage(job).out, Not(HasSubstr("without sequence parallelism")));
+  EXPECT_THAT(RunStowage(job + "--no-sequence-parallel --emit megatron").out,
+              Not(HasSubstr("--sequence-parallel")));
+  EXPECT_THAT(RunStowage(job + "--emit megatron").out, HasSubstr("--sequence-parallel"));
+  // Moot with TP 1: the same plan, byte for byte.
+  const std::string tp1 =
+      "plan --model llama-3.1-8b --hardware h200 --cp 1 --ep 1 --gpus 8 --seq-len 32K --format "
+      "json";
+  EXPECT_EQ(RunStowage(tp1 + " --no-sequence-parallel").out, RunStowage(tp1).out);
+  const Result moe = RunStowage(
+      "plan --model qwen3-30b-a3b --hardware h200 --tp 2 --cp 1 --ep 4 --gpus 8 --seq-len 8K "
+      "--no-sequence-parallel");
+  EXPECT_EQ(moe.code, 2) << moe.out;
+  EXPECT_THAT(moe.out, HasSubstr("--tp is 2; a MoE model under tensor parallelism needs sequence "
+                                 "parallelism"));
+  EXPECT_THAT(moe.out, HasSubstr("drop --no-sequence-parallel or use --tp 1"));
+  EXPECT_THAT(RunStowage("plan --help").out, HasSubstr("--no-sequence-parallel"));
 }
 
 // torchtitan's own llama3_8b.toml (tests/data/torchtitan, v0.2.2): its run settings plan the

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "tests/test_util.h"
@@ -65,6 +67,79 @@ TEST_F(PlanFromMegatron, Gpt3NamesTheGpusAndWhereEachNumberCameFrom) {
       RunStowage("plan --hardware h800 --gpus 128 --from-megatron " + Script("gpt3_175b.sh"));
   EXPECT_EQ(no_vocab.code, 2) << no_vocab.out;
   EXPECT_THAT(no_vocab.out, HasSubstr("give --vocab-size N"));
+}
+
+// The first "peak_device_bytes" of a plan's JSON (the step's predicted peak); 0 if none.
+uint64_t PeakOf(const std::string& out) {
+  const std::string key = "\"peak_device_bytes\": ";
+  const size_t at = out.find(key);
+  return at == std::string::npos ? 0 : std::stoull(out.substr(at + key.size()));
+}
+
+// Megatron-LM's --sequence-parallel is off unless given (arguments.py): the GPT-3 example runs
+// TP 8 without it, so every TP rank holds the layer inputs, norms and residual for the whole
+// sequence (Note [Sequence parallelism] in planner/frameworks/megatron.cc) and the plan's peak
+// is above the same job's with --sequence-parallel.
+TEST_F(PlanFromMegatron, Gpt3WithoutSequenceParallelIsPlannedWithout) {
+  const std::string base = "plan --hardware h800 --gpus 128 --vocab-size 50257 --format json ";
+  const Result as_is = RunStowage(base + "--from-megatron " + Script("gpt3_175b.sh"));
+  ASSERT_EQ(as_is.code, 0) << as_is.out;
+  EXPECT_THAT(as_is.out, HasSubstr("\"sequence_parallel\": false"));
+  std::ifstream in(Script("gpt3_175b.sh"));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string with = text.str();
+  const std::string tp = "--tensor-model-parallel-size 8";
+  ASSERT_NE(with.find(tp), std::string::npos);
+  with.replace(with.find(tp), tp.size(), tp + " --sequence-parallel");
+  const Result sp = RunStowage(base + "--from-megatron " + Write("gpt3_sp.sh", with));
+  ASSERT_EQ(sp.code, 0) << sp.out;
+  EXPECT_THAT(sp.out, Not(HasSubstr("sequence_parallel")));
+  EXPECT_GT(PeakOf(as_is.out), PeakOf(sp.out));
+  EXPECT_GT(PeakOf(sp.out), 0u);
+  // The summary says so; --emit megatron passes --sequence-parallel only for the plan with it.
+  const std::string text_base = "plan --hardware h800 --gpus 128 --vocab-size 50257 ";
+  const Result table = RunStowage(text_base + "--from-megatron " + Script("gpt3_175b.sh"));
+  EXPECT_THAT(table.out, HasSubstr("TP 8 without sequence parallelism")) << table.out;
+  const Result emit_as_is =
+      RunStowage(text_base + "--emit megatron --from-megatron " + Script("gpt3_175b.sh"));
+  ASSERT_EQ(emit_as_is.code, 0) << emit_as_is.out;
+  EXPECT_THAT(emit_as_is.out, Not(HasSubstr("--sequence-parallel")));
+  const Result emit_sp =
+      RunStowage(text_base + "--emit megatron --from-megatron " + Write("gpt3_sp2.sh", with));
+  ASSERT_EQ(emit_sp.code, 0) << emit_sp.out;
+  EXPECT_THAT(emit_sp.out, HasSubstr("--sequence-parallel"));
+  // The command line wins: --no-sequence-parallel=false plans the script with it.
+  const Result forced =
+      RunStowage(base + "--no-sequence-parallel=false --from-megatron " + Script("gpt3_175b.sh"));
+  ASSERT_EQ(forced.code, 0) << forced.out;
+  EXPECT_EQ(PeakOf(forced.out), PeakOf(sp.out));
+}
+
+// Megatron-LM refuses MoE under TP without --sequence-parallel (yaml_arguments.py, moe_layer.py
+// MoELayer.forward); so does the reader, naming the flag.
+TEST_F(PlanFromMegatron, MoeUnderTpWithoutSequenceParallelIsRefused) {
+  const std::string model =
+      "  --num-layers 4 --hidden-size 256 --num-attention-heads 4 --swiglu \\\n"
+      "  --normalization RMSNorm --position-embedding-type rope --vocab-size 1000 \\\n"
+      "  --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 2 \\\n"
+      "  --seq-length 4096 --disable-bias-linear";
+  const std::string without = Write("moe.sh", "torchrun --nproc_per_node 4 pretrain_gpt.py \\\n" +
+                                                  model + " --tensor-model-parallel-size 2\n");
+  const Result run = RunStowage("plan --hardware h800 --from-megatron " + without);
+  EXPECT_EQ(run.code, 2) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("MoE model (--num-experts 8) under TP 2"));
+  EXPECT_THAT(run.out, HasSubstr("add --sequence-parallel to the script"));
+  EXPECT_THAT(run.out, Not(HasSubstr("peak device memory")));
+  const std::string with =
+      Write("moe_sp.sh", "torchrun --nproc_per_node 4 pretrain_gpt.py \\\n" + model +
+                             " --tensor-model-parallel-size 2 --sequence-parallel\n");
+  const Result ok = RunStowage("plan --hardware h800 --from-megatron " + with);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  // TP 1: the setting is moot, no refusal.
+  const std::string tp1 =
+      Write("moe_tp1.sh", "torchrun --nproc_per_node 4 pretrain_gpt.py \\\n" + model + "\n");
+  EXPECT_EQ(RunStowage("plan --hardware h800 --from-megatron " + tp1).code, 0);
 }
 
 TEST_F(PlanFromMegatron, Llama3PlansTheModelItsArgumentsDescribe) {

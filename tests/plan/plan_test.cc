@@ -133,6 +133,43 @@ TEST(PlanJson, OptimalityRoundTripsAndIsOptional) {
   EXPECT_EQ(read_old->predicted.optimality, "");
 }
 
+// run.sequence_parallel: written only when false (a plan with it keeps its bytes and hash),
+// absent reads as true, anything but a JSON bool is refused naming the field.
+TEST(PlanJson, SequenceParallelIsWrittenOnlyWhenFalse) {
+  Plan plan = TwoLayerPlan();
+  plan.tp = 8;
+  const std::string with = PlanToJson(plan);
+  EXPECT_THAT(with, ::testing::Not(HasSubstr("sequence_parallel")));
+  auto read_with = ParsePlanJson(with);
+  ASSERT_TRUE(read_with.ok()) << read_with.status();
+  EXPECT_TRUE(read_with->sequence_parallel);
+  const uint64_t hash = CanonicalPlanHash(plan);
+
+  plan.sequence_parallel = false;
+  const std::string without = PlanToJson(plan);
+  EXPECT_THAT(without, HasSubstr("\"sequence_parallel\": false"));
+  EXPECT_NE(CanonicalPlanHash(plan), hash);
+  auto read_without = ParsePlanJson(without);
+  ASSERT_TRUE(read_without.ok()) << read_without.status();
+  EXPECT_FALSE(read_without->sequence_parallel);
+  EXPECT_EQ(PlanToJson(*read_without), without);
+  EXPECT_TRUE(ValidatePlan(*read_without).ok()) << ValidatePlan(*read_without);
+
+  std::string explicit_true = without;
+  explicit_true.replace(explicit_true.find("\"sequence_parallel\": false"),
+                        std::string("\"sequence_parallel\": false").size(),
+                        "\"sequence_parallel\": true");
+  auto read_true = ParsePlanJson(explicit_true);
+  ASSERT_TRUE(read_true.ok()) << read_true.status();
+  EXPECT_TRUE(read_true->sequence_parallel);
+  EXPECT_EQ(PlanToJson(*read_true), with);
+
+  std::string bad = without;
+  bad.replace(bad.find("\"sequence_parallel\": false"),
+              std::string("\"sequence_parallel\": false").size(), "\"sequence_parallel\": 0");
+  EXPECT_THAT(ParsePlanJson(bad).status().message(), HasSubstr("run.sequence_parallel"));
+}
+
 // Note [Plans that do not fit]: the closest plan when nothing fits, 200 bytes over its GPU budget.
 Plan OverBudgetPlan() {
   Plan plan = TwoLayerPlan();

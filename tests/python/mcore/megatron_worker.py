@@ -314,7 +314,7 @@ def one_run(spec: dict, rank: int) -> dict:
     if misuse == "other_schedule":  # a 1F1B plan for interleaved chunks
         plan = stages_1f1b(stowage.Plan.from_dict(spec["plan"]), spec["pp"], m)
     if misuse == "planned_with_sp":  # the planner's plan for TP 2 with SP (its run.tp is 2)
-        plan.run.tp = 2
+        plan.run.tp, plan.run.sequence_parallel = 2, True
     if misuse == "unknown_module":
         plan.layers[0].policy, plan.layers[0].host_bytes = "selective_recompute", 0
         plan.layers[0].transfers, plan.layers[0].recompute_modules = [], ["core_attention"]

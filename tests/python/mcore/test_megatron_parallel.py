@@ -57,8 +57,8 @@ class MegatronParallelTest(unittest.TestCase):
             self.assertEqual(rank[0]["host_bytes"][1],
                              cases.WORKER_SHAPE["seq"] // 2 * cases.WORKER_SHAPE["hidden"] * 4)
             self.assertEqual(rank[3]["host_bytes"][0], rank[0]["host_bytes"][1])
-            self.assertIn("tensor parallelism 2 with sequence parallelism but the model's "
-                          "TransformerConfig.sequence_parallel is False", rank[4]["error"])
+            self.assertIn("the plan's run.sequence_parallel is true but Megatron runs TP 2 "
+                          "without sequence parallelism", rank[4]["error"])
 
     @cases.skip_without_megatron
     def test_pipeline_1f1b(self):

@@ -72,6 +72,26 @@ class PlanViewTest(unittest.TestCase):
         with self.assertRaisesRegex(stowage.PlanError, r"'run.global_batch' has value"):
             stowage.Plan.from_dict(d)
 
+    def test_sequence_parallel_round_trips_written_only_when_false(self) -> None:
+        # run.sequence_parallel (plan.h Plan::sequence_parallel): absent means True, and a plan
+        # with it is written without the key, as PlanToJson writes it (its bytes and hash kept).
+        plan = small_plan()
+        self.assertIs(plan.run.sequence_parallel, True)
+        self.assertNotIn("sequence_parallel", plan.to_dict()["run"])
+        plan.run.tp = 8
+        plan.run.sequence_parallel = False
+        text = plan.to_json()
+        self.assertIs(json.loads(text)["run"]["sequence_parallel"], False)
+        again = stowage.Plan.from_json(text)
+        self.assertIs(again.run.sequence_parallel, False)
+        self.assertEqual(again, plan)
+        d = plan.to_dict()
+        del d["run"]["sequence_parallel"]
+        self.assertIs(stowage.Plan.from_dict(d).run.sequence_parallel, True)
+        d["run"]["sequence_parallel"] = "no"  # the C++ reader takes a JSON bool only
+        with self.assertRaisesRegex(stowage.PlanError, r"run.sequence_parallel"):
+            stowage.Plan.from_dict(d)
+
     def test_mtp_layer_round_trips_and_runs(self) -> None:
         plan = mtp_plan()
         plan.validate()
