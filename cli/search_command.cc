@@ -142,9 +142,11 @@ absl::StatusOr<SearchInputs> ReadSearchInputs(const cli::FlagParser& flags) {
   }
   for (const RunFlag& f : kRunFlags) {
     run.Add({f.name, f.value_name, "", ""});
-    if (auto value = flags.Get(f.name); value.has_value()) {
-      s.base_args.push_back(absl::StrCat("--", f.name));
-      if (*f.value_name != '\0') s.base_args.push_back(*value);
+    if (*f.value_name == '\0') {
+      // A switch given as --NAME=false is off: the reproducing command leaves it out.
+      if (flags.GetBool(f.name)) s.base_args.push_back(absl::StrCat("--", f.name));
+    } else if (auto value = flags.Get(f.name); value.has_value()) {
+      s.base_args.insert(s.base_args.end(), {absl::StrCat("--", f.name), *value});
     }
   }
   for (const std::string& arg : s.base_args) {

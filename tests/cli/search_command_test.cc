@@ -93,6 +93,29 @@ TEST(SearchCommand, WritesTheBestPlanAsStowagePlanDoes) {
   EXPECT_EQ(best.out, alone.out);
 }
 
+// A switch given off (--NAME=false) stays off in the reproducing commands; given on, it is on.
+// The regression: `--no-sequence-parallel=false` was passed on as a bare `--no-sequence-parallel`,
+// whose plans are another job's (TP without sequence parallelism).
+TEST(SearchCommand, ReproducingCommandsKeepASwitchAsGiven) {
+  for (const char* given : {"--no-sequence-parallel=false", "--no-sequence-parallel"}) {
+    const bool on = !absl::StrContains(given, "=false");
+    const Result run = RunStowage(std::string(kJob) + " --top 2 " + given);
+    ASSERT_EQ(run.code, 0) << run.out;
+    std::vector<Row> rows;
+    std::vector<std::string> plans;
+    ReadTable(run.out, rows, plans);
+    ASSERT_FALSE(plans.empty()) << run.out;
+    for (const std::string& plan : plans) {
+      EXPECT_EQ(absl::StrContains(plan, "--no-sequence-parallel"), on) << given << ": " << plan;
+      const Result alone = RunStowage(plan + " --format json", /*with_stderr=*/false);
+      ASSERT_EQ(alone.code, 0) << plan << "\n" << alone.out;
+      auto parsed = stowage::ParsePlanJson(alone.out);
+      ASSERT_TRUE(parsed.ok()) << parsed.status();
+      EXPECT_EQ(parsed->sequence_parallel || parsed->tp == 1, !on || parsed->tp == 1) << plan;
+    }
+  }
+}
+
 TEST(SearchCommand, RanksAPatternAndSaysWhyFamiliesArePruned) {
   const Result run = RunStowage(std::string(kJob) + " --rank 'tp=1,pp=2' --exact-rank");
   ASSERT_EQ(run.code, 0) << run.out;
