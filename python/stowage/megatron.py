@@ -53,7 +53,7 @@ import torch.nn as nn
 
 from .agree import agree
 from .layers import PlannedLayers, checkpointed_submodules
-from .measure.layer_profile import ModelProfile
+from .measure.layer_profile import TORCH_CUBLAS_WORKSPACES_BYTES, ModelProfile
 from .measure.profile import profile_layers
 from .plan import SELECTIVE_RECOMPUTE, Plan, PlanError
 from .runtime import PlanLike, Runtime, plan_json_text
@@ -577,7 +577,7 @@ def profile(model: Union[nn.Module, Sequence[nn.Module]], batch: Mapping[str, An
         weights_bytes=sum(p.numel() * p.element_size() for p in params),
         gradients_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         other_bytes=sum(t.numel() * t.element_size() for t in batch.values()
-                        if isinstance(t, torch.Tensor)),
+                        if isinstance(t, torch.Tensor)) + TORCH_CUBLAS_WORKSPACES_BYTES,
         framework="megatron", model_parameters=sum(p.numel() for p in params))
 
 

@@ -56,7 +56,8 @@ from .hf_fold import fold_loops, unfolded_kink
 from .hf_model import build_hf_model
 from .hf_step import evaluate
 from .hf_trace import trace_step
-from .layer_profile import MAX_MODULES, LayerProfile, ModelProfile, ModuleTime, SavedTensor
+from .layer_profile import (MAX_MODULES, TORCH_CUBLAS_WORKSPACES_BYTES, LayerProfile,
+                            ModelProfile, ModuleTime, SavedTensor)
 from .op_work import OpWork
 
 # CheckStepCostBounds allows 64 saved tensors per layer; beyond this many, a module's tensors
@@ -170,7 +171,7 @@ def to_model_profile(m: HfMeasurement, seq_len: int) -> ModelProfile:
     return ModelProfile(
         layers=layers, device="cpu (fake tensors)" if m.hf.fake else "cpu",
         weights_bytes=m.hf.weights_bytes, gradients_bytes=0,
-        other_bytes=step.other_bytes - step.forward_freed_bytes,
+        other_bytes=step.other_bytes - step.forward_freed_bytes + TORCH_CUBLAS_WORKSPACES_BYTES,
         loss_peak_bytes=step.loss_peak_bytes, held_logits_bytes=step.held_logits_bytes,
         measured_memory=False, tokens=seq_len,
         gradients_in_backward=True, loss_grad_bytes=step.loss_grad_bytes,

@@ -24,6 +24,14 @@ SCHEMA_VERSION = 2
 # (planner/frameworks/layer_profile.h kMaxProfileModules); the modules that save the most are
 # listed, the rest count as the layer's.
 MAX_MODULES = 8
+# PyTorch's cuBLAS workspaces, which a CUDA training step holds throughout and no measurement
+# sees (off the GPU there are none; on it they are allocated by the first GEMM, before any
+# baseline): one per (handle, stream), the forward on the Python thread's handle and the backward
+# on the autograd engine's device thread with its own, each 32 MiB on sm90+ (torch 2.11
+# aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize). Every profile counts them in
+# fixed_bytes.other, as the analytic hf recipe does (planner/frameworks/hf_layer.h
+# kCublasWorkspaceBytes).
+TORCH_CUBLAS_WORKSPACES_BYTES = 2 * (32 << 20)
 
 
 @dataclasses.dataclass
@@ -85,7 +93,7 @@ class ModelProfile:
     device: str
     weights_bytes: int
     gradients_bytes: int
-    other_bytes: int  # held throughout: the sample input
+    other_bytes: int  # held throughout: the sample input, the cuBLAS workspaces
     loss_peak_bytes: int = 0
     loss_seconds: float = 0.0
     # Of loss_peak_bytes, what the caller holds to the step's end (the model output's logits);

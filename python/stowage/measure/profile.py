@@ -37,7 +37,8 @@ from .._tensors import (ResidentMemory, hidden_state, offload_nbytes, offloadabl
                         resident_storages, saved_key, storage_ptr)
 from ..plan import PlanError
 from .hf_profile import DEFAULT_LENGTHS, profile_hf
-from .layer_profile import MAX_MODULES, LayerProfile, ModelProfile, ModuleTime, SavedTensor
+from .layer_profile import (MAX_MODULES, TORCH_CUBLAS_WORKSPACES_BYTES, LayerProfile,
+                            ModelProfile, ModuleTime, SavedTensor)
 
 
 def _sync(device: torch.device) -> None:
@@ -274,7 +275,8 @@ def profile_layers(layers: Sequence[nn.Module], sample_input: torch.Tensor, *arg
         layers=profiles, device=str(device),
         weights_bytes=sum(p.numel() * p.element_size() for p in params),
         gradients_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
-        other_bytes=sample_input.numel() * sample_input.element_size(),
+        other_bytes=sample_input.numel() * sample_input.element_size() +
+        TORCH_CUBLAS_WORKSPACES_BYTES,
         loss_peak_bytes=int(loss_peak), loss_seconds=loss_seconds,
         d2h_bytes_per_second=d2h, h2d_bytes_per_second=h2d, measured_memory=cuda,
         tokens=sample_input.numel() // max(1, sample_input.shape[-1]) if sample_input.dim() else 1)

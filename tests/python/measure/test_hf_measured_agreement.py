@@ -153,8 +153,9 @@ class AgreementTest(unittest.TestCase):
         # analytic plan is known to miss the truth (ANALYTIC_GAPS), where it must still be above
         # it by more than 1% (the test fails once that is fixed: then drop the entry); their
         # step times within 1%. The CPU cannot see the cuBLAS workspaces (64 MiB, CUDA only):
-        # they are added to the measured side (live()). The analytic peak's floor, NEVER_BELOW,
-        # is the test below.
+        # they are added to the live bytes (live()); both plans count them (fixed memory:
+        # kTorchCublasWorkspacesBytes in planner/frameworks/step_cost.h). The analytic peak's
+        # floor, NEVER_BELOW, is the test below.
         table = []
         m, measured_family = None, None
         for family, seq_len, force in rows():
@@ -168,7 +169,7 @@ class AgreementTest(unittest.TestCase):
             with self.subTest(family=family, seq_len=seq_len, force=force):
                 truth, live_forward = live(family, seq_len, force)
                 a, b, levels = plan_both(config, m, seq_len, force)
-                analytic, measured = peak(a), peak(b) + CUBLAS_WORKSPACES
+                analytic, measured = peak(a), peak(b)
                 ta, tb = a["predicted"]["step_seconds"], b["predicted"]["step_seconds"]
                 table.append(f"{family:10s} {seq_len:6d} {force:9s} {truth / 2**30:8.3f} "
                              f"{measured / 2**30:8.3f} {analytic / 2**30:8.3f} "
@@ -262,7 +263,10 @@ class AgreementTest(unittest.TestCase):
                 print(f"\n{c['case']:16s} {force:9s} measured profile "
                       f"{peak(p) / 2**30:.3f} GiB, H200 {c['peak_bytes_2'] / 2**30:.3f} GiB "
                       f"({100 * err:+.2f}%)")
-                self.assertLessEqual(abs(err), 0.03)
+                # Within 0.1% of what the H200 allocated. The regression: every case was below
+                # it (-0.11% to -0.35%, 62 to 77 MiB) while profiles did not count the cuBLAS
+                # workspaces (TORCH_CUBLAS_WORKSPACES_BYTES in stowage/measure/layer_profile.py).
+                self.assertLessEqual(abs(err), 0.001)
 
 
 if __name__ == "__main__":
