@@ -10,6 +10,7 @@
 
 #include "planner/cost/cost_model.h"
 #include "planner/frameworks/hf.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
 
@@ -56,11 +57,7 @@ namespace stowage::planner::hf_internal {
 //  Gradients: created by autograd when backward reaches each parameter (bf16 with
 //    --grad-dtype bf16), so none exist at the loss's peak; they accumulate layer by layer, and
 //    within a layer module by module (Note [hf gradient timing]).
-//  Workspaces: one cuBLAS workspace per (handle, stream); the forward runs on the Python
-//    thread's handle, backward on the autograd engine's device thread with its own handle, and
-//    each workspace is 32 MiB on sm90+ (CublasHandlePool.cpp, getChosenWorkspaceSize).
-constexpr double kCublasWorkspaceBytes = 32.0 * 1024 * 1024;
-constexpr int kCublasWorkspaces = 2;
+//  Workspaces: PyTorch's two cuBLAS workspaces (kTorchCublasWorkspacesBytes, step_cost.h).
 // Shared memory per block on sm70-sm100 (48 KiB): a softmax row wider than this is read three
 // times forward and its gradient twice backward (Note [Kernel bytes], stowage/measure/op_work.py).
 constexpr double kSharedMemoryPerBlock = 48 * 1024;

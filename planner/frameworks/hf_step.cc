@@ -13,8 +13,6 @@ namespace stowage::planner {
 using hf_internal::DialectFor;
 using hf_internal::HfDialect;
 using hf_internal::HfNorm;
-using hf_internal::kCublasWorkspaceBytes;
-using hf_internal::kCublasWorkspaces;
 using hf_internal::NormWork;
 using hf_internal::NormWorkOf;
 
@@ -62,8 +60,7 @@ void ApplyHfStep(const ModelConfig& m, const HardwareProfile& hw, const RunSetti
   } else if (m.family == "gemma3_text") {
     rope_bytes = 4 * d * ((sliding ? 1 : 0) + (full ? 1 : 0));
   }
-  c.fixed.other +=
-      static_cast<uint64_t>(kCublasWorkspaces * kCublasWorkspaceBytes + rope_bytes * t);
+  c.fixed.other += kTorchCublasWorkspacesBytes + static_cast<uint64_t>(rope_bytes * t);
   // Cross-attention layers' shared inputs (Note [hf cross-attention]): the projected vision
   // states (2h per vision token), the additive mask [b, 1, s, V] and the row mask [b, 1, s, 1]
   // in bf16. The vision tower that produced them is not planned.

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/hardware/op_time.h"
 
 namespace stowage::planner {
@@ -188,6 +189,25 @@ namespace {
 // Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022),
 // split a GPT layer's activations the same way: 10 s b h of them (the norms and the residual
 // path's dropouts) on every TP rank without SP, divided by t with it.
+
+// Note [GEMM workspaces]
+// What the GEMM libraries hold on the device from their first call to the end of the process,
+// fixed memory of every stage:
+//  - TransformerEngine's cuBLAS workspace, one per device (transformer_engine/pytorch/
+//    cpp_extensions/gemm.py get_cublas_workspace, lru_cached), 32 MiB + 1 KiB on sm90+
+//    (get_cublas_workspace_size_bytes; TransformerEngine 2.20.0.dev0, d0067d0), for every TE
+//    linear;
+//  - where the stage has MoE layers, TE GroupedLinear's four more, one per compute stream
+//    (get_cublas_workspace(..., grouped_gemm=True): transformer_engine/common/util/
+//    multi_stream.cpp num_compute_streams = 4);
+//  - PyTorch's two cuBLAS workspaces (kTorchCublasWorkspacesBytes, step_cost.h) for the GEMMs
+//    Megatron-Core runs in torch: the output layer (tensor_parallel.ColumnParallelLinear,
+//    megatron/core/models/gpt/gpt_model.py) and the MoE router (RouterGatingLinearFunction's
+//    torch.mm forward and backward, transformer/moe/moe_utils.py, 0.16.1). A stage with neither
+//    (no MoE layer, not the last) holds none; it is counted there too, 64 MiB on the safe side.
+// --tp-comm-overlap's userbuffers workspace (three more) is not modelled, as the overlap is not.
+constexpr double kTeCublasWorkspaceBytes = 32.0 * 1024 * 1024 + 1024;
+constexpr int kTeGroupedGemmStreams = 4;
 
 constexpr double kChunkOverheadSeconds = 100e-6;  // two all-to-all launches + kernel tails
 constexpr uint64_t kIndexerQueryBlock = 1024;     // DSA indexer scores this many queries at once
@@ -582,6 +602,17 @@ absl::Status ApplyMegatronStep(const ModelConfig& m, const HardwareProfile& hw,
   if (run.sharding == Sharding::kOptimGradsParams) comm += 2 * max_layer * run.weight_bytes;
   if (run.sharding >= Sharding::kOptimGrads) comm += max_layer * run.grad_bytes;
   c.fixed.comm_buffers = whole.Bytes(comm, "the communication buffers");
+  // Note [GEMM workspaces] (transformers' eager step has PyTorch's only: ApplyHfStep).
+  if (run.framework == Framework::kMegatron) {
+    bool grouped_gemm = false;
+    for (const LayerCost& layer : c.layers) {
+      const int kind = std::min(layer.index, m.num_layers() - 1);  // an MTP depth: the last kind
+      grouped_gemm |= m.layers[kind].ffn == FfnKind::kMoe;
+    }
+    c.fixed.other += static_cast<uint64_t>(kTeCublasWorkspaceBytes *
+                                           (1 + (grouped_gemm ? kTeGroupedGemmStreams : 0))) +
+                     kTorchCublasWorkspacesBytes;
+  }
 
   // Tail: final norm, LM head (vocab split by TP) and cross-entropy over loss chunks; backward
   // recomputes each chunk's logits when the loss is chunked. The final norm's input and output

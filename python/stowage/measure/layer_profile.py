@@ -29,8 +29,8 @@ MAX_MODULES = 8
 # baseline): one per (handle, stream), the forward on the Python thread's handle and the backward
 # on the autograd engine's device thread with its own, each 32 MiB on sm90+ (torch 2.11
 # aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize). Every profile counts them in
-# fixed_bytes.other, as the analytic hf recipe does (planner/frameworks/hf_layer.h
-# kCublasWorkspaceBytes).
+# fixed_bytes.other, as the analytic recipes do (planner/frameworks/step_cost.h
+# kTorchCublasWorkspacesBytes).
 TORCH_CUBLAS_WORKSPACES_BYTES = 2 * (32 << 20)
 
 

@@ -157,6 +157,23 @@ TEST(CostModel, FixedMemoryOfADenseModelFromItsParameterCount) {
   EXPECT_EQ(s.fixed.optimizer, 6 * s.fixed.weights);
 }
 
+// Note [GEMM workspaces] (planner/frameworks/megatron.cc): TransformerEngine's cuBLAS workspace,
+// four more for GroupedLinear where the stage has MoE layers, and PyTorch's two (the output
+// layer's and the router's torch GEMMs) are fixed memory of a Megatron step. The regression: none
+// of them was counted, 96 MiB (dense) to 224 MiB (MoE) optimistic on every Megatron plan.
+TEST(CostModel, MegatronFixedMemoryHoldsTheGemmWorkspaces) {
+  constexpr uint64_t kTe = (uint64_t{32} << 20) + 1024;
+  RunSettings run;
+  run.seq_len = 8192;
+  run.cp = run.ep = run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  const StepCost dense = *BuildStepCost(*ModelPreset("llama-3-8b"), *HardwarePreset("h200"), run);
+  EXPECT_EQ(dense.fixed.other, kTe + kTorchCublasWorkspacesBytes);
+  const StepCost moe = *BuildStepCost(*ModelPreset("glm-5.3-flash"), *HardwarePreset("b200"), run);
+  EXPECT_EQ(moe.fixed.other, 5 * kTe + kTorchCublasWorkspacesBytes);
+  EXPECT_EQ(kTorchCublasWorkspacesBytes, 64u << 20);
+}
+
 TEST(CostModel, LossChunkingShrinksTheTail) {
   const ModelConfig m = *ModelPreset("glm-5.3-flash");
   RunSettings run;

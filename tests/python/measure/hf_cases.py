@@ -312,7 +312,8 @@ HF_FLAGS = ["--hardware", "h200", "--micro-batch", "1", "--gpus", "1", "--cp", "
             "--tp", "1", "--sharding", "no_shard", "--framework", "hf", "--optimizer", "none",
             "--grad-dtype", "bf16", "--loss-chunk-tokens", "0", *support.transformers_flag()]
 # Held throughout a CUDA step and invisible on CPU: one cuBLAS workspace per handle, forward and
-# backward thread, 32 MiB each on sm90+ (planner/frameworks/ kCublasWorkspaceBytes).
+# backward thread, 32 MiB each on sm90+ (planner/frameworks/step_cost.h
+# kTorchCublasWorkspacesBytes).
 CUBLAS_WORKSPACES = 2 * 32 * 2**20
 
 
