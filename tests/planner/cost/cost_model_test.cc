@@ -34,6 +34,20 @@ StepCost Reference(uint64_t seq_len) {
   return *step;
 }
 
+// One step of 4096 tokens on one GPU, nothing sharded, no optimizer state, the loss unchunked:
+// the run the recipes' per-layer tests price (hf's tests set the framework and bf16 gradients).
+RunSettings OneGpuRun() {
+  RunSettings run;
+  run.seq_len = 4096;
+  run.micro_batch = 1;
+  run.tp = run.cp = run.ep = 1;
+  run.gpus = 1;
+  run.sharding = Sharding::kNoShard;
+  run.optimizer = OptimizerKind::kNone;
+  run.loss_chunk_tokens = 0;
+  return run;
+}
+
 OptimizeResult Forced(const StepCost& step, LayerPolicy policy) {
   OptimizerOptions o;
   o.gpu_budget_bytes = ~0ull;
@@ -267,14 +281,7 @@ TEST(CostModel, InputGradientMadeLastIsNotAtTheBackwardMoments) {
   EXPECT_EQ(EvaluateOption(l, {LayerPolicy::kRecompute, 0, 1}).backward_peak, 367u);
   // The recipes: hf's layers say so; megatron's do not (Note [Gradient timing]: exact for mHC,
   // whose H_res backward makes it first; an upper bound otherwise).
-  RunSettings run;
-  run.seq_len = 4096;
-  run.micro_batch = 1;
-  run.tp = run.cp = run.ep = 1;
-  run.gpus = 1;
-  run.sharding = Sharding::kNoShard;
-  run.optimizer = OptimizerKind::kNone;
-  run.loss_chunk_tokens = 0;
+  RunSettings run = OneGpuRun();
   const ModelConfig model = *ModelPreset("llama-3-8b");
   for (Framework f : {Framework::kMegatron, Framework::kHf}) {
     run.framework = f;
@@ -318,16 +325,9 @@ TEST(CostModel, SelectiveAttnCoreHoldsTheStepsMasks) {
 // type: Note [hf masks]; the regression: both of the step's masks, 4 s^2, in every layer);
 // Mistral's SDPA layers get none (is_causal).
 TEST(CostModel, HfAttnCoreHoldsTheMasksWhereItIsHandedOne) {
-  RunSettings run;
-  run.seq_len = 4096;
-  run.micro_batch = 1;
-  run.tp = run.cp = run.ep = 1;
-  run.gpus = 1;
-  run.sharding = Sharding::kNoShard;
+  RunSettings run = OneGpuRun();
   run.framework = Framework::kHf;
-  run.optimizer = OptimizerKind::kNone;
   run.grad_bytes = 2;
-  run.loss_chunk_tokens = 0;
   const std::string data = std::string(STOWAGE_SOURCE_DIR) + "/tests/planner/data/hf/";
   for (const auto& [config, masks] :
        {std::pair<const char*, uint64_t>{"gemma-2-9b.json", 2ull * 4096 * 4096},
@@ -415,16 +415,9 @@ TEST(CostModel, HfDataParallelHoldsWhatTorchsEngineHolds) {
 // nothing else: Mistral's layers, the dense FFN layers and Qwen3-Next's bf16 router have none.
 // Pinned by pricing each step on two profiles that differ only in the fp32 rate.
 TEST(CostModel, HfFp32MatmulsTakeTheFp32Rate) {
-  RunSettings run;
-  run.seq_len = 4096;
-  run.micro_batch = 1;
-  run.tp = run.cp = run.ep = 1;
-  run.gpus = 1;
-  run.sharding = Sharding::kNoShard;
+  RunSettings run = OneGpuRun();
   run.framework = Framework::kHf;
-  run.optimizer = OptimizerKind::kNone;
   run.grad_bytes = 2;
-  run.loss_chunk_tokens = 0;
   const HardwareProfile hw = *HardwarePreset("h200");
   HardwareProfile slow = hw;
   slow.dense_fp32_flops = hw.dense_fp32_flops / 2;
@@ -541,14 +534,7 @@ TEST(CostModel, RecomputedBackwardPeakHoldsTheRerunForward) {
 // real step (tests/python/measure/test_hf_measured_agreement.py), 2h per token at every backward
 // moment of the checkpointed step.
 TEST(CostModel, RecomputedBackwardHoldsTheInputKeepDoesNotSave) {
-  RunSettings run;
-  run.seq_len = 4096;
-  run.micro_batch = 1;
-  run.tp = run.cp = run.ep = 1;
-  run.gpus = 1;
-  run.sharding = Sharding::kNoShard;
-  run.optimizer = OptimizerKind::kNone;
-  run.loss_chunk_tokens = 0;
+  RunSettings run = OneGpuRun();
   struct Case {
     const char* preset;
     Framework framework;
