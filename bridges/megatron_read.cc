@@ -430,8 +430,8 @@ std::string ScriptForce(const std::vector<std::string>& policy) {
 
 // The job as read, for the lines printed beside the plan.
 std::vector<std::string> JobLines(const ArgumentValues& all, const LaunchedJob& job,
-                                  const std::string& where,
-                                  const std::vector<std::string>& policy) {
+                                  const std::string& where, const std::vector<std::string>& policy,
+                                  bool sequence_parallel) {
   std::vector<std::string> lines;
   if (!job.launcher.empty()) {
     lines.push_back(absl::StrCat("launcher: ", job.launcher, " (", where, "), ",
@@ -455,8 +455,15 @@ std::vector<std::string> JobLines(const ArgumentValues& all, const LaunchedJob& 
     auto it = all.find(name);
     return it == all.end() ? std::string(fallback) : it->second.value_or("");
   };
-  lines.push_back(absl::StrCat("precision ", precision, "; ", sharding, "; micro-batch ",
-                               value("micro-batch-size", "1"), ", global batch ",
+  // Under TP, whether the layer inputs are a TP shard of the sequence (Note [Sequence
+  // parallelism] in planner/frameworks/megatron.cc): Megatron-LM's default is without.
+  const std::string tp = value("tensor-model-parallel-size", "1");
+  const std::string tensor_parallel =
+      tp == "1" ? ""
+                : absl::StrCat("; TP ", tp, sequence_parallel ? " with" : " without",
+                               " sequence parallelism");
+  lines.push_back(absl::StrCat("precision ", precision, "; ", sharding, tensor_parallel,
+                               "; micro-batch ", value("micro-batch-size", "1"), ", global batch ",
                                value("global-batch-size", "(not set)")));
   const std::string force = ScriptForce(policy);
   lines.push_back(absl::StrCat(
@@ -532,7 +539,7 @@ absl::StatusOr<TrainerSettings> ReadMegatronJob(const std::vector<Argument>& arg
   } else if (!job.gpus_missing.empty()) {
     out.needs.push_back({"gpus", job.gpus_missing});
   }
-  out.job = JobLines(all, job, where, policy);
+  out.job = JobLines(all, job, where, policy, sequence_parallel);
   out.script_force = ScriptForce(policy);
   if (!out.script_force.empty()) out.script_policy = absl::StrJoin(policy, ", ");
   if (!not_needed.empty() || !unresolved.empty()) {

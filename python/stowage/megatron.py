@@ -39,6 +39,19 @@ that scope, run the original under Megatron's own CheckpointWithoutOutput and di
 once linear_fc2 has used it: checkpointing the activation alone would keep its input and drop
 nothing, since the fused function saves only that input; what goes is the output linear_fc2
 keeps, recomputed when fc2's backward needs it, as Megatron's moe_act recompute does.
+
+Note [Megatron pipelined profiles]. Under pipeline parallelism no rank holds the whole model, so
+profile() is a collective over Megatron's pipeline group: each rank measures the layers of its
+own chunks (a chunk that does not start the model gets a hidden state of the shape the schedules
+send, through set_input_tensor, for the one no-grad forward that captures what its first layer
+is called with), then every rank gathers every stage's layers and fixed bytes. The profile's
+layers are the whole model's in Megatron's order (plan layer i = layer_number i + 1, the MTP
+layers last); its `pipeline` says which layers each stage's chunks hold (virtual stage
+v = c x pp + s is chunk c of stage s, each starting where the one before ends) and what each
+stage holds throughout (its chunks' parameters: the embedding on the first, the output layer on
+the last). The planner then plans every stage with its own layers, fixed bytes and in-flight
+microbatches (docs/profile-format.md "pipeline"). Under TP every TP rank gathers its own shards'
+profile; make the plan from one of them and give it to every rank (docs/megatron.md).
 """
 
 from __future__ import annotations
@@ -53,7 +66,8 @@ import torch.nn as nn
 
 from .agree import agree
 from .layers import PlannedLayers, checkpointed_submodules
-from .measure.layer_profile import TORCH_CUBLAS_WORKSPACES_BYTES, ModelProfile
+from .measure.layer_profile import (
+    TORCH_CUBLAS_WORKSPACES_BYTES, ModelProfile, PipelineProfile, StageProfile)
 from .measure.profile import profile_layers
 from .plan import SELECTIVE_RECOMPUTE, Plan, PlanError
 from .runtime import PlanLike, Runtime, plan_json_text
@@ -518,32 +532,66 @@ def _capture(module: nn.Module, store: dict) -> Any:
     return module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def profile(model: Union[nn.Module, Sequence[nn.Module]], batch: Mapping[str, Any], *,
-            repeats: int = 2) -> ModelProfile:
-    """Measures the model's own layers (stowage.measure.profile's rule, each layer alone) on the
-    activations `batch` produces: `batch` is the keyword arguments of the model's forward
-    (input_ids, position_ids, attention_mask, labels). The profile lists the decoder layers in
-    Megatron's order, then the MTP layers; selective recompute's choices are each layer's
-    children. One pipeline stage: build the model with pipeline_model_parallel_size 1."""
-    chunks = _chunks(model)
-    check_megatron_settings(chunks)
-    pp, _, _ = _parallel()
-    if pp > 1 or len(chunks) > 1:
-        raise PlanError("stowage.megatron.profile measures a whole model on one rank; build it "
-                        "with pipeline_model_parallel_size=1 (the plan then takes run.pp from "
-                        "stowage plan / plan_request)")
-    chunk = chunks[0]
-    units = _units(chunks, _total_layers(chunks))
+def _stage_input(chunk: nn.Module, batch: Mapping[str, Any], tp: int) -> torch.Tensor:
+    """What a chunk that does not start the model receives from the previous virtual stage: the
+    hidden state [sequence, micro-batch, hidden] the schedules send (pipeline_parallel/
+    schedules.py get_tensor_shapes: the rank's context-parallel share of the sequence, as the
+    batch holds it, divided by TP under sequence parallelism; config.pipeline_dtype). Its values
+    are random: what the layers save and how long they take depend on its shape."""
+    config = chunk.config
+    ids = batch["input_ids"]
+    tokens = ids.shape[-1]
+    if getattr(config, "sequence_parallel", False):
+        tokens //= tp
+    dtype = getattr(config, "pipeline_dtype", None) or config.params_dtype
+    generator = torch.Generator(device=ids.device).manual_seed(0)
+    return torch.randn(tokens, ids.shape[0], config.hidden_size, dtype=dtype, device=ids.device,
+                       generator=generator)
+
+
+def _loss_of(chunk: nn.Module, batch: Mapping[str, Any]) -> Optional[Callable]:
+    """On the chunk that ends the model (post_process) with labels in the batch: what follows
+    its last decoder layer, as GPTModel runs it (models/gpt/gpt_model.py _postprocess): the
+    decoder's final norm, the output layer (on the embedding's weight when they are shared) and
+    the language-model loss, summed. stowage.measure.profile measures it as the step's loss (the
+    profile's `loss`). The MTP heads' own losses are not part of it."""
+    labels = batch.get("labels")
+    if labels is None or not getattr(chunk, "post_process", True):
+        return None
+    norm = getattr(chunk.decoder, "final_layernorm", None)
+
+    def loss_fn(h: torch.Tensor) -> torch.Tensor:
+        if norm is not None:
+            h = norm(h)
+        weight = (chunk.shared_embedding_or_output_weight()
+                  if getattr(chunk, "share_embeddings_and_output_weights", False) else None)
+        logits, _ = chunk.output_layer(h, weight=weight)
+        return chunk.compute_language_model_loss(labels, logits).sum()
+    return loss_fn
+
+
+def _measure_chunk(chunk: nn.Module, units: Sequence[_Unit], batch: Mapping[str, Any],
+                   tp: int, repeats: int) -> list[ModelProfile]:
+    """Measures one model chunk's planned layers on what one no-grad forward of the chunk calls
+    its first decoder layer (and its first MTP layer) with; a chunk that does not start the model
+    is fed its input by set_input_tensor, as the schedules do. One ModelProfile per group
+    (decoder layers, MTP layers), in the chunk's order."""
+    if not units:
+        return []
     groups = [[u for u in units if not u.mtp], [u for u in units if u.mtp]]
     stores: list[dict] = [{}, {}]
     handles = [_capture(g[0].layer, s) for g, s in zip(groups, stores) if g]
     rng = torch.get_rng_state()
     try:
         with torch.no_grad():
+            if not getattr(chunk, "pre_process", True):
+                chunk.set_input_tensor(_stage_input(chunk, batch, tp))
             chunk(**batch)
     finally:
         for h in handles:
             h.remove()
+        if not getattr(chunk, "pre_process", True):
+            chunk.set_input_tensor(None)
         torch.set_rng_state(rng)
     profiles = []
     for g, store in zip(groups, stores):
@@ -561,24 +609,110 @@ def profile(model: Union[nn.Module, Sequence[nn.Module]], batch: Mapping[str, An
             x, args = args[0], args[1:]
         calls = [_call_of(u) for u in g]
         p = profile_layers(calls, x.detach().requires_grad_(True), *args, repeats=repeats,
-                           **kwargs)
+                           loss_fn=None if mtp else _loss_of(chunk, batch), **kwargs)
         for lp, u in zip(p.layers, g):
             inner = getattr(u.layer, "transformer_layer", u.layer)
             # An MTP layer's type is "mtp+" its transformer layer's (plan.h Note [MTP layers]).
             lp.type = ("mtp+" if u.mtp else "") + type(inner).__name__
+            lp.index = u.index
         profiles.append(p)
-    layers = [lp for p in profiles for lp in p.layers]
-    for i, lp in enumerate(layers):
-        lp.index = i
-    params = list(chunk.parameters())
-    first = profiles[0]
-    return dataclasses.replace(
-        first, layers=layers,
+    return profiles
+
+
+def _fixed_bytes(chunks: Sequence[nn.Module], batch: Mapping[str, Any]) -> StageProfile:
+    """What the rank holds throughout: its chunks' weights and gradients, the batch, PyTorch's
+    cuBLAS workspaces (stage and chunks filled in by the caller)."""
+    params = [p for c in chunks for p in c.parameters()]
+    return StageProfile(
+        stage=0, chunks=[],
         weights_bytes=sum(p.numel() * p.element_size() for p in params),
         gradients_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
         other_bytes=sum(t.numel() * t.element_size() for t in batch.values()
                         if isinstance(t, torch.Tensor)) + TORCH_CUBLAS_WORKSPACES_BYTES,
-        framework="megatron", model_parameters=sum(p.numel() for p in params))
+        model_parameters=sum(p.numel() for p in params))
+
+
+def _gather_stages(mine: ModelProfile, fixed: StageProfile, counts: list[int], pp: int,
+                   stage: int, vpp: int) -> ModelProfile:
+    """Every stage's measured layers and fixed bytes, gathered over Megatron's pipeline group
+    (each rank of it measured its own chunks), as one profile of the whole model with its
+    `pipeline` (Note [Megatron pipelined profiles])."""
+    from megatron.core import parallel_state as ps
+    group = ps.get_pipeline_model_parallel_group()
+    gathered: list[Any] = [None] * pp
+    torch.distributed.all_gather_object(
+        gathered, {"stage": stage, "profile": mine.to_dict(), "fixed": fixed.to_dict(),
+                   "counts": counts}, group=group)
+    by_stage = sorted(gathered, key=lambda g: g["stage"])
+    if [g["stage"] for g in by_stage] != list(range(pp)):
+        raise PlanError(f"stowage.megatron.profile: the pipeline group's ranks report stages "
+                        f"{[g['stage'] for g in gathered]}; expected each of 0..{pp - 1} once")
+    layers = sorted((lp for g in by_stage for lp in ModelProfile.from_dict(g["profile"]).layers),
+                    key=lambda lp: lp.index)
+    if [lp.index for lp in layers] != list(range(len(layers))):
+        raise PlanError(f"stowage.megatron.profile: the stages measured layers "
+                        f"{[lp.index for lp in layers]}; expected every layer of the model once")
+    # Virtual stage v = c x pp + s is chunk c of stage s; each starts where the one before ends.
+    first, ranges = 0, {}
+    for v in range(pp * vpp):
+        c, s = divmod(v, pp)
+        n = by_stage[s]["counts"][c]
+        ranges[(s, c)] = (first, n)
+        first += n
+    stages = []
+    for g in by_stage:
+        st = StageProfile.from_dict(g["fixed"])
+        st.stage = g["stage"]
+        st.chunks = [ranges[(st.stage, c)] for c in range(vpp)]
+        stages.append(st)
+    # The link rates are the first stage's; the loss is the last stage's (profile-format.md).
+    head = ModelProfile.from_dict(by_stage[0]["profile"])
+    tail = ModelProfile.from_dict(by_stage[-1]["profile"])
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else pp
+    return dataclasses.replace(
+        head, layers=layers, loss_peak_bytes=tail.loss_peak_bytes,
+        loss_seconds=tail.loss_seconds, held_logits_bytes=tail.held_logits_bytes,
+        weights_bytes=sum(s.weights_bytes for s in stages),
+        gradients_bytes=sum(s.gradients_bytes for s in stages),
+        other_bytes=max(s.other_bytes for s in stages),
+        model_parameters=sum(s.model_parameters for s in stages),
+        pipeline=PipelineProfile(pp=pp, vpp=vpp, gpus=world, stages=stages))
+
+
+def profile(model: Union[nn.Module, Sequence[nn.Module]], batch: Mapping[str, Any], *,
+            repeats: int = 2) -> ModelProfile:
+    """Measures the model's own layers (stowage.measure.profile's rule, each layer alone) on the
+    activations `batch` produces: `batch` is the keyword arguments of the model's forward
+    (input_ids, position_ids, attention_mask, labels). The profile lists the decoder layers in
+    Megatron's order, then the MTP layers; selective recompute's choices are each layer's
+    children. `model` is a GPTModel or this rank's list of model chunks: under pipeline
+    parallelism every rank of the pipeline group calls it (a collective), each measures its own
+    chunks, and every rank gets the whole model's profile with its `pipeline` (Note [Megatron
+    pipelined profiles])."""
+    chunks = _chunks(model)
+    check_megatron_settings(chunks)
+    pp, stage, tp = _parallel()
+    if pp == 1 and len(chunks) > 1:
+        raise PlanError(f"stowage.megatron.profile: {len(chunks)} model chunks but Megatron runs "
+                        "one pipeline stage (parallel_state); virtual stages need "
+                        "pipeline_model_parallel_size > 1")
+    units = _units(chunks, _total_layers(chunks))
+    profiles = [p for c, chunk in enumerate(chunks)
+                for p in _measure_chunk(chunk, [u for u in units if u.chunk == c], batch, tp,
+                                        repeats)]
+    if not profiles:
+        raise PlanError("stowage.megatron.profile: the model has no TransformerLayer on this "
+                        "rank")
+    layers = sorted((lp for p in profiles for lp in p.layers), key=lambda lp: lp.index)
+    fixed = _fixed_bytes(chunks, batch)
+    mine = dataclasses.replace(
+        profiles[0], layers=layers, weights_bytes=fixed.weights_bytes,
+        gradients_bytes=fixed.gradients_bytes, other_bytes=fixed.other_bytes,
+        framework="megatron", model_parameters=fixed.model_parameters)
+    if pp == 1:
+        return mine
+    counts = [sum(1 for u in units if u.chunk == c) for c in range(len(chunks))]
+    return _gather_stages(mine, fixed, counts, pp, stage, len(chunks))
 
 
 __all__ = ["ACTIVATION_SCOPES", "MegatronLayers", "RECOMPUTE_PATHS", "check_megatron_settings",

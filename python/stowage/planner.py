@@ -60,6 +60,10 @@ class Evaluation:
     # The step's predicted events in order (README "Step trace"): {"kind", "layer", "bytes",
     # "seconds"}, what the runtime's trace (Runtime.trace()) shows when the plan runs.
     events: list[dict] = dataclasses.field(default_factory=list)
+    # A pipelined profile: each stage's {"stage", "peak_device_bytes", "fixed_device_bytes",
+    # "host_bytes", "microbatch_seconds"}; the fields above are then the binding stage's (the
+    # highest peak), step_seconds the pipeline's. Empty for one stage.
+    stages: list[dict] = dataclasses.field(default_factory=list)
 
 
 def _call(name: str, request: dict) -> str:
@@ -102,12 +106,17 @@ def _layer_entries(policies: Sequence[str],
 def evaluate(profile: Union[ModelProfile, dict], policies: Sequence[str], *,
              prefetch_distance: int = 1,
              recompute_modules: Optional[dict[int, Sequence[str]]] = None,
-             gpu_budget_bytes: Optional[int] = None, model: Optional[str] = None) -> Evaluation:
+             gpu_budget_bytes: Optional[int] = None, model: Optional[str] = None,
+             microbatches: Optional[int] = None) -> Evaluation:
     """The C++ simulator's prediction for `policies` (one per layer; `recompute_modules[i]`
-    names the modules of a selective_recompute layer i), and the plan of that assignment."""
+    names the modules of a selective_recompute layer i), and the plan of that assignment.
+    `microbatches`: per optimizer step (gradient accumulation, or the pipeline schedule's of a
+    pipelined profile; None: one, or the profile's pp stages)."""
     request: dict[str, Any] = {"profile": _source(profile),
                                "layers": _layer_entries(policies, recompute_modules),
                                "prefetch_distance": prefetch_distance}
+    if microbatches is not None:
+        request["microbatches"] = microbatches
     if gpu_budget_bytes is not None:
         request["gpu_budget_bytes"] = gpu_budget_bytes
     if model is not None:
@@ -118,14 +127,19 @@ def evaluate(profile: Union[ModelProfile, dict], policies: Sequence[str], *,
         peak_at=r["peak_at"], step_seconds=r["step_seconds"],
         exposed_copy_seconds=r["exposed_copy_seconds"], host_bytes=r["host_bytes"],
         compute=r["compute"], copies=r["copies"], timeline=r["timeline"],
-        plan=Plan.from_dict(r["plan"]), events=r["events"])
+        plan=Plan.from_dict(r["plan"]), events=r["events"], stages=r.get("stages", []))
 
 
 def plan_request(profile: Union[ModelProfile, dict], gpu_budget_bytes: int, *,
                  host_budget_bytes: Optional[int] = None, force: Optional[str] = None,
-                 prefetch_distance: Optional[int] = None, model: Optional[str] = None) -> Plan:
-    """The C++ planner's fastest plan for a measured profile within the budgets."""
+                 prefetch_distance: Optional[int] = None, model: Optional[str] = None,
+                 microbatches: Optional[int] = None) -> Plan:
+    """The C++ planner's fastest plan for a measured profile within the budgets (a pipelined
+    profile: every stage planned, the plan's `stages` each stage's; `microbatches` as for
+    evaluate)."""
     request: dict[str, Any] = {"profile": _source(profile), "gpu_budget_bytes": gpu_budget_bytes}
+    if microbatches is not None:
+        request["microbatches"] = microbatches
     if host_budget_bytes is not None:
         request["host_budget_bytes"] = host_budget_bytes
     if force is not None:

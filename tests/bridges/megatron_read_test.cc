@@ -38,7 +38,9 @@ TEST(ReadMegatronSettings, ArgumentListOfALaunchScript) {
   ASSERT_EQ(s->notes.size(), 2u);
   EXPECT_THAT(s->notes[0], HasSubstr("--recompute-granularity full"));
   EXPECT_THAT(s->notes[1], HasSubstr("--num-layers"));
-  EXPECT_THAT(s->job, Contains(HasSubstr("precision bf16")));
+  EXPECT_THAT(s->job,
+              Contains(HasSubstr("precision bf16; distributed optimizer; TP 4 without sequence "
+                                 "parallelism; micro-batch 1")));
 }
 
 // Megatron-LM's own arguments the planner does not use, and arguments Megatron-LM does not have
@@ -93,6 +95,7 @@ TEST(ReadMegatronSettings, SequenceParallelOnlyWhenTheScriptSaysSo) {
   ASSERT_TRUE(with.ok()) << with.status();
   EXPECT_THAT(with->flags, Not(Contains(Pair("no-sequence-parallel", ::testing::_))));
   EXPECT_THAT(with->flags, Contains(Pair("seq-len", "4096")));  // not taken as its value
+  EXPECT_THAT(with->job, Contains(HasSubstr("; TP 8 with sequence parallelism;")));
   // Used, so not among the arguments the planner does not use.
   for (const std::string& note : with->notes) {
     EXPECT_THAT(note, Not(HasSubstr("--sequence-parallel"))) << note;
@@ -101,6 +104,7 @@ TEST(ReadMegatronSettings, SequenceParallelOnlyWhenTheScriptSaysSo) {
       ReadMegatronSettings("tensor_model_parallel_size: 2\nsequence_parallel: false\n", "c.yaml");
   ASSERT_TRUE(yaml_off.ok()) << yaml_off.status();
   EXPECT_THAT(yaml_off->flags, Contains(Pair("no-sequence-parallel", "true")));
+  EXPECT_THAT(yaml_off->job, Contains(HasSubstr("; TP 2 without sequence parallelism;")));
 }
 
 // Megatron's --use-tp-pp-dp-mapping is its rank order tp-cp-ep-pp-dp (initialize.py).

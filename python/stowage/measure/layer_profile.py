@@ -19,7 +19,8 @@ from ..runtime import version
 FORMAT = "stowage-layer-profile"
 # 2: layers[i].backward_peak_grad_bytes, .backward_peak_released_bytes, .checkpoint_held_bytes,
 # .checkpoint_held_group and loss.held_logits_bytes (absent: what a version-1 profile means).
-SCHEMA_VERSION = 2
+# 3: pipeline (a profile measured on every stage of a pipelined model: PipelineProfile).
+SCHEMA_VERSION = 3
 # The planner tries every subset of a layer's modules for selective recompute
 # (planner/frameworks/layer_profile.h kMaxProfileModules); the modules that save the most are
 # listed, the rest count as the layer's.
@@ -88,6 +89,63 @@ class LayerProfile:
 
 
 @dataclasses.dataclass
+class StageProfile:
+    """One pipeline stage of a pipelined profile: its model chunks (virtual stage v = c x pp + s
+    is chunk c of stage s; each a (first_layer, num_layers) range of the profile's layers) and
+    the fixed device bytes its rank holds (its chunks' weights and gradients, the batch, the
+    cuBLAS workspaces)."""
+    stage: int
+    chunks: list[tuple[int, int]]
+    weights_bytes: int
+    gradients_bytes: int
+    other_bytes: int
+    model_parameters: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "stage": int(self.stage),
+            "chunks": [{"first_layer": int(f), "num_layers": int(n)} for f, n in self.chunks],
+            "fixed_bytes": {"weights": int(self.weights_bytes),
+                            "gradients": int(self.gradients_bytes), "optimizer": 0,
+                            "other": int(self.other_bytes)}}
+        if self.model_parameters:
+            d["model_parameters"] = int(self.model_parameters)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "StageProfile":
+        fixed = d["fixed_bytes"]
+        return StageProfile(
+            stage=d["stage"], chunks=[(c["first_layer"], c["num_layers"]) for c in d["chunks"]],
+            weights_bytes=fixed["weights"], gradients_bytes=fixed.get("gradients", 0),
+            other_bytes=fixed.get("other", 0), model_parameters=d.get("model_parameters", 0))
+
+
+@dataclasses.dataclass
+class PipelineProfile:
+    """What a profile measured on every stage of a pipelined model adds (docs/profile-format.md
+    "pipeline"): the stages (pp of them, each with vpp chunks) and the job's world size, which
+    places the stage boundaries on links. The profile's layers are the whole model's, in
+    Megatron's global order; the embedding is stage 0's, the loss the last stage's."""
+    pp: int
+    vpp: int
+    stages: list[StageProfile]
+    gpus: int = 0  # the job's world size (0: not stated, read as pp)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"pp": int(self.pp), "vpp": int(self.vpp)}
+        if self.gpus:
+            d["gpus"] = int(self.gpus)
+        d["stages"] = [s.to_dict() for s in self.stages]
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "PipelineProfile":
+        return PipelineProfile(pp=d["pp"], vpp=d["vpp"], gpus=d.get("gpus", 0),
+                               stages=[StageProfile.from_dict(s) for s in d["stages"]])
+
+
+@dataclasses.dataclass
 class ModelProfile:
     layers: list[LayerProfile]
     device: str
@@ -119,6 +177,10 @@ class ModelProfile:
     optimizer: Optional[str] = None
     grad_dtype: Optional[str] = None
     model_parameters: int = 0
+    # Measured on every stage of a pipelined model: each stage's chunks and fixed bytes (the
+    # fixed bytes above are then the whole model's: sums, and the most any stage holds of
+    # `other`); None: one stage.
+    pipeline: Optional[PipelineProfile] = None
 
     @property
     def fixed_device_bytes(self) -> int:
@@ -187,6 +249,8 @@ class ModelProfile:
                             for t in l.saved]
             layers.append(out)
         d["layers"] = layers
+        if self.pipeline is not None:
+            d["pipeline"] = self.pipeline.to_dict()
         return d
 
     def to_json(self) -> str:
@@ -233,12 +297,13 @@ class ModelProfile:
             embedding_grad_bytes=embedding.get("grad_bytes", 0),
             embedding_work=embedding.get("work"), framework=d.get("framework"),
             optimizer=d.get("optimizer"), grad_dtype=d.get("grad_dtype"),
-            model_parameters=d.get("model_parameters", 0))
+            model_parameters=d.get("model_parameters", 0),
+            pipeline=PipelineProfile.from_dict(d["pipeline"]) if "pipeline" in d else None)
 
 
 def _generator() -> str:
     return "stowage-python " + version()
 
 
-__all__ = ["FORMAT", "LayerProfile", "MAX_MODULES", "ModelProfile", "ModuleTime", "SCHEMA_VERSION",
-           "SavedTensor"]
+__all__ = ["FORMAT", "LayerProfile", "MAX_MODULES", "ModelProfile", "ModuleTime",
+           "PipelineProfile", "SCHEMA_VERSION", "SavedTensor", "StageProfile"]

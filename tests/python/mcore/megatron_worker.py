@@ -253,37 +253,30 @@ def stages_1f1b(base, pp: int, microbatches: int, shift: int = 0):
     return plan
 
 
-def plan_for(chunks: list, spec: dict, data: list):
-    """The plan: measured on a one-stage copy when pp is 1, else the layers' policies on a plan
-    whose host_bytes come from profiling the same model built with one stage (done by rank 0 of
-    the test ahead of time and passed in spec["plan"])."""
+def plan_for(chunks: list, spec: dict, data: list, result: dict):
+    """The plan of spec's policies, from stowage.megatron.profile of the model as built: one
+    stage, or (pp > 1) every stage's chunks measured on its rank and gathered over the pipeline
+    group; the C++ planner's evaluation of them for the step's microbatches."""
     import stowage
     import stowage.megatron as sm
-    if "plan" in spec:  # measured on the one-stage model by an earlier run, split into stages
-        from package.test_microbatches import pipelined
-        plan = stowage.Plan.from_dict(spec["plan"])
-        pp, vpp = spec.get("pp", 1), spec.get("vpp", 1)
-        if vpp > 1:
-            plan = pipelined(plan, "interleaved", pp, vpp, spec.get("microbatches", 1))
-        elif pp > 1:
-            plan = stages_1f1b(plan, pp, spec.get("microbatches", 1))
-        return plan
-    profile = sm.profile(chunks[0], data[0])
+    profile = sm.profile(chunks if len(chunks) > 1 else chunks[0], data[0])
+    result["profile"] = {"loss_peak_bytes": profile.loss_peak_bytes,
+                         "loss_seconds": profile.loss_seconds,
+                         "pipeline": profile.pipeline.to_dict() if profile.pipeline else None}
     n = len(profile.layers)
     policies = spec["policies"]
     policies = policies * n if len(policies) == 1 else policies
     modules = {int(k): v for k, v in spec.get("modules", {}).items()}
-    measured_modules = {i: m for i, m in modules.items()
-                        if all(x in {mm.name for mm in profile.layers[i].modules} for x in m)}
+    measured_modules = {i: names for i, names in modules.items()
+                        if all(x in {mm.name for mm in profile.layers[i].modules} for x in names)}
     plan = stowage.evaluate(profile, [("keep" if i in modules and i not in measured_modules
                                        else p) for i, p in enumerate(policies)],
-                            recompute_modules=measured_modules).plan
+                            recompute_modules=measured_modules,
+                            microbatches=spec.get("microbatches", 1)).plan
     for i, names in modules.items():
         if i not in measured_modules:  # Megatron's own words: the planner's profile lists children
             plan.layers[i].policy = "selective_recompute"
             plan.layers[i].recompute_modules = list(names)
-    plan.run.microbatches = spec.get("microbatches", 1)
-    plan.run.global_batch = 0  # the planned job's batch no longer holds: not stated
     if spec.get("mtp"):
         plan.run.mtp_layers = 1
         plan.layers[-1].name = "mtp.0"
@@ -306,7 +299,7 @@ def one_run(spec: dict, rank: int) -> dict:
     made_for = dict(spec, misuse=None)
     if misuse == "other_model":  # a plan measured on a model one layer deeper
         made_for["layers"] = spec.get("layers", 2) + 1
-    plan = plan_for(build(made_for), made_for, data[0])
+    plan = plan_for(build(made_for), made_for, data[0], result)
     if rank == 0 and spec.get("emit_plan"):
         result["plan"] = plan.to_dict()
     if misuse == "other_stage":  # stage 0 given one layer more than Megatron gives it
@@ -370,6 +363,9 @@ def one_run(spec: dict, rank: int) -> dict:
     result["saved_bytes"] = [saved_bytes(ref, data[0], contextlib.nullcontext()),
                              saved_bytes(mine, data[0], planned.step())]
     result["host_bytes"] = [l.host_bytes for l in plan.layers]
+    result["in_flight"] = [l.in_flight_microbatches for l in plan.layers]
+    result["stages"] = [[[c.first_layer, c.num_layers] for c in st.chunks] for st in plan.stages]
+    result["run"] = [plan.run.pp, plan.run.vpp, plan.run.schedule, plan.run.microbatches]
     result["microbatches"] = m
     result["mine"] = sorted(u.index for u in planned.units)
     result["policies"] = plan.policies()

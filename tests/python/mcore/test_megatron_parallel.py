@@ -3,10 +3,12 @@ get_forward_backward_func() schedules: tensor parallelism 2 (no pipelining), pip
 parallelism 2 under 1F1B, and 2 stages x 2 virtual chunks under the interleaved schedule. On
 every rank, loss and gradients are bit-identical to the unwrapped model's over two optimizer steps
 and each layer of the rank sends the plan's host_bytes per microbatch (under TP: the rank's
-shards). The pipeline plans are measured on the one-stage model and split into stages
-(package/test_microbatches.py pipelined, or megatron_worker.py stages_1f1b for stages of several
-layers); a plan for another stage's layers or another schedule (1F1B's for interleaved chunks) is
-refused, naming both sides.
+shards). The pipeline plans come from stowage.megatron.profile of the pipelined model (each rank
+measures its own chunks, gathered over the pipeline group) and the C++ planner's evaluation of
+its stages: each layer's host_bytes equal to those measured on the one-stage model, its in-flight
+count the schedule's (stowage.pipeline_order, as package/test_microbatches.py pipelined counts
+it). A plan for another stage's layers or another schedule (1F1B's for interleaved chunks, split
+by hand: megatron_worker.py stages_1f1b) is refused, naming both sides.
 
 Sequence parallelism (TP 2 + SP, dense and MoE: Megatron-Core requires SP for MoE under TP,
 moe/moe_layer.py) runs with megatron_worker.py's SequenceParallelNorm in place of the local
@@ -21,11 +23,14 @@ import unittest
 
 import support  # noqa: F401  (puts the package on sys.path)
 
+import stowage
 from mcore import cases
+from package.test_microbatches import pipelined
 
 
 def pipeline_plan(pp: int, vpp: int, policies: list, modules: dict) -> dict:
-    """The plan measured on the one-stage model of pp x vpp layers (one per model chunk)."""
+    """The plan measured on the one-stage model of pp x vpp layers (one per model chunk): its
+    host_bytes are what the pipelined profile must measure, and the misuse runs split it."""
     base = cases.run({"runs": [dict(policies=policies, modules=modules, layers=pp * vpp,
                                     emit_plan=True, steps=1)]})[0][0]
     return base["plan"]
@@ -71,6 +76,23 @@ class MegatronParallelTest(unittest.TestCase):
         self.assertEqual([r[0]["mine"] for r in ranks], [[0, 1], [2, 3]])
         for r, rank in enumerate(ranks):
             cases.check(self, rank[:1], runs[:1])
+            # The planner's pipelined plan of the profile gathered over both stages: Megatron's
+            # split, 1F1B's in-flight counts (stage s of p holds min(p - s, M)), the layers'
+            # bytes those of the one-stage model.
+            self.assertEqual(rank[0]["run"], [2, 1, "1f1b", 4])
+            self.assertEqual(rank[0]["stages"], [[[0, 2]], [[2, 2]]])
+            self.assertEqual(rank[0]["in_flight"], [2, 2, 1, 1])
+            self.assertEqual(rank[0]["host_bytes"], [l["host_bytes"] for l in plan["layers"]])
+            # Each stage holds its own chunks' parameters (the embedding on the first, the
+            # output layer's copy of it on the last); the loss is the last stage's.
+            profiled = rank[0]["profile"]
+            stages = profiled["pipeline"]["stages"]
+            self.assertEqual([s["chunks"] for s in stages],
+                             [[{"first_layer": 0, "num_layers": 2}],
+                              [{"first_layer": 2, "num_layers": 2}]])
+            self.assertTrue(all(s["fixed_bytes"]["weights"] > 0 for s in stages))
+            self.assertGreater(profiled["loss_peak_bytes"], 0)
+            self.assertGreater(profiled["loss_seconds"], 0)
             want = ["layers [0, 1] (layer_number - 1) but the plan's stages[0] gives it layers "
                     "[0, 1, 2]", "layers [2, 3] (layer_number - 1) but the plan's stages[1] "
                     "gives it layers [3]"][r]
@@ -86,8 +108,14 @@ class MegatronParallelTest(unittest.TestCase):
         ranks = cases.run({"pp": 2, "vpp": 2, "layers": 4, "steps": 2, "plan": plan,
                            "runs": runs}, world=2)
         self.assertEqual([r[0]["mine"] for r in ranks], [[0, 2], [1, 3]])
+        split = pipelined(stowage.Plan.from_dict(plan), "interleaved", 2, 2, 4)
         for rank in ranks:
             cases.check(self, rank[:1], runs[:1])
+            self.assertEqual(rank[0]["run"], [2, 2, "interleaved", 4])
+            self.assertEqual(rank[0]["stages"], [[[0, 1], [2, 1]], [[1, 1], [3, 1]]])
+            self.assertEqual(rank[0]["in_flight"],
+                             [l.in_flight_microbatches for l in split.layers])
+            self.assertEqual(rank[0]["host_bytes"], [l["host_bytes"] for l in plan["layers"]])
             self.assertIn("the plan's run.vpp is 1 but this rank holds 2 model chunks",
                           rank[1]["error"])
 

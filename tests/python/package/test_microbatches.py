@@ -95,6 +95,25 @@ def pipelined(base: stowage.Plan, schedule: str, pp: int, vpp: int,
     return plan
 
 
+def pipelined_profile(layers: nn.ModuleList, x: torch.Tensor, pp: int,
+                      vpp: int) -> stowage.ModelProfile:
+    """The profile every stage of a pipeline of `layers` (one layer per model chunk: pp x vpp
+    layers) would measure: the one-stage profile's layers, and its `pipeline`: chunk c of stage s
+    is layer c x pp + s, each stage holding its own layers' parameters (what
+    stowage.megatron.profile gathers)."""
+    from stowage.measure.layer_profile import PipelineProfile, StageProfile
+    profile = stowage.profile_layers(layers, x, loss_fn=support.loss_fn, repeats=1)
+    stages = []
+    for s in range(pp):
+        mine = [c * pp + s for c in range(vpp)]
+        params = [p for i in mine for p in layers[i].parameters()]
+        nbytes = sum(p.numel() * p.element_size() for p in params)
+        stages.append(StageProfile(stage=s, chunks=[(i, 1) for i in mine], weights_bytes=nbytes,
+                                   gradients_bytes=nbytes, other_bytes=profile.other_bytes))
+    profile.pipeline = PipelineProfile(pp=pp, vpp=vpp, stages=stages, gpus=pp)
+    return profile
+
+
 class GradientAccumulationTest(unittest.TestCase):
     """Several microbatches per optimizer step, each offloading layer holding one slot that is
     reused after each microbatch's backward; two optimizer steps."""
@@ -224,11 +243,32 @@ class PipelineOrderTest(unittest.TestCase):
     backward). Each parameter's gradients accumulate in microbatch order, as in the unwrapped
     model's gradient accumulation, so they match bit for bit."""
 
-    def run_schedule(self, schedule: str, pp: int, vpp: int, microbatches: int) -> None:
+    def run_schedule(self, schedule: str, pp: int, vpp: int, microbatches: int,
+                     planner: bool = False) -> None:
+        """planner: the plan is the C++ planner's evaluation of POLICIES on a pipelined profile
+        (pipelined_profile), not the hand split of a one-stage plan."""
         reference = no_dropout(support.make_layers("attention", LAYERS, HIDDEN))
         layers = support.clone_layers(reference)
-        base = plans.plan_for(layers, inputs(1, 0)[0], POLICIES)
-        plan = pipelined(base, schedule, pp, vpp, microbatches)
+        if planner:
+            profile = pipelined_profile(layers, inputs(1, 0)[0], pp, vpp)
+            self.assertEqual(stowage.ModelProfile.from_dict(profile.to_dict()).to_dict(),
+                             profile.to_dict())
+            evaluation = stowage.evaluate(profile, POLICIES, microbatches=microbatches)
+            plan = evaluation.plan
+            want_split = pipelined(plans.plan_for(layers, inputs(1, 0)[0], POLICIES), schedule,
+                                   pp, vpp, microbatches)
+            self.assertEqual([l.host_bytes for l in plan.layers],
+                             [l.host_bytes for l in want_split.layers])
+            self.assertEqual([l.in_flight_microbatches for l in plan.layers],
+                             [l.in_flight_microbatches for l in want_split.layers])
+            self.assertEqual([(st.stage, [(c.first_layer, c.num_layers) for c in st.chunks])
+                              for st in plan.stages],
+                             [(st.stage, [(c.first_layer, c.num_layers) for c in st.chunks])
+                              for st in want_split.stages])
+            self.assertEqual([e["stage"] for e in evaluation.stages], list(range(pp)))
+        else:
+            base = plans.plan_for(layers, inputs(1, 0)[0], POLICIES)
+            plan = pipelined(base, schedule, pp, vpp, microbatches)
         stages = [stowage.PlannedLayers(layers, plan, stage=s) for s in range(pp)]
         xs = inputs(microbatches, 5)
         want = reference_step(reference, xs, seed=0)
@@ -289,6 +329,12 @@ class PipelineOrderTest(unittest.TestCase):
     def test_interleaved(self) -> None:
         # 2 stages x 2 chunks; 4 microbatches run in groups of 2 through the chunks.
         self.run_schedule("interleaved", 2, 2, 4)
+
+    def test_planned_from_a_pipelined_profile(self) -> None:
+        # The planner's own plan of every stage (protocol fields, in-flight counts, arenas) runs
+        # each stage's runtime through its schedule.
+        self.run_schedule("1f1b", 4, 1, 6, planner=True)
+        self.run_schedule("interleaved", 2, 2, 4, planner=True)
 
     def test_order_comes_from_the_library(self) -> None:
         order = stowage.pipeline_order("1f1b", 4, 1, 6, 0)
