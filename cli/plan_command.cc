@@ -1,5 +1,6 @@
 // `stowage plan`: will this run fit, what to keep / recompute / offload per layer, how much pinned
 // host memory each GPU and NUMA node needs, and what it costs in step time.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -58,7 +59,8 @@ cli::FlagParser MakeParser() {
          planner::kDefaultModel});
   p.Add({"profile", "PATH",
          "plan from a measured layer profile (as stowage.profile_layers writes) instead of "
-         "--model; --gpu-mem is then required unless --hardware is given",
+         "--model; --gpu-mem is then required unless --hardware is given; a profile measured on "
+         "every stage of a pipeline (its `pipeline` section) is planned stage by stage",
          ""});
   p.Add({"hardware", "NAME|PATH",
          absl::StrCat("hardware preset (", absl::StrJoin(planner::HardwarePresetNames(), ", "),
@@ -99,8 +101,12 @@ cli::FlagParser MakeParser() {
          "ranks apart and spreads the data-parallel groups over pp times more ranks (no effect "
          "with --pp 1)",
          "tp-cp-ep-dp-pp (Megatron's default, pipeline outermost)"});
-  p.Add({"microbatches", "M", "microbatches per step (gradient accumulation steps)",
-         "--pp (1 without pipeline parallelism)"});
+  p.Add({"microbatches", "M",
+         "microbatches per step (gradient accumulation steps); with --profile too: a pipelined "
+         "profile's stages each hold the microbatches their schedule keeps in flight (the "
+         "interleaved schedule needs a multiple of the profile's pp), a one-stage profile "
+         "accumulates M",
+         "--pp (1 without pipeline parallelism; with --profile the profile's pipeline.pp)"});
   p.Add({"global-batch",
          "N",
          "sequences per step over the whole job, instead of --microbatches: microbatches = N / "
@@ -215,9 +221,28 @@ cli::FlagParser MakeParser() {
   return p;
 }
 
-// --profile: the step cost comes from a measured layer profile; only the budgets, --force and
-// (optionally) --hardware apply. Run-setting flags belong to a model config and are refused.
-absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags, Inputs& in) {
+// What --profile plans from: the profile, and its stages' step costs under the run (one stage
+// without a `pipeline` section).
+struct ProfileInputs {
+  planner::LayerProfileSet profile;
+  std::vector<planner::StepCost> stages;
+};
+
+// --profile: the step costs come from a measured layer profile; only the budgets, --force,
+// --microbatches and (optionally) --hardware apply. Run-setting flags belong to a model config and
+// are refused; the pipeline is the profile's own (Note [Pipelined profiles] in
+// planner/frameworks/layer_profile.cc).
+absl::StatusOr<ProfileInputs> ReadProfileInputs(const cli::FlagParser& flags, Inputs& in) {
+  for (const char* flag : {"pp", "vpp", "schedule"}) {
+    if (flags.Has(flag)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag,
+          " is refused with --profile: a profile's stages are where it was measured (its "
+          "`pipeline` section decides pp, vpp and the schedule); for a pipelined plan, measure "
+          "the profile on the pipelined model, e.g. stowage.megatron.profile(model_chunks, "
+          "batch) on every rank"));
+    }
+  }
   for (const char* flag : {"model",
                            "vision-tokens",
                            "seq-len",
@@ -237,11 +262,7 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
                            "mtp-layers",
                            "optimizer",
                            "optimizer-offload",
-                           "pp",
-                           "vpp",
-                           "schedule",
                            "rank-order",
-                           "microbatches",
                            "global-batch",
                            "pp-layout",
                            "account-for-embedding-in-pipeline-split",
@@ -254,8 +275,10 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
   const std::string path = *flags.Get("profile");
   auto profile = planner::ReadProfileFile(path);
   if (!profile.ok()) return profile.status();
+  ProfileInputs out;
+  out.profile = *std::move(profile);
   in.model_label = path;
-  in.hardware = planner::HardwareForProfile(*profile);
+  in.hardware = planner::HardwareForProfile(out.profile);
   in.hardware_label = in.hardware.name;
   uint64_t gpu_default = 0;
   if (flags.Has("hardware")) {
@@ -267,8 +290,15 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
     in.hardware_label = hardware;
     gpu_default = hw->UsableBytes();
   }
-  auto step = planner::BuildStepCostFromProfile(*profile, in.hardware);
-  if (!step.ok()) return step.status();
+  const int pp = out.profile.pipeline.has_value() ? out.profile.pipeline->pp : 1;
+  auto microbatches = flags.GetInt("microbatches", pp, 1, kPlanMaxMicrobatches);
+  if (!microbatches.ok()) return microbatches.status();
+  auto run = planner::ProfileRunSettings(out.profile.pipeline, static_cast<int>(*microbatches),
+                                         "--microbatches");
+  if (!run.ok()) return run.status();
+  auto stages = planner::BuildStageStepCostsFromProfile(out.profile, in.hardware, *run);
+  if (!stages.ok()) return stages.status();
+  out.stages = *std::move(stages);
   if (!flags.Has("gpu-mem") && gpu_default == 0) {
     return absl::InvalidArgumentError(
         "--gpu-mem is required with --profile (or give --hardware for its usable memory)");
@@ -276,16 +306,20 @@ absl::StatusOr<planner::StepCost> ReadProfileInputs(const cli::FlagParser& flags
   auto gpu_mem = flags.GetDouble("gpu-mem", static_cast<double>(gpu_default) / kGiB, 0.001, 1e6);
   if (!gpu_mem.ok()) return gpu_mem.status();
   in.options.gpu_budget_bytes = static_cast<uint64_t>(*gpu_mem * kGiB);
-  // Without --host-mem (and without --hardware) every saved byte may go to the host.
-  const uint64_t host_default =
-      planner::DefaultProfileHostBudget(*step, flags.Has("hardware") ? &in.hardware : nullptr);
+  // Without --host-mem (and without --hardware) every saved byte of any stage may go to the host.
+  uint64_t host_default = 0;
+  for (const planner::StepCost& stage : out.stages) {
+    host_default = std::max(
+        host_default,
+        planner::DefaultProfileHostBudget(stage, flags.Has("hardware") ? &in.hardware : nullptr));
+  }
   auto host_mem = flags.GetDouble("host-mem", static_cast<double>(host_default) / kGiB, 0, 1e9);
   if (!host_mem.ok()) return host_mem.status();
   in.options.host_budget_bytes =
       flags.Has("host-mem") ? static_cast<uint64_t>(*host_mem * kGiB) : host_default;
   if (absl::Status s = ReadForce(flags, in.options); !s.ok()) return s;
-  in.run = step->run;
-  return step;
+  in.run = out.stages.front().run;
+  return out;
 }
 
 bool WriteFile(const std::string& path, const std::string& text) {
@@ -378,7 +412,7 @@ std::string ScriptSettingLine(const Inputs& in, const TrainerInputs& trainer,
 // the binding stage's summary; with --emit, the trainer's settings instead, or why it cannot
 // express the plan.
 int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const TrainerInputs& trainer,
-                    const std::string& format) {
+                    const std::string& format, const ProfileInputs* profile) {
   const std::optional<std::string> emit = flags.Get("emit");
   if (in.options.force.has_value()) {
     std::fprintf(stderr,
@@ -386,7 +420,12 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const Traine
                  "the planner chooses every stage's options\n");
     return kExitUsage;
   }
-  auto pipeline = planner::PlanPipeline(in.model, in.hardware, in.run, in.options);
+  // A measured profile's stages (Note [Pipelined profiles]), or the model's.
+  auto pipeline =
+      profile != nullptr
+          ? planner::PlanStages(profile->stages, in.hardware, in.run,
+                                planner::ProfileMessageBytes(profile->profile), in.options)
+          : planner::PlanPipeline(in.model, in.hardware, in.run, in.options);
   if (!pipeline.ok()) {
     std::fprintf(stderr, "stowage plan: %s\n", std::string(pipeline.status().message()).c_str());
     return kExitUsage;
@@ -440,8 +479,10 @@ int RunPipelinePlan(const cli::FlagParser& flags, const Inputs& in, const Traine
     std::printf("\nstage %d (binding):\n", binding.stage);
     std::fputs(planner::RenderSummary(binding.step, plan, binding.result).c_str(), stdout);
   }
-  if (const std::string line = ScriptSettingLine(in, trainer, nullptr, pipeline->step_seconds,
-                                                 binding.result.sim.peak_bytes);
+  if (const std::string line = profile != nullptr
+                                   ? std::string()
+                                   : ScriptSettingLine(in, trainer, nullptr, pipeline->step_seconds,
+                                                       binding.result.sim.peak_bytes);
       !line.empty()) {
     std::fprintf(text, "job: %s\n", line.c_str());
   }
@@ -509,13 +550,19 @@ int RunPlanCommand(int argc, char** argv) {
   }
   Inputs in;
   std::optional<planner::StepCost> profile_step;
+  std::optional<ProfileInputs> profile;
   if (flags.Has("profile")) {
-    auto step = ReadProfileInputs(flags, in);
-    if (!step.ok()) {
-      std::fprintf(stderr, "stowage plan: %s\n", std::string(step.status().message()).c_str());
+    auto read = ReadProfileInputs(flags, in);
+    if (!read.ok()) {
+      std::fprintf(stderr, "stowage plan: %s\n", std::string(read.status().message()).c_str());
       return kExitUsage;
     }
-    profile_step = *std::move(step);
+    profile = *std::move(read);
+    // A pipelined profile, or gradient accumulation over one stage: the pipeline path.
+    if (in.run.pp > 1 || in.run.microbatches > 1) {
+      return RunPipelinePlan(flags, in, *trainer, *format, &*profile);
+    }
+    profile_step = profile->stages.front();
   } else {
     if (absl::Status s = CheckTrainerJob(flags, *trainer); !s.ok()) {
       std::fprintf(stderr, "stowage plan: %s\n", std::string(s.message()).c_str());
@@ -603,7 +650,7 @@ int RunPlanCommand(int argc, char** argv) {
   }
 
   if (!profile_step.has_value() && (in.run.pp > 1 || in.run.microbatches > 1)) {
-    return RunPipelinePlan(flags, in, *trainer, *format);
+    return RunPipelinePlan(flags, in, *trainer, *format, nullptr);
   }
   auto step = profile_step.has_value() ? absl::StatusOr<planner::StepCost>(*profile_step)
                                        : planner::BuildStepCost(in.model, in.hardware, in.run);

@@ -10,6 +10,7 @@
 #include "base/checked_math.h"
 #include "base/json_reader.h"
 #include "planner/cost/run_settings.h"
+#include "planner/frameworks/profile_pipeline.h"
 
 namespace stowage::planner {
 namespace {
@@ -310,12 +311,7 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
 
   auto fixed = o.Child("fixed_bytes");
   if (!fixed.ok()) return fixed.status();
-  if (absl::Status s = fixed->Read("weights", p.fixed.weights, Upto(kMaxBytes)); !s.ok()) return s;
-  for (auto [key, field] : {std::pair<const char*, uint64_t*>{"gradients", &p.fixed.gradients},
-                            {"optimizer", &p.fixed.optimizer},
-                            {"other", &p.fixed.other}}) {
-    if (absl::Status s = fixed->ReadOptional(key, *field, Upto(kMaxBytes)); !s.ok()) return s;
-  }
+  if (absl::Status s = ReadProfileFixed(*fixed, p.fixed); !s.ok()) return s;
 
   auto loss = o.Child("loss");
   if (!loss.ok()) return loss.status();
@@ -390,6 +386,15 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
       return s;
     p.layers.push_back(std::move(layer));
   }
+  if (o.Has("pipeline")) {
+    if (p.schema_version < 3) {
+      return o.Invalid("pipeline", absl::StrCat("absent in a schema_version ", p.schema_version,
+                                                " profile (schema_version 3 added it)"));
+    }
+    auto pipeline = ReadProfilePipeline(o, p.layers.size());
+    if (!pipeline.ok()) return pipeline.status();
+    p.pipeline = *std::move(pipeline);
+  }
   // Every byte figure of the step together stays far inside the simulator's 64-bit sums.
   uint64_t total = 0;
   bool overflow = false;
@@ -401,6 +406,12 @@ absl::StatusOr<LayerProfileSet> ParseProfileJson(std::string_view text, std::str
   for (uint64_t b : {p.fixed.weights, p.fixed.gradients, p.fixed.optimizer, p.fixed.other,
                      p.loss_peak_bytes, p.loss_grad_bytes, p.embedding_grad_bytes}) {
     add(b);
+  }
+  if (p.pipeline.has_value()) {
+    for (const ProfileStage& st : p.pipeline->stages) {
+      for (uint64_t b : {st.fixed.weights, st.fixed.gradients, st.fixed.optimizer, st.fixed.other})
+        add(b);
+    }
   }
   for (const ProfileLayer& l : p.layers) {
     for (uint64_t b : {l.input_bytes, l.output_bytes, l.forward_peak_bytes, l.backward_peak_bytes,
@@ -497,6 +508,7 @@ std::string ProfileToJson(const LayerProfileSet& p) {
     layers.push_back(std::move(layer));
   }
   j["layers"] = layers;
+  if (p.pipeline.has_value()) j["pipeline"] = ProfilePipelineToJson(*p.pipeline);
   return j.dump(2) + "\n";
 }
 
@@ -513,13 +525,91 @@ HardwareProfile HardwareForProfile(const LayerProfileSet& profile) {
   return hw;
 }
 
-absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
-                                                  const HardwareProfile& hardware) {
+namespace {
+
+double Seconds(double measured, const std::optional<OpWork>& work, const HardwareProfile& hw) {
+  return work.has_value() ? OpSeconds(*work, hw) : measured;
+}
+
+// Note [Measured layers]: one measured layer as the cost model's terms.
+LayerCost MeasuredLayerCost(const ProfileLayer& pl, const HardwareProfile& hardware) {
+  auto sat = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
+  LayerCost l;
+  l.ffn_chunkable = false;  // measured as it ran: unchunked
+  l.index = pl.index;
+  l.type = pl.type;
+  l.input_bytes = pl.input_bytes;
+  l.output_bytes = pl.output_bytes;
+  for (const ProfileSavedTensor& t : pl.saved) {
+    l.saved.push_back({t.name, t.module, t.bytes});
+    l.saved_bytes += t.bytes;
+  }
+  for (const ProfileModule& m : pl.modules) {
+    RecomputeModule rm{m.name, 0, Seconds(m.seconds, m.work, hardware), false};
+    for (const ProfileSavedTensor& t : pl.saved) {
+      if (t.module == m.name) rm.saved_bytes += t.bytes;
+    }
+    // A module that regenerates nothing is never worth rerunning.
+    if (rm.saved_bytes > 0) l.modules.push_back(rm);
+  }
+  // The layer's own bytes, split into the terms EvaluateOption adds.
+  const uint64_t own_forward = pl.input_bytes + pl.forward_peak_bytes;
+  const uint64_t own_backward = pl.backward_peak_bytes + (SavesInput(l) ? pl.input_bytes : 0);
+  l.ffn_forward_transient = sat(own_forward, l.saved_bytes + l.output_bytes);
+  l.ffn_saved_bytes = pl.backward_peak_released_bytes;
+  l.attn_backward_transient =
+      sat(own_backward, l.saved_bytes - l.ffn_saved_bytes + l.output_bytes + l.input_bytes);
+  l.forward_seconds = Seconds(pl.forward_seconds, pl.forward_work, hardware);
+  l.backward_seconds = Seconds(pl.backward_seconds, pl.backward_work, hardware);
+  l.grad_bytes = pl.grad_bytes;
+  l.attn_peak_grad_bytes = pl.backward_peak_grad_bytes;
+  l.ffn_peak_grad_bytes = 0;  // the backward's start: none made yet
+  l.checkpoint_held_bytes = pl.checkpoint_held_bytes;
+  l.checkpoint_held_group = pl.checkpoint_held_group;
+  return l;
+}
+
+}  // namespace
+
+// Note [Pipelined profiles]
+// A profile measured on every stage of a Megatron-Core pipeline (stowage.megatron.profile on
+// every rank) lists every layer in global order, each measured on the rank that runs it, and in
+// `pipeline` where each ran: stage s holds chunks c = 0..vpp-1, virtual stage c x pp + s (Note
+// [Pipeline stages] in stowage/plan.h), and its own fixed memory. A stage's step cost is what
+// BuildStepCost makes of a model's stage (planner/frameworks/step_cost.h), from the measured
+// terms: the stage's layers in chunk order with their global indices, each holding its chunk's
+// InFlightMicrobatches, the stage's fixed_bytes (the profile's top-level ones are the whole
+// model's and are not planned with), the embedding's time and gradients on stage 0, the loss
+// (tail bytes: the last layer's output plus loss.peak_bytes; its time, held logits and gradients)
+// on the last. The schedule is Megatron-Core's choice for vpp (interleaved when vpp > 1, else
+// 1F1B); tp, cp and ep are 1, since a rank's measurement is already its shards, and nothing is
+// charged for collectives (StepCost::comm stays empty, as for a one-stage profile). The messages
+// between stages are the hidden states a virtual stage receives (ProfileMessageBytes).
+absl::StatusOr<StepCost> BuildStageStepCostFromProfile(const LayerProfileSet& p,
+                                                       const HardwareProfile& hardware,
+                                                       const RunSettings& run, int stage) {
   if (p.layers.empty()) {
     return absl::InvalidArgumentError(
         "layer profile: field 'layers' is empty; allowed: at "
         "least one layer");
   }
+  const bool pipelined = run.pp > 1;
+  if (pipelined &&
+      (!p.pipeline.has_value() || p.pipeline->pp != run.pp || p.pipeline->vpp != run.vpp)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer profile: run pp ", run.pp, " x vpp ", run.vpp,
+        " is not the pipeline the profile was measured on (",
+        p.pipeline.has_value() ? absl::StrCat("pp ", p.pipeline->pp, " x vpp ", p.pipeline->vpp)
+                               : std::string("one stage"),
+        "); allowed: the profile's own (ProfileRunSettings)"));
+  }
+  if (stage < 0 || stage >= run.pp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer profile: stage ", stage, " is not a stage of pp ", run.pp));
+  }
+  const int n = static_cast<int>(p.layers.size());
+  const ProfileStage* own = pipelined ? &p.pipeline->stages[stage] : nullptr;
+  const bool first_stage = stage == 0, last_stage = stage == run.pp - 1;
   // Op work becomes seconds on the hardware planned for, by the one time model (op_time.h).
   bool has_work = p.loss_work.has_value() || p.embedding_work.has_value();
   for (const ProfileLayer& pl : p.layers) {
@@ -532,72 +622,55 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
         "' has no compute rates (dense_bf16_flops, hbm_bytes_per_second); allowed: a hardware "
         "profile with them (--hardware)"));
   }
-  auto seconds = [&](double measured, const std::optional<OpWork>& work) {
-    return work.has_value() ? OpSeconds(*work, hardware) : measured;
-  };
   StepCost c;
+  c.stage = stage;
+  c.chunks = pipelined ? own->chunks : std::vector<LayerRange>{{0, n}};
   c.model = absl::StrCat(p.layers.size(), " x ", p.layers.front().type);
   c.hardware = hardware;
   c.hardware.source = p.measured_memory ? "measured" : "estimated";
   c.run.seq_len = p.tokens;
   c.run.micro_batch = 1;
-  c.run.tp = c.run.cp = c.run.ep = c.run.gpus = 1;
+  c.run.tp = c.run.cp = c.run.ep = 1;
+  c.run.gpus = run.gpus;
+  c.run.pp = run.pp;
+  c.run.vpp = run.vpp;
+  c.run.schedule = run.schedule;
+  c.run.microbatches = run.microbatches;
   c.run.sharding = Sharding::kNoShard;
   c.tokens_per_rank = p.tokens;
-  c.fixed = p.fixed;
+  c.fixed = pipelined ? own->fixed : p.fixed;
   // What ran, as the profile states it (the summary and the plan's run.framework report it).
+  const uint64_t parameters =
+      own != nullptr && own->model_parameters > 0 ? own->model_parameters : p.model_parameters;
   c.profile = StepCost::ProfileStated{.framework = p.framework.has_value(),
                                       .optimizer = p.optimizer.has_value(),
                                       .grad_dtype = p.grad_bytes > 0,
-                                      .parameters = p.model_parameters > 0};
+                                      .parameters = parameters > 0};
   if (p.framework.has_value()) c.run.framework = *p.framework;
   if (p.optimizer.has_value()) c.run.optimizer = *p.optimizer;
   if (p.grad_bytes > 0) c.run.grad_bytes = p.grad_bytes;
-  c.model_parameters = p.model_parameters;
-  auto sat = [](uint64_t a, uint64_t b) { return a > b ? a - b : 0; };
-  for (const ProfileLayer& pl : p.layers) {
-    LayerCost l;
-    l.ffn_chunkable = false;  // measured as it ran: unchunked
-    l.index = pl.index;
-    l.type = pl.type;
-    l.input_bytes = pl.input_bytes;
-    l.output_bytes = pl.output_bytes;
-    for (const ProfileSavedTensor& t : pl.saved) {
-      l.saved.push_back({t.name, t.module, t.bytes});
-      l.saved_bytes += t.bytes;
+  c.model_parameters = parameters;
+  for (size_t k = 0; k < c.chunks.size(); ++k) {
+    const int in_flight = InFlightMicrobatches(run.schedule, run.pp, run.vpp, run.microbatches,
+                                               stage, static_cast<int>(k));
+    for (int i = c.chunks[k].first_layer; i < c.chunks[k].end() && i < n; ++i) {
+      LayerCost l = MeasuredLayerCost(p.layers[i], hardware);
+      l.index = i;  // the global layer index, as BuildStepCost's
+      l.in_flight_microbatches = in_flight;
+      c.layers.push_back(std::move(l));
     }
-    for (const ProfileModule& m : pl.modules) {
-      RecomputeModule rm{m.name, 0, seconds(m.seconds, m.work), false};
-      for (const ProfileSavedTensor& t : pl.saved) {
-        if (t.module == m.name) rm.saved_bytes += t.bytes;
-      }
-      // A module that regenerates nothing is never worth rerunning.
-      if (rm.saved_bytes > 0) l.modules.push_back(rm);
-    }
-    // Note [Measured layers]: the layer's own bytes, split into the terms EvaluateOption adds.
-    const uint64_t own_forward = pl.input_bytes + pl.forward_peak_bytes;
-    const uint64_t own_backward = pl.backward_peak_bytes + (SavesInput(l) ? pl.input_bytes : 0);
-    l.ffn_forward_transient = sat(own_forward, l.saved_bytes + l.output_bytes);
-    l.ffn_saved_bytes = pl.backward_peak_released_bytes;
-    l.attn_backward_transient =
-        sat(own_backward, l.saved_bytes - l.ffn_saved_bytes + l.output_bytes + l.input_bytes);
-    l.forward_seconds = seconds(pl.forward_seconds, pl.forward_work);
-    l.backward_seconds = seconds(pl.backward_seconds, pl.backward_work);
-    l.grad_bytes = pl.grad_bytes;
-    l.attn_peak_grad_bytes = pl.backward_peak_grad_bytes;
-    l.ffn_peak_grad_bytes = 0;  // the backward's start: none made yet
-    l.checkpoint_held_bytes = pl.checkpoint_held_bytes;
-    l.checkpoint_held_group = pl.checkpoint_held_group;
-    c.layers.push_back(std::move(l));
   }
-  for (size_t i = 0; i < c.layers.size(); ++i) c.layers[i].index = static_cast<int>(i);
-  c.tail_bytes = p.layers.back().output_bytes + p.loss_peak_bytes;
-  c.held_logits_bytes = p.held_logits_bytes;
-  c.tail_seconds = seconds(p.loss_seconds, p.loss_work);
-  c.embedding_seconds = seconds(p.embedding_seconds, p.embedding_work);
   c.gradients_in_backward = p.gradients_in_backward;
-  c.tail_grad_bytes = p.loss_grad_bytes;
-  c.embedding_grad_bytes = p.embedding_grad_bytes;
+  if (last_stage) {
+    c.tail_bytes = p.layers.back().output_bytes + p.loss_peak_bytes;
+    c.held_logits_bytes = p.held_logits_bytes;
+    c.tail_seconds = Seconds(p.loss_seconds, p.loss_work, hardware);
+    c.tail_grad_bytes = p.loss_grad_bytes;
+  }
+  if (first_stage) {
+    c.embedding_seconds = Seconds(p.embedding_seconds, p.embedding_work, hardware);
+    c.embedding_grad_bytes = p.embedding_grad_bytes;
+  }
   if (p.has_link) {
     c.copy_chunk_bytes = p.copy_chunk_bytes;
     c.d2h_bytes_per_second = p.d2h_bytes_per_second;
@@ -628,10 +701,48 @@ absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
   return c;
 }
 
+absl::StatusOr<std::vector<StepCost>> BuildStageStepCostsFromProfile(const LayerProfileSet& p,
+                                                                     const HardwareProfile& hw,
+                                                                     const RunSettings& run) {
+  std::vector<StepCost> stages;
+  for (int s = 0; s < run.pp; ++s) {
+    absl::StatusOr<StepCost> step = BuildStageStepCostFromProfile(p, hw, run, s);
+    if (!step.ok()) return step.status();
+    stages.push_back(*std::move(step));
+  }
+  return stages;
+}
+
+absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& p,
+                                                  const HardwareProfile& hardware) {
+  // One stage of every layer, one microbatch.
+  absl::StatusOr<RunSettings> run = ProfileRunSettings(std::nullopt, 1, "microbatches");
+  if (!run.ok()) return run.status();
+  return BuildStageStepCostFromProfile(p, hardware, *run, 0);
+}
+
+double ProfileMessageBytes(const LayerProfileSet& p) {
+  if (!p.pipeline.has_value()) return 0;
+  double bytes = 0;
+  const int virtual_stages = p.pipeline->pp * p.pipeline->vpp;
+  for (int v = 1; v < virtual_stages; ++v) {
+    const LayerRange& r = p.pipeline->stages[v % p.pipeline->pp].chunks[v / p.pipeline->pp];
+    if (r.first_layer < static_cast<int>(p.layers.size())) {
+      bytes = std::max(bytes, static_cast<double>(p.layers[r.first_layer].input_bytes));
+    }
+  }
+  return bytes;
+}
+
 uint64_t DefaultProfileHostBudget(const StepCost& step, const HardwareProfile* hardware) {
   if (hardware != nullptr) return hardware->DefaultHostBudgetPerGpu();
   uint64_t all = 0;
-  for (const LayerCost& l : step.layers) all += l.saved_bytes;  // bounded by the reader
+  for (const LayerCost& l : step.layers) {  // saturating: no limit is what it means
+    const auto held =
+        CheckedMul(l.saved_bytes, static_cast<uint64_t>(std::max(1, l.in_flight_microbatches)));
+    const auto sum = held.has_value() ? CheckedAdd(all, *held) : std::nullopt;
+    all = sum.value_or(~uint64_t{0});
+  }
   return std::max<uint64_t>(all, 1);
 }
 

@@ -14,15 +14,20 @@
 
 #include "absl/status/statusor.h"
 #include "planner/cost/cost_model.h"
+#include "planner/cost/run_settings.h"
+#include "planner/frameworks/profile_pipeline.h"
 #include "planner/hardware/hardware.h"
 #include "planner/hardware/op_time.h"
+#include "stowage/plan.h"
 
 namespace stowage::planner {
 
 // 2 added what a layer's backward peak holds of its gradients and saved tensors
 // (ProfileLayer::backward_peak_grad_bytes, backward_peak_released_bytes) and the logits the caller
-// holds (LayerProfileSet::held_logits_bytes); a version-1 profile is read as it always meant.
-inline constexpr int kProfileSchemaVersion = 2;
+// holds (LayerProfileSet::held_logits_bytes); a version-1 profile is read as it always meant. 3
+// added `pipeline` (LayerProfileSet::pipeline): a profile measured on every stage of a pipelined
+// job.
+inline constexpr int kProfileSchemaVersion = 3;
 inline constexpr int kOldestProfileSchemaVersion = 1;
 inline constexpr char kProfileFormat[] = "stowage-layer-profile";
 // Selective recompute searches every subset of a layer's modules: a bound keeps that small.
@@ -116,6 +121,10 @@ struct LayerProfileSet {
   double bidir_h2d_bytes_per_second = 0;
   uint64_t copy_chunk_bytes = 16ull << 20;
   std::vector<ProfileLayer> layers;
+  // Absent: one stage ran every layer. Present: `layers` are still the whole model in global
+  // order, `fixed` is the whole model's (informational), the embedding fields belong to stage 0
+  // and the loss fields to the last stage.
+  std::optional<ProfilePipeline> pipeline;
 };
 
 // Strict reader (base/json_reader.h): every field typed and range-checked; errors name `source`,
@@ -131,12 +140,31 @@ std::string ProfileToJson(const LayerProfileSet& profile);
 // layers are not ffn_chunkable.
 absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& profile,
                                                   const HardwareProfile& hardware);
+// The step cost of stage `stage` of `run` (profile_pipeline.h ProfileRunSettings: its pipeline
+// fields and gpus are read) from a profile, as BuildStepCost
+// builds one for a model (Note [Pipelined profiles] in layer_profile.cc): the stage's layers in
+// chunk order (LayerCost::index the global layer index, each with its chunk's
+// InFlightMicrobatches), the stage's fixed memory, the embedding on stage 0 and the loss on the
+// last stage. pp 1 and one microbatch: exactly BuildStepCostFromProfile's step.
+absl::StatusOr<StepCost> BuildStageStepCostFromProfile(const LayerProfileSet& profile,
+                                                       const HardwareProfile& hardware,
+                                                       const RunSettings& run, int stage);
+// Every stage's, in stage order.
+absl::StatusOr<std::vector<StepCost>> BuildStageStepCostsFromProfile(
+    const LayerProfileSet& profile, const HardwareProfile& hardware, const RunSettings& run);
+
+// One point-to-point message of a pipelined profile: the hidden state crossing a stage boundary,
+// the largest input_bytes of the first layer of any virtual stage after the first (exactly the
+// activations a stage receives); 0 without `pipeline`.
+double ProfileMessageBytes(const LayerProfileSet& profile);
+
 // A hardware profile for a profile planned without one: the device the profile names, link rates
 // from the profile, host RAM unknown (0).
 HardwareProfile HardwareForProfile(const LayerProfileSet& profile);
 
 // The host budget of a profile planned without one: what `hardware` says one GPU may use when
-// it is given (HostBytesPerGpu), else every saved byte of the step (no limit in effect).
+// it is given (HostBytesPerGpu), else every saved byte of the step, each layer's times its
+// in-flight microbatches (no limit in effect).
 uint64_t DefaultProfileHostBudget(const StepCost& step, const HardwareProfile* hardware);
 
 }  // namespace stowage::planner

@@ -98,7 +98,7 @@ absl::StatusOr<LayoutBound> BoundLayout(const ModelConfig& model, const Hardware
     stage.stage = s;
     stage.chunks = step->chunks;
     stage.step = *std::move(step);
-    ChargePointToPoint(model, hw, run, stage);
+    ChargePointToPoint(run.pp > 1 ? PipelineMessageBytes(model, run) : 0, hw, run, stage);
     const double slot = SlotLowerBound(stage.step);
     steady = std::max(steady, slot + stage.p2p_steady_seconds);
     blocking = std::max(blocking, slot + stage.p2p_blocking_seconds);

@@ -19,9 +19,11 @@
 #include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
+#include "planner/report/pipeline_report.h"
 #include "planner/report/report.h"
 #include "planner/search/baseline.h"
 #include "planner/search/optimizer.h"
+#include "planner/search/pipeline.h"
 #include "planner/search/simulator.h"
 #include "stowage/plan.h"
 
@@ -33,6 +35,7 @@ constexpr char kSource[] = "plan request";
 // (stowage_plan_request) has all but the last, the layers' assignment. Any other key is refused.
 constexpr std::string_view kRequestKeys[] = {"model",
                                              "profile",
+                                             "microbatches",
                                              "hardware",
                                              "run",
                                              "gpu_budget_bytes",
@@ -55,6 +58,14 @@ struct Source {
   uint64_t default_gpu_budget = 0;  // 0: the request must give one
   uint64_t default_host_budget = 0;
   bool profile = false;
+  // A pipelined profile, or one stage with microbatches > 1: every stage's step cost (`step` is
+  // stage 0's), planned and evaluated through PlanStages (Note [Pipelined profiles] in
+  // planner/frameworks/layer_profile.cc).
+  bool pipelined = false;
+  std::vector<StepCost> stages;
+  HardwareProfile hardware;
+  RunSettings run;
+  double message_bytes = 0;
 };
 
 absl::StatusOr<HardwareProfile> ReadHardware(const json::Object& o, std::string& label) {
@@ -184,13 +195,34 @@ absl::StatusOr<Source> ReadSource(const json::Object& o) {
       hw = *given;
       src.default_gpu_budget = given->UsableBytes();
     }
-    auto step = BuildStepCostFromProfile(*profile, hw);
-    if (!step.ok()) return step.status();
-    src.step = *std::move(step);
+    // Microbatches per step: a pipelined profile's pp unless given.
+    int microbatches = profile->pipeline.has_value() ? profile->pipeline->pp : 1;
+    if (absl::Status s =
+            o.ReadOptional("microbatches", microbatches, json::Range<int>{1, kPlanMaxMicrobatches});
+        !s.ok())
+      return s;
+    auto run = ProfileRunSettings(profile->pipeline, microbatches, "microbatches");
+    if (!run.ok()) return run.status();
+    auto stages = BuildStageStepCostsFromProfile(*profile, hw, *run);
+    if (!stages.ok()) return stages.status();
+    src.stages = *std::move(stages);
+    src.step = src.stages.front();
     src.model_label = src.step.model;
     src.profile = true;
-    src.default_host_budget = DefaultProfileHostBudget(src.step, hardware_given ? &hw : nullptr);
+    src.pipelined = run->pp > 1 || run->microbatches > 1;
+    src.hardware = hw;
+    src.run = src.step.run;
+    src.message_bytes = ProfileMessageBytes(*profile);
+    for (const StepCost& stage : src.stages) {
+      src.default_host_budget = std::max(
+          src.default_host_budget, DefaultProfileHostBudget(stage, hardware_given ? &hw : nullptr));
+    }
     return src;
+  }
+  if (o.Has("microbatches")) {
+    return o.Invalid("microbatches",
+                     "absent with 'model' (microbatches apply to a measured 'profile': a "
+                     "pipelined profile's stages, or gradient accumulation over one stage)");
   }
   const json::Json& value = o.json().at("model");
   ModelConfig model;
@@ -296,13 +328,15 @@ const char* PhaseName(Phase phase) {
   return "unknown";
 }
 
-// The request's per-layer assignment as options of the step's layers.
-absl::StatusOr<Schedule> ReadAssignment(const json::Object& o, const StepCost& step) {
+// The request's per-layer assignment as options of the cost source's layers (every layer of the
+// model in global order: a pipelined profile's from all its stages).
+absl::StatusOr<Schedule> ReadAssignment(const json::Object& o,
+                                        const std::vector<const LayerCost*>& costs) {
   auto layers = o.Array("layers");
   if (!layers.ok()) return layers.status();
-  if ((*layers)->size() != step.layers.size()) {
+  if ((*layers)->size() != costs.size()) {
     return o.Invalid("layers", absl::StrCat("one entry per layer of the cost source (",
-                                            step.layers.size(), "), got ", (*layers)->size()));
+                                            costs.size(), "), got ", (*layers)->size()));
   }
   Schedule schedule;
   schedule.prefetch_distance = 1;
@@ -310,8 +344,8 @@ absl::StatusOr<Schedule> ReadAssignment(const json::Object& o, const StepCost& s
                                       json::Range<int>{1, kMaxPrefetchDistance});
       !s.ok())
     return s;
-  for (size_t i = 0; i < step.layers.size(); ++i) {
-    const LayerCost& cost = step.layers[i];
+  for (size_t i = 0; i < costs.size(); ++i) {
+    const LayerCost& cost = *costs[i];
     auto entry = json::Object::Of((**layers)[i], kSource, absl::StrCat("layers[", i, "]"));
     if (!entry.ok()) return entry.status();
     if (absl::Status s = entry->OnlyKeys({"policy", "chunks", "recompute_modules"}); !s.ok()) {
@@ -359,6 +393,157 @@ absl::StatusOr<Schedule> ReadAssignment(const json::Object& o, const StepCost& s
   return schedule;
 }
 
+// A pipelined source's plan JSON (MakePipelinePlan).
+absl::StatusOr<std::string> PipelinePlanJson(const Source& src, const json::Object& o,
+                                             const PipelineResult& pipeline,
+                                             const OptimizerOptions& options,
+                                             const std::string& generator) {
+  std::string model = src.model_label;
+  if (absl::Status s = o.ReadOptional("model_label", model); !s.ok()) return s;
+  const PlanLabels labels{generator, model, src.hardware_label, options.gpu_budget_bytes,
+                          options.host_budget_bytes};
+  return PlanToJson(MakePipelinePlan(pipeline, labels));
+}
+
+// The simulation's answer for one step (stowage_plan_evaluate's keys but the plan's).
+json::Json SimulationJson(const StepCost& step, const SimResult& sim, uint64_t gpu_budget_bytes) {
+  json::Json out;
+  out["peak_device_bytes"] = sim.peak_bytes;
+  out["fixed_device_bytes"] = step.fixed.total();
+  out["peak_at"] = sim.peak_at;
+  out["peak_seconds"] = sim.peak_seconds;
+  out["step_seconds"] = sim.step_seconds;
+  out["compute_seconds"] = sim.compute_seconds;
+  out["exposed_copy_seconds"] = sim.exposed_copy_seconds;
+  out["host_bytes"] = sim.host_bytes;
+  if (gpu_budget_bytes > 0) out["gpu_budget_bytes"] = gpu_budget_bytes;
+  json::Json compute = json::Json::array();
+  for (const ComputeInterval& c : sim.compute) {
+    compute.push_back({{"phase", PhaseName(c.phase)},
+                       {"layer", c.layer},
+                       {"start", c.start},
+                       {"end", c.end},
+                       {"stall", c.stall}});
+  }
+  out["compute"] = compute;
+  json::Json copies = json::Json::array();
+  for (const CopyInterval& c : sim.copies) {
+    copies.push_back({{"layer", c.layer},
+                      {"direction", c.d2h ? "d2h" : "h2d"},
+                      {"bytes", c.bytes},
+                      {"start", c.start},
+                      {"end", c.end}});
+  }
+  out["copies"] = copies;
+  json::Json timeline = json::Json::array();
+  for (const MemoryPoint& p : sim.timeline) {
+    timeline.push_back({{"seconds", p.seconds}, {"bytes", p.bytes}});
+  }
+  out["timeline"] = timeline;
+  // The step's events in order (Note [Runtime protocol]): what the runtime's trace must show.
+  json::Json events = json::Json::array();
+  for (const StepEvent& e : sim.events) {
+    events.push_back({{"kind", std::string(StepEventKindName(e.kind))},
+                      {"layer", e.layer},
+                      {"bytes", e.bytes},
+                      {"seconds", e.seconds}});
+  }
+  out["events"] = events;
+  return out;
+}
+
+// A pipelined source planned: every stage optimized (PlanStages). No plan fits: the closest
+// pipelined plan into `closest_plan` (unless a layer has no option) and an error naming the
+// binding stage.
+absl::StatusOr<std::string> PlanPipelinedRequest(const Source& src, const json::Object& o,
+                                                 const OptimizerOptions& options,
+                                                 const std::string& generator,
+                                                 std::string* closest_plan) {
+  auto pipeline = PlanStages(src.stages, src.hardware, src.run, src.message_bytes, options);
+  if (!pipeline.ok()) return pipeline.status();
+  if (!pipeline->feasible) {
+    bool complete = true;
+    for (const StageResult& stage : pipeline->stages) {
+      complete &= stage.result.schedule.options.size() == stage.step.layers.size();
+    }
+    if (closest_plan != nullptr && complete) {
+      auto closest = PipelinePlanJson(src, o, *pipeline, options, generator);
+      if (!closest.ok()) return closest.status();
+      *closest_plan = *std::move(closest);
+    }
+    const StageResult& b = pipeline->stages[pipeline->binding_stage];
+    return absl::ResourceExhaustedError(
+        absl::StrCat("gpu_budget_bytes is ", options.gpu_budget_bytes, " (",
+                     FormatBytes(options.gpu_budget_bytes),
+                     ", the whole device) but on pipeline stage ", b.stage,
+                     " (the binding stage) the smallest "
+                     "peak any plan reaches is ",
+                     b.result.min_peak_bytes, " (", FormatBytes(b.result.min_peak_bytes),
+                     ", fixed memory included", options.force.has_value() ? ", policy " : "",
+                     options.force.has_value() ? std::string(LayerPolicyName(*options.force)) : "",
+                     "); what binds: ", b.result.binding, ": ", b.result.explanation));
+  }
+  return PipelinePlanJson(src, o, *pipeline, options, generator);
+}
+
+// A pipelined source evaluated: the assignment of every layer (global order) split by stage, each
+// stage simulated with its own layers' options; the binding (highest-peak) stage's simulation,
+// the pipeline's step, the most host bytes of any stage, the pipelined plan and every stage's
+// figures.
+absl::StatusOr<std::string> EvaluatePipelinedRequest(const Source& src, const json::Object& o,
+                                                     const OptimizerOptions& options,
+                                                     const std::string& generator) {
+  std::vector<const LayerCost*> global;
+  for (const StepCost& stage : src.stages) {
+    for (const LayerCost& l : stage.layers) {
+      if (l.index < 0) continue;
+      if (global.size() <= static_cast<size_t>(l.index)) global.resize(l.index + 1, nullptr);
+      global[l.index] = &l;
+    }
+  }
+  for (const LayerCost* l : global) {
+    if (l == nullptr) return absl::InternalError("pipelined profile: a layer is on no stage");
+  }
+  auto assignment = ReadAssignment(o, global);
+  if (!assignment.ok()) return assignment.status();
+  const StageScheduler simulate = [&](const StepCost& step) {
+    OptimizeResult r;
+    r.schedule.prefetch_distance = assignment->prefetch_distance;
+    for (const LayerCost& l : step.layers)
+      r.schedule.options.push_back(assignment->options[l.index]);
+    r.sim = Simulate(step, r.schedule, /*record=*/true);
+    r.feasible = options.gpu_budget_bytes == 0 || r.sim.peak_bytes <= options.gpu_budget_bytes;
+    r.min_peak_bytes = r.sim.peak_bytes;
+    return r;
+  };
+  auto pipeline =
+      PlanStages(src.stages, src.hardware, src.run, src.message_bytes, options, simulate);
+  if (!pipeline.ok()) return pipeline.status();
+  size_t binding = 0;
+  uint64_t host = 0;
+  json::Json stages = json::Json::array();
+  for (size_t s = 0; s < pipeline->stages.size(); ++s) {
+    const StageResult& st = pipeline->stages[s];
+    if (st.result.sim.peak_bytes > pipeline->stages[binding].result.sim.peak_bytes) binding = s;
+    host = std::max(host, st.result.sim.host_bytes);
+    stages.push_back({{"stage", st.stage},
+                      {"peak_device_bytes", st.result.sim.peak_bytes},
+                      {"fixed_device_bytes", st.step.fixed.total()},
+                      {"host_bytes", st.result.sim.host_bytes},
+                      {"microbatch_seconds", MicrobatchSeconds(st.step, st.result.sim)}});
+  }
+  const StageResult& b = pipeline->stages[binding];
+  json::Json out = SimulationJson(b.step, b.result.sim, options.gpu_budget_bytes);
+  out["step_seconds"] = pipeline->step_seconds;
+  out["host_bytes"] = host;
+  auto plan = PipelinePlanJson(src, o, *pipeline, options, generator);
+  if (!plan.ok()) return plan.status();
+  out["plan"] = json::Json::parse(*plan);
+  if (options.gpu_budget_bytes > 0) out["fits"] = out["plan"]["fits"];
+  out["stages"] = stages;
+  return out.dump(2) + "\n";
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> PlanFromRequestJson(std::string_view request,
@@ -374,6 +559,7 @@ absl::StatusOr<std::string> PlanFromRequestJson(std::string_view request,
   OptimizerOptions options;
   if (absl::Status s = ReadOptions(*root, *src, /*budget_required=*/true, options); !s.ok())
     return s;
+  if (src->pipelined) return PlanPipelinedRequest(*src, *root, options, generator, closest_plan);
   OptimizeResult result = Optimize(src->step, options);
   if (!result.feasible) {
     // Note [Plans that do not fit]: the closest plan is still an answer, as `stowage plan`
@@ -408,56 +594,17 @@ absl::StatusOr<std::string> EvaluateRequestJson(std::string_view request,
   OptimizerOptions options;
   if (absl::Status s = ReadOptions(*root, *src, /*budget_required=*/false, options); !s.ok())
     return s;
-  auto schedule = ReadAssignment(*root, src->step);
+  if (src->pipelined) return EvaluatePipelinedRequest(*src, *root, options, generator);
+  std::vector<const LayerCost*> costs;
+  for (const LayerCost& l : src->step.layers) costs.push_back(&l);
+  auto schedule = ReadAssignment(*root, costs);
   if (!schedule.ok()) return schedule.status();
   OptimizeResult result;
   result.schedule = *schedule;
   result.sim = Simulate(src->step, result.schedule, /*record=*/true);
   result.feasible =
       options.gpu_budget_bytes == 0 || result.sim.peak_bytes <= options.gpu_budget_bytes;
-  const SimResult& sim = result.sim;
-  json::Json out;
-  out["peak_device_bytes"] = sim.peak_bytes;
-  out["fixed_device_bytes"] = src->step.fixed.total();
-  out["peak_at"] = sim.peak_at;
-  out["peak_seconds"] = sim.peak_seconds;
-  out["step_seconds"] = sim.step_seconds;
-  out["compute_seconds"] = sim.compute_seconds;
-  out["exposed_copy_seconds"] = sim.exposed_copy_seconds;
-  out["host_bytes"] = sim.host_bytes;
-  if (options.gpu_budget_bytes > 0) out["gpu_budget_bytes"] = options.gpu_budget_bytes;
-  json::Json compute = json::Json::array();
-  for (const ComputeInterval& c : sim.compute) {
-    compute.push_back({{"phase", PhaseName(c.phase)},
-                       {"layer", c.layer},
-                       {"start", c.start},
-                       {"end", c.end},
-                       {"stall", c.stall}});
-  }
-  out["compute"] = compute;
-  json::Json copies = json::Json::array();
-  for (const CopyInterval& c : sim.copies) {
-    copies.push_back({{"layer", c.layer},
-                      {"direction", c.d2h ? "d2h" : "h2d"},
-                      {"bytes", c.bytes},
-                      {"start", c.start},
-                      {"end", c.end}});
-  }
-  out["copies"] = copies;
-  json::Json timeline = json::Json::array();
-  for (const MemoryPoint& p : sim.timeline) {
-    timeline.push_back({{"seconds", p.seconds}, {"bytes", p.bytes}});
-  }
-  out["timeline"] = timeline;
-  // The step's events in order (Note [Runtime protocol]): what the runtime's trace must show.
-  json::Json events = json::Json::array();
-  for (const StepEvent& e : sim.events) {
-    events.push_back({{"kind", std::string(StepEventKindName(e.kind))},
-                      {"layer", e.layer},
-                      {"bytes", e.bytes},
-                      {"seconds", e.seconds}});
-  }
-  out["events"] = events;
+  json::Json out = SimulationJson(src->step, result.sim, options.gpu_budget_bytes);
   auto plan = PlanJson(*src, *root, result, options, generator);
   if (!plan.ok()) return plan.status();
   out["plan"] = json::Json::parse(*plan);

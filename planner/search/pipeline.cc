@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "planner/cost/pipeline_layout.h"
 #include "planner/frameworks/step_cost.h"
 
@@ -65,7 +66,7 @@ double MicrobatchSeconds(const StepCost& step, const SimResult& sim) {
                            step.comm.gradient_sync_exposed_seconds);
 }
 
-void ChargePointToPoint(const ModelConfig& model, const HardwareProfile& hw, const RunSettings& run,
+void ChargePointToPoint(double message_bytes, const HardwareProfile& hw, const RunSettings& run,
                         StageResult& stage) {
   stage.p2p_blocking_seconds = 0;
   stage.p2p_steady_seconds = 0;
@@ -74,7 +75,7 @@ void ChargePointToPoint(const ModelConfig& model, const HardwareProfile& hw, con
   if (pp <= 1) return;
   const int virtual_stages = pp * run.vpp;
   const bool overlapped = run.schedule == PipelineSchedule::kInterleaved;
-  const double bytes = PipelineMessageBytes(model, run);
+  const double bytes = message_bytes;
   // Neighbouring stages are gpus / pp ranks apart, or tp x cp under tp-cp-ep-pp-dp.
   const int stage_stride = GroupsOf(run).stage_stride;
   size_t local = 0;
@@ -105,23 +106,26 @@ void ChargePointToPoint(const ModelConfig& model, const HardwareProfile& hw, con
   if (!overlapped) stage.p2p_steady_seconds = stage.p2p_blocking_seconds;
 }
 
-absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const HardwareProfile& hw,
-                                            const RunSettings& run,
-                                            const OptimizerOptions& options) {
-  if (absl::Status s = ValidatePipeline(model, run); !s.ok()) return s;
+absl::StatusOr<PipelineResult> PlanStages(std::vector<StepCost> stages, const HardwareProfile& hw,
+                                          const RunSettings& run, double message_bytes,
+                                          const OptimizerOptions& options,
+                                          const StageScheduler& schedule) {
+  if (stages.size() != static_cast<size_t>(run.pp) || run.pp < 1 || run.vpp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline: ", stages.size(),
+                                                   " stage step costs for pp ", run.pp, " (vpp ",
+                                                   run.vpp, "); allowed: one per stage"));
+  }
   PipelineResult out;
   out.feasible = true;
   double worst_peak = -1, slowest = -1, steady_baseline = 0, bubble_baseline = 0;
   double bubble_p2p = 0;
-  out.p2p_message_bytes = run.pp > 1 ? PipelineMessageBytes(model, run) : 0;
+  out.p2p_message_bytes = run.pp > 1 ? message_bytes : 0;
   for (int s = 0; s < run.pp; ++s) {
-    absl::StatusOr<StepCost> step = BuildStepCost(model, hw, run, s);
-    if (!step.ok()) return step.status();
     StageResult stage;
     stage.stage = s;
-    stage.chunks = step->chunks;
-    stage.step = *std::move(step);
-    stage.result = Optimize(stage.step, options);
+    stage.chunks = stages[s].chunks;
+    stage.step = std::move(stages[s]);
+    stage.result = schedule ? schedule(stage.step) : Optimize(stage.step, options);
     stage.baseline = ComputeBaseline(stage.step, options.gpu_budget_bytes);
     const bool fits = stage.result.feasible;
     const double peak =
@@ -135,7 +139,7 @@ absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const Hard
       worst_peak = peak;
     }
     out.feasible &= fits;
-    ChargePointToPoint(model, hw, run, stage);
+    ChargePointToPoint(message_bytes, hw, run, stage);
     if (stage.p2p_link == CommLink::kNetwork || out.p2p_link == CommLink::kNone) {
       out.p2p_link = stage.p2p_link;
     }
@@ -166,6 +170,31 @@ absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const Hard
   out.p2p_step_seconds = m * out.p2p_seconds + fill * bubble_p2p;
   out.baseline_step_seconds = m * steady_baseline + fill * bubble_baseline + out.once_seconds;
   return out;
+}
+
+absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const HardwareProfile& hw,
+                                            const RunSettings& run,
+                                            const OptimizerOptions& options) {
+  if (absl::Status s = ValidatePipeline(model, run); !s.ok()) return s;
+  std::vector<StepCost> stages;
+  for (int s = 0; s < run.pp; ++s) {
+    absl::StatusOr<StepCost> step = BuildStepCost(model, hw, run, s);
+    if (!step.ok()) return step.status();
+    stages.push_back(*std::move(step));
+  }
+  return PlanStages(std::move(stages), hw, run, run.pp > 1 ? PipelineMessageBytes(model, run) : 0,
+                    options);
+}
+
+absl::StatusOr<PipelineResult> PlanPipeline(const LayerProfileSet& profile,
+                                            const HardwareProfile& hw, int microbatches,
+                                            const OptimizerOptions& options,
+                                            std::string_view field) {
+  absl::StatusOr<RunSettings> run = ProfileRunSettings(profile.pipeline, microbatches, field);
+  if (!run.ok()) return run.status();
+  absl::StatusOr<std::vector<StepCost>> stages = BuildStageStepCostsFromProfile(profile, hw, *run);
+  if (!stages.ok()) return stages.status();
+  return PlanStages(*std::move(stages), hw, *run, ProfileMessageBytes(profile), options);
 }
 
 }  // namespace stowage::planner

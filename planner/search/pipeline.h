@@ -6,12 +6,15 @@
 #ifndef STOWAGE_PLANNER_SEARCH_PIPELINE_H_
 #define STOWAGE_PLANNER_SEARCH_PIPELINE_H_
 
+#include <functional>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "planner/cost/communication.h"
 #include "planner/cost/cost_model.h"
 #include "planner/cost/run_settings.h"
+#include "planner/frameworks/layer_profile.h"
 #include "planner/hardware/hardware.h"
 #include "planner/model/model.h"
 #include "planner/search/baseline.h"
@@ -42,8 +45,9 @@ struct StageResult {
 double MicrobatchSeconds(const StepCost& step, const SimResult& sim);
 
 // The point-to-point messages of stage `step.stage` of `run` (p2p_* fields of StageResult, from
-// the stage's chunks and its layers' compute); 0 without pipeline parallelism.
-void ChargePointToPoint(const ModelConfig& model, const HardwareProfile& hw, const RunSettings& run,
+// the stage's chunks and its layers' compute), each `message_bytes` one way (a model's:
+// PipelineMessageBytes; a profile's: ProfileMessageBytes); 0 without pipeline parallelism.
+void ChargePointToPoint(double message_bytes, const HardwareProfile& hw, const RunSettings& run,
                         StageResult& stage);
 
 struct PipelineResult {
@@ -67,11 +71,32 @@ struct PipelineResult {
   double baseline_step_seconds = 0;  // the same pipeline with every stage at its baseline
 };
 
+// How one stage's schedule is chosen: Optimize(step, options) when planning, or a given
+// assignment simulated when evaluating one (planner/request/plan_request.h). Empty: Optimize.
+using StageScheduler = std::function<OptimizeResult(const StepCost& step)>;
+
+// Combines the stages of `run` (their step costs in stage order, each scheduled by `schedule`)
+// into the step (Note [Pipeline]): the binding and the slowest stage, the point-to-point time of
+// `message_bytes` messages, the fill and drain, the once-per-step part and the baseline step
+// (each stage's ComputeBaseline under options.gpu_budget_bytes). The one computation for a model's
+// stages and a profile's.
+absl::StatusOr<PipelineResult> PlanStages(std::vector<StepCost> stages, const HardwareProfile& hw,
+                                          const RunSettings& run, double message_bytes,
+                                          const OptimizerOptions& options,
+                                          const StageScheduler& schedule = {});
+
 // Plans every stage of `run` (pp >= 1) with Optimize, each within the same per-GPU budgets, and
 // combines them into the step (Note [Pipeline]).
 absl::StatusOr<PipelineResult> PlanPipeline(const ModelConfig& model, const HardwareProfile& hw,
                                             const RunSettings& run,
                                             const OptimizerOptions& options);
+// The same for a measured profile's stages with `microbatches` per step (a pipelined profile's
+// pipeline; without one, gradient accumulation over one stage): Note [Pipelined profiles] in
+// planner/frameworks/layer_profile.cc. Errors name `field` for the microbatches.
+absl::StatusOr<PipelineResult> PlanPipeline(const LayerProfileSet& profile,
+                                            const HardwareProfile& hw, int microbatches,
+                                            const OptimizerOptions& options,
+                                            std::string_view field = "microbatches");
 
 }  // namespace stowage::planner
 

@@ -169,4 +169,76 @@ TEST_F(PlanProfileCommand, UsageErrors) {
   EXPECT_THAT(run.out, HasSubstr("on h200"));
 }
 
+// A profile measured on every stage of a pipeline (schema_version 3's `pipeline`): pp 2 x vpp 2,
+// stage 0 runs layers 0 and 2, stage 1 layers 1 and 3.
+constexpr char kPipeline[] = R"("pipeline": {"pp": 2, "vpp": 2, "gpus": 2, "stages": [
+  {"stage": 0, "chunks": [{"first_layer": 0, "num_layers": 1}, {"first_layer": 2, "num_layers": 1}],
+   "fixed_bytes": {"weights": 268435456, "gradients": 268435456, "other": 67108864}},
+  {"stage": 1, "chunks": [{"first_layer": 1, "num_layers": 1}, {"first_layer": 3, "num_layers": 1}],
+   "fixed_bytes": {"weights": 268435456, "gradients": 268435456, "other": 67108864}}]},
+)";
+
+TEST_F(PlanProfileCommand, PipelinedProfilePlansEveryStage) {
+  std::ifstream in(Path("profile.json"));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string pipelined = text.str();
+  pipelined.replace(pipelined.find("\"schema_version\": 1"), 19, "\"schema_version\": 3");
+  pipelined.replace(pipelined.find("\"layers\""), 0, kPipeline);
+  std::ofstream(Path("pipelined.json")) << pipelined;
+  const std::string plan = "plan --profile " + Path("pipelined.json") + " --gpu-mem 8 ";
+  const Result run = RunStowage(plan + "--microbatches 4 --out " + Path("plan.json"));
+  ASSERT_EQ(run.code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("PP 2, 4 microbatches"));
+  EXPECT_THAT(run.out, HasSubstr("\nstage 0\n"));
+  EXPECT_THAT(run.out, HasSubstr("\nstage 1\n"));
+  EXPECT_THAT(run.out, HasSubstr("<- binding (highest peak)"));
+  EXPECT_THAT(run.out, HasSubstr("PP 2 x VPP 2, interleaved, 4 microbatches"));
+  auto file = stowage::ReadPlanFile(Path("plan.json"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(stowage::ValidatePlan(*file).ok());
+  EXPECT_EQ(file->pp, 2);
+  EXPECT_EQ(file->vpp, 2);
+  EXPECT_EQ(file->microbatches, 4);
+  ASSERT_EQ(file->stages.size(), 2u);
+  EXPECT_EQ(file->stages[1].chunks[0].first_layer, 1);
+  EXPECT_EQ(file->stages[0].fixed_device_bytes, 603979776u);
+  // Without --microbatches: the profile's pp.
+  const Result defaulted = RunStowage(plan + "--format json", /*with_stderr=*/false);
+  ASSERT_EQ(defaulted.code, 0) << defaulted.out;
+  EXPECT_EQ(stowage::ParsePlanJson(defaulted.out)->microbatches, 2);
+
+  // The interleaved schedule runs microbatches in groups of pp.
+  Result bad = RunStowage(plan + "--microbatches 3");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("--microbatches is 3; allowed: a multiple of the profile's "
+                                 "pipeline.pp (2)"));
+  // The profile's pipeline decides the stages.
+  for (const char* flag : {"--pp 2", "--vpp 2", "--schedule 1f1b"}) {
+    bad = RunStowage(plan + flag);
+    EXPECT_EQ(bad.code, 2) << bad.out;
+    EXPECT_THAT(bad.out, HasSubstr("is refused with --profile"));
+    EXPECT_THAT(bad.out, HasSubstr("stowage.megatron.profile(model_chunks, batch) on every rank"));
+  }
+  bad = RunStowage(plan + "--force keep");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("--force evaluates one stage"));
+}
+
+TEST_F(PlanProfileCommand, OneStageProfileWithMicrobatchesAccumulates) {
+  const std::string plan = "plan --profile " + Path("profile.json") + " --gpu-mem 2.3 ";
+  const Result one = RunStowage(plan + "--format json", /*with_stderr=*/false);
+  ASSERT_EQ(one.code, 0) << one.out;
+  const Result three = RunStowage(plan + "--microbatches 3 --format json", /*with_stderr=*/false);
+  ASSERT_EQ(three.code, 0) << three.out;
+  auto p1 = stowage::ParsePlanJson(one.out);
+  auto p3 = stowage::ParsePlanJson(three.out);
+  ASSERT_TRUE(p1.ok() && p3.ok());
+  EXPECT_EQ(p1->microbatches, 1);
+  EXPECT_EQ(p3->microbatches, 3);
+  EXPECT_TRUE(stowage::ValidatePlan(*p3).ok());
+  EXPECT_NEAR(p3->predicted.step_seconds, 3 * p1->predicted.step_seconds,
+              1e-9 * p1->predicted.step_seconds);
+}
+
 }  // namespace

@@ -116,8 +116,8 @@ TEST(ProfileReader, ErrorsNameThePathTheValueAndTheRule) {
   j["link"]["d2h_bytes_per_second"] = 0;
   EXPECT_THAT(ErrorOf(j), HasSubstr("'link.d2h_bytes_per_second' has value 0"));
   j = TinyProfile();
-  j["schema_version"] = 3;
-  EXPECT_THAT(ErrorOf(j), HasSubstr("'schema_version' has value 3; allowed: an integer in [1, 2]"));
+  j["schema_version"] = 4;
+  EXPECT_THAT(ErrorOf(j), HasSubstr("'schema_version' has value 4; allowed: an integer in [1, 3]"));
   j = TinyProfile();
   j["format"] = "stowage-plan";
   EXPECT_THAT(ErrorOf(j), HasSubstr("\"stowage-layer-profile\""));
@@ -263,7 +263,7 @@ TEST(ProfileReader, AVersion1ProfileKeepsItsMeaning) {
     EXPECT_EQ(l.backward_peak_released_bytes, 0u);
   }
   const std::string text = ProfileToJson(old);
-  EXPECT_THAT(text, HasSubstr("\"schema_version\": 2"));
+  EXPECT_THAT(text, HasSubstr("\"schema_version\": 3"));
   const LayerProfileSet rewritten = *ParseProfileJson(text, "rewritten");
   const HardwareProfile h200 = *HardwarePreset("h200");
   auto a = BuildStepCostFromProfile(old, h200);
