@@ -169,6 +169,17 @@ TEST(PipelinedPlanEvaluate, AnswersTheBindingStageAndEveryStage) {
   }
   EXPECT_EQ(r["stages"][0]["fixed_device_bytes"].get<uint64_t>(), 25000u);
   EXPECT_EQ(r["peak_device_bytes"].get<uint64_t>(), peak);
+  // The binding stage's intervals name its layers by their model index (stage 0: 0 and 1; stage
+  // 1: 2), the embedding and the loss as -1.
+  const bool first = r["stages"][0]["peak_device_bytes"].get<uint64_t>() == peak;
+  ASSERT_FALSE(r["compute"].empty());
+  bool saw_own = false;
+  for (const Json& c : r["compute"]) {
+    const int layer = c["layer"].get<int>();
+    EXPECT_TRUE(layer == -1 || (first ? layer <= 1 : layer == 2)) << c.dump();
+    saw_own |= layer == (first ? 1 : 2);
+  }
+  EXPECT_TRUE(saw_own);
   EXPECT_EQ(r["host_bytes"].get<uint64_t>(), host);
   // Stage 0's layer 0 offloads its 4000 saved bytes for each of its two microbatches in flight.
   EXPECT_EQ(r["stages"][0]["host_bytes"].get<uint64_t>(), 2 * 4000u);
