@@ -595,7 +595,8 @@ absl::StatusOr<StepCost> BuildStageStepCostFromProfile(const LayerProfileSet& p,
   }
   const bool pipelined = run.pp > 1;
   if (pipelined &&
-      (!p.pipeline.has_value() || p.pipeline->pp != run.pp || p.pipeline->vpp != run.vpp)) {
+      (!p.pipeline.has_value() || p.pipeline->pp != run.pp || p.pipeline->vpp != run.vpp ||
+       p.pipeline->stages.size() != static_cast<size_t>(run.pp))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "layer profile: run pp ", run.pp, " x vpp ", run.vpp,
         " is not the pipeline the profile was measured on (",
@@ -653,7 +654,8 @@ absl::StatusOr<StepCost> BuildStageStepCostFromProfile(const LayerProfileSet& p,
   for (size_t k = 0; k < c.chunks.size(); ++k) {
     const int in_flight = InFlightMicrobatches(run.schedule, run.pp, run.vpp, run.microbatches,
                                                stage, static_cast<int>(k));
-    for (int i = c.chunks[k].first_layer; i < c.chunks[k].end() && i < n; ++i) {
+    // The reader's checks hold the chunks to the layers; a profile built in code is held too.
+    for (int i = std::max(0, c.chunks[k].first_layer); i < c.chunks[k].end() && i < n; ++i) {
       LayerCost l = MeasuredLayerCost(p.layers[i], hardware);
       l.index = i;  // the global layer index, as BuildStepCost's
       l.in_flight_microbatches = in_flight;

@@ -137,7 +137,8 @@ std::string ProfileToJson(const LayerProfileSet& profile);
 // The step cost of a measured profile. `hardware` supplies what a profile does not measure
 // (host RAM per NUMA node, GPUs per node, pin rate; the copy rates when the profile has no
 // link; the op rates that turn op work into seconds); the link rates are the profile's. Measured
-// layers are not ffn_chunkable.
+// layers are not ffn_chunkable. One stage of every layer and one microbatch, a pipelined
+// profile's `pipeline` aside (BuildStageStepCostFromProfile plans its stages).
 absl::StatusOr<StepCost> BuildStepCostFromProfile(const LayerProfileSet& profile,
                                                   const HardwareProfile& hardware);
 // The step cost of stage `stage` of `run` (profile_pipeline.h ProfileRunSettings: its pipeline

@@ -534,6 +534,16 @@ absl::StatusOr<std::string> EvaluatePipelinedRequest(const Source& src, const js
   }
   const StageResult& b = pipeline->stages[binding];
   json::Json out = SimulationJson(b.step, b.result.sim, options.gpu_budget_bytes);
+  // The binding stage's layers by their model index, as the plan and the runtime's trace name them
+  // (the simulation numbers them by position in the stage).
+  for (const char* key : {"compute", "copies", "events"}) {
+    for (json::Json& entry : out[key]) {
+      const int k = entry["layer"].get<int>();
+      if (k >= 0 && k < static_cast<int>(b.step.layers.size())) {
+        entry["layer"] = b.step.layers[k].index;
+      }
+    }
+  }
   out["step_seconds"] = pipeline->step_seconds;
   out["host_bytes"] = host;
   auto plan = PipelinePlanJson(src, o, *pipeline, options, generator);

@@ -10,6 +10,7 @@
 #include "nlohmann/json.hpp"
 #include "planner/frameworks/layer_profile.h"
 #include "planner/search/pipeline.h"
+#include "planner/search/simulator.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
 
@@ -168,7 +169,39 @@ TEST(PipelinedPlanEvaluate, AnswersTheBindingStageAndEveryStage) {
     EXPECT_GT(r["stages"][s]["microbatch_seconds"].get<double>(), 0);
   }
   EXPECT_EQ(r["stages"][0]["fixed_device_bytes"].get<uint64_t>(), 25000u);
+  // Each stage is its own layers' options simulated on its own step.
+  auto profile = stowage::planner::ParseProfileJson(Profile(true).dump(), "p");
+  ASSERT_TRUE(profile.ok());
+  auto run = stowage::planner::ProfileRunSettings(profile->pipeline, 4, "microbatches");
+  ASSERT_TRUE(run.ok());
+  auto steps = stowage::planner::BuildStageStepCostsFromProfile(
+      *profile, stowage::planner::HardwareForProfile(*profile), *run);
+  ASSERT_TRUE(steps.ok());
+  const stowage::planner::LayerOption options[3] = {
+      {stowage::LayerPolicy::kOffloadSaved, 0, 1},
+      {stowage::LayerPolicy::kSelectiveRecompute, 1, 1},
+      {stowage::LayerPolicy::kKeep, 0, 1}};
+  for (int s = 0; s < 2; ++s) {
+    stowage::planner::Schedule schedule;
+    for (const auto& l : (*steps)[s].layers) schedule.options.push_back(options[l.index]);
+    const auto sim = stowage::planner::Simulate((*steps)[s], schedule, false);
+    EXPECT_EQ(r["stages"][s]["peak_device_bytes"].get<uint64_t>(), sim.peak_bytes);
+    EXPECT_EQ(r["stages"][s]["host_bytes"].get<uint64_t>(), sim.host_bytes);
+    EXPECT_DOUBLE_EQ(r["stages"][s]["microbatch_seconds"].get<double>(),
+                     stowage::planner::MicrobatchSeconds((*steps)[s], sim));
+  }
   EXPECT_EQ(r["peak_device_bytes"].get<uint64_t>(), peak);
+  // The binding stage's intervals name its layers by their model index (stage 0: 0 and 1; stage
+  // 1: 2), the embedding and the loss as -1.
+  const bool first = r["stages"][0]["peak_device_bytes"].get<uint64_t>() == peak;
+  ASSERT_FALSE(r["compute"].empty());
+  bool saw_own = false;
+  for (const Json& c : r["compute"]) {
+    const int layer = c["layer"].get<int>();
+    EXPECT_TRUE(layer == -1 || (first ? layer <= 1 : layer == 2)) << c.dump();
+    saw_own |= layer == (first ? 1 : 2);
+  }
+  EXPECT_TRUE(saw_own);
   EXPECT_EQ(r["host_bytes"].get<uint64_t>(), host);
   // Stage 0's layer 0 offloads its 4000 saved bytes for each of its two microbatches in flight.
   EXPECT_EQ(r["stages"][0]["host_bytes"].get<uint64_t>(), 2 * 4000u);

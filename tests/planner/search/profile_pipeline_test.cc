@@ -12,12 +12,15 @@
 #include "nlohmann/json.hpp"
 #include "planner/cost/communication.h"
 #include "planner/frameworks/layer_profile.h"
+#include "planner/frameworks/step_cost.h"
 #include "planner/hardware/hardware.h"
+#include "planner/model/model.h"
 #include "planner/report/pipeline_report.h"
 #include "planner/search/optimizer.h"
 #include "planner/search/pipeline.h"
 #include "planner/search/simulator.h"
 #include "stowage/plan.h"
+#include "tests/planner/pipeline_runs.h"
 
 namespace stowage::planner {
 namespace {
@@ -391,6 +394,33 @@ TEST(PipelinedProfilePlanning, OneStageWithMicrobatchesIsGradientAccumulation) {
   EXPECT_TRUE(ValidatePlan(plan).ok()) << ValidatePlan(plan);
   EXPECT_EQ(plan.microbatches, 3);
   EXPECT_EQ(plan.pp, 1);
+}
+
+// The model path is PlanStages over BuildStepCost's stages and PipelineMessageBytes: the same
+// combination as a profile's.
+TEST(PipelinedProfilePlanning, AModelsPipelineIsPlanStagesOverItsStages) {
+  const ModelConfig llama = *ModelPreset("llama-3.1-8b");
+  const HardwareProfile hw = H200();
+  RunSettings run = PpRun(4, 8);
+  run.seq_len = 8192;
+  OptimizerOptions options;
+  options.gpu_budget_bytes = 40ull << 30;
+  options.host_budget_bytes = 40ull << 30;
+  auto model = PlanPipeline(llama, hw, run, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<StepCost> stages;
+  for (int s = 0; s < 4; ++s) stages.push_back(*BuildStepCost(llama, hw, run, s));
+  auto combined = PlanStages(stages, hw, run, PipelineMessageBytes(llama, run), options);
+  ASSERT_TRUE(combined.ok()) << combined.status();
+  EXPECT_EQ(combined->binding_stage, model->binding_stage);
+  EXPECT_EQ(combined->slowest_stage, model->slowest_stage);
+  EXPECT_DOUBLE_EQ(combined->step_seconds, model->step_seconds);
+  EXPECT_DOUBLE_EQ(combined->baseline_step_seconds, model->baseline_step_seconds);
+  EXPECT_DOUBLE_EQ(combined->p2p_step_seconds, model->p2p_step_seconds);
+  EXPECT_GT(model->p2p_step_seconds, 0);
+  // One stage step cost per stage, or an error.
+  stages.pop_back();
+  EXPECT_FALSE(PlanStages(stages, hw, run, 0, options).ok());
 }
 
 }  // namespace
