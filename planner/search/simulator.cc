@@ -385,8 +385,14 @@ SimResult Simulate(const StepCost& step, const std::vector<OptionCost>& costs,
                                       !step.layers[peak_layer].name.empty()
                                   ? &step.layers[peak_layer].name
                                   : nullptr;
-    r.peak_at = absl::StrCat(peak_phase == Phase::kForward ? "forward" : "backward",
-                             name ? " of " : " of layer ", name ? *name : absl::StrCat(peak_layer));
+    // A layer by its model index (LayerCost::index: a pipeline stage's layers keep theirs), as
+    // the plan and the runtime's trace name it.
+    const int model_index = peak_layer >= 0 && peak_layer < static_cast<int>(step.layers.size())
+                                ? step.layers[peak_layer].index
+                                : peak_layer;
+    r.peak_at =
+        absl::StrCat(peak_phase == Phase::kForward ? "forward" : "backward",
+                     name ? " of " : " of layer ", name ? *name : absl::StrCat(model_index));
   }
   return r;
 }

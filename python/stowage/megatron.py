@@ -40,6 +40,15 @@ once linear_fc2 has used it: checkpointing the activation alone would keep its i
 nothing, since the fused function saves only that input; what goes is the output linear_fc2
 keeps, recomputed when fc2's backward needs it, as Megatron's moe_act recompute does.
 
+Note [Routed bytes under expert parallelism]. offload_saved reserves each layer's host_bytes per
+microbatch, and the wrapper refuses a layer that saves more. A MoE layer's experts save tensors
+sized by the tokens routed to them; without expert parallelism every expert is this rank's, so
+their sum is tokens x top-k whatever the routing, but under expert parallelism (dropless, Megatron
+-Core's default) this rank's experts get a share that changes with every batch. wrap() refuses
+offload_saved on such a layer up front, naming what fixes the count (each expert's input padded
+to its capacity: moe_layer's token dispatchers then send capacity x experts tokens) and the
+policies whose bytes do not depend on routing (offload_input: the layer input).
+
 Note [Megatron pipelined profiles]. Under pipeline parallelism no rank holds the whole model, so
 profile() is a collective over Megatron's pipeline group: each rank measures the layers of its
 own chunks (a chunk that does not start the model gets a hidden state of the shape the schedules
@@ -69,7 +78,7 @@ from .layers import PlannedLayers, checkpointed_submodules
 from .measure.layer_profile import (
     TORCH_CUBLAS_WORKSPACES_BYTES, ModelProfile, PipelineProfile, StageProfile)
 from .measure.profile import profile_layers
-from .plan import SELECTIVE_RECOMPUTE, Plan, PlanError
+from .plan import OFFLOAD_SAVED, SELECTIVE_RECOMPUTE, Plan, PlanError
 from .runtime import PlanLike, Runtime, plan_json_text
 
 # Megatron's recompute words (TransformerConfig.recompute_modules) and the planner's
@@ -490,6 +499,28 @@ def _checkpointed_activations(mlps: Sequence[nn.Module]) -> Iterator[None]:
             h.remove()
 
 
+def _check_routed_bytes_fixed(u: _Unit) -> None:
+    """Note [Routed bytes under expert parallelism]. An offload_saved MoE layer under expert
+    parallelism must route a fixed number of tokens to each of this rank's experts."""
+    inner = getattr(u.layer, "transformer_layer", u.layer)
+    mlp = getattr(inner, "mlp", None)
+    if mlp is None or type(mlp).__name__ != "MoELayer":
+        return
+    config = mlp.config
+    ep = int(getattr(config, "expert_model_parallel_size", 1) or 1)
+    if ep > 1 and not getattr(config, "moe_pad_expert_input_to_capacity", False):
+        where = (f"MTP layer {u.index - int(inner.config.num_layers)}" if u.mtp
+                 else f"decoder layer_number {u.index + 1}")
+        raise PlanError(
+            f"stowage.megatron: {where} (plan layer {u.index}) is a MoE layer under expert "
+            f"parallelism {ep} with policy offload_saved: what its experts save follows the "
+            "tokens routed to this rank's experts, which change from batch to batch (dropless "
+            "routing), so no fixed host_bytes holds them; pad every expert's input to its "
+            "capacity (moe_expert_capacity_factor and moe_pad_expert_input_to_capacity=True: "
+            "--moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity), or give the "
+            "layer offload_input, recompute or selective_recompute")
+
+
 def wrap(model: Union[nn.Module, Sequence[nn.Module]], plan: PlanLike, *,
          group: Optional[Any] = None, runtime: Optional[Runtime] = None,
          **runtime_options: Any) -> MegatronLayers:
@@ -518,6 +549,8 @@ def wrap(model: Union[nn.Module, Sequence[nn.Module]], plan: PlanLike, *,
         lp = plan.layers[u.index]
         if lp.policy == SELECTIVE_RECOMPUTE:
             recompute_targets(u.index, _call_of(u), lp.recompute_modules)
+        if lp.policy == OFFLOAD_SAVED:
+            _check_routed_bytes_fixed(u)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         agree(plan, group)
     planned = MegatronLayers(chunks, plan, units, stage, pp, runtime=runtime, **runtime_options)

@@ -10,10 +10,11 @@ for its process: measure/megatron_layers.py patch_for_cpu), one per rank:
 
 SPEC keys: cuda (run on GPU `rank`, NCCL, no CPU patches), bf16, moe, mtp (bools), policies (one per
 plan layer, or one for all), modules ({layer: [names]} for selective_recompute), tp, sp (sequence
-parallelism: the norms are SequenceParallelNorm), pp, vpp,
-layers, microbatches, steps, plan (a one-stage plan to split into the pp stages), runs (a list
-of specs run one after another in this process, each over the keys above), emit_plan, misuse
-(a name from MISUSES: run that mistake and report its error instead).
+parallelism: the norms are SequenceParallelNorm), ep, dispatcher (the MoE token dispatcher,
+default allgather), pp, vpp, layers, microbatches, steps, plan (a one-stage plan the misuse runs
+split into pp stages), runs (a list of specs run one after another in this process, each over the
+keys above), emit_plan, misuse (a name from MISUSES: run that mistake and report its error
+instead).
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def config(spec: dict):
         kw["virtual_pipeline_model_parallel_size"] = spec["vpp"]
     if spec.get("moe"):
         kw.update(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32,
-                  moe_token_dispatcher_type="allgather", moe_router_load_balancing_type="none",
-                  moe_aux_loss_coeff=0.0)
+                  moe_token_dispatcher_type=spec.get("dispatcher", "allgather"),
+                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
+                  expert_model_parallel_size=spec.get("ep", 1))
     if spec.get("mtp"):
         kw.update(mtp_num_layers=1, mtp_loss_scaling_factor=0.1)
     if spec.get("misuse") == "megatron_recompute":
@@ -398,7 +400,8 @@ def main() -> int:
                             rank=rank, world_size=world)
     vpp = spec.get("vpp", 1)
     ps.initialize_model_parallel(spec.get("tp", 1), spec.get("pp", 1),
-                                 virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+                                 virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                                 expert_model_parallel_size=spec.get("ep", 1))
     out = [one_run(dict(spec, **r), rank) for r in spec.get("runs", [{}])]
     ps.destroy_model_parallel()
     dist.destroy_process_group()

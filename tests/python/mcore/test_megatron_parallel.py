@@ -10,6 +10,10 @@ count the schedule's (stowage.pipeline_order, as package/test_microbatches.py pi
 it). A plan for another stage's layers or another schedule (1F1B's for interleaved chunks, split
 by hand: megatron_worker.py stages_1f1b) is refused, naming both sides.
 
+Expert parallelism 2 (MoE, Megatron's allgather token dispatcher): offload_input, recompute,
+selective recompute and keep bit-identical; offload_saved on a MoE layer refused, since under
+dropless EP what its experts save changes with the routing.
+
 Sequence parallelism (TP 2 + SP, dense and MoE: Megatron-Core requires SP for MoE under TP,
 moe/moe_layer.py) runs with megatron_worker.py's SequenceParallelNorm in place of the local
 spec's norm, which refuses SP (transformer/torch_norm.py WrappedTorchNorm asserts
@@ -66,6 +70,23 @@ class MegatronParallelTest(unittest.TestCase):
                           "without sequence parallelism", rank[4]["error"])
 
     @cases.skip_without_megatron
+    def test_expert_parallel(self):
+        # EP 2 over gloo with Megatron's allgather token dispatcher (the alltoall one makes CUDA
+        # streams at construction, token_dispatcher.py). Policies whose bytes do not follow the
+        # routing run bit-identical; offload_saved on a MoE layer under dropless EP is refused
+        # by wrap (Note [Routed bytes under expert parallelism]).
+        runs = [{"policies": ["offload_input", "selective_recompute"],
+                 "modules": {"1": ["moe_act", "layernorm"]}, "microbatches": 2},
+                {"policies": ["recompute", "keep"]},
+                {"policies": ["offload_saved", "keep"]}]
+        ranks = cases.run({"moe": True, "ep": 2, "steps": 2, "runs": runs}, world=2)
+        for rank in ranks:
+            cases.check(self, rank[:2], runs[:2])
+            self.assertIn("decoder layer_number 1 (plan layer 0) is a MoE layer under expert "
+                          "parallelism 2 with policy offload_saved", rank[2]["error"])
+            self.assertIn("--moe-pad-expert-input-to-capacity", rank[2]["error"])
+
+    @cases.skip_without_megatron
     def test_pipeline_1f1b(self):
         policies = ["offload_saved", "recompute", "offload_input", "offload_saved"]
         plan = pipeline_plan(2, 2, policies, {})  # 4 layers, 2 per stage
@@ -104,7 +125,8 @@ class MegatronParallelTest(unittest.TestCase):
         modules = {"2": ["core_attn"]}
         plan = pipeline_plan(2, 2, policies, modules)
         runs = [{"policies": policies, "modules": modules, "microbatches": 4},
-                {"policies": policies, "misuse": "other_schedule", "microbatches": 4}]
+                {"policies": policies, "modules": modules, "misuse": "other_schedule",
+                 "microbatches": 4}]
         ranks = cases.run({"pp": 2, "vpp": 2, "layers": 4, "steps": 2, "plan": plan,
                            "runs": runs}, world=2)
         self.assertEqual([r[0]["mine"] for r in ranks], [[0, 2], [1, 3]])
