@@ -455,8 +455,8 @@ std::vector<std::string> JobLines(const ArgumentValues& all, const LaunchedJob& 
     auto it = all.find(name);
     return it == all.end() ? std::string(fallback) : it->second.value_or("");
   };
-  // Under TP, whether the layer inputs are a TP shard of the sequence (Note [Sequence
-  // parallelism] in planner/frameworks/megatron.cc): Megatron-LM's default is without.
+  // Under TP, whether the layer inputs are a TP shard of the sequence: Megatron-LM's default is
+  // without (Note [Sequence parallelism] in planner/frameworks/megatron.cc).
   const std::string tp = value("tensor-model-parallel-size", "1");
   const std::string tensor_parallel =
       tp == "1" ? ""

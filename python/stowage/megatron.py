@@ -720,8 +720,8 @@ def profile(model: Union[nn.Module, Sequence[nn.Module]], batch: Mapping[str, An
     Megatron's order, then the MTP layers; selective recompute's choices are each layer's
     children. `model` is a GPTModel or this rank's list of model chunks: under pipeline
     parallelism every rank of the pipeline group calls it (a collective), each measures its own
-    chunks, and every rank gets the whole model's profile with its `pipeline` (Note [Megatron
-    pipelined profiles])."""
+    chunks, and every rank gets the whole model's profile with its `pipeline`
+    (Note [Megatron pipelined profiles])."""
     chunks = _chunks(model)
     check_megatron_settings(chunks)
     pp, stage, tp = _parallel()
