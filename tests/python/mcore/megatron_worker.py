@@ -11,10 +11,10 @@ for its process: measure/megatron_layers.py patch_for_cpu), one per rank:
 SPEC keys: cuda (run on GPU `rank`, NCCL, no CPU patches), bf16, moe, mtp (bools), policies (one per
 plan layer, or one for all), modules ({layer: [names]} for selective_recompute), tp, sp (sequence
 parallelism: the norms are SequenceParallelNorm), ep, dispatcher (the MoE token dispatcher,
-default allgather), pp, vpp, layers, microbatches, steps, plan (a one-stage plan the misuse runs
-split into pp stages), runs (a list of specs run one after another in this process, each over the
-keys above), emit_plan, misuse (a name from MISUSES: run that mistake and report its error
-instead).
+default allgather), pp, vpp, layers, microbatches, steps, plan (the plan to run, as it is;
+without it the plan is measured: plan_for), one_stage_plan (a one-stage plan the misuse runs split
+into pp stages), runs (a list of specs run one after another in this process, each over the keys
+above), emit_plan, misuse (a name from MISUSES: run that mistake and report its error instead).
 """
 
 from __future__ import annotations
@@ -256,11 +256,13 @@ def stages_1f1b(base, pp: int, microbatches: int, shift: int = 0):
 
 
 def plan_for(chunks: list, spec: dict, data: list, result: dict):
-    """The plan of spec's policies, from stowage.megatron.profile of the model as built: one
-    stage, or (pp > 1) every stage's chunks measured on its rank and gathered over the pipeline
-    group; the C++ planner's evaluation of them for the step's microbatches."""
+    """spec's plan, or the plan of its policies from stowage.megatron.profile of the model as
+    built: one stage, or (pp > 1) every stage's chunks measured on its rank and gathered over the
+    pipeline group; the C++ planner's evaluation of them for the step's microbatches."""
     import stowage
     import stowage.megatron as sm
+    if "plan" in spec:  # given as it is (a `stowage plan --from-megatron` plan)
+        return stowage.Plan.from_dict(spec["plan"])
     profile = sm.profile(chunks if len(chunks) > 1 else chunks[0], data[0])
     result["profile"] = {"loss_peak_bytes": profile.loss_peak_bytes,
                          "loss_seconds": profile.loss_seconds,
@@ -305,9 +307,10 @@ def one_run(spec: dict, rank: int) -> dict:
     if rank == 0 and spec.get("emit_plan"):
         result["plan"] = plan.to_dict()
     if misuse == "other_stage":  # stage 0 given one layer more than Megatron gives it
-        plan = stages_1f1b(stowage.Plan.from_dict(spec["plan"]), spec["pp"], m, shift=1)
+        plan = stages_1f1b(stowage.Plan.from_dict(spec["one_stage_plan"]), spec["pp"], m,
+                           shift=1)
     if misuse == "other_schedule":  # a 1F1B plan for interleaved chunks
-        plan = stages_1f1b(stowage.Plan.from_dict(spec["plan"]), spec["pp"], m)
+        plan = stages_1f1b(stowage.Plan.from_dict(spec["one_stage_plan"]), spec["pp"], m)
     if misuse == "planned_with_sp":  # the planner's plan for TP 2 with SP (its run.tp is 2)
         plan.run.tp, plan.run.sequence_parallel = 2, True
     if misuse == "unknown_module":

@@ -92,8 +92,8 @@ class MegatronParallelTest(unittest.TestCase):
         plan = pipeline_plan(2, 2, policies, {})  # 4 layers, 2 per stage
         runs = [{"policies": policies, "microbatches": 4},
                 {"policies": policies, "misuse": "other_stage", "microbatches": 4}]
-        ranks = cases.run({"pp": 2, "layers": 4, "steps": 2, "plan": plan, "runs": runs},
-                          world=2)
+        ranks = cases.run({"pp": 2, "layers": 4, "steps": 2, "one_stage_plan": plan,
+                           "runs": runs}, world=2)
         self.assertEqual([r[0]["mine"] for r in ranks], [[0, 1], [2, 3]])
         for r, rank in enumerate(ranks):
             cases.check(self, rank[:1], runs[:1])
@@ -127,7 +127,7 @@ class MegatronParallelTest(unittest.TestCase):
         runs = [{"policies": policies, "modules": modules, "microbatches": 4},
                 {"policies": policies, "modules": modules, "misuse": "other_schedule",
                  "microbatches": 4}]
-        ranks = cases.run({"pp": 2, "vpp": 2, "layers": 4, "steps": 2, "plan": plan,
+        ranks = cases.run({"pp": 2, "vpp": 2, "layers": 4, "steps": 2, "one_stage_plan": plan,
                            "runs": runs}, world=2)
         self.assertEqual([r[0]["mine"] for r in ranks], [[0, 2], [1, 3]])
         split = pipelined(stowage.Plan.from_dict(plan), "interleaved", 2, 2, 4)

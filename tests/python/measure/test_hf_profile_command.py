@@ -38,7 +38,7 @@ class CommandTest(unittest.TestCase):
             # Note [The backward peak's moment]: what the caller holds past the loss is the
             # output's bf16 logits (2V per token) and its fp32 loss; each layer's peak has some
             # of its gradients made and some of its saved tensors released.
-            self.assertEqual(d["schema_version"], 2)
+            self.assertEqual(d["schema_version"], 3)
             self.assertEqual(d["loss"]["held_logits_bytes"], 2 * 512 * 4096 + 4)
             for layer in d["layers"]:
                 self.assertLess(0, layer["backward_peak_grad_bytes"])
