@@ -190,15 +190,23 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
   }
   const std::string row_format =
       absl::StrCat("%-", type_width, "s  %-", choice_width, "s  %6d  %10s  %10s  %9s  %15s  %8s");
+  // Layers by their model index (LayerCost::index): a pipeline stage's step numbers its layers
+  // from 0 and its plan by position, and the table names them as the pipelined plan does.
+  auto model_index = [&](int position) {
+    return position >= 0 && position < static_cast<int>(step.layers.size())
+               ? step.layers[position].index
+               : position;
+  };
   auto cells = [&](size_t i) {
     const LayerPlan& l = plan.layers[i];
     std::string prefetch = "-";
     if (l.prefetch_after_layer >= 0) {
       // The trigger layer, and when the H2D actually starts in the simulated step.
-      prefetch = absl::StrCat("bwd ", l.prefetch_after_layer);
+      const int trigger = model_index(l.prefetch_after_layer);
+      prefetch = absl::StrCat("bwd ", trigger);
       for (const CopyInterval& c : result.sim.copies) {
         if (!c.d2h && c.layer == l.index) {
-          prefetch = absl::StrFormat("bwd %d @%.2fs", l.prefetch_after_layer, c.start);
+          prefetch = absl::StrFormat("bwd %d @%.2fs", trigger, c.start);
         }
       }
     }
@@ -218,14 +226,16 @@ std::string RenderTable(const StepCost& step, const Plan& plan, const OptimizeRe
     const std::string row = cells(i);
     size_t j = i + 1;
     // An MTP layer (Note [MTP layers]) is a row of its own, under its name.
-    while (j < plan.layers.size() && plan.layers[j].index == plan.layers[j - 1].index + 1 &&
+    const int first = model_index(plan.layers[i].index);
+    while (j < plan.layers.size() &&
+           model_index(plan.layers[j].index) == model_index(plan.layers[j - 1].index) + 1 &&
            plan.layers[i].name.empty() && plan.layers[j].name.empty() && cells(j) == row) {
       ++j;
     }
     const std::string layers =
         !plan.layers[i].name.empty() ? plan.layers[i].name
-        : j - i == 1                 ? absl::StrCat(plan.layers[i].index)
-                     : absl::StrCat(plan.layers[i].index, "-", plan.layers[j - 1].index);
+        : j - i == 1                 ? absl::StrCat(first)
+                     : absl::StrCat(first, "-", model_index(plan.layers[j - 1].index));
     absl::StrAppend(&out, absl::StrFormat("%9s  %s\n", layers, row));
     i = j;
   }

@@ -226,6 +226,31 @@ TEST(RenderTable, RunsOfIdenticalLayersAreOneRowAndColumnsAlign) {
               ::testing::Not(HasSubstr("pinning takes")));
 }
 
+// A pipeline stage's step numbers its layers from 0 (and its stage plan by position): the table
+// names them by their model index, as the pipelined plan does, and runs do not cross a chunk.
+TEST(RenderTable, AStageNamesItsLayersByModelIndex) {
+  RunSettings run;
+  run.seq_len = 8192;
+  run.ep = run.cp = 1;
+  run.gpus = 8;
+  run.pp = 2;
+  run.vpp = 2;
+  run.schedule = PipelineSchedule::kInterleaved;
+  run.microbatches = 4;
+  Planned p{*BuildStepCost(*ModelPreset("llama-3-8b"), *HardwarePreset("b200"), run, 1), {}, {}};
+  ASSERT_EQ(p.step.layers.size(), 16u);
+  ASSERT_EQ(p.step.layers.front().index, 8);  // chunk 0 of stage 1: virtual stage 1
+  p.result.feasible = true;
+  p.result.schedule.options.assign(p.step.layers.size(), {LayerPolicy::kKeep, 0, 1});
+  p.result.sim = Simulate(p.step, p.result.schedule, /*record=*/true);
+  const uint64_t budget = p.step.hardware.UsableBytes();
+  p.plan = MakePlan(p.step, p.result, ComputeBaseline(p.step, budget),
+                    {"stowage test", "llama-3-8b", "b200", budget, budget});
+  const std::string table = RenderTable(p.step, p.plan, p.result);
+  EXPECT_THAT(table, HasSubstr("\n     8-15  attention+dense_ffn  keep ")) << table;
+  EXPECT_THAT(table, HasSubstr("\n    24-31  attention+dense_ffn  keep ")) << table;
+}
+
 TEST(FormatBytes, PicksAUnit) {
   EXPECT_EQ(FormatBytes(512), "512 B");
   EXPECT_EQ(FormatBytes(3ull << 20), "3.0 MiB");
