@@ -730,18 +730,25 @@ def profile(model: Union[nn.Module, Sequence[nn.Module]], batch: Mapping[str, An
                         "one pipeline stage (parallel_state); virtual stages need "
                         "pipeline_model_parallel_size > 1")
     units = _units(chunks, _total_layers(chunks))
-    profiles = [p for c, chunk in enumerate(chunks)
-                for p in _measure_chunk(chunk, [u for u in units if u.chunk == c], batch, tp,
-                                        repeats)]
+    profiles: list[ModelProfile] = []
+    ends: Optional[ModelProfile] = None  # the decoder layers after which the loss was measured
+    for c, chunk in enumerate(chunks):
+        measured = _measure_chunk(chunk, [u for u in units if u.chunk == c], batch, tp, repeats)
+        if measured and getattr(chunk, "post_process", True):
+            ends = measured[0]
+        profiles.extend(measured)
     if not profiles:
         raise PlanError("stowage.megatron.profile: the model has no TransformerLayer on this "
                         "rank")
     layers = sorted((lp for p in profiles for lp in p.layers), key=lambda lp: lp.index)
     fixed = _fixed_bytes(chunks, batch)
+    loss = ends if ends is not None else profiles[0]
     mine = dataclasses.replace(
         profiles[0], layers=layers, weights_bytes=fixed.weights_bytes,
         gradients_bytes=fixed.gradients_bytes, other_bytes=fixed.other_bytes,
-        framework="megatron", model_parameters=fixed.model_parameters)
+        loss_peak_bytes=loss.loss_peak_bytes, loss_seconds=loss.loss_seconds,
+        held_logits_bytes=loss.held_logits_bytes, framework="megatron",
+        model_parameters=fixed.model_parameters)
     if pp == 1:
         return mine
     counts = [sum(1 for u in units if u.chunk == c) for c in range(len(chunks))]

@@ -138,6 +138,8 @@ class MegatronParallelTest(unittest.TestCase):
             self.assertEqual(rank[0]["in_flight"],
                              [l.in_flight_microbatches for l in split.layers])
             self.assertEqual(rank[0]["host_bytes"], [l["host_bytes"] for l in plan["layers"]])
+            # The loss: measured after the chunk that ends the model (stage 1's second chunk).
+            self.assertGreater(rank[0]["profile"]["loss_peak_bytes"], 0)
             self.assertIn("the plan's run.vpp is 1 but this rank holds 2 model chunks",
                           rank[1]["error"])
 
