@@ -43,11 +43,12 @@ keeps, recomputed when fc2's backward needs it, as Megatron's moe_act recompute 
 Note [Routed bytes under expert parallelism]. offload_saved reserves each layer's host_bytes per
 microbatch, and the wrapper refuses a layer that saves more. A MoE layer's experts save tensors
 sized by the tokens routed to them; without expert parallelism every expert is this rank's, so
-their sum is tokens x top-k whatever the routing, but under expert parallelism (dropless, Megatron
--Core's default) this rank's experts get a share that changes with every batch. wrap() refuses
-offload_saved on such a layer up front, naming what fixes the count (each expert's input padded
-to its capacity: moe_layer's token dispatchers then send capacity x experts tokens) and the
-policies whose bytes do not depend on routing (offload_input: the layer input).
+their sum is tokens x top-k whatever the routing, but under expert parallelism (dropless:
+Megatron-Core's default) this rank's experts get a share that changes with every batch. wrap()
+refuses offload_saved on such a layer up front, naming what fixes the count (each expert's input
+padded to its capacity, which the alltoall dispatcher and the flex one's HybridEP backend do:
+each local expert then receives capacity x ep x tp tokens) and the policies whose bytes do not
+depend on routing (offload_input: the layer input).
 
 Note [Megatron pipelined profiles]. Under pipeline parallelism no rank holds the whole model, so
 profile() is a collective over Megatron's pipeline group: each rank measures the layers of its
@@ -508,17 +509,25 @@ def _check_routed_bytes_fixed(u: _Unit) -> None:
         return
     config = mlp.config
     ep = int(getattr(config, "expert_model_parallel_size", 1) or 1)
-    if ep > 1 and not getattr(config, "moe_pad_expert_input_to_capacity", False):
+    # Only these dispatchers pad to capacity (transformer/moe/token_dispatcher.py: the alltoall
+    # one and the flex one's HybridEP manager read moe_pad_expert_input_to_capacity; the
+    # allgather one and DeepEP do not).
+    dispatcher = getattr(config, "moe_token_dispatcher_type", "allgather")
+    pads = dispatcher == "alltoall" or (
+        dispatcher == "flex" and getattr(config, "moe_flex_dispatcher_backend", "") == "hybridep")
+    if ep > 1 and not (pads and getattr(config, "moe_pad_expert_input_to_capacity", False)):
         where = (f"MTP layer {u.index - int(inner.config.num_layers)}" if u.mtp
                  else f"decoder layer_number {u.index + 1}")
         raise PlanError(
             f"stowage.megatron: {where} (plan layer {u.index}) is a MoE layer under expert "
             f"parallelism {ep} with policy offload_saved: what its experts save follows the "
-            "tokens routed to this rank's experts, which change from batch to batch (dropless "
-            "routing), so no fixed host_bytes holds them; pad every expert's input to its "
-            "capacity (moe_expert_capacity_factor and moe_pad_expert_input_to_capacity=True: "
-            "--moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity), or give the "
-            "layer offload_input, recompute or selective_recompute")
+            "tokens routed to this rank's experts, which change from batch to batch (the "
+            f"{dispatcher} token dispatcher, unpadded), so no fixed host_bytes holds them; pad "
+            "every expert's input to its capacity (the alltoall dispatcher with "
+            "moe_expert_capacity_factor and moe_pad_expert_input_to_capacity=True: "
+            "--moe-token-dispatcher-type alltoall --moe-expert-capacity-factor F "
+            "--moe-pad-expert-input-to-capacity), or give the layer offload_input, recompute or "
+            "selective_recompute")
 
 
 def wrap(model: Union[nn.Module, Sequence[nn.Module]], plan: PlanLike, *,

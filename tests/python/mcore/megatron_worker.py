@@ -11,10 +11,11 @@ for its process: measure/megatron_layers.py patch_for_cpu), one per rank:
 SPEC keys: cuda (run on GPU `rank`, NCCL, no CPU patches), bf16, moe, mtp (bools), policies (one per
 plan layer, or one for all), modules ({layer: [names]} for selective_recompute), tp, sp (sequence
 parallelism: the norms are SequenceParallelNorm), ep, dispatcher (the MoE token dispatcher,
-default allgather), pp, vpp, layers, microbatches, steps, plan (the plan to run, as it is;
-without it the plan is measured: plan_for), one_stage_plan (a one-stage plan the misuse runs split
-into pp stages), runs (a list of specs run one after another in this process, each over the keys
-above), emit_plan, misuse (a name from MISUSES: run that mistake and report its error instead).
+default allgather), pad (moe_pad_expert_input_to_capacity, capacity factor 1), pp, vpp, layers,
+microbatches, steps, plan (the plan to run, as it is; without it the plan is measured: plan_for),
+one_stage_plan (a one-stage plan the misuse runs split into pp stages), runs (a list of specs run
+one after another in this process, each over the keys above), emit_plan, misuse (a name from
+MISUSES: run that mistake and report its error instead).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def config(spec: dict):
                   moe_token_dispatcher_type=spec.get("dispatcher", "allgather"),
                   moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
                   expert_model_parallel_size=spec.get("ep", 1))
+        if spec.get("pad"):  # each expert's input padded to its capacity (where it pads)
+            kw.update(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True)
     if spec.get("mtp"):
         kw.update(mtp_num_layers=1, mtp_loss_scaling_factor=0.1)
     if spec.get("misuse") == "megatron_recompute":
