@@ -393,6 +393,18 @@ absl::StatusOr<Schedule> ReadAssignment(const json::Object& o,
   return schedule;
 }
 
+// A given assignment simulated as the optimizer's answer for it: it fits when no budget is given
+// or its peak is within it.
+OptimizeResult SimulateAssignment(const StepCost& step, Schedule schedule,
+                                  const OptimizerOptions& options) {
+  OptimizeResult r;
+  r.schedule = std::move(schedule);
+  r.sim = Simulate(step, r.schedule, /*record=*/true);
+  r.feasible = options.gpu_budget_bytes == 0 || r.sim.peak_bytes <= options.gpu_budget_bytes;
+  r.min_peak_bytes = r.sim.peak_bytes;
+  return r;
+}
+
 // A pipelined source's plan JSON (MakePipelinePlan).
 absl::StatusOr<std::string> PipelinePlanJson(const Source& src, const json::Object& o,
                                              const PipelineResult& pipeline,
@@ -487,7 +499,7 @@ absl::StatusOr<std::string> PlanPipelinedRequest(const Source& src, const json::
 }
 
 // A pipelined source evaluated: the assignment of every layer (global order) split by stage, each
-// stage simulated with its own layers' options; the binding (highest-peak) stage's simulation,
+// stage simulated with its own layers' options; the binding stage's simulation,
 // the pipeline's step, the most host bytes of any stage, the pipelined plan and every stage's
 // figures.
 absl::StatusOr<std::string> EvaluatePipelinedRequest(const Source& src, const json::Object& o,
@@ -507,24 +519,17 @@ absl::StatusOr<std::string> EvaluatePipelinedRequest(const Source& src, const js
   auto assignment = ReadAssignment(o, global);
   if (!assignment.ok()) return assignment.status();
   const StageScheduler simulate = [&](const StepCost& step) {
-    OptimizeResult r;
-    r.schedule.prefetch_distance = assignment->prefetch_distance;
-    for (const LayerCost& l : step.layers)
-      r.schedule.options.push_back(assignment->options[l.index]);
-    r.sim = Simulate(step, r.schedule, /*record=*/true);
-    r.feasible = options.gpu_budget_bytes == 0 || r.sim.peak_bytes <= options.gpu_budget_bytes;
-    r.min_peak_bytes = r.sim.peak_bytes;
-    return r;
+    Schedule schedule;
+    schedule.prefetch_distance = assignment->prefetch_distance;
+    for (const LayerCost& l : step.layers) schedule.options.push_back(assignment->options[l.index]);
+    return SimulateAssignment(step, std::move(schedule), options);
   };
   auto pipeline =
       PlanStages(src.stages, src.hardware, src.run, src.message_bytes, options, simulate);
   if (!pipeline.ok()) return pipeline.status();
-  size_t binding = 0;
   uint64_t host = 0;
   json::Json stages = json::Json::array();
-  for (size_t s = 0; s < pipeline->stages.size(); ++s) {
-    const StageResult& st = pipeline->stages[s];
-    if (st.result.sim.peak_bytes > pipeline->stages[binding].result.sim.peak_bytes) binding = s;
+  for (const StageResult& st : pipeline->stages) {
     host = std::max(host, st.result.sim.host_bytes);
     stages.push_back({{"stage", st.stage},
                       {"peak_device_bytes", st.result.sim.peak_bytes},
@@ -532,7 +537,9 @@ absl::StatusOr<std::string> EvaluatePipelinedRequest(const Source& src, const js
                       {"host_bytes", st.result.sim.host_bytes},
                       {"microbatch_seconds", MicrobatchSeconds(st.step, st.result.sim)}});
   }
-  const StageResult& b = pipeline->stages[binding];
+  // The binding stage, as the plan names it (PlanStages: the first over budget, else the
+  // highest peak).
+  const StageResult& b = pipeline->stages[pipeline->binding_stage];
   json::Json out = SimulationJson(b.step, b.result.sim, options.gpu_budget_bytes);
   // The binding stage's layers by their model index, as the plan and the runtime's trace name them
   // (the simulation numbers them by position in the stage).
@@ -609,11 +616,7 @@ absl::StatusOr<std::string> EvaluateRequestJson(std::string_view request,
   for (const LayerCost& l : src->step.layers) costs.push_back(&l);
   auto schedule = ReadAssignment(*root, costs);
   if (!schedule.ok()) return schedule.status();
-  OptimizeResult result;
-  result.schedule = *schedule;
-  result.sim = Simulate(src->step, result.schedule, /*record=*/true);
-  result.feasible =
-      options.gpu_budget_bytes == 0 || result.sim.peak_bytes <= options.gpu_budget_bytes;
+  const OptimizeResult result = SimulateAssignment(src->step, *std::move(schedule), options);
   json::Json out = SimulationJson(src->step, result.sim, options.gpu_budget_bytes);
   auto plan = PlanJson(*src, *root, result, options, generator);
   if (!plan.ok()) return plan.status();

@@ -13,30 +13,19 @@
 #include "planner/search/simulator.h"
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
+#include "tests/capi/plan_request_calls.h"
 
 namespace {
 
+using ::stowage::testing::Answer;
+using ::stowage::testing::Call;
+using ::stowage::testing::Json;
 using ::testing::HasSubstr;
-using Json = nlohmann::ordered_json;
 
 // Three layers; pp 2: stage 0 runs layers 0-1, stage 1 layer 2 (and the loss).
 Json Profile(bool pipelined) {
-  Json layers = Json::array();
-  for (int i = 0; i < 3; ++i) {
-    layers.push_back(Json::parse(R"({"type": "Block", "input_bytes": 1000, "output_bytes": 1000,
-        "forward_peak_bytes": 5000, "backward_peak_bytes": 7000,
-        "forward_seconds": 0.01, "backward_seconds": 0.02,
-        "modules": [{"name": "mlp", "seconds": 0.004}],
-        "saved": [{"name": "input", "bytes": 1000},
-                  {"name": "mlp.0", "bytes": 3000, "module": "mlp"}]})"));
-    layers.back()["index"] = i;
-  }
-  Json p = Json::parse(R"({"format": "stowage-layer-profile", "schema_version": 3,
-      "device": "cpu", "measured_memory": false, "tokens": 48,
-      "fixed_bytes": {"weights": 20000, "gradients": 20000, "other": 1000},
-      "loss": {"peak_bytes": 2000, "seconds": 0.001},
-      "link": {"d2h_bytes_per_second": 1e6, "h2d_bytes_per_second": 1e6}})");
-  p["layers"] = layers;
+  Json p = ::stowage::testing::ThreeLayerProfile();
+  p["schema_version"] = 3;
   if (pipelined) {
     p["pipeline"] = Json::parse(R"({"pp": 2, "vpp": 1, "stages": [
         {"stage": 0, "chunks": [{"first_layer": 0, "num_layers": 2}],
@@ -45,28 +34,6 @@ Json Profile(bool pipelined) {
          "fixed_bytes": {"weights": 8000, "gradients": 8000, "other": 1000}}]})");
   }
   return p;
-}
-
-struct Answer {
-  stowage_status status = STOWAGE_OK;
-  std::string text;
-  std::string closest;
-};
-
-Answer Call(bool evaluate, const Json& request) {
-  const std::string text = request.dump();
-  char* out = nullptr;
-  const stowage_status s = evaluate ? stowage_plan_evaluate(text.data(), text.size(), &out)
-                                    : stowage_plan_request(text.data(), text.size(), &out);
-  Answer a{s, {}, {}};
-  if (s == STOWAGE_OK) {
-    a.text = out;
-  } else {
-    a.text = stowage_last_error();
-    if (out != nullptr) a.closest = out;
-  }
-  stowage_free_string(out);
-  return a;
 }
 
 TEST(PipelinedPlanRequest, PlansEveryStage) {

@@ -13,58 +13,16 @@
 #include "stowage/plan.h"
 #include "stowage/stowage.h"
 #include "stowage/stowage.hpp"
+#include "tests/capi/plan_request_calls.h"
 
 namespace {
 
+using ::stowage::testing::Answer;
+using ::stowage::testing::Call;
+using ::stowage::testing::Json;
 using ::testing::HasSubstr;
-using Json = nlohmann::ordered_json;
 
-Json Profile() {
-  Json layers = Json::array();
-  for (int i = 0; i < 3; ++i) {
-    layers.push_back(Json::parse(R"({"type": "Block", "input_bytes": 1000, "output_bytes": 1000,
-        "forward_peak_bytes": 5000, "backward_peak_bytes": 7000,
-        "forward_seconds": 0.01, "backward_seconds": 0.02,
-        "modules": [{"name": "mlp", "seconds": 0.004}],
-        "saved": [{"name": "input", "bytes": 1000},
-                  {"name": "mlp.0", "bytes": 3000, "module": "mlp"}]})"));
-    layers.back()["index"] = i;
-  }
-  Json p = Json::parse(R"({"format": "stowage-layer-profile", "schema_version": 1,
-      "device": "cpu", "measured_memory": false, "tokens": 48,
-      "fixed_bytes": {"weights": 20000, "gradients": 20000, "other": 1000},
-      "loss": {"peak_bytes": 2000, "seconds": 0.001},
-      "link": {"d2h_bytes_per_second": 1e6, "h2d_bytes_per_second": 1e6}})");
-  p["layers"] = layers;
-  return p;
-}
-
-struct Answer {
-  stowage_status status = STOWAGE_OK;
-  std::string text;     // the result, or the last error
-  std::string closest;  // RESOURCE_EXHAUSTED from stowage_plan_request: the closest plan
-};
-
-Answer Call(bool evaluate, const Json& request) {
-  const std::string text = request.dump();
-  char* out = reinterpret_cast<char*>(1);  // must be reset on failure
-  const stowage_status s = evaluate ? stowage_plan_evaluate(text.data(), text.size(), &out)
-                                    : stowage_plan_request(text.data(), text.size(), &out);
-  Answer a{s, {}, {}};
-  if (s == STOWAGE_OK) {
-    EXPECT_NE(out, nullptr);
-    a.text = out;
-  } else {
-    a.text = stowage_last_error();
-    // Only a plan request that nothing fits answers with something: the closest plan.
-    if (s != STOWAGE_ERROR_RESOURCE_EXHAUSTED || evaluate) {
-      EXPECT_EQ(out, nullptr);
-    }
-    if (out != nullptr) a.closest = out;
-  }
-  stowage_free_string(out);
-  return a;
-}
+Json Profile() { return ::stowage::testing::ThreeLayerProfile(); }
 
 TEST(PlanRequest, PlansAProfileWithinTheWholeDeviceBudget) {
   Json request = {{"profile", Profile()}, {"gpu_budget_bytes", 60000}};

@@ -14,6 +14,7 @@
 #include "planner/hardware/op_time.h"
 #include "planner/search/optimizer.h"
 #include "planner/search/simulator.h"
+#include "tests/planner/profile_json.h"
 
 namespace stowage::planner {
 namespace {
@@ -43,17 +44,6 @@ Json TinyProfile() {
        "forward_seconds": 0.5, "backward_seconds": 1.0,
        "saved": [{"name": "x", "bytes": 300}]}
     ]})");
-}
-
-LayerProfileSet Parse(const Json& j) {
-  auto p = ParseProfileJson(j.dump(), "test profile");
-  EXPECT_TRUE(p.ok()) << p.status();
-  return p.ok() ? *p : LayerProfileSet{};
-}
-
-std::string ErrorOf(const Json& j) {
-  auto p = ParseProfileJson(j.dump(), "test profile");
-  return p.ok() ? "accepted" : std::string(p.status().message());
 }
 
 TEST(ProfileReader, ReadsEveryField) {

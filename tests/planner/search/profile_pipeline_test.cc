@@ -21,6 +21,7 @@
 #include "planner/search/simulator.h"
 #include "stowage/plan.h"
 #include "tests/planner/pipeline_runs.h"
+#include "tests/planner/profile_json.h"
 
 namespace stowage::planner {
 namespace {
@@ -87,17 +88,6 @@ Json PipelinedProfile(int vpp) {
   }
   p["pipeline"] = {{"pp", 2}, {"vpp", vpp}, {"gpus", 2}, {"stages", stages}};
   return p;
-}
-
-LayerProfileSet Parse(const Json& j) {
-  auto p = ParseProfileJson(j.dump(), "test profile");
-  EXPECT_TRUE(p.ok()) << p.status();
-  return p.ok() ? *p : LayerProfileSet{};
-}
-
-std::string ErrorOf(const Json& j) {
-  auto p = ParseProfileJson(j.dump(), "test profile");
-  return p.ok() ? "accepted" : std::string(p.status().message());
 }
 
 HardwareProfile H200() { return *HardwarePreset("h200"); }
